@@ -1,0 +1,128 @@
+//! CA and serving certificate generation. Every certificate is X.509 v3 with extensions, which
+//! rustls (and therefore kube clients) insists on.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use time::OffsetDateTime;
+
+use crate::CertError;
+
+/// A PEM certificate with its PEM private key.
+#[derive(Clone)]
+pub struct IssuedCertificate {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for IssuedCertificate {
+    // The key must never reach a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IssuedCertificate")
+            .field("cert_pem", &self.cert_pem)
+            .field("key_pem", &"<redacted>")
+            .finish()
+    }
+}
+
+/// A certificate authority able to sign serving certificates for the webhook.
+pub struct CertificateAuthority {
+    issued: IssuedCertificate,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl CertificateAuthority {
+    /// Creates a new self-signed CA valid from now (minus a small clock-skew margin).
+    pub fn generate(common_name: &str, valid_for: Duration) -> Result<Self, CertError> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name = named(common_name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        set_validity(&mut params, valid_for);
+        let key = KeyPair::generate()?;
+        let cert = params.self_signed(&key)?;
+        let issued = IssuedCertificate {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        };
+        Ok(Self {
+            issued,
+            issuer: Issuer::new(params, key),
+        })
+    }
+
+    /// Loads an existing CA from its PEM certificate and key (used by rotation).
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, CertError> {
+        let key = KeyPair::from_pem(key_pem)?;
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, key)?;
+        Ok(Self {
+            issued: IssuedCertificate {
+                cert_pem: cert_pem.to_owned(),
+                key_pem: key_pem.to_owned(),
+            },
+            issuer,
+        })
+    }
+
+    /// The CA certificate and key, PEM.
+    pub fn certificate(&self) -> &IssuedCertificate {
+        &self.issued
+    }
+
+    /// Issues a TLS serving certificate for the given DNS names and IP addresses.
+    pub fn issue_serving(
+        &self,
+        dns_names: &[&str],
+        ip_addresses: &[IpAddr],
+        valid_for: Duration,
+    ) -> Result<IssuedCertificate, CertError> {
+        let mut params = CertificateParams::new(
+            dns_names
+                .iter()
+                .map(|n| (*n).to_owned())
+                .collect::<Vec<_>>(),
+        )?;
+        params
+            .subject_alt_names
+            .extend(ip_addresses.iter().copied().map(SanType::IpAddress));
+        params.distinguished_name = named(
+            dns_names
+                .first()
+                .copied()
+                .unwrap_or("runpod-kubelet-webhook"),
+        );
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        set_validity(&mut params, valid_for);
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(IssuedCertificate {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+}
+
+fn named(common_name: &str) -> DistinguishedName {
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, common_name);
+    name
+}
+
+fn set_validity(params: &mut CertificateParams, valid_for: Duration) {
+    let now = OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::minutes(5);
+    params.not_after = now + valid_for;
+}

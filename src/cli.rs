@@ -1,0 +1,128 @@
+//! Command line: every flag also reads `RUNPOD_KUBELET_<FLAG>` from the environment.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "runpod-kubelet",
+    version,
+    about = "Burst Kubernetes GPU pods to RunPod"
+)]
+pub struct Cli {
+    /// Log line format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "RUNPOD_KUBELET_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// Log filter, e.g. `info` or `runpod_webhook=debug,info`.
+    #[arg(
+        long,
+        global = true,
+        default_value = "info",
+        env = "RUNPOD_KUBELET_LOG_LEVEL"
+    )]
+    pub log_level: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the mutating admission webhook (HTTPS).
+    Webhook(WebhookArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WebhookArgs {
+    /// Address to serve HTTPS on.
+    #[arg(long, default_value = "0.0.0.0:8443", env = "RUNPOD_KUBELET_LISTEN")]
+    pub listen: SocketAddr,
+    /// PEM serving certificate (chain); re-read when it changes.
+    #[arg(long, env = "RUNPOD_KUBELET_TLS_CERT")]
+    pub tls_cert: PathBuf,
+    /// PEM private key of the serving certificate; re-read when it changes.
+    #[arg(long, env = "RUNPOD_KUBELET_TLS_KEY")]
+    pub tls_key: PathBuf,
+    /// How often the certificate files are checked for a rotation.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_TLS_RELOAD_INTERVAL")]
+    pub tls_reload_interval: Duration,
+    /// Datacenters pods may ask for (comma-separated); empty allows any.
+    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_DATACENTER_IDS")]
+    pub datacenter_ids: Vec<String>,
+    /// Cap in USD per hour per GPU; a pod's `runpod.io/max-price` may not exceed it × GPU count.
+    #[arg(long, default_value_t = 0.5, value_parser = positive_price, env = "RUNPOD_KUBELET_MAX_GPU_PRICE")]
+    pub max_gpu_price: f64,
+    /// Name of the virtual node (shared with the controller).
+    #[arg(
+        long,
+        default_value = "virtual-runpod",
+        env = "RUNPOD_KUBELET_NODENAME"
+    )]
+    pub nodename: String,
+    /// Namespaces whose pods are never touched (comma-separated). The webhook's own namespace
+    /// (`POD_NAMESPACE`) is always added.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kube-system",
+        env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES"
+    )]
+    pub exclude_namespaces: Vec<String>,
+}
+
+fn positive_price(value: &str) -> Result<f64, String> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|price| price.is_finite() && *price > 0.0)
+        .ok_or_else(|| format!("{value:?} is not a positive number"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_fall_back_to_environment_and_defaults() {
+        let cli = Cli::try_parse_from([
+            "runpod-kubelet",
+            "webhook",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--datacenter-ids",
+            "EU-RO-1,US-TX-3",
+        ])
+        .unwrap();
+        let Command::Webhook(args) = cli.command;
+        assert_eq!(args.listen.port(), 8443);
+        assert_eq!(args.datacenter_ids, vec!["EU-RO-1", "US-TX-3"]);
+        assert_eq!(args.max_gpu_price, 0.5);
+        assert_eq!(args.exclude_namespaces, vec!["kube-system"]);
+        assert_eq!(args.tls_reload_interval, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn bad_price_is_refused() {
+        let parsed = Cli::try_parse_from([
+            "runpod-kubelet",
+            "webhook",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+            "--max-gpu-price",
+            "-1",
+        ]);
+        assert!(parsed.is_err());
+    }
+}

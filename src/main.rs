@@ -1,0 +1,27 @@
+//! `runpod-kubelet`: one binary for the admission webhook and (later) the RunPod provider.
+
+mod cli;
+mod logging;
+mod webhook_cmd;
+
+use clap::Parser;
+
+fn main() -> anyhow::Result<()> {
+    let cli = cli::Cli::parse();
+    logging::init(cli.log_format, &cli.log_level)?;
+    // One crypto provider for every TLS user in the process (kube client, webhook server).
+    if rustls::crypto::ring::default_provider()
+        .install_default()
+        .is_err()
+    {
+        tracing::debug!("a rustls crypto provider was already installed");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        match cli.command {
+            cli::Command::Webhook(args) => webhook_cmd::run(args).await,
+        }
+    })
+}

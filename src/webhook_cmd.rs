@@ -1,0 +1,98 @@
+//! `runpod-kubelet webhook`: wires flags, the cluster caches, certificate reload and the server.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use runpod_certs::{ReloadingCertResolver, server_config};
+use runpod_webhook::cluster::KubeCluster;
+use runpod_webhook::metrics::Metrics;
+use runpod_webhook::policy::PolicyConfig;
+use runpod_webhook::server::{AppState, router, serve_tls};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::cli::WebhookArgs;
+
+pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
+    let policy = policy_config(&args, std::env::var("POD_NAMESPACE").ok());
+    let resolver = Arc::new(
+        ReloadingCertResolver::load(&args.tls_cert, &args.tls_key)
+            .context("loading the serving certificate")?,
+    );
+    let tls = Arc::new(server_config(resolver.clone())?);
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
+    let cluster = KubeCluster::start(client);
+    let state = Arc::new(AppState {
+        cluster,
+        policy,
+        metrics: Metrics::default(),
+    });
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        datacenters = ?state.policy.allowed_datacenters,
+        max_gpu_price = args.max_gpu_price,
+        nodename = %args.nodename,
+        "webhook serving"
+    );
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let reload = tokio::spawn(resolver.watch(args.tls_reload_interval, stopped(stop_rx.clone())));
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        let _ = stop_tx.send(true);
+    });
+    serve_tls(listener, tls, router(state), stopped(stop_rx)).await;
+    let _ = reload.await;
+    Ok(())
+}
+
+fn policy_config(args: &WebhookArgs, own_namespace: Option<String>) -> PolicyConfig {
+    let mut excluded: BTreeSet<String> = args
+        .exclude_namespaces
+        .iter()
+        .map(|ns| ns.trim().to_owned())
+        .filter(|ns| !ns.is_empty())
+        .collect();
+    excluded.extend(own_namespace.filter(|ns| !ns.is_empty()));
+    PolicyConfig {
+        allowed_datacenters: args
+            .datacenter_ids
+            .iter()
+            .map(|id| id.trim().to_owned())
+            .filter(|id| !id.is_empty())
+            .collect(),
+        max_gpu_price: Some(args.max_gpu_price),
+        excluded_namespaces: excluded,
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

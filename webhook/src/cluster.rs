@@ -1,0 +1,169 @@
+//! What the webhook needs from the cluster: namespace labels (opt-in and default mode) and the
+//! owning Job's annotations. Served from metadata-only watch caches; a cache miss (an object
+//! created a moment ago) falls back to one direct GET, so a fresh namespace or Job is never
+//! judged on stale data.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+
+use crate::policy::OwningJob;
+
+/// A lookup that could not be answered; the review is refused as retryable.
+#[derive(Debug, thiserror::Error)]
+#[error("could not read {what}: {reason}")]
+pub struct LookupError {
+    pub what: String,
+    pub reason: String,
+}
+
+/// Read access to the cluster state the policy depends on.
+pub trait ClusterView: Send + Sync + 'static {
+    /// Labels of a namespace (empty if it does not exist).
+    fn namespace_labels(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<BTreeMap<String, String>, LookupError>> + Send;
+    /// The Job `name` in `namespace` if it exists with this `uid`.
+    fn job(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> impl Future<Output = Result<Option<OwningJob>, LookupError>> + Send;
+    /// Whether the caches have completed their first listing.
+    fn synced(&self) -> bool;
+}
+
+const DIRECT_GET_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// [`ClusterView`] backed by the Kubernetes API.
+#[derive(Clone)]
+pub struct KubeCluster {
+    client: Client,
+    namespaces: Store<PartialObjectMeta<Namespace>>,
+    jobs: Store<PartialObjectMeta<Job>>,
+    synced: Arc<AtomicBool>,
+}
+
+impl KubeCluster {
+    /// Starts the watch caches on the current runtime.
+    pub fn start(client: Client) -> Self {
+        let (namespaces, namespace_writer) = reflector::store();
+        let (jobs, job_writer) = reflector::store();
+        let namespace_stream = watcher(
+            Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .reflect(namespace_writer)
+        .applied_objects();
+        let job_stream = watcher(
+            Api::<PartialObjectMeta<Job>>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .reflect(job_writer)
+        .applied_objects();
+        tokio::spawn(drain(namespace_stream, "namespaces"));
+        tokio::spawn(drain(job_stream, "jobs"));
+        let synced = Arc::new(AtomicBool::new(false));
+        {
+            let (namespaces, jobs, synced) =
+                (namespaces.clone(), jobs.clone(), Arc::clone(&synced));
+            tokio::spawn(async move {
+                if namespaces.wait_until_ready().await.is_ok()
+                    && jobs.wait_until_ready().await.is_ok()
+                {
+                    synced.store(true, Ordering::Release);
+                    tracing::info!("namespace and job caches synced");
+                }
+            });
+        }
+        Self {
+            client,
+            namespaces,
+            jobs,
+            synced,
+        }
+    }
+}
+
+async fn drain<S, T>(stream: S, what: &'static str)
+where
+    S: futures::Stream<Item = Result<T, watcher::Error>>,
+{
+    futures::pin_mut!(stream);
+    while let Some(event) = stream.next().await {
+        if let Err(error) = event {
+            tracing::warn!(%error, cache = what, "watch error; retrying with backoff");
+        }
+    }
+}
+
+impl ClusterView for KubeCluster {
+    async fn namespace_labels(&self, name: &str) -> Result<BTreeMap<String, String>, LookupError> {
+        if let Some(namespace) = self.namespaces.get(&ObjectRef::new(name)) {
+            return Ok(namespace.metadata.labels.clone().unwrap_or_default());
+        }
+        let api = Api::<Namespace>::all(self.client.clone());
+        let found = direct_get(api.get_metadata_opt(name), || format!("namespace {name}")).await?;
+        Ok(found.and_then(|ns| ns.metadata.labels).unwrap_or_default())
+    }
+
+    async fn job(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Option<OwningJob>, LookupError> {
+        let cached = self.jobs.get(&ObjectRef::new(name).within(namespace));
+        let metadata = match cached {
+            Some(job) if job.metadata.uid.as_deref() == Some(uid) => Some(job.metadata.clone()),
+            _ => {
+                let api = Api::<Job>::namespaced(self.client.clone(), namespace);
+                direct_get(api.get_metadata_opt(name), || {
+                    format!("Job {namespace}/{name}")
+                })
+                .await?
+                .map(|job| job.metadata)
+                .filter(|metadata| metadata.uid.as_deref() == Some(uid))
+            }
+        };
+        Ok(metadata.map(|metadata| OwningJob {
+            name: name.to_owned(),
+            annotations: metadata.annotations.unwrap_or_default(),
+        }))
+    }
+
+    fn synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+}
+
+async fn direct_get<T>(
+    request: impl Future<Output = Result<Option<T>, kube::Error>>,
+    what: impl Fn() -> String,
+) -> Result<Option<T>, LookupError> {
+    match tokio::time::timeout(DIRECT_GET_TIMEOUT, request).await {
+        Ok(Ok(found)) => Ok(found),
+        Ok(Err(error)) => Err(LookupError {
+            what: what(),
+            reason: error.to_string(),
+        }),
+        Err(_) => Err(LookupError {
+            what: what(),
+            reason: format!("no answer within {DIRECT_GET_TIMEOUT:?}"),
+        }),
+    }
+}

@@ -1,0 +1,321 @@
+//! The annotation and label contract of runpod-kubelet, defined once for the webhook and the
+//! controller: names, burst modes, and the parsers that both sides use so that what admission
+//! accepts is exactly what the controller understands.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+/// Label (namespace or pod) that opts pods in (`enabled`) or a pod out (`disabled`).
+pub const BURST_LABEL: &str = "runpod.io/burst";
+pub const BURST_ENABLED: &str = "enabled";
+pub const BURST_DISABLED: &str = "disabled";
+/// Namespace label giving the default burst mode of its pods.
+pub const NAMESPACE_MODE_LABEL: &str = "runpod.io/burst-mode";
+
+pub const REQUIRED_GPU_MEMORY: &str = "runpod.io/required-gpu-memory";
+pub const GPU_TYPES: &str = "runpod.io/gpu-types";
+pub const MAX_PRICE: &str = "runpod.io/max-price";
+pub const CLOUD_TYPE: &str = "runpod.io/cloud-type";
+pub const DATACENTER_IDS: &str = "runpod.io/datacenter-ids";
+pub const PORTS: &str = "runpod.io/ports";
+pub const TEMPLATE_ID: &str = "runpod.io/templateId";
+pub const REGISTRY_AUTH_ID: &str = "runpod.io/container-registry-auth-id";
+pub const DISK: &str = "runpod.io/disk";
+pub const BURST_MODE: &str = "runpod.io/burst-mode";
+
+/// Annotations a user may set on a pod or its owning Job; pod first, then Job.
+pub const USER_ANNOTATIONS: [&str; 10] = [
+    REQUIRED_GPU_MEMORY,
+    GPU_TYPES,
+    MAX_PRICE,
+    CLOUD_TYPE,
+    DATACENTER_IDS,
+    PORTS,
+    TEMPLATE_ID,
+    REGISTRY_AUTH_ID,
+    DISK,
+    BURST_MODE,
+];
+
+pub const POD_ID: &str = "runpod.io/pod-id";
+pub const COST_PER_HR: &str = "runpod.io/cost-per-hr";
+pub const GPU_TYPE: &str = "runpod.io/gpu-type";
+pub const DATACENTER: &str = "runpod.io/datacenter";
+
+/// Annotations only the controller writes; the webhook removes them from new pods.
+pub const CONTROLLER_ANNOTATIONS: [&str; 4] = [POD_ID, COST_PER_HR, GPU_TYPE, DATACENTER];
+
+/// The taint of the virtual node, and the toleration the webhook injects.
+pub const PROVIDER_TAINT_KEY: &str = "virtual-kubelet.io/provider";
+pub const PROVIDER_TAINT_VALUE: &str = "runpod";
+/// Node label selecting virtual-kubelet nodes.
+pub const NODE_TYPE_LABEL: &str = "type";
+pub const NODE_TYPE_VALUE: &str = "virtual-kubelet";
+/// Extended resource that marks a pod as a GPU pod.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// RunPod accepts at most this many HTTP ports per pod.
+pub const MAX_HTTP_PORTS: usize = 10;
+
+/// Where a pod runs: see the product's "Burst modes".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BurstMode {
+    /// Local GPU nodes first, RunPod when none fits.
+    Fallback,
+    /// Always RunPod.
+    Always,
+    /// Never RunPod.
+    Never,
+}
+
+impl BurstMode {
+    pub const ALL: [BurstMode; 3] = [BurstMode::Fallback, BurstMode::Always, BurstMode::Never];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BurstMode::Fallback => "fallback",
+            BurstMode::Always => "always",
+            BurstMode::Never => "never",
+        }
+    }
+
+    /// Case-insensitive, surrounding blanks ignored.
+    pub fn parse(value: &str) -> Option<Self> {
+        let value = value.trim();
+        Self::ALL
+            .into_iter()
+            .find(|mode| mode.as_str().eq_ignore_ascii_case(value))
+    }
+}
+
+impl fmt::Display for BurstMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// RunPod cloud tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloudType {
+    Secure,
+    Community,
+}
+
+impl CloudType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloudType::Secure => "SECURE",
+            CloudType::Community => "COMMUNITY",
+        }
+    }
+
+    /// Case-insensitive, as the seed accepted it.
+    pub fn parse(value: &str) -> Option<Self> {
+        let value = value.trim();
+        [CloudType::Secure, CloudType::Community]
+            .into_iter()
+            .find(|cloud| cloud.as_str().eq_ignore_ascii_case(value))
+    }
+}
+
+/// How RunPod exposes a container port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PortProtocol {
+    /// Through RunPod's HTTPS proxy.
+    Http,
+    /// As a public TCP port mapping.
+    Tcp,
+}
+
+/// One entry of `runpod.io/ports`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortSpec {
+    pub port: u16,
+    pub protocol: PortProtocol,
+}
+
+impl fmt::Display for PortSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let protocol = match self.protocol {
+            PortProtocol::Http => "http",
+            PortProtocol::Tcp => "tcp",
+        };
+        write!(f, "{}/{protocol}", self.port)
+    }
+}
+
+/// Container ports RunPod exposes over HTTP when auto-detecting.
+pub const WELL_KNOWN_HTTP_PORTS: [u16; 8] = [80, 443, 8080, 8000, 3000, 5000, 8888, 9000];
+
+/// Auto-detection rule: well-known HTTP ports, or a port whose name starts with `http`.
+pub fn detected_protocol(port: u16, name: Option<&str>) -> PortProtocol {
+    let named_http = name.is_some_and(|n| n.to_ascii_lowercase().starts_with("http"));
+    if named_http || WELL_KNOWN_HTTP_PORTS.contains(&port) {
+        PortProtocol::Http
+    } else {
+        PortProtocol::Tcp
+    }
+}
+
+/// Renders a port list in the `runpod.io/ports` syntax.
+pub fn format_ports(ports: &[PortSpec]) -> String {
+    ports
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Splits a comma-separated list, trimming items; `Err` names the position of an empty item.
+pub fn split_list(value: &str) -> Result<Vec<&str>, String> {
+    let items: Vec<&str> = value.split(',').map(str::trim).collect();
+    if let Some(position) = items.iter().position(|item| item.is_empty()) {
+        return Err(format!("item {} of {value:?} is empty", position + 1));
+    }
+    Ok(items)
+}
+
+/// Parses `runpod.io/ports`: `PORT/http|tcp`, comma-separated, ports 1..65535, each port once,
+/// at most [`MAX_HTTP_PORTS`] HTTP ports.
+pub fn parse_ports(value: &str) -> Result<Vec<PortSpec>, String> {
+    let mut seen = BTreeSet::new();
+    let mut ports = Vec::new();
+    for item in split_list(value)? {
+        let (number, protocol) = item
+            .split_once('/')
+            .ok_or_else(|| format!("{item:?} is not PORT/http or PORT/tcp"))?;
+        let protocol = match protocol.trim().to_ascii_lowercase().as_str() {
+            "http" => PortProtocol::Http,
+            "tcp" => PortProtocol::Tcp,
+            other => {
+                return Err(format!(
+                    "{item:?} has protocol {other:?}; RunPod exposes only http and tcp"
+                ));
+            }
+        };
+        let port = number
+            .trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|port| *port >= 1)
+            .ok_or_else(|| format!("{item:?} has no port number between 1 and 65535"))?;
+        if !seen.insert(port) {
+            return Err(format!("port {port} is listed more than once"));
+        }
+        ports.push(PortSpec { port, protocol });
+    }
+    let http = ports
+        .iter()
+        .filter(|p| p.protocol == PortProtocol::Http)
+        .count();
+    if http > MAX_HTTP_PORTS {
+        return Err(format!(
+            "{http} http ports listed; RunPod allows at most {MAX_HTTP_PORTS}"
+        ));
+    }
+    Ok(ports)
+}
+
+/// Parses `runpod.io/required-gpu-memory`: whole GB per GPU, 1..=1024.
+pub fn parse_gpu_memory(value: &str) -> Result<u32, String> {
+    value
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|gb| (1..=1024).contains(gb))
+        .ok_or_else(|| format!("{value:?} is not a whole number of GB between 1 and 1024"))
+}
+
+/// Parses `runpod.io/max-price`: a positive USD-per-hour amount.
+pub fn parse_price(value: &str) -> Result<f64, String> {
+    value
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|price| price.is_finite() && *price > 0.0)
+        .ok_or_else(|| format!("{value:?} is not a positive number of USD per hour"))
+}
+
+/// Parses `runpod.io/disk`: whole GB of container disk, at least 1.
+pub fn parse_disk(value: &str) -> Result<u32, String> {
+    value
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|gb| *gb >= 1)
+        .ok_or_else(|| format!("{value:?} is not a whole number of GB (at least 1)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_parse_and_render_round_trip() {
+        let ports = parse_ports("8080/http, 22/TCP").unwrap();
+        assert_eq!(
+            ports,
+            vec![
+                PortSpec {
+                    port: 8080,
+                    protocol: PortProtocol::Http
+                },
+                PortSpec {
+                    port: 22,
+                    protocol: PortProtocol::Tcp
+                },
+            ]
+        );
+        assert_eq!(format_ports(&ports), "8080/http,22/tcp");
+    }
+
+    #[test]
+    fn ports_reject_bad_entries() {
+        for bad in [
+            "",
+            "8080",
+            "0/tcp",
+            "65536/tcp",
+            "80/udp",
+            "80/http,80/tcp",
+            "a/http",
+            "80/http,",
+        ] {
+            assert!(parse_ports(bad).is_err(), "{bad:?} should be rejected");
+        }
+        let eleven: Vec<String> = (1..=11).map(|p| format!("{p}/http")).collect();
+        assert!(
+            parse_ports(&eleven.join(","))
+                .unwrap_err()
+                .contains("at most 10")
+        );
+        let ten: Vec<String> = (1..=10).map(|p| format!("{p}/http")).collect();
+        assert_eq!(parse_ports(&ten.join(",")).unwrap().len(), 10);
+    }
+
+    #[test]
+    fn detection_uses_well_known_ports_and_names() {
+        assert_eq!(detected_protocol(8888, None), PortProtocol::Http);
+        assert_eq!(detected_protocol(22, None), PortProtocol::Tcp);
+        assert_eq!(detected_protocol(7860, Some("http-ui")), PortProtocol::Http);
+        assert_eq!(detected_protocol(7860, Some("grpc")), PortProtocol::Tcp);
+    }
+
+    #[test]
+    fn scalar_annotations_have_bounds() {
+        assert_eq!(parse_gpu_memory("24"), Ok(24));
+        assert!(parse_gpu_memory("0").is_err());
+        assert!(parse_gpu_memory("1025").is_err());
+        assert!(parse_gpu_memory("24GB").is_err());
+        assert_eq!(parse_price("0.5"), Ok(0.5));
+        for bad in ["0", "-1", "NaN", "inf", "cheap"] {
+            assert!(parse_price(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_disk("20"), Ok(20));
+        assert!(parse_disk("0").is_err());
+        assert_eq!(BurstMode::parse(" Always "), Some(BurstMode::Always));
+        assert_eq!(BurstMode::parse("sometimes"), None);
+        assert_eq!(CloudType::parse("community"), Some(CloudType::Community));
+        assert_eq!(CloudType::parse("STANDARD"), None);
+    }
+}

@@ -1,0 +1,10 @@
+//! The runpod-kubelet admission webhook: the annotation contract shared with the controller, the
+//! pure admission policy, and the HTTPS server that applies it.
+
+pub mod admission;
+pub mod cluster;
+pub mod contract;
+pub mod metrics;
+pub mod policy;
+pub mod review;
+pub mod server;

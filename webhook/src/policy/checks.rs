@@ -1,0 +1,300 @@
+//! The individual admission rules: effective annotations, their validation, what RunPod can run,
+//! cluster policy (datacenters, price cap), GPU count and port detection.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Pod, Volume};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::{OwningJob, PolicyConfig};
+use crate::contract::{self, CloudType, PortSpec};
+
+/// An effective annotation value and where it came from.
+#[derive(Debug, Clone, Copy)]
+pub struct Sourced<'a> {
+    pub value: &'a str,
+    /// Name of the Job it was inherited from, if not set on the pod.
+    pub job: Option<&'a str>,
+}
+
+impl Sourced<'_> {
+    /// A suffix for messages, so users know where to fix a value.
+    pub fn origin(&self) -> String {
+        self.job
+            .map(|job| format!(" (inherited from Job {job})"))
+            .unwrap_or_default()
+    }
+}
+
+/// The user annotations in force for a pod: pod first, then its owning Job.
+#[derive(Debug, Default)]
+pub struct Effective<'a> {
+    values: BTreeMap<&'static str, Sourced<'a>>,
+}
+
+impl<'a> Effective<'a> {
+    pub fn resolve(pod: &'a BTreeMap<String, String>, job: Option<&'a OwningJob>) -> Self {
+        let mut values = BTreeMap::new();
+        for key in contract::USER_ANNOTATIONS {
+            if let Some(value) = pod.get(key) {
+                values.insert(key, Sourced { value, job: None });
+            } else if let Some((value, job)) =
+                job.and_then(|job| job.annotations.get(key).map(|v| (v, job.name.as_str())))
+            {
+                values.insert(
+                    key,
+                    Sourced {
+                        value,
+                        job: Some(job),
+                    },
+                );
+            }
+        }
+        Self { values }
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Sourced<'a>> {
+        self.values.get(key)
+    }
+
+    /// Values inherited from the Job, to be written on the pod.
+    pub fn from_job(&self) -> impl Iterator<Item = (&'static str, &'a str)> + '_ {
+        self.values
+            .iter()
+            .filter(|(_, sourced)| sourced.job.is_some())
+            .map(|(key, sourced)| (*key, sourced.value))
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&'static str, &Sourced<'a>)> {
+        self.values.iter().map(|(key, sourced)| (*key, sourced))
+    }
+}
+
+/// Every malformed annotation, each with what is wrong and how to fix it.
+pub fn validate_annotations(effective: &Effective<'_>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (key, sourced) in effective.iter() {
+        let value = sourced.value;
+        let result: Result<(), String> = if value.trim().is_empty() {
+            Err("is empty; set a value or remove the annotation".to_owned())
+        } else {
+            match key {
+                contract::REQUIRED_GPU_MEMORY => contract::parse_gpu_memory(value).map(drop),
+                contract::GPU_TYPES | contract::DATACENTER_IDS => {
+                    contract::split_list(value).map(drop)
+                }
+                contract::MAX_PRICE => contract::parse_price(value).map(drop),
+                contract::CLOUD_TYPE => CloudType::parse(value)
+                    .map(drop)
+                    .ok_or_else(|| format!("{value:?} is not SECURE or COMMUNITY")),
+                contract::PORTS => contract::parse_ports(value).map(drop),
+                contract::DISK => contract::parse_disk(value).map(drop),
+                // Burst mode is judged when the mode is resolved; ids only need to be non-empty.
+                _ => Ok(()),
+            }
+        };
+        if let Err(problem) = result {
+            problems.push(format!("annotation {key}{}: {problem}", sourced.origin()));
+        }
+    }
+    problems
+}
+
+/// What RunPod cannot run: it runs exactly one container, no init containers, and only volumes
+/// whose content the controller can reproduce.
+pub fn unsupported_shape(pod: &Pod) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Some(spec) = pod.spec.as_ref() else {
+        return vec!["the pod has no spec".to_owned()];
+    };
+    if spec.containers.len() != 1 {
+        problems.push(format!(
+            "it has {} containers but a RunPod pod runs exactly one; move the others into \
+             their own pods or set {}: never",
+            spec.containers.len(),
+            contract::BURST_MODE
+        ));
+    }
+    if let Some(init) = spec
+        .init_containers
+        .as_ref()
+        .filter(|init| !init.is_empty())
+    {
+        let names: Vec<&str> = init.iter().map(|c| c.name.as_str()).collect();
+        problems.push(format!(
+            "it has init containers ({}), which RunPod cannot run; fold them into the \
+             container's command or set {}: never",
+            names.join(", "),
+            contract::BURST_MODE
+        ));
+    }
+    for volume in spec.volumes.iter().flatten() {
+        if let Some(kind) = unsupported_volume_kind(volume) {
+            problems.push(format!(
+                "volume {:?} is of type {kind}; RunPod pods support only configMap, secret, \
+                 emptyDir, downwardAPI and projected service-account volumes",
+                volume.name
+            ));
+        }
+    }
+    problems
+}
+
+fn unsupported_volume_kind(volume: &Volume) -> Option<String> {
+    if volume.config_map.is_some()
+        || volume.secret.is_some()
+        || volume.empty_dir.is_some()
+        || volume.downward_api.is_some()
+    {
+        return None;
+    }
+    if let Some(projected) = &volume.projected {
+        let supported = projected.sources.iter().flatten().all(|source| {
+            source.service_account_token.is_some()
+                || source.config_map.is_some()
+                || source.secret.is_some()
+                || source.downward_api.is_some()
+        });
+        return (!supported).then(|| "projected (with unsupported sources)".to_owned());
+    }
+    // Name the type as the user wrote it: the one key besides `name`.
+    let kind = serde_json::to_value(volume)
+        .ok()
+        .and_then(|value| {
+            value
+                .as_object()
+                .and_then(|fields| fields.keys().find(|key| *key != "name").cloned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    Some(kind)
+}
+
+/// Well-formed values this cluster does not allow: datacenters outside the allowed list, a price
+/// above the cap.
+pub fn policy_violations(
+    effective: &Effective<'_>,
+    gpus: u32,
+    config: &PolicyConfig,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some(sourced) = effective.get(contract::DATACENTER_IDS) {
+        if !config.allowed_datacenters.is_empty() {
+            let requested = contract::split_list(sourced.value).unwrap_or_default();
+            let offending: Vec<&str> = requested
+                .into_iter()
+                .filter(|id| {
+                    !config
+                        .allowed_datacenters
+                        .iter()
+                        .any(|allowed| allowed == id)
+                })
+                .collect();
+            if !offending.is_empty() {
+                problems.push(format!(
+                    "annotation {}{} asks for datacenter(s) {} that this cluster does not \
+                     allow; allowed datacenters: {}. Remove the forbidden ids or leave the \
+                     annotation out to use any allowed datacenter",
+                    contract::DATACENTER_IDS,
+                    sourced.origin(),
+                    offending.join(", "),
+                    config.allowed_datacenters.join(", ")
+                ));
+            }
+        }
+    }
+    if let (Some(sourced), Some(per_gpu)) =
+        (effective.get(contract::MAX_PRICE), config.max_gpu_price)
+    {
+        let billed_gpus = gpus.max(1);
+        let cap = per_gpu * f64::from(billed_gpus);
+        if let Ok(price) = contract::parse_price(sourced.value) {
+            if price > cap + 1e-9 {
+                problems.push(format!(
+                    "annotation {}{} is {price} USD/h, above this cluster's cap of {cap} USD/h \
+                     ({per_gpu} per GPU x {billed_gpus} GPU); lower it to at most {cap}",
+                    contract::MAX_PRICE,
+                    sourced.origin()
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// GPUs the pod asks for, with Kubernetes' rule for init containers (the larger of their maximum
+/// and the sum over the regular containers).
+pub fn gpu_count(pod: &Pod) -> u32 {
+    let Some(spec) = pod.spec.as_ref() else {
+        return 0;
+    };
+    let per_container = |container: &k8s_openapi::api::core::v1::Container| -> u32 {
+        let resources = container.resources.as_ref();
+        let limit = resources.and_then(|r| r.limits.as_ref()?.get(contract::GPU_RESOURCE));
+        let request = resources.and_then(|r| r.requests.as_ref()?.get(contract::GPU_RESOURCE));
+        limit.or(request).map(quantity_count).unwrap_or(0)
+    };
+    let regular: u32 = spec
+        .containers
+        .iter()
+        .map(per_container)
+        .fold(0, u32::saturating_add);
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(per_container)
+        .max()
+        .unwrap_or(0);
+    regular.max(init)
+}
+
+/// Extended resources are whole numbers; anything else non-zero still counts as one GPU.
+fn quantity_count(quantity: &Quantity) -> u32 {
+    let text = quantity.0.trim();
+    match text.parse::<u32>() {
+        Ok(count) => count,
+        Err(_) if text.is_empty() || text.chars().all(|c| c == '0' || c == '.') => 0,
+        Err(_) => 1,
+    }
+}
+
+/// The `runpod.io/ports` value auto-detected from the container ports; `None` when the pod
+/// declares no port RunPod can expose.
+pub fn detect_ports(pod: &Pod, warnings: &mut Vec<String>) -> Result<Option<String>, String> {
+    let mut ports: Vec<PortSpec> = Vec::new();
+    let containers = pod.spec.iter().flat_map(|spec| spec.containers.iter());
+    for port in containers.flat_map(|c| c.ports.iter().flatten()) {
+        let protocol = port.protocol.as_deref().unwrap_or("TCP");
+        if protocol != "TCP" {
+            warnings.push(format!(
+                "runpod-kubelet: container port {}/{protocol} is not exposed; RunPod forwards \
+                 only TCP and HTTP",
+                port.container_port
+            ));
+            continue;
+        }
+        let Some(number) = u16::try_from(port.container_port).ok().filter(|p| *p > 0) else {
+            continue;
+        };
+        if ports.iter().any(|known| known.port == number) {
+            continue;
+        }
+        ports.push(PortSpec {
+            port: number,
+            protocol: contract::detected_protocol(number, port.name.as_deref()),
+        });
+    }
+    if ports.is_empty() {
+        return Ok(None);
+    }
+    let value = contract::format_ports(&ports);
+    // The written value must pass the same validation when the pod is reviewed again.
+    contract::parse_ports(&value).map_err(|problem| {
+        format!(
+            "the container ports cannot all be exposed on RunPod ({problem}); set the \
+             annotation {} to the ports to expose",
+            contract::PORTS
+        )
+    })?;
+    Ok(Some(value))
+}

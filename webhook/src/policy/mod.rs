@@ -1,0 +1,260 @@
+//! Admission policy as pure functions: a pod, what the cluster knows about its namespace and
+//! owning Job, and the cluster's policy settings in; a verdict (patch, warnings, or a rejection)
+//! out. No I/O here, so every rule is unit- and property-testable.
+
+mod checks;
+mod mutation;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::Value;
+
+use crate::contract::{self, BurstMode};
+pub use mutation::Mutation;
+
+/// Cluster-wide policy, from the webhook's flags.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyConfig {
+    /// Datacenters pods may ask for; empty means any.
+    pub allowed_datacenters: Vec<String>,
+    /// Highest USD per hour per GPU a pod may offer; `None` means no cap.
+    pub max_gpu_price: Option<f64>,
+    /// Namespaces whose pods are never touched (the chart's own, `kube-system`).
+    pub excluded_namespaces: BTreeSet<String>,
+}
+
+/// What the cluster knows about the pod's surroundings, looked up by the caller.
+#[derive(Debug, Clone, Default)]
+pub struct Context {
+    pub namespace_labels: BTreeMap<String, String>,
+    /// Annotations of the owning Job, when the pod has one and it still exists.
+    pub job: Option<OwningJob>,
+}
+
+/// The Job a pod belongs to, for the annotation fallback.
+#[derive(Debug, Clone, Default)]
+pub struct OwningJob {
+    pub name: String,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Why a pod was let through without change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Untouched {
+    OptedOut,
+    ExcludedNamespace,
+    NotOptedIn,
+    NotGpu,
+    ModeNever,
+    /// `fallback` pod that RunPod cannot run: it stays local.
+    CannotBurst,
+}
+
+/// The decision for one pod.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Admit; the mutation may be empty (then `untouched` says why).
+    Allow {
+        mutation: Mutation,
+        warnings: Vec<String>,
+        untouched: Option<Untouched>,
+    },
+    /// Refuse, with an HTTP-style code (403 policy, 422 invalid) and a message for the user.
+    Deny {
+        code: u16,
+        reason: String,
+        message: String,
+    },
+}
+
+/// The owning Job of a pod, if any (ownerReference of kind Job in group batch).
+pub fn owning_job(pod: &Pod) -> Option<(String, String)> {
+    pod.metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|owner| owner.kind == "Job" && owner.api_version.starts_with("batch/"))
+        .map(|owner| (owner.name.clone(), owner.uid.clone()))
+}
+
+/// Reasons to leave a pod alone that need no lookup; checked first so that opted-out pods and
+/// excluded namespaces never depend on the cluster being reachable.
+pub fn screen(pod: &Pod, namespace: &str, config: &PolicyConfig) -> Option<Untouched> {
+    if label(pod, contract::BURST_LABEL) == Some(contract::BURST_DISABLED) {
+        return Some(Untouched::OptedOut);
+    }
+    if config.excluded_namespaces.contains(namespace) {
+        return Some(Untouched::ExcludedNamespace);
+    }
+    None
+}
+
+/// Decides what happens to a pod at creation. `raw` is the pod exactly as the apiserver sent it,
+/// so the patch is computed against the real object (unknown fields, missing parents and all).
+pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConfig) -> Verdict {
+    if let Some(reason) = screen(pod, namespace, config) {
+        return untouched(Mutation::default(), Vec::new(), reason);
+    }
+    let pod_opted_in = label(pod, contract::BURST_LABEL) == Some(contract::BURST_ENABLED);
+    let namespace_opted_in = context
+        .namespace_labels
+        .get(contract::BURST_LABEL)
+        .map(String::as_str)
+        == Some(contract::BURST_ENABLED);
+    if !pod_opted_in && !namespace_opted_in {
+        return untouched(Mutation::default(), Vec::new(), Untouched::NotOptedIn);
+    }
+
+    // From here on the pod is ours to judge; controller-owned annotations never get through.
+    let mut mutation = Mutation::default();
+    let pod_annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    mutation.remove_annotations = contract::CONTROLLER_ANNOTATIONS
+        .iter()
+        .filter(|key| pod_annotations.contains_key(**key))
+        .map(|key| (*key).to_owned())
+        .collect();
+
+    let effective = checks::Effective::resolve(&pod_annotations, context.job.as_ref());
+    let explicit_mode = effective.get(contract::BURST_MODE);
+    let mode = match resolve_mode(explicit_mode, &context.namespace_labels, namespace) {
+        Ok(mode) => mode,
+        Err(problem) => return deny_invalid(pod, namespace, vec![problem]),
+    };
+    let gpus = checks::gpu_count(pod);
+    if gpus == 0 && explicit_mode.is_none() {
+        return untouched(mutation, Vec::new(), Untouched::NotGpu);
+    }
+    if mode == BurstMode::Never {
+        return untouched(mutation, Vec::new(), Untouched::ModeNever);
+    }
+
+    let mut warnings = Vec::new();
+    let invalid = checks::validate_annotations(&effective);
+    if !invalid.is_empty() {
+        return deny_invalid(pod, namespace, invalid);
+    }
+    let unsupported = checks::unsupported_shape(pod);
+    if !unsupported.is_empty() {
+        if mode == BurstMode::Always {
+            return deny_invalid(pod, namespace, unsupported);
+        }
+        warnings.push(format!(
+            "runpod-kubelet: this pod stays on local nodes because RunPod cannot run it: {}",
+            unsupported.join("; ")
+        ));
+        return untouched(mutation, warnings, Untouched::CannotBurst);
+    }
+    let forbidden = checks::policy_violations(&effective, gpus, config);
+    if !forbidden.is_empty() {
+        return Verdict::Deny {
+            code: 403,
+            reason: "Forbidden".to_owned(),
+            message: rejection(pod, namespace, &forbidden),
+        };
+    }
+
+    // Effective values from the owning Job are written on the pod, so the controller and users
+    // see one place.
+    for (key, value) in effective.from_job() {
+        mutation
+            .set_annotations
+            .insert(key.to_owned(), value.to_owned());
+    }
+    if effective.get(contract::PORTS).is_none() {
+        match checks::detect_ports(pod, &mut warnings) {
+            Ok(Some(ports)) => {
+                mutation
+                    .set_annotations
+                    .insert(contract::PORTS.to_owned(), ports);
+            }
+            Ok(None) => {}
+            Err(problem) => return deny_invalid(pod, namespace, vec![problem]),
+        }
+    }
+    mutation::schedule_onto_runpod(pod, mode, &mut mutation, &mut warnings);
+    Verdict::Allow {
+        mutation,
+        warnings,
+        untouched: None,
+    }
+}
+
+/// Computes the JSON Patch turning `raw` into its mutated form; empty when nothing changes.
+pub fn patch_for(raw: &Value, mutation: &Mutation) -> json_patch::Patch {
+    let mutated = mutation.apply(raw);
+    json_patch::diff(raw, &mutated)
+}
+
+fn resolve_mode(
+    explicit: Option<&checks::Sourced<'_>>,
+    namespace_labels: &BTreeMap<String, String>,
+    namespace: &str,
+) -> Result<BurstMode, String> {
+    let choices = || {
+        BurstMode::ALL
+            .iter()
+            .map(|mode| mode.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if let Some(value) = explicit {
+        return BurstMode::parse(value.value).ok_or_else(|| {
+            format!(
+                "{} {:?}{} is not one of {}",
+                contract::BURST_MODE,
+                value.value,
+                value.origin(),
+                choices()
+            )
+        });
+    }
+    match namespace_labels.get(contract::NAMESPACE_MODE_LABEL) {
+        None => Ok(BurstMode::Fallback),
+        Some(value) => BurstMode::parse(value).ok_or_else(|| {
+            format!(
+                "namespace {namespace} has label {}={value:?}, which is not one of {}; \
+                 fix the namespace label or set the pod annotation {}",
+                contract::NAMESPACE_MODE_LABEL,
+                choices(),
+                contract::BURST_MODE
+            )
+        }),
+    }
+}
+
+fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+fn untouched(mutation: Mutation, warnings: Vec<String>, reason: Untouched) -> Verdict {
+    Verdict::Allow {
+        mutation,
+        warnings,
+        untouched: Some(reason),
+    }
+}
+
+fn deny_invalid(pod: &Pod, namespace: &str, problems: Vec<String>) -> Verdict {
+    Verdict::Deny {
+        code: 422,
+        reason: "Invalid".to_owned(),
+        message: rejection(pod, namespace, &problems),
+    }
+}
+
+fn rejection(pod: &Pod, namespace: &str, problems: &[String]) -> String {
+    let name = pod
+        .metadata
+        .name
+        .clone()
+        .or_else(|| pod.metadata.generate_name.as_ref().map(|g| format!("{g}*")))
+        .unwrap_or_else(|| "<unnamed>".to_owned());
+    format!(
+        "runpod-kubelet rejected pod {namespace}/{name}: {}",
+        problems.join("; ")
+    )
+}
+
+#[cfg(test)]
+mod tests;

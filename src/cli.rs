@@ -38,6 +38,68 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the mutating admission webhook (HTTPS).
     Webhook(WebhookArgs),
+    /// Write a new CA and a serving certificate signed by it (PEM files).
+    Certs(CertsArgs),
+    /// Print the MutatingWebhookConfiguration (JSON) that routes opted-in pods to the webhook.
+    WebhookConfiguration(RegistrationArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CertsArgs {
+    /// Directory for ca.crt, ca.key, tls.crt and tls.key.
+    #[arg(long, env = "RUNPOD_KUBELET_OUT_DIR")]
+    pub out_dir: PathBuf,
+    /// DNS names of the serving certificate.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "localhost",
+        env = "RUNPOD_KUBELET_DNS_NAMES"
+    )]
+    pub dns_names: Vec<String>,
+    /// IP addresses of the serving certificate.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "127.0.0.1",
+        env = "RUNPOD_KUBELET_IP_ADDRESSES"
+    )]
+    pub ip_addresses: Vec<std::net::IpAddr>,
+    /// Validity of the serving certificate (the CA gets ten times as long).
+    #[arg(long, default_value = "90d", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_VALIDITY")]
+    pub validity: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct RegistrationArgs {
+    /// Name of the configuration; the two webhook entries are `namespaces.NAME` and `pods.NAME`.
+    #[arg(long, default_value = "burst.runpod.io", env = "RUNPOD_KUBELET_NAME")]
+    pub name: String,
+    /// URL of `/mutate` for a webhook outside the cluster (e.g. https://127.0.0.1:8443/mutate).
+    #[arg(
+        long,
+        conflicts_with = "service",
+        required_unless_present = "service",
+        env = "RUNPOD_KUBELET_URL"
+    )]
+    pub url: Option<String>,
+    /// In-cluster Service as NAMESPACE/NAME:PORT.
+    #[arg(long, env = "RUNPOD_KUBELET_SERVICE")]
+    pub service: Option<String>,
+    /// PEM CA bundle the apiserver uses to verify the webhook.
+    #[arg(long, env = "RUNPOD_KUBELET_CA_BUNDLE")]
+    pub ca_bundle: PathBuf,
+    /// Namespaces never sent to the webhook (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kube-system",
+        env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES"
+    )]
+    pub exclude_namespaces: Vec<String>,
+    /// Seconds the apiserver waits for the webhook.
+    #[arg(long, default_value_t = 10, env = "RUNPOD_KUBELET_TIMEOUT_SECONDS")]
+    pub timeout_seconds: i32,
 }
 
 #[derive(Debug, Args)]
@@ -103,7 +165,9 @@ mod tests {
             "EU-RO-1,US-TX-3",
         ])
         .unwrap();
-        let Command::Webhook(args) = cli.command;
+        let Command::Webhook(args) = cli.command else {
+            panic!("parsed another subcommand");
+        };
         assert_eq!(args.listen.port(), 8443);
         assert_eq!(args.datacenter_ids, vec!["EU-RO-1", "US-TX-3"]);
         assert_eq!(args.max_gpu_price, 0.5);

@@ -1,7 +1,9 @@
 //! `runpod-kubelet`: one binary for the admission webhook and (later) the RunPod provider.
 
+mod certs_cmd;
 mod cli;
 mod logging;
+mod registration_cmd;
 mod webhook_cmd;
 
 use clap::Parser;
@@ -22,6 +24,8 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             cli::Command::Webhook(args) => webhook_cmd::run(args).await,
+            cli::Command::Certs(args) => certs_cmd::run(&args),
+            cli::Command::WebhookConfiguration(args) => registration_cmd::run(&args),
         }
     })
 }

@@ -7,7 +7,7 @@ mod tls;
 
 pub use generate::{CertificateAuthority, IssuedCertificate};
 pub use reload::{ReloadOutcome, ReloadingCertResolver};
-pub use tls::server_config;
+pub use tls::{client_config, server_config};
 
 /// Why a certificate could not be made or loaded.
 #[derive(Debug, thiserror::Error)]

@@ -17,3 +17,25 @@ pub fn server_config(resolver: Arc<dyn ResolvesServerCert>) -> Result<ServerConf
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }
+
+/// A client configuration trusting only the given PEM CA bundle (tests, benchmarks, probes).
+pub fn client_config(
+    ca_bundle_pem: &str,
+    alpn: &[&[u8]],
+) -> Result<rustls::ClientConfig, CertError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut std::io::BufReader::new(ca_bundle_pem.as_bytes())) {
+        let cert = cert.map_err(|source| CertError::Pem {
+            path: "<ca bundle>".to_owned(),
+            source,
+        })?;
+        roots.add(cert)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
+}

@@ -2,12 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use kube::core::admission::AdmissionResponse;
-
 use crate::cluster::ClusterView;
 use crate::metrics::Outcome;
 use crate::policy::{self, Context, PolicyConfig, Verdict};
-use crate::review::{self, BadReview};
+use crate::review::{self, AdmissionResponse, BadReview};
 
 /// Answers one review body: the response to send and how it ended, or why the body is invalid.
 pub async fn admit<C: ClusterView>(
@@ -17,7 +15,7 @@ pub async fn admit<C: ClusterView>(
 ) -> Result<(AdmissionResponse, Outcome), BadReview> {
     let request = review::parse(body)?;
     let Some(creation) = review::pod_creation(&request)? else {
-        return Ok((AdmissionResponse::from(&request), Outcome::Unchanged));
+        return Ok((AdmissionResponse::allow(&request), Outcome::Unchanged));
     };
     let verdict = match policy::screen(&creation.pod, &creation.namespace, config) {
         Some(reason) => Verdict::Allow {
@@ -30,18 +28,20 @@ pub async fn admit<C: ClusterView>(
             Err(error) => {
                 tracing::warn!(%error, namespace = %creation.namespace, "admission refused: lookup failed");
                 let message = format!("runpod-kubelet {error}; the request can be retried");
-                return Ok((review::internal_error(&request, message), Outcome::Error));
+                let response = AdmissionResponse::deny(&request, 500, "InternalError", message);
+                return Ok((response, Outcome::Error));
             }
         },
     };
-    let (response, patched) = review::respond(&request, &creation, &verdict);
-    let outcome = match (&verdict, patched) {
-        (Verdict::Deny { .. }, _) => Outcome::Rejected,
-        (_, true) => Outcome::Mutated,
-        _ if !response.allowed => Outcome::Error,
-        _ => Outcome::Unchanged,
-    };
     log_verdict(&creation, &verdict);
+    let denied = matches!(verdict, Verdict::Deny { .. });
+    let response = review::respond(&request, &creation, verdict);
+    let outcome = match (denied, response.allowed, response.is_patched()) {
+        (true, _, _) => Outcome::Rejected,
+        (false, false, _) => Outcome::Error,
+        (false, true, true) => Outcome::Mutated,
+        (false, true, false) => Outcome::Unchanged,
+    };
     Ok((response, outcome))
 }
 

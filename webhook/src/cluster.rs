@@ -167,3 +167,77 @@ async fn direct_get<T>(
         }),
     }
 }
+
+/// Shared views (tests keep a handle to flip state while the server runs).
+impl<T: ClusterView> ClusterView for Arc<T> {
+    fn namespace_labels(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<BTreeMap<String, String>, LookupError>> + Send {
+        T::namespace_labels(self, name)
+    }
+
+    fn job(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> impl Future<Output = Result<Option<OwningJob>, LookupError>> + Send {
+        T::job(self, namespace, name, uid)
+    }
+
+    fn synced(&self) -> bool {
+        T::synced(self)
+    }
+}
+
+/// A [`ClusterView`] held in memory: for fuzzing, tests and benchmarks of the policy path
+/// without an apiserver.
+#[derive(Debug, Default)]
+pub struct MemoryCluster {
+    /// Namespace name → labels.
+    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    /// (namespace, name) → (uid, annotations).
+    pub jobs: BTreeMap<(String, String), (String, BTreeMap<String, String>)>,
+    pub synced: AtomicBool,
+    /// Make every lookup fail, as when the apiserver cannot be reached.
+    pub fail_lookups: bool,
+}
+
+impl ClusterView for MemoryCluster {
+    async fn namespace_labels(&self, name: &str) -> Result<BTreeMap<String, String>, LookupError> {
+        if self.fail_lookups {
+            return Err(LookupError {
+                what: format!("namespace {name}"),
+                reason: "lookups disabled".to_owned(),
+            });
+        }
+        Ok(self.namespaces.get(name).cloned().unwrap_or_default())
+    }
+
+    async fn job(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Option<OwningJob>, LookupError> {
+        if self.fail_lookups {
+            return Err(LookupError {
+                what: format!("Job {namespace}/{name}"),
+                reason: "lookups disabled".to_owned(),
+            });
+        }
+        Ok(self
+            .jobs
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .filter(|(job_uid, _)| job_uid == uid)
+            .map(|(_, annotations)| OwningJob {
+                name: name.to_owned(),
+                annotations: annotations.clone(),
+            }))
+    }
+
+    fn synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+}

@@ -6,5 +6,6 @@ pub mod cluster;
 pub mod contract;
 pub mod metrics;
 pub mod policy;
+pub mod registration;
 pub mod review;
 pub mod server;

@@ -1,13 +1,13 @@
-//! AdmissionReview in and out: strict parsing of what the apiserver sends, and the response
-//! for a verdict. Anything malformed is a [`BadReview`] (HTTP 400), never a panic.
+//! AdmissionReview in and out. The body is parsed once into a borrowed envelope and the pod once
+//! into its API type; the response is written directly, with the patch in base64 as the
+//! apiserver expects. Anything malformed is a [`BadReview`] (HTTP 400), never a panic.
 
+use base64::Engine;
 use k8s_openapi::api::core::v1::Pod;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
-use kube::core::response::Status;
-use serde_json::Value;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
-use crate::policy::{self, Verdict};
+use crate::policy::Verdict;
 
 /// Largest review accepted; the apiserver's own request limit is 3 MiB.
 pub const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
@@ -32,139 +32,217 @@ pub enum BadReview {
     NoRequest,
     #[error("request is not a valid AdmissionRequest: {0}")]
     BadRequest(serde_json::Error),
-    #[error("request.object is missing for a pod {0:?}")]
-    NoObject(Operation),
+    #[error("request.object is missing for a pod {0}")]
+    NoObject(String),
     #[error("request.object is not a valid Pod: {0}")]
     BadPod(serde_json::Error),
+}
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(default, rename = "apiVersion")]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default, borrow)]
+    request: Option<&'a RawValue>,
+}
+
+/// The fields of an AdmissionRequest this webhook uses.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionRequest<'a> {
+    pub uid: String,
+    pub kind: GroupVersionKind,
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    pub operation: String,
+    #[serde(default, borrow)]
+    pub object: Option<&'a RawValue>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct GroupVersionKind {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    pub kind: String,
 }
 
 /// A pod creation to judge.
 #[derive(Debug)]
 pub struct PodCreation {
-    /// The pod exactly as sent (the base for the patch).
-    pub raw: Value,
     pub pod: Pod,
     pub namespace: String,
 }
 
 /// Parses and checks the envelope.
-pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, BadReview> {
+pub fn parse(body: &[u8]) -> Result<AdmissionRequest<'_>, BadReview> {
     if body.len() > MAX_REVIEW_BYTES {
         return Err(BadReview::TooLarge);
     }
-    let mut review: Value = serde_json::from_slice(body).map_err(BadReview::NotJson)?;
-    let field = |name: &str| {
-        review
-            .get(name)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned()
-    };
-    let (api_version, kind) = (field("apiVersion"), field("kind"));
-    if api_version != API_VERSION || kind != KIND {
-        return Err(BadReview::WrongType { api_version, kind });
+    let envelope: Envelope<'_> = serde_json::from_slice(body).map_err(BadReview::NotJson)?;
+    if envelope.api_version != API_VERSION || envelope.kind != KIND {
+        return Err(BadReview::WrongType {
+            api_version: envelope.api_version,
+            kind: envelope.kind,
+        });
     }
-    let request = review
-        .get_mut("request")
-        .map(Value::take)
-        .filter(|request| !request.is_null())
+    let request = envelope
+        .request
+        .filter(|raw| raw.get() != "null")
         .ok_or(BadReview::NoRequest)?;
-    let mut request: AdmissionRequest<DynamicObject> =
-        serde_json::from_value(request).map_err(BadReview::BadRequest)?;
-    request.types.api_version = api_version;
-    request.types.kind = kind;
-    Ok(request)
+    serde_json::from_str(request.get()).map_err(BadReview::BadRequest)
 }
 
 /// The pod creation inside a request, or `None` for anything this webhook does not judge
 /// (other resources, subresources, operations other than CREATE).
-pub fn pod_creation(
-    request: &AdmissionRequest<DynamicObject>,
-) -> Result<Option<PodCreation>, BadReview> {
+pub fn pod_creation(request: &AdmissionRequest<'_>) -> Result<Option<PodCreation>, BadReview> {
     let is_pod = request.kind.group.is_empty() && request.kind.kind == "Pod";
     let is_main_resource = request
         .sub_resource
         .as_deref()
         .unwrap_or_default()
         .is_empty();
-    if !is_pod || !is_main_resource || request.operation != Operation::Create {
+    if !is_pod || !is_main_resource || request.operation != "CREATE" {
         return Ok(None);
     }
     let object = request
         .object
-        .as_ref()
+        .filter(|raw| raw.get() != "null")
         .ok_or_else(|| BadReview::NoObject(request.operation.clone()))?;
-    let raw = serde_json::to_value(object).map_err(BadReview::BadPod)?;
-    let pod: Pod = serde_json::from_value(raw.clone()).map_err(BadReview::BadPod)?;
+    let pod: Pod = serde_json::from_str(object.get()).map_err(BadReview::BadPod)?;
     let namespace = request
         .namespace
         .clone()
         .or_else(|| pod.metadata.namespace.clone())
         .unwrap_or_else(|| "default".to_owned());
-    Ok(Some(PodCreation {
-        raw,
-        pod,
-        namespace,
-    }))
+    Ok(Some(PodCreation { pod, namespace }))
 }
 
-/// Turns a verdict into the response, computing the patch against the raw pod.
+/// An AdmissionResponse, as sent back.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionResponse {
+    pub uid: String,
+    pub allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    /// Base64 of the JSON Patch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// The refusal shown to the user (`metav1.Status`).
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub status: &'static str,
+    pub code: u16,
+    pub reason: String,
+    pub message: String,
+}
+
+impl AdmissionResponse {
+    /// Admitted without change.
+    pub fn allow(request: &AdmissionRequest<'_>) -> Self {
+        Self {
+            uid: request.uid.clone(),
+            allowed: true,
+            status: None,
+            patch: None,
+            patch_type: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Refused with an HTTP-style code, a reason and a message for the user.
+    pub fn deny(request: &AdmissionRequest<'_>, code: u16, reason: &str, message: String) -> Self {
+        Self {
+            allowed: false,
+            status: Some(Status {
+                status: "Failure",
+                code,
+                reason: reason.to_owned(),
+                message,
+            }),
+            ..Self::allow(request)
+        }
+    }
+
+    /// Whether the response carries a patch.
+    pub fn is_patched(&self) -> bool {
+        self.patch.is_some()
+    }
+
+    /// The decoded JSON Patch, if any (tests and fuzzing).
+    pub fn decoded_patch(&self) -> Option<Vec<u8>> {
+        let patch = self.patch.as_ref()?;
+        base64::engine::general_purpose::STANDARD.decode(patch).ok()
+    }
+}
+
+/// Turns a verdict into the response.
 pub fn respond(
-    request: &AdmissionRequest<DynamicObject>,
+    request: &AdmissionRequest<'_>,
     creation: &PodCreation,
-    verdict: &Verdict,
-) -> (AdmissionResponse, bool) {
-    let mut response = AdmissionResponse::from(request);
+    verdict: Verdict,
+) -> AdmissionResponse {
     match verdict {
         Verdict::Deny {
             code,
             reason,
             message,
-        } => {
-            response.allowed = false;
-            response.result = Status::failure(message, reason).with_code(*code);
-            (response, false)
-        }
+        } => AdmissionResponse::deny(request, code, &reason, message),
         Verdict::Allow {
             mutation, warnings, ..
         } => {
-            if !warnings.is_empty() {
-                response.warnings = Some(warnings.clone());
-            }
-            let patch = policy::patch_for(&creation.raw, mutation);
-            if patch.0.is_empty() {
-                return (response, false);
-            }
-            match response.clone().with_patch(patch) {
-                Ok(patched) => (patched, true),
-                Err(error) => {
-                    response.allowed = false;
-                    response.result = Status::failure(
-                        &format!("runpod-kubelet could not encode its patch: {error}"),
-                        "InternalError",
-                    )
-                    .with_code(500);
-                    (response, false)
+            let mut response = AdmissionResponse::allow(request);
+            response.warnings = warnings;
+            let operations = mutation.patch(&creation.pod);
+            if !operations.is_empty() {
+                match serde_json::to_vec(&operations) {
+                    Ok(json) => {
+                        response.patch =
+                            Some(base64::engine::general_purpose::STANDARD.encode(json));
+                        response.patch_type = Some("JSONPatch");
+                    }
+                    Err(error) => {
+                        return AdmissionResponse::deny(
+                            request,
+                            500,
+                            "InternalError",
+                            format!("runpod-kubelet could not encode its patch: {error}"),
+                        );
+                    }
                 }
             }
+            response
         }
     }
 }
 
-/// A refusal that is not the pod's fault (the cluster could not be read): retryable.
-pub fn internal_error(
-    request: &AdmissionRequest<DynamicObject>,
-    message: String,
-) -> AdmissionResponse {
-    let mut response = AdmissionResponse::from(request);
-    response.allowed = false;
-    response.result = Status::failure(&message, "InternalError").with_code(500);
-    response
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewOut<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    response: &'a AdmissionResponse,
 }
 
-/// Serialises the response in its review envelope, with the request's apiVersion.
-pub fn encode(response: AdmissionResponse) -> Vec<u8> {
-    let review = response.into_review();
-    // Serialising plain data types cannot fail; an empty body would still be answered as 500.
+/// Serialises the response in its review envelope.
+pub fn encode(response: &AdmissionResponse) -> Vec<u8> {
+    let review = ReviewOut {
+        api_version: API_VERSION,
+        kind: KIND,
+        response,
+    };
+    // Plain data types always serialise; an empty body would be answered as a 500 upstream.
     serde_json::to_vec(&review).unwrap_or_default()
 }

@@ -67,7 +67,7 @@ async fn mutate<C: ClusterView>(State(state): State<Arc<AppState<C>>>, body: Bod
     };
     let (response, outcome) = match result {
         Ok((response, outcome)) => {
-            let body = encode(response);
+            let body = encode(&response);
             (json_response(StatusCode::OK, body), outcome)
         }
         Err(error) => {

@@ -8,7 +8,6 @@ mod mutation;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Pod;
-use serde_json::Value;
 
 use crate::contract::{self, BurstMode};
 pub use mutation::Mutation;
@@ -90,8 +89,7 @@ pub fn screen(pod: &Pod, namespace: &str, config: &PolicyConfig) -> Option<Untou
     None
 }
 
-/// Decides what happens to a pod at creation. `raw` is the pod exactly as the apiserver sent it,
-/// so the patch is computed against the real object (unknown fields, missing parents and all).
+/// Decides what happens to a pod at creation.
 pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConfig) -> Verdict {
     if let Some(reason) = screen(pod, namespace, config) {
         return untouched(Mutation::default(), Vec::new(), reason);
@@ -178,12 +176,6 @@ pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConf
         warnings,
         untouched: None,
     }
-}
-
-/// Computes the JSON Patch turning `raw` into its mutated form; empty when nothing changes.
-pub fn patch_for(raw: &Value, mutation: &Mutation) -> json_patch::Patch {
-    let mutated = mutation.apply(raw);
-    json_patch::diff(raw, &mutated)
 }
 
 fn resolve_mode(

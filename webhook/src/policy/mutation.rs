@@ -1,11 +1,10 @@
-//! The mutation of an admitted pod, decided on the typed pod and applied to the raw JSON the
-//! apiserver sent (so fields unknown to our API types survive and the patch touches only what
-//! changes).
+//! The mutation of an admitted pod, decided on the typed pod and expressed as the JSON Patch
+//! operations that touch only what changes.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Pod, Toleration};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::contract::{self, BurstMode};
 
@@ -24,45 +23,79 @@ impl Mutation {
         *self == Mutation::default()
     }
 
-    /// The pod with this mutation applied. Parents that are missing (or null) are created.
-    pub fn apply(&self, raw: &Value) -> Value {
-        let mut pod = raw.clone();
-        if self.is_empty() {
-            return pod;
+    /// The JSON Patch operations for this mutation of `pod`. Built from the typed pod, so a
+    /// missing (or null) parent gets one `add` of the whole parent and existing ones get `add`s
+    /// of their members; keys are escaped as JSON Pointer tokens.
+    pub fn patch(&self, pod: &Pod) -> Vec<Value> {
+        let mut ops = Vec::new();
+        let annotations = pod.metadata.annotations.as_ref();
+        for key in &self.remove_annotations {
+            ops.push(json!({"op": "remove", "path": pointer(&["metadata", "annotations", key])}));
         }
-        if !self.set_annotations.is_empty() || !self.remove_annotations.is_empty() {
-            let annotations = object_at(&mut pod, &["metadata", "annotations"]);
-            for key in &self.remove_annotations {
-                annotations.remove(key);
-            }
-            for (key, value) in &self.set_annotations {
-                annotations.insert(key.clone(), Value::String(value.clone()));
-            }
+        if !self.set_annotations.is_empty() {
+            add_members(
+                &mut ops,
+                &["metadata", "annotations"],
+                annotations.is_some(),
+                &self.set_annotations,
+            );
+        }
+        let spec = pod.spec.as_ref();
+        let changes_spec =
+            self.add_toleration || !self.set_node_selector.is_empty() || self.prefer_local_nodes;
+        if changes_spec && spec.is_none() {
+            ops.push(add(&["spec"], json!({})));
         }
         if self.add_toleration {
-            array_at(&mut pod, &["spec", "tolerations"]).push(provider_toleration_json());
+            let present = spec.is_some_and(|s| s.tolerations.is_some());
+            add_item(
+                &mut ops,
+                &["spec", "tolerations"],
+                present,
+                provider_toleration_json(),
+            );
         }
         if !self.set_node_selector.is_empty() {
-            let selector = object_at(&mut pod, &["spec", "nodeSelector"]);
-            for (key, value) in &self.set_node_selector {
-                selector.insert(key.clone(), Value::String(value.clone()));
-            }
+            let present = spec.is_some_and(|s| s.node_selector.is_some());
+            add_members(
+                &mut ops,
+                &["spec", "nodeSelector"],
+                present,
+                &self.set_node_selector,
+            );
         }
         if self.prefer_local_nodes {
-            array_at(
-                &mut pod,
-                &[
-                    "spec",
-                    "affinity",
-                    "nodeAffinity",
-                    "preferredDuringSchedulingIgnoredDuringExecution",
-                ],
-            )
-            .push(local_preference_json());
+            let affinity = spec.and_then(|s| s.affinity.as_ref());
+            let node_affinity = affinity.and_then(|a| a.node_affinity.as_ref());
+            let preferred = node_affinity.and_then(|n| {
+                n.preferred_during_scheduling_ignored_during_execution
+                    .as_ref()
+            });
+            let term = local_preference_json();
+            let op = match (affinity, node_affinity, preferred) {
+                (None, _, _) => add(
+                    &["spec", "affinity"],
+                    json!({"nodeAffinity": {PREFERRED: [term]}}),
+                ),
+                (Some(_), None, _) => add(
+                    &["spec", "affinity", "nodeAffinity"],
+                    json!({PREFERRED: [term]}),
+                ),
+                (Some(_), Some(_), None) => add(
+                    &["spec", "affinity", "nodeAffinity", PREFERRED],
+                    json!([term]),
+                ),
+                (Some(_), Some(_), Some(_)) => {
+                    add(&["spec", "affinity", "nodeAffinity", PREFERRED, "-"], term)
+                }
+            };
+            ops.push(op);
         }
-        pod
+        ops
     }
 }
+
+const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
 
 /// Adds what makes the scheduler place the pod per its mode, skipping what is already there.
 pub(super) fn schedule_onto_runpod(
@@ -161,42 +194,45 @@ fn local_preference_json() -> Value {
     })
 }
 
-/// The object at `path`, creating objects (replacing nulls and non-objects) on the way.
-fn object_at<'a>(root: &'a mut Value, path: &[&str]) -> &'a mut Map<String, Value> {
-    let mut current = root;
-    for key in path {
-        current = ensure_object(current)
-            .entry((*key).to_owned())
-            .or_insert(Value::Null);
-    }
-    ensure_object(current)
+fn add(path: &[&str], value: Value) -> Value {
+    json!({"op": "add", "path": pointer(path), "value": value})
 }
 
-fn array_at<'a>(root: &'a mut Value, path: &[&str]) -> &'a mut Vec<Value> {
-    let (last, parents) = match path.split_last() {
-        Some(split) => split,
-        None => return ensure_array(root),
-    };
-    let parent = object_at(root, parents);
-    ensure_array(parent.entry((*last).to_owned()).or_insert(Value::Null))
-}
-
-fn ensure_object(value: &mut Value) -> &mut Map<String, Value> {
-    if !value.is_object() {
-        *value = Value::Object(Map::new());
-    }
-    match value {
-        Value::Object(map) => map,
-        _ => unreachable!("just made an object"),
+/// Adds map entries: the whole map when it is missing, else one member at a time.
+fn add_members(
+    ops: &mut Vec<Value>,
+    path: &[&str],
+    present: bool,
+    entries: &BTreeMap<String, String>,
+) {
+    if present {
+        for (key, value) in entries {
+            let mut member = path.to_vec();
+            member.push(key);
+            ops.push(add(&member, Value::String(value.clone())));
+        }
+    } else {
+        ops.push(add(path, json!(entries)));
     }
 }
 
-fn ensure_array(value: &mut Value) -> &mut Vec<Value> {
-    if !value.is_array() {
-        *value = Value::Array(Vec::new());
+/// Appends to a list: the whole list when it is missing, else at its end.
+fn add_item(ops: &mut Vec<Value>, path: &[&str], present: bool, item: Value) {
+    if present {
+        let mut end = path.to_vec();
+        end.push("-");
+        ops.push(add(&end, item));
+    } else {
+        ops.push(add(path, json!([item])));
     }
-    match value {
-        Value::Array(items) => items,
-        _ => unreachable!("just made an array"),
+}
+
+/// A JSON Pointer (RFC 6901) from unescaped tokens.
+fn pointer(tokens: &[&str]) -> String {
+    let mut pointer = String::new();
+    for token in tokens {
+        pointer.push('/');
+        pointer.push_str(&token.replace('~', "~0").replace('/', "~1"));
     }
+    pointer
 }

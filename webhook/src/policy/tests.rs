@@ -1,1 +1,656 @@
+use std::collections::BTreeMap;
 
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use super::*;
+
+fn config() -> PolicyConfig {
+    PolicyConfig {
+        allowed_datacenters: vec!["EU-RO-1".into(), "US-TX-3".into()],
+        max_gpu_price: Some(0.5),
+        excluded_namespaces: ["kube-system".to_owned()].into(),
+    }
+}
+
+fn labelled_namespace() -> Context {
+    Context {
+        namespace_labels: [(contract::BURST_LABEL.to_owned(), "enabled".to_owned())].into(),
+        job: None,
+    }
+}
+
+fn gpu_pod() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "trainer", "namespace": "ml"},
+        "spec": {
+            "containers": [{
+                "name": "main",
+                "image": "pytorch/pytorch",
+                "ports": [{"containerPort": 8888}, {"containerPort": 22}],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}
+            }]
+        }
+    })
+}
+
+fn with(mut pod: Value, pointer: &str, value: Value) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    let mut target = &mut pod;
+    for part in parent.split('/').filter(|p| !p.is_empty()) {
+        if target.get(part).is_none() {
+            target[part] = json!({});
+        }
+        target = target.get_mut(part).unwrap();
+    }
+    target[key.replace("~1", "/")] = value;
+    pod
+}
+
+fn annotate(pod: Value, key: &str, value: &str) -> Value {
+    with(
+        pod,
+        &format!("/metadata/annotations/{}", key.replace('/', "~1")),
+        json!(value),
+    )
+}
+
+fn typed(raw: &Value) -> Pod {
+    serde_json::from_value(raw.clone()).unwrap()
+}
+
+/// The JSON Patch of a mutation of `raw`.
+fn patch_for(raw: &Value, mutation: &Mutation) -> json_patch::Patch {
+    serde_json::from_value(Value::Array(mutation.patch(&typed(raw)))).expect("valid JSON Patch")
+}
+
+/// Decides, applies the patch to the raw pod, and returns both.
+fn admit(raw: &Value, context: &Context) -> (Verdict, Value) {
+    let verdict = decide(&typed(raw), "ml", context, &config());
+    let patched = match &verdict {
+        Verdict::Allow { mutation, .. } => {
+            let mut patched = raw.clone();
+            json_patch::patch(&mut patched, &patch_for(raw, mutation)).expect("patch applies");
+            patched
+        }
+        Verdict::Deny { .. } => raw.clone(),
+    };
+    (verdict, patched)
+}
+
+fn assert_idempotent(patched: &Value, context: &Context) {
+    let verdict = decide(&typed(patched), "ml", context, &config());
+    let Verdict::Allow { mutation, .. } = &verdict else {
+        panic!("second review denied: {verdict:?}");
+    };
+    let again = patch_for(patched, mutation);
+    assert!(again.0.is_empty(), "second review patched again: {again:?}");
+}
+
+fn denial(verdict: &Verdict) -> (u16, &str) {
+    match verdict {
+        Verdict::Deny { code, message, .. } => (*code, message.as_str()),
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+fn annotations(pod: &Value) -> &serde_json::Map<String, Value> {
+    pod["metadata"]["annotations"].as_object().unwrap()
+}
+
+#[test]
+fn fallback_gpu_pod_gets_toleration_local_preference_and_ports() {
+    let (verdict, patched) = admit(&gpu_pod(), &labelled_namespace());
+    assert!(
+        matches!(
+            verdict,
+            Verdict::Allow {
+                untouched: None,
+                ..
+            }
+        ),
+        "{verdict:?}"
+    );
+    assert_eq!(
+        patched["spec"]["tolerations"],
+        json!([{"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "runpod", "effect": "NoSchedule"}])
+    );
+    let preferred = &patched["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(
+        preferred[0]["preference"]["matchExpressions"][0]["operator"],
+        "NotIn"
+    );
+    assert_eq!(
+        preferred[0]["preference"]["matchExpressions"][0]["values"],
+        json!(["virtual-kubelet"])
+    );
+    assert!(
+        patched["spec"].get("nodeSelector").is_none(),
+        "fallback must not pin the pod"
+    );
+    assert_eq!(annotations(&patched)[contract::PORTS], "8888/http,22/tcp");
+    assert_idempotent(&patched, &labelled_namespace());
+}
+
+#[test]
+fn always_mode_from_namespace_label_pins_to_the_virtual_node() {
+    let mut context = labelled_namespace();
+    context
+        .namespace_labels
+        .insert(contract::NAMESPACE_MODE_LABEL.into(), "always".into());
+    let (_, patched) = admit(&gpu_pod(), &context);
+    assert_eq!(
+        patched["spec"]["nodeSelector"],
+        json!({"type": "virtual-kubelet", "virtual-kubelet.io/provider": "runpod"})
+    );
+    assert_eq!(
+        patched["spec"]["tolerations"][0]["key"],
+        "virtual-kubelet.io/provider"
+    );
+    assert!(patched["spec"].get("affinity").is_none());
+    assert_idempotent(&patched, &context);
+}
+
+#[test]
+fn pod_label_opts_in_without_namespace_label() {
+    let pod = with(
+        gpu_pod(),
+        "/metadata/labels",
+        json!({"runpod.io/burst": "enabled"}),
+    );
+    let (verdict, patched) = admit(&pod, &Context::default());
+    assert!(matches!(
+        verdict,
+        Verdict::Allow {
+            untouched: None,
+            ..
+        }
+    ));
+    assert!(patched["spec"]["tolerations"].is_array());
+}
+
+#[test]
+fn pods_not_opted_in_or_opted_out_or_excluded_are_untouched() {
+    let forged = annotate(gpu_pod(), contract::POD_ID, "stolen");
+    let (verdict, patched) = admit(&forged, &Context::default());
+    assert!(matches!(
+        verdict,
+        Verdict::Allow {
+            untouched: Some(Untouched::NotOptedIn),
+            ..
+        }
+    ));
+    assert_eq!(patched, forged);
+
+    let opted_out = with(
+        forged.clone(),
+        "/metadata/labels",
+        json!({"runpod.io/burst": "disabled"}),
+    );
+    let (verdict, patched) = admit(&opted_out, &labelled_namespace());
+    assert!(matches!(
+        verdict,
+        Verdict::Allow {
+            untouched: Some(Untouched::OptedOut),
+            ..
+        }
+    ));
+    assert_eq!(patched, opted_out);
+
+    let verdict = decide(
+        &typed(&forged),
+        "kube-system",
+        &labelled_namespace(),
+        &config(),
+    );
+    assert!(matches!(
+        verdict,
+        Verdict::Allow {
+            untouched: Some(Untouched::ExcludedNamespace),
+            ..
+        }
+    ));
+}
+
+#[test]
+fn controller_annotations_are_stripped_from_every_opted_in_pod() {
+    let mut pod = gpu_pod();
+    for key in contract::CONTROLLER_ANNOTATIONS {
+        pod = annotate(pod, key, "forged");
+    }
+    pod = annotate(pod, "team", "ml");
+    let (_, patched) = admit(&pod, &labelled_namespace());
+    for key in contract::CONTROLLER_ANNOTATIONS {
+        assert!(!annotations(&patched).contains_key(key), "{key} survived");
+    }
+    assert_eq!(annotations(&patched)["team"], "ml");
+
+    // Even a pod that stays local (mode never) loses them.
+    let never = annotate(pod, contract::BURST_MODE, "never");
+    let (verdict, patched) = admit(&never, &labelled_namespace());
+    assert!(matches!(
+        verdict,
+        Verdict::Allow {
+            untouched: Some(Untouched::ModeNever),
+            ..
+        }
+    ));
+    assert!(!annotations(&patched).contains_key(contract::POD_ID));
+    assert!(patched["spec"].get("tolerations").is_none());
+}
+
+#[test]
+fn non_gpu_pods_pass_unless_the_mode_is_explicit() {
+    let mut pod = gpu_pod();
+    pod["spec"]["containers"][0]["resources"] = json!({});
+    let (verdict, patched) = admit(&pod, &labelled_namespace());
+    assert!(matches!(
+        verdict,
+        Verdict::Allow {
+            untouched: Some(Untouched::NotGpu),
+            ..
+        }
+    ));
+    assert_eq!(patched, pod);
+
+    let explicit = annotate(pod, contract::BURST_MODE, "always");
+    let (_, patched) = admit(&explicit, &labelled_namespace());
+    assert_eq!(patched["spec"]["nodeSelector"]["type"], "virtual-kubelet");
+}
+
+#[test]
+fn gpu_requests_count_as_well_as_limits() {
+    let mut pod = gpu_pod();
+    pod["spec"]["containers"][0]["resources"] = json!({"requests": {"nvidia.com/gpu": "2"}});
+    assert_eq!(checks::gpu_count(&typed(&pod)), 2);
+    pod["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "0"}});
+    assert_eq!(checks::gpu_count(&typed(&pod)), 0);
+}
+
+#[test]
+fn job_annotations_are_the_fallback_and_are_written_on_the_pod() {
+    let pod = annotate(gpu_pod(), contract::CLOUD_TYPE, "COMMUNITY");
+    let mut context = labelled_namespace();
+    context.job = Some(OwningJob {
+        name: "train".into(),
+        annotations: [
+            (contract::CLOUD_TYPE.to_owned(), "SECURE".to_owned()),
+            (contract::REQUIRED_GPU_MEMORY.to_owned(), "24".to_owned()),
+            (contract::BURST_MODE.to_owned(), "always".to_owned()),
+            ("unrelated".to_owned(), "x".to_owned()),
+        ]
+        .into(),
+    });
+    let (_, patched) = admit(&pod, &context);
+    let annotations = annotations(&patched);
+    assert_eq!(
+        annotations[contract::CLOUD_TYPE],
+        "COMMUNITY",
+        "pod value wins"
+    );
+    assert_eq!(annotations[contract::REQUIRED_GPU_MEMORY], "24");
+    assert_eq!(annotations[contract::BURST_MODE], "always");
+    assert!(!annotations.contains_key("unrelated"));
+    assert_eq!(
+        patched["spec"]["nodeSelector"]["type"], "virtual-kubelet",
+        "Job's mode applies"
+    );
+    assert_idempotent(&patched, &context);
+}
+
+#[test]
+fn forbidden_datacenters_are_refused_naming_offending_and_allowed_ids() {
+    let pod = annotate(
+        gpu_pod(),
+        contract::DATACENTER_IDS,
+        "EU-RO-1, US-CA-2,EU-SE-1",
+    );
+    let (verdict, _) = admit(&pod, &labelled_namespace());
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 403);
+    assert!(message.contains("US-CA-2, EU-SE-1"), "{message}");
+    assert!(
+        message.contains("allowed datacenters: EU-RO-1, US-TX-3"),
+        "{message}"
+    );
+    assert!(message.contains("ml/trainer"), "{message}");
+
+    let allowed = annotate(gpu_pod(), contract::DATACENTER_IDS, "US-TX-3");
+    assert!(matches!(
+        admit(&allowed, &labelled_namespace()).0,
+        Verdict::Allow { .. }
+    ));
+
+    let mut context = labelled_namespace();
+    context.job = Some(OwningJob {
+        name: "train".into(),
+        annotations: [(contract::DATACENTER_IDS.to_owned(), "US-CA-2".to_owned())].into(),
+    });
+    let (verdict, _) = admit(&gpu_pod(), &context);
+    assert!(denial(&verdict).1.contains("inherited from Job train"));
+}
+
+#[test]
+fn any_datacenter_is_allowed_without_a_cluster_list() {
+    let pod = annotate(gpu_pod(), contract::DATACENTER_IDS, "US-CA-2");
+    let open = PolicyConfig {
+        allowed_datacenters: vec![],
+        ..config()
+    };
+    let verdict = decide(&typed(&pod), "ml", &labelled_namespace(), &open);
+    assert!(matches!(
+        verdict,
+        Verdict::Allow {
+            untouched: None,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn malformed_annotations_are_all_reported() {
+    let mut pod = gpu_pod();
+    for (key, value) in [
+        (contract::REQUIRED_GPU_MEMORY, "lots"),
+        (contract::GPU_TYPES, "NVIDIA GeForce RTX 4090,,"),
+        (contract::MAX_PRICE, "-2"),
+        (contract::CLOUD_TYPE, "STANDARD"),
+        (contract::PORTS, "8080/udp"),
+        (contract::TEMPLATE_ID, " "),
+        (contract::REGISTRY_AUTH_ID, ""),
+        (contract::DISK, "1.5"),
+        (contract::DATACENTER_IDS, ","),
+    ] {
+        pod = annotate(pod, key, value);
+    }
+    let (verdict, _) = admit(&pod, &labelled_namespace());
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 422);
+    for key in [
+        contract::REQUIRED_GPU_MEMORY,
+        contract::GPU_TYPES,
+        contract::MAX_PRICE,
+        contract::CLOUD_TYPE,
+        contract::PORTS,
+        contract::TEMPLATE_ID,
+        contract::REGISTRY_AUTH_ID,
+        contract::DISK,
+        contract::DATACENTER_IDS,
+    ] {
+        assert!(message.contains(key), "{key} missing from {message}");
+    }
+}
+
+#[test]
+fn bad_burst_modes_are_refused() {
+    let pod = annotate(gpu_pod(), contract::BURST_MODE, "sometimes");
+    let message = denial(&admit(&pod, &labelled_namespace()).0).1.to_owned();
+    assert!(message.contains("fallback, always, never"), "{message}");
+
+    let mut context = labelled_namespace();
+    context
+        .namespace_labels
+        .insert(contract::NAMESPACE_MODE_LABEL.into(), "yes".into());
+    let message = denial(&admit(&gpu_pod(), &context).0).1.to_owned();
+    assert!(
+        message.contains("namespace ml has label runpod.io/burst-mode"),
+        "{message}"
+    );
+}
+
+#[test]
+fn price_cap_scales_with_gpu_count() {
+    let pod = annotate(gpu_pod(), contract::MAX_PRICE, "0.9");
+    let (code, message) = {
+        let verdict = admit(&pod, &labelled_namespace()).0;
+        let (code, message) = denial(&verdict);
+        (code, message.to_owned())
+    };
+    assert_eq!(code, 403);
+    assert!(message.contains("cap of 0.5"), "{message}");
+
+    let mut two = pod;
+    two["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = json!("2");
+    assert!(matches!(
+        admit(&two, &labelled_namespace()).0,
+        Verdict::Allow {
+            untouched: None,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn pods_runpod_cannot_run_are_refused_in_always_and_kept_local_in_fallback() {
+    let mut pod = gpu_pod();
+    pod["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "sidecar", "image": "envoy"}));
+    pod["spec"]["initContainers"] = json!([{"name": "fetch", "image": "busybox"}]);
+    pod["spec"]["volumes"] = json!([
+        {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+        {"name": "cfg", "configMap": {"name": "cfg"}},
+        {"name": "token", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}
+    ]);
+
+    let (verdict, patched) = admit(&pod, &labelled_namespace());
+    match &verdict {
+        Verdict::Allow {
+            untouched: Some(Untouched::CannotBurst),
+            warnings,
+            ..
+        } => {
+            assert!(warnings[0].contains("2 containers"), "{warnings:?}");
+            assert!(
+                warnings[0].contains("persistentVolumeClaim"),
+                "{warnings:?}"
+            );
+            assert!(!warnings[0].contains("\"cfg\""), "{warnings:?}");
+        }
+        other => panic!("expected a warning, got {other:?}"),
+    }
+    assert_eq!(patched, pod, "a pod that stays local is not mutated");
+
+    let always = annotate(pod, contract::BURST_MODE, "always");
+    let (code, message) = {
+        let verdict = admit(&always, &labelled_namespace()).0;
+        let (code, message) = denial(&verdict);
+        (code, message.to_owned())
+    };
+    assert_eq!(code, 422);
+    assert!(message.contains("init containers (fetch)"), "{message}");
+}
+
+#[test]
+fn port_detection_follows_names_and_skips_udp() {
+    let mut pod = gpu_pod();
+    pod["spec"]["containers"][0]["ports"] = json!([
+        {"containerPort": 7860, "name": "http-ui"},
+        {"containerPort": 5353, "protocol": "UDP"},
+        {"containerPort": 6006},
+        {"containerPort": 6006, "name": "dup"}
+    ]);
+    let (verdict, patched) = admit(&pod, &labelled_namespace());
+    assert_eq!(annotations(&patched)[contract::PORTS], "7860/http,6006/tcp");
+    let Verdict::Allow { warnings, .. } = verdict else {
+        panic!()
+    };
+    assert!(
+        warnings.iter().any(|w| w.contains("5353/UDP")),
+        "{warnings:?}"
+    );
+
+    let overridden = annotate(gpu_pod(), contract::PORTS, "9000/tcp");
+    let (_, patched) = admit(&overridden, &labelled_namespace());
+    assert_eq!(annotations(&patched)[contract::PORTS], "9000/tcp");
+
+    let mut portless = gpu_pod();
+    portless["spec"]["containers"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("ports");
+    let (_, patched) = admit(&portless, &labelled_namespace());
+    assert!(
+        patched["metadata"].get("annotations").is_none(),
+        "no empty ports annotation"
+    );
+}
+
+#[test]
+fn existing_tolerations_and_selectors_are_respected() {
+    let mut pod = gpu_pod();
+    pod["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+    pod["spec"]["nodeSelector"] = json!({"type": "gpu-box", "zone/a~b": "1"});
+    pod = annotate(pod, contract::BURST_MODE, "always");
+    let (verdict, patched) = admit(&pod, &labelled_namespace());
+    assert_eq!(
+        patched["spec"]["tolerations"],
+        json!([{"operator": "Exists"}])
+    );
+    assert_eq!(patched["spec"]["nodeSelector"]["type"], "virtual-kubelet");
+    assert_eq!(patched["spec"]["nodeSelector"]["zone/a~b"], "1");
+    let Verdict::Allow { warnings, .. } = verdict else {
+        panic!()
+    };
+    assert!(
+        warnings.iter().any(|w| w.contains("type=gpu-box")),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn patch_escapes_keys_and_creates_missing_parents() {
+    let mut pod = gpu_pod();
+    pod = annotate(pod, "example.com/a~b", "kept");
+    pod = annotate(pod, contract::POD_ID, "forged");
+    pod["spec"]["affinity"] = Value::Null;
+    let (_, patched) = admit(&pod, &labelled_namespace());
+    assert_eq!(annotations(&patched)["example.com/a~b"], "kept");
+    assert!(!annotations(&patched).contains_key(contract::POD_ID));
+    assert!(patched["spec"]["affinity"]["nodeAffinity"].is_object());
+}
+
+fn arb_annotation() -> impl Strategy<Value = (String, String)> {
+    let keys = prop::sample::select(vec![
+        contract::REQUIRED_GPU_MEMORY,
+        contract::GPU_TYPES,
+        contract::MAX_PRICE,
+        contract::CLOUD_TYPE,
+        contract::DATACENTER_IDS,
+        contract::PORTS,
+        contract::DISK,
+        contract::BURST_MODE,
+        contract::POD_ID,
+        contract::COST_PER_HR,
+        "example.com/x~y",
+        "plain",
+    ]);
+    let values = prop::sample::select(vec![
+        "24",
+        "0.4",
+        "0.9",
+        "SECURE",
+        "always",
+        "fallback",
+        "never",
+        "EU-RO-1",
+        "US-CA-2",
+        "8080/http,22/tcp",
+        "80/udp",
+        "",
+        "x",
+        "NVIDIA GeForce RTX 4090",
+    ]);
+    (keys, values).prop_map(|(k, v)| (k.to_owned(), v.to_owned()))
+}
+
+fn arb_pod() -> impl Strategy<Value = Value> {
+    (
+        prop::collection::btree_map("[a-z./~]{1,12}", "[a-z]{0,4}", 0..3).prop_map(|m| m),
+        prop::collection::vec(arb_annotation(), 0..5),
+        prop::option::of(prop::collection::vec(
+            prop::sample::select(vec![
+                json!({"operator": "Exists"}),
+                json!({"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "runpod", "effect": "NoSchedule"}),
+                json!({"key": "other", "operator": "Exists", "effect": "NoExecute"}),
+            ]),
+            0..3,
+        )),
+        prop::option::of(prop::collection::btree_map("[a-z/~]{1,8}", "[a-z-]{1,8}", 0..3)),
+        prop::collection::vec((1u16..=65535, prop::option::of("(http|grpc)[a-z]{0,3}")), 0..4),
+        0u32..3,
+        any::<bool>(),
+        prop::option::of(prop::sample::select(vec!["enabled", "disabled", "other"])),
+    )
+        .prop_map(|(labels, annotations, tolerations, selector, ports, gpus, with_affinity, burst_label)| {
+            let mut pod = json!({
+                "metadata": {"name": "p"},
+                "spec": {"containers": [{"name": "c", "image": "i"}]}
+            });
+            let mut labels: BTreeMap<String, String> = labels;
+            if let Some(burst) = burst_label {
+                labels.insert(contract::BURST_LABEL.into(), burst.into());
+            }
+            if !labels.is_empty() {
+                pod["metadata"]["labels"] = json!(labels);
+            }
+            if !annotations.is_empty() {
+                let map: BTreeMap<String, String> = annotations.into_iter().collect();
+                pod["metadata"]["annotations"] = json!(map);
+            }
+            if let Some(tolerations) = tolerations {
+                pod["spec"]["tolerations"] = json!(tolerations);
+            }
+            if let Some(selector) = selector {
+                pod["spec"]["nodeSelector"] = json!(selector);
+            }
+            if !ports.is_empty() {
+                let ports: Vec<Value> = ports
+                    .into_iter()
+                    .map(|(port, name)| match name {
+                        Some(name) => json!({"containerPort": port, "name": name}),
+                        None => json!({"containerPort": port}),
+                    })
+                    .collect();
+                pod["spec"]["containers"][0]["ports"] = json!(ports);
+            }
+            if gpus > 0 {
+                pod["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": gpus.to_string()}});
+            }
+            if with_affinity {
+                pod["spec"]["affinity"] = json!({"podAffinity": {}});
+            }
+            pod
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Any admitted pod: the patch applies, and reviewing the result again changes nothing.
+    #[test]
+    fn patches_apply_and_are_idempotent(pod in arb_pod(), namespace_enabled in any::<bool>()) {
+        let context = if namespace_enabled { labelled_namespace() } else { Context::default() };
+        let verdict = decide(&typed(&pod), "ml", &context, &config());
+        if let Verdict::Allow { mutation, .. } = &verdict {
+            let mut patched = pod.clone();
+            let patch = patch_for(&pod, mutation);
+            prop_assert!(json_patch::patch(&mut patched, &patch).is_ok(), "patch {:?} does not apply", patch);
+            prop_assert!(serde_json::from_value::<Pod>(patched.clone()).is_ok());
+            let again = decide(&typed(&patched), "ml", &context, &config());
+            let Verdict::Allow { mutation, .. } = &again else {
+                return Err(TestCaseError::fail(format!("second review denied: {again:?}")));
+            };
+            prop_assert!(patch_for(&patched, mutation).0.is_empty());
+            // Controller-owned annotations never survive an opted-in, not opted-out pod.
+            let opted_out = pod["metadata"]["labels"][contract::BURST_LABEL] == "disabled";
+            let opted_in = namespace_enabled || pod["metadata"]["labels"][contract::BURST_LABEL] == "enabled";
+            if opted_in && !opted_out {
+                prop_assert!(patched["metadata"]["annotations"].get(contract::POD_ID).is_none());
+            }
+        }
+    }
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what the tests and the demo need on a fresh Debian machine, once (later runs are
+# no-ops): system packages, cargo-fuzz, and the Kubernetes 1.20.2 control plane binaries
+# (built from Debian's source package and cached under ~/.cache/runpod-kubelet).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { echo "[prerequisites] $*" >&2; }
+
+missing=()
+for tool in openssl curl; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+done
+if ((${#missing[@]})); then
+  log "installing ${missing[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [[ "${WITH_FUZZ:-1}" == 1 ]] && ! command -v cargo-fuzz >/dev/null 2>&1; then
+  log "installing cargo-fuzz"
+  cargo install --locked --quiet cargo-fuzz
+fi
+
+bash tests/control-plane/cluster.sh install >/dev/null

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs every check and test: formatting, clippy, unit, integration, property-based fuzzing,
+# the end-to-end tests against a real control plane, and a cargo-fuzz smoke run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/prerequisites.sh
+
+echo "== format and lint"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+echo "== unit, integration and end-to-end tests"
+cargo test --workspace
+
+echo "== fuzz smoke (${FUZZ_SECONDS:-30}s)"
+bash scripts/fuzz.sh "${FUZZ_SECONDS:-30}"

@@ -1,0 +1,65 @@
+//! A real etcd + kube-apiserver + kube-scheduler + kube-controller-manager (1.20.2), started by
+//! `tests/control-plane/cluster.sh` and stopped when the guard drops.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+pub struct ControlPlane {
+    dir: tempfile::TempDir,
+    pub kubeconfig: PathBuf,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/control-plane/cluster.sh")
+}
+
+impl ControlPlane {
+    /// Builds the binaries if they are not cached yet, then starts a fresh cluster.
+    pub fn start() -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("runpod-e2e-").tempdir()?;
+        let output = Command::new("bash")
+            .arg(script())
+            .arg("start")
+            .arg(dir.path())
+            .output()
+            .context("running cluster.sh")?;
+        if !output.status.success() {
+            bail!(
+                "control plane did not start:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let kubeconfig = PathBuf::from(String::from_utf8(output.stdout)?.trim());
+        Ok(Self { dir, kubeconfig })
+    }
+
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// The tail of a component's log, for failure reports.
+    pub fn log_tail(&self, component: &str, lines: usize) -> String {
+        let path = self
+            .dir
+            .path()
+            .join("logs")
+            .join(format!("{component}.log"));
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(script())
+            .arg("stop")
+            .arg(self.dir.path())
+            .output();
+    }
+}

@@ -1,0 +1,9 @@
+//! Shared harness of the end-to-end tests: a real control plane, the webhook as a process, fake
+//! nodes that keep their Leases, and polling helpers.
+
+#![allow(dead_code)]
+
+pub mod control_plane;
+pub mod nodes;
+pub mod wait;
+pub mod webhook;

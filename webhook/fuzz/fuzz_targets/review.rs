@@ -1,0 +1,39 @@
+//! Fuzzes the whole review handler: any byte string must yield a response or a 400 error,
+//! never a panic, and an admitted pod's patch must apply to it.
+#![no_main]
+
+use std::sync::OnceLock;
+
+use runpod_webhook::admission::admit;
+use runpod_webhook::cluster::MemoryCluster;
+use runpod_webhook::policy::PolicyConfig;
+
+fn cluster() -> &'static MemoryCluster {
+    static CLUSTER: OnceLock<MemoryCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let mut cluster = MemoryCluster::default();
+        cluster
+            .namespaces
+            .insert("ml".into(), [("runpod.io/burst".to_owned(), "enabled".to_owned())].into());
+        cluster
+    })
+}
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let config = PolicyConfig {
+        allowed_datacenters: vec!["EU-RO-1".into()],
+        max_gpu_price: Some(0.5),
+        excluded_namespaces: ["kube-system".to_owned()].into(),
+    };
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread().build() else {
+        return;
+    };
+    if let Ok((response, _)) = runtime.block_on(admit(data, cluster(), &config)) {
+        if let Some(patch) = response.decoded_patch() {
+            let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("patch is JSON Patch");
+            let review: serde_json::Value = serde_json::from_slice(data).expect("admitted body is JSON");
+            let mut object = review["request"]["object"].clone();
+            json_patch::patch(&mut object, &patch).expect("patch applies to the reviewed object");
+        }
+    }
+});

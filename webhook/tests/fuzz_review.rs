@@ -1,0 +1,111 @@
+//! Property-based fuzzing of the review handler, run with every `cargo test` (the cargo-fuzz
+//! target in `webhook/fuzz` goes deeper). Arbitrary bytes and structurally damaged reviews must
+//! give a response or a 400 error, never a panic; an admitted patch must apply.
+
+use proptest::prelude::*;
+use runpod_webhook::admission::admit;
+use runpod_webhook::cluster::MemoryCluster;
+use runpod_webhook::policy::PolicyConfig;
+use serde_json::{Value, json};
+
+fn config() -> PolicyConfig {
+    PolicyConfig {
+        allowed_datacenters: vec!["EU-RO-1".into()],
+        max_gpu_price: Some(0.5),
+        excluded_namespaces: ["kube-system".to_owned()].into(),
+    }
+}
+
+fn cluster() -> MemoryCluster {
+    let mut cluster = MemoryCluster::default();
+    cluster.namespaces.insert(
+        "ml".into(),
+        [("runpod.io/burst".to_owned(), "enabled".to_owned())].into(),
+    );
+    cluster
+}
+
+fn seed() -> Value {
+    serde_json::from_str(include_str!("../fuzz/seeds/gpu-pod.json")).unwrap()
+}
+
+fn arb_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        "[ -~]{0,12}".prop_map(Value::String),
+        Just(json!("nvidia.com/gpu")),
+        Just(json!("runpod.io/burst-mode")),
+    ];
+    leaf.prop_recursive(3, 16, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map("[a-z./~]{1,10}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// Replaces the value at a random path of the seed review with arbitrary JSON.
+fn damage(mut review: Value, path: &[prop::sample::Index], replacement: Value) -> Value {
+    let mut pointer = String::new();
+    let mut target = &review;
+    for index in path {
+        let step = match target {
+            Value::Object(map) if !map.is_empty() => map
+                .keys()
+                .nth(index.index(map.len()))
+                .map(|key| (key.replace('~', "~0").replace('/', "~1"), &map[key])),
+            Value::Array(items) if !items.is_empty() => {
+                let at = index.index(items.len());
+                Some((at.to_string(), &items[at]))
+            }
+            _ => None,
+        };
+        let Some((token, next)) = step else { break };
+        pointer.push('/');
+        pointer.push_str(&token);
+        target = next;
+    }
+    if let Some(slot) = review.pointer_mut(&pointer) {
+        *slot = replacement;
+    }
+    review
+}
+
+fn check(body: &[u8]) -> Result<(), TestCaseError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    if let Ok((response, _)) = runtime.block_on(admit(body, &cluster(), &config())) {
+        if let Some(patch) = response.decoded_patch() {
+            let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+            let review: Value = serde_json::from_slice(body).unwrap();
+            let mut object = review["request"]["object"].clone();
+            prop_assert!(
+                json_patch::patch(&mut object, &patch).is_ok(),
+                "patch does not apply"
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    #[test]
+    fn arbitrary_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..512)) {
+        check(&body)?;
+    }
+
+    #[test]
+    fn damaged_reviews_never_panic(
+        path in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+        replacement in arb_json(),
+    ) {
+        let body = serde_json::to_vec(&damage(seed(), &path, replacement)).unwrap();
+        check(&body)?;
+    }
+}

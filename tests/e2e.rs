@@ -6,6 +6,8 @@
 //! stops the webhook), and everything is torn down even when a scenario fails.
 //! Run one scenario with `cargo test --test e2e -- NAME_SUBSTRING`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::collections::BTreeMap;
@@ -140,10 +142,10 @@ async fn run(control_plane: &ControlPlane, selected: &[&(&str, Scenario)]) -> us
             }
         }
     }
-    if failed > 0 {
-        if let Some(webhook) = env.webhook.lock().await.as_ref() {
-            eprintln!("--- webhook log tail ---\n{}", tail(&webhook.log(), 40));
-        }
+    if failed > 0
+        && let Some(webhook) = env.webhook.lock().await.as_ref()
+    {
+        eprintln!("--- webhook log tail ---\n{}", tail(&webhook.log(), 40));
     }
     println!(
         "\ne2e result: {} passed; {failed} failed",

@@ -2,6 +2,8 @@
 //! target in `webhook/fuzz` goes deeper). Arbitrary bytes and structurally damaged reviews must
 //! give a response or a 400 error, never a panic; an admitted patch must apply.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use proptest::prelude::*;
 use runpod_webhook::admission::admit;
 use runpod_webhook::cluster::MemoryCluster;
@@ -78,16 +80,16 @@ fn check(body: &[u8]) -> Result<(), TestCaseError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    if let Ok((response, _)) = runtime.block_on(admit(body, &cluster(), &config())) {
-        if let Some(patch) = response.decoded_patch() {
-            let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
-            let review: Value = serde_json::from_slice(body).unwrap();
-            let mut object = review["request"]["object"].clone();
-            prop_assert!(
-                json_patch::patch(&mut object, &patch).is_ok(),
-                "patch does not apply"
-            );
-        }
+    if let Ok((response, _)) = runtime.block_on(admit(body, &cluster(), &config()))
+        && let Some(patch) = response.decoded_patch()
+    {
+        let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+        let review: Value = serde_json::from_slice(body).unwrap();
+        let mut object = review["request"]["object"].clone();
+        prop_assert!(
+            json_patch::patch(&mut object, &patch).is_ok(),
+            "patch does not apply"
+        );
     }
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! The webhook server over real TLS: the AdmissionReview contract, bad input, protocols,
 //! certificate reload and operational endpoints.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::sync::Arc;

@@ -58,7 +58,7 @@ impl<'a> Effective<'a> {
     }
 
     /// Values inherited from the Job, to be written on the pod.
-    pub fn from_job(&self) -> impl Iterator<Item = (&'static str, &'a str)> + '_ {
+    pub fn inherited_from_job(&self) -> impl Iterator<Item = (&'static str, &'a str)> + '_ {
         self.values
             .iter()
             .filter(|(_, sourced)| sourced.job.is_some())
@@ -177,29 +177,29 @@ pub fn policy_violations(
     config: &PolicyConfig,
 ) -> Vec<String> {
     let mut problems = Vec::new();
-    if let Some(sourced) = effective.get(contract::DATACENTER_IDS) {
-        if !config.allowed_datacenters.is_empty() {
-            let requested = contract::split_list(sourced.value).unwrap_or_default();
-            let offending: Vec<&str> = requested
-                .into_iter()
-                .filter(|id| {
-                    !config
-                        .allowed_datacenters
-                        .iter()
-                        .any(|allowed| allowed == id)
-                })
-                .collect();
-            if !offending.is_empty() {
-                problems.push(format!(
-                    "annotation {}{} asks for datacenter(s) {} that this cluster does not \
+    if let Some(sourced) = effective.get(contract::DATACENTER_IDS)
+        && !config.allowed_datacenters.is_empty()
+    {
+        let requested = contract::split_list(sourced.value).unwrap_or_default();
+        let offending: Vec<&str> = requested
+            .into_iter()
+            .filter(|id| {
+                !config
+                    .allowed_datacenters
+                    .iter()
+                    .any(|allowed| allowed == id)
+            })
+            .collect();
+        if !offending.is_empty() {
+            problems.push(format!(
+                "annotation {}{} asks for datacenter(s) {} that this cluster does not \
                      allow; allowed datacenters: {}. Remove the forbidden ids or leave the \
                      annotation out to use any allowed datacenter",
-                    contract::DATACENTER_IDS,
-                    sourced.origin(),
-                    offending.join(", "),
-                    config.allowed_datacenters.join(", ")
-                ));
-            }
+                contract::DATACENTER_IDS,
+                sourced.origin(),
+                offending.join(", "),
+                config.allowed_datacenters.join(", ")
+            ));
         }
     }
     if let (Some(sourced), Some(per_gpu)) =
@@ -207,15 +207,15 @@ pub fn policy_violations(
     {
         let billed_gpus = gpus.max(1);
         let cap = per_gpu * f64::from(billed_gpus);
-        if let Ok(price) = contract::parse_price(sourced.value) {
-            if price > cap + 1e-9 {
-                problems.push(format!(
-                    "annotation {}{} is {price} USD/h, above this cluster's cap of {cap} USD/h \
+        if let Ok(price) = contract::parse_price(sourced.value)
+            && price > cap + 1e-9
+        {
+            problems.push(format!(
+                "annotation {}{} is {price} USD/h, above this cluster's cap of {cap} USD/h \
                      ({per_gpu} per GPU x {billed_gpus} GPU); lower it to at most {cap}",
-                    contract::MAX_PRICE,
-                    sourced.origin()
-                ));
-            }
+                contract::MAX_PRICE,
+                sourced.origin()
+            ));
         }
     }
     problems

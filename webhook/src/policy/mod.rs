@@ -154,7 +154,7 @@ pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConf
 
     // Effective values from the owning Job are written on the pod, so the controller and users
     // see one place.
-    for (key, value) in effective.from_job() {
+    for (key, value) in effective.inherited_from_job() {
         mutation
             .set_annotations
             .insert(key.to_owned(), value.to_owned());

@@ -126,3 +126,44 @@ fn set_validity(params: &mut CertificateParams, valid_for: Duration) {
     params.not_before = now - time::Duration::minutes(5);
     params.not_after = now + valid_for;
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use super::*;
+    use crate::ReloadingCertResolver;
+
+    #[test]
+    fn a_reloaded_ca_issues_certificates_that_serve() {
+        let ca = CertificateAuthority::generate("ca", Duration::from_secs(3600)).unwrap();
+        let reloaded =
+            CertificateAuthority::from_pem(&ca.certificate().cert_pem, &ca.certificate().key_pem)
+                .unwrap();
+        let serving = reloaded
+            .issue_serving(
+                &["webhook.svc"],
+                &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+                Duration::from_secs(60),
+            )
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        std::fs::write(&cert, &serving.cert_pem).unwrap();
+        std::fs::write(&key, &serving.key_pem).unwrap();
+        assert!(ReloadingCertResolver::load(&cert, &key).is_ok());
+        // A key from another pair is refused: the resolver never serves a mismatched pair.
+        let other = ca
+            .issue_serving(&["x"], &[], Duration::from_secs(60))
+            .unwrap();
+        std::fs::write(&key, &other.key_pem).unwrap();
+        assert!(matches!(
+            ReloadingCertResolver::load(&cert, &key),
+            Err(CertError::KeyMismatch(_))
+        ));
+        assert!(
+            !format!("{other:?}").contains("PRIVATE KEY"),
+            "Debug leaks the key"
+        );
+    }
+}

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Pod, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
 use crate::contract::{self, BurstMode};
@@ -33,12 +34,20 @@ impl Mutation {
             ops.push(json!({"op": "remove", "path": pointer(&["metadata", "annotations", key])}));
         }
         if !self.set_annotations.is_empty() {
-            add_members(
-                &mut ops,
-                &["metadata", "annotations"],
-                annotations.is_some(),
-                &self.set_annotations,
-            );
+            if pod.metadata == ObjectMeta::default() {
+                // No metadata at all (or an empty one): `/metadata` may not exist to add into.
+                ops.push(add(
+                    &["metadata"],
+                    json!({"annotations": self.set_annotations}),
+                ));
+            } else {
+                add_members(
+                    &mut ops,
+                    &["metadata", "annotations"],
+                    annotations.is_some(),
+                    &self.set_annotations,
+                );
+            }
         }
         let spec = pod.spec.as_ref();
         let changes_spec =

@@ -522,6 +522,31 @@ fn existing_tolerations_and_selectors_are_respected() {
 }
 
 #[test]
+fn patch_applies_to_a_pod_without_metadata() {
+    // Found by cargo-fuzz: no `metadata` key at all, so `/metadata/annotations` has no parent.
+    let mut pod = gpu_pod();
+    pod.as_object_mut().unwrap().remove("metadata");
+    pod["spec"]["containers"][0]["ports"] = json!([{"containerPort": 8888}]);
+    let pod_label_context = labelled_namespace();
+    let (verdict, patched) = admit(&pod, &pod_label_context);
+    assert!(
+        matches!(
+            verdict,
+            Verdict::Allow {
+                untouched: None,
+                ..
+            }
+        ),
+        "{verdict:?}"
+    );
+    assert_eq!(
+        patched["metadata"]["annotations"][contract::PORTS],
+        "8888/http"
+    );
+    assert_idempotent(&patched, &pod_label_context);
+}
+
+#[test]
 fn patch_escapes_keys_and_creates_missing_parents() {
     let mut pod = gpu_pod();
     pod = annotate(pod, "example.com/a~b", "kept");

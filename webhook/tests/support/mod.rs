@@ -19,8 +19,6 @@ use rustls::pki_types::ServerName;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsConnector;
 
-pub type FakeCluster = MemoryCluster;
-
 pub struct TestServer {
     pub addr: SocketAddr,
     pub ca_pem: String,
@@ -28,7 +26,7 @@ pub struct TestServer {
     pub cert_path: PathBuf,
     pub key_path: PathBuf,
     pub resolver: Arc<ReloadingCertResolver>,
-    pub cluster: Arc<FakeCluster>,
+    pub cluster: Arc<MemoryCluster>,
     _dir: tempfile::TempDir,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -46,7 +44,7 @@ pub fn write_serving_cert(ca: &CertificateAuthority, cert_path: &PathBuf, key_pa
 }
 
 pub async fn start(
-    cluster: FakeCluster,
+    cluster: MemoryCluster,
     policy: PolicyConfig,
     reload_every: Duration,
 ) -> TestServer {
@@ -184,8 +182,8 @@ pub fn gpu_pod() -> serde_json::Value {
     })
 }
 
-pub fn opted_in_cluster() -> FakeCluster {
-    let mut cluster = FakeCluster::default();
+pub fn opted_in_cluster() -> MemoryCluster {
+    let mut cluster = MemoryCluster::default();
     cluster.namespaces.insert(
         "ml".into(),
         [("runpod.io/burst".to_owned(), "enabled".to_owned())].into(),

@@ -1,0 +1,113 @@
+//! The helper subcommands as users run them: `certs` writes a usable CA and serving pair,
+//! `webhook-configuration` prints a registration for it, and bad flags are refused clearly.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+fn runpod_kubelet(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("binary runs")
+}
+
+#[test]
+fn certs_and_webhook_configuration_fit_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let certs = runpod_kubelet(&[
+        "certs",
+        "--out-dir",
+        out,
+        "--dns-names",
+        "hook.ns.svc",
+        "--ip-addresses",
+        "10.1.2.3",
+    ]);
+    assert!(
+        certs.status.success(),
+        "{}",
+        String::from_utf8_lossy(&certs.stderr)
+    );
+    for file in ["ca.crt", "ca.key", "tls.crt", "tls.key"] {
+        assert!(dir.path().join(file).exists(), "{file} missing");
+    }
+    let key_mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(dir.path().join("tls.key"))
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(key_mode & 0o077, 0, "private key readable by others");
+    runpod_certs::ReloadingCertResolver::load(
+        dir.path().join("tls.crt"),
+        dir.path().join("tls.key"),
+    )
+    .unwrap();
+
+    let ca_path = dir.path().join("ca.crt");
+    let printed = runpod_kubelet(&[
+        "webhook-configuration",
+        "--service",
+        "runpod-system/runpod-webhook:8443",
+        "--ca-bundle",
+        ca_path.to_str().unwrap(),
+        "--exclude-namespaces",
+        "kube-system,runpod-system",
+    ]);
+    assert!(
+        printed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    let config: serde_json::Value = serde_json::from_slice(&printed.stdout).unwrap();
+    assert_eq!(config["kind"], "MutatingWebhookConfiguration");
+    let hook = &config["webhooks"][0];
+    assert_eq!(hook["clientConfig"]["service"]["name"], "runpod-webhook");
+    assert_eq!(hook["clientConfig"]["service"]["port"], 8443);
+    assert_eq!(hook["clientConfig"]["service"]["path"], "/mutate");
+    let bundle = hook["clientConfig"]["caBundle"].as_str().unwrap();
+    let decoded = base64_decode(bundle);
+    assert_eq!(
+        decoded,
+        std::fs::read(&ca_path).unwrap(),
+        "caBundle is not the CA"
+    );
+}
+
+#[test]
+fn bad_flags_are_refused_with_a_message() {
+    let output = runpod_kubelet(&[
+        "webhook",
+        "--tls-cert",
+        "c",
+        "--tls-key",
+        "k",
+        "--max-gpu-price",
+        "free",
+    ]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("not a positive number"));
+
+    let missing = runpod_kubelet(&[
+        "webhook",
+        "--tls-cert",
+        "/nonexistent/c.pem",
+        "--tls-key",
+        "/nonexistent/k.pem",
+    ]);
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/c.pem"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .unwrap()
+}

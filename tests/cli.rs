@@ -78,17 +78,23 @@ fn certs_and_webhook_configuration_fit_together() {
 
 #[test]
 fn bad_flags_are_refused_with_a_message() {
-    let output = runpod_kubelet(&[
-        "webhook",
-        "--tls-cert",
-        "c",
-        "--tls-key",
-        "k",
-        "--max-gpu-price",
-        "free",
-    ]);
-    assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("not a positive number"));
+    for price in ["free", "0", "NaN"] {
+        let output = runpod_kubelet(&[
+            "webhook",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+            "--max-gpu-price",
+            price,
+        ]);
+        assert!(!output.status.success(), "{price} accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("not a positive number"),
+            "{price}: {stderr}"
+        );
+    }
 
     let missing = runpod_kubelet(&[
         "webhook",

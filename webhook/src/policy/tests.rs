@@ -89,6 +89,20 @@ fn assert_idempotent(patched: &Value, context: &Context) {
     assert!(again.0.is_empty(), "second review patched again: {again:?}");
 }
 
+/// The pod was admitted to burst (mutated for RunPod), not left alone.
+fn assert_bursts(verdict: &Verdict) {
+    assert!(
+        matches!(
+            verdict,
+            Verdict::Allow {
+                untouched: None,
+                ..
+            }
+        ),
+        "{verdict:?}"
+    );
+}
+
 fn denial(verdict: &Verdict) -> (u16, &str) {
     match verdict {
         Verdict::Deny { code, message, .. } => (*code, message.as_str()),
@@ -103,16 +117,7 @@ fn annotations(pod: &Value) -> &serde_json::Map<String, Value> {
 #[test]
 fn fallback_gpu_pod_gets_toleration_local_preference_and_ports() {
     let (verdict, patched) = admit(&gpu_pod(), &labelled_namespace());
-    assert!(
-        matches!(
-            verdict,
-            Verdict::Allow {
-                untouched: None,
-                ..
-            }
-        ),
-        "{verdict:?}"
-    );
+    assert_bursts(&verdict);
     assert_eq!(
         patched["spec"]["tolerations"],
         json!([{"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "runpod", "effect": "NoSchedule"}])
@@ -161,13 +166,7 @@ fn pod_label_opts_in_without_namespace_label() {
         json!({"runpod.io/burst": "enabled"}),
     );
     let (verdict, patched) = admit(&pod, &Context::default());
-    assert!(matches!(
-        verdict,
-        Verdict::Allow {
-            untouched: None,
-            ..
-        }
-    ));
+    assert_bursts(&verdict);
     assert!(patched["spec"]["tolerations"].is_array());
 }
 
@@ -340,13 +339,7 @@ fn any_datacenter_is_allowed_without_a_cluster_list() {
         ..config()
     };
     let verdict = decide(&typed(&pod), "ml", &labelled_namespace(), &open);
-    assert!(matches!(
-        verdict,
-        Verdict::Allow {
-            untouched: None,
-            ..
-        }
-    ));
+    assert_bursts(&verdict);
 }
 
 #[test]
@@ -413,13 +406,7 @@ fn price_cap_scales_with_gpu_count() {
 
     let mut two = pod;
     two["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = json!("2");
-    assert!(matches!(
-        admit(&two, &labelled_namespace()).0,
-        Verdict::Allow {
-            untouched: None,
-            ..
-        }
-    ));
+    assert_bursts(&admit(&two, &labelled_namespace()).0);
 }
 
 #[test]
@@ -529,16 +516,7 @@ fn patch_applies_to_a_pod_without_metadata() {
     pod["spec"]["containers"][0]["ports"] = json!([{"containerPort": 8888}]);
     let pod_label_context = labelled_namespace();
     let (verdict, patched) = admit(&pod, &pod_label_context);
-    assert!(
-        matches!(
-            verdict,
-            Verdict::Allow {
-                untouched: None,
-                ..
-            }
-        ),
-        "{verdict:?}"
-    );
+    assert_bursts(&verdict);
     assert_eq!(
         patched["metadata"]["annotations"][contract::PORTS],
         "8888/http"

@@ -20,10 +20,6 @@ pub struct Mutation {
 }
 
 impl Mutation {
-    pub fn is_empty(&self) -> bool {
-        *self == Mutation::default()
-    }
-
     /// The JSON Patch operations for this mutation of `pod`. Built from the typed pod, so a
     /// missing (or null) parent gets one `add` of the whole parent and existing ones get `add`s
     /// of their members; keys are escaped as JSON Pointer tokens.

@@ -1,0 +1,4 @@
+//! The `runpod-kubelet` library: the RunPod REST v2 client and (later) the provider controller.
+//! The binary in `main.rs` wires these to the command line.
+
+pub mod runpod;

@@ -1,0 +1,471 @@
+//! The RunPod REST v2 HTTP client: one request path (rate limiter → bearer request → error
+//! classification) and the retry rules for idempotent calls. Creates are never retried here;
+//! `placement` owns that, because a failed create may still have made a billed pod.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::{Method, StatusCode, Url};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::{debug, instrument};
+
+use super::catalog::{Catalogue, DataCenter, DataCenterList, GpuType, GpuTypeList};
+use super::error::{ApiError, Recovery};
+use super::limiter::{Priority, RateLimiter};
+use super::model::{CreatePodRequest, Pod, PodAction, PodList, PodStatus, UpdatePodRequest};
+use runpod_webhook::contract::CloudType;
+
+/// The environment variable holding the key; never a flag, so it stays out of `ps` output.
+pub const API_KEY_ENV: &str = "RUNPOD_API_KEY";
+
+/// The bearer key. Its `Debug` is redacted and it has no `Display`, so it cannot end up in a
+/// log line or an error message by accident.
+#[derive(Clone)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// Reads `RUNPOD_API_KEY`.
+    pub fn from_env() -> Result<ApiKey, ConfigError> {
+        let key = std::env::var(API_KEY_ENV).map_err(|_| ConfigError::MissingKey)?;
+        ApiKey::new(key)
+    }
+
+    /// Checks the key can be sent as a header value.
+    pub fn new(key: String) -> Result<ApiKey, ConfigError> {
+        let key = key.trim().to_owned();
+        if key.is_empty() {
+            return Err(ConfigError::MissingKey);
+        }
+        if !key.bytes().all(|byte| byte.is_ascii_graphic()) {
+            return Err(ConfigError::MalformedKey);
+        }
+        Ok(ApiKey(key))
+    }
+
+    fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+/// Start-up problems with the client configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{API_KEY_ENV} is not set or empty; put the RunPod API key in that variable (from a Secret)")]
+    MissingKey,
+    #[error("{API_KEY_ENV} contains characters that cannot be sent in an HTTP header")]
+    MalformedKey,
+    #[error("--runpod-api-url {url:?} is not an http(s) URL: {reason}")]
+    BadUrl { url: String, reason: String },
+    #[error("could not build the HTTP client: {0}")]
+    Http(String),
+}
+
+/// Backoff and lookup timings.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Tries per request (and per placement candidate) for transient failures.
+    pub attempts: u32,
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+    /// After an ambiguous create, how often to look for the pod by name (the list lags).
+    pub lookup_attempts: u32,
+    pub lookup_interval: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 4,
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(10),
+            lookup_attempts: 4,
+            lookup_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Full-jitter exponential backoff for attempt `n` (0-based).
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let ceiling = self
+            .base_delay
+            .saturating_mul(2u32.saturating_pow(attempt.min(16)))
+            .min(self.max_delay);
+        let millis = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(fastrand::u64(millis / 2..=millis.max(1)))
+    }
+}
+
+/// Client settings, from the controller's flags.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Server root, e.g. `https://api.runpod.io`; paths `/v2/...` are appended.
+    pub api_url: String,
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// The quota assumed until the service's `RateLimit-Policy` header says otherwise.
+    pub requests_per_minute: u32,
+    pub retry: RetryPolicy,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            api_url: "https://api.runpod.io".to_owned(),
+            request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            requests_per_minute: 60,
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// What a DELETE found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleted {
+    Terminated,
+    /// 404: already gone, which is what was wanted (api-notes P8).
+    AlreadyGone,
+}
+
+/// A successful response.
+pub(crate) struct Answer {
+    pub status: StatusCode,
+    pub body: Bytes,
+}
+
+/// The RunPod REST v2 client. Clone it freely: clones share the connection pool and limiter.
+#[derive(Debug, Clone)]
+pub struct RunPodClient {
+    http: reqwest::Client,
+    root: Url,
+    key: ApiKey,
+    limiter: Arc<RateLimiter>,
+    config: Arc<ClientConfig>,
+}
+
+impl RunPodClient {
+    /// Builds the client. TLS is rustls with the ring provider and the webpki roots.
+    pub fn new(config: ClientConfig, key: ApiKey) -> Result<RunPodClient, ConfigError> {
+        let bad_url = |reason: String| ConfigError::BadUrl {
+            url: config.api_url.clone(),
+            reason,
+        };
+        let root = Url::parse(config.api_url.trim()).map_err(|e| bad_url(e.to_string()))?;
+        if !matches!(root.scheme(), "http" | "https") || root.cannot_be_a_base() {
+            return Err(bad_url("the scheme must be http or https".to_owned()));
+        }
+        let tls = tls_config().map_err(|e| ConfigError::Http(e.to_string()))?;
+        let http = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .connect_timeout(config.connect_timeout)
+            .user_agent(concat!("runpod-kubelet/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| ConfigError::Http(e.to_string()))?;
+        Ok(RunPodClient {
+            http,
+            root,
+            key,
+            limiter: RateLimiter::new(config.requests_per_minute),
+            config: Arc::new(config),
+        })
+    }
+
+    /// The shared limiter (for metrics and tests).
+    pub fn limiter(&self) -> &Arc<RateLimiter> {
+        &self.limiter
+    }
+
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.config.retry
+    }
+
+    pub(crate) fn logs_url(&self, pod_id: &str, query: &[(&str, String)]) -> Url {
+        self.url(&["pods", pod_id, "logs"], query)
+    }
+
+    fn url(&self, segments: &[&str], query: &[(&str, String)]) -> Url {
+        let mut url = self.root.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().push("v2").extend(segments);
+        }
+        if !query.is_empty() {
+            url.query_pairs_mut()
+                .extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
+        }
+        url
+    }
+
+    /// Starts a request with the bearer key (marked sensitive, so never printed by reqwest).
+    pub(crate) fn request(&self, method: Method, url: Url) -> reqwest::RequestBuilder {
+        self.http.request(method, url).bearer_auth(self.key.expose())
+    }
+
+    /// One request, no retries: waits for the limiter, sends, classifies.
+    pub(crate) async fn send_once(
+        &self,
+        priority: Priority,
+        method: Method,
+        segments: &[&str],
+        query: &[(&str, String)],
+        body: Option<&(dyn erased::Body + Sync)>,
+    ) -> Result<Answer, ApiError> {
+        let url = self.url(segments, query);
+        let permit = self.limiter.acquire(priority).await;
+        let started = tokio::time::Instant::now();
+        let mut request = self
+            .request(method.clone(), url)
+            .timeout(self.config.request_timeout);
+        if let Some(body) = body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.to_json());
+        }
+        let response = request.send().await.map_err(|e| self.transport_error(&e))?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let retry_after = retry_after(&headers);
+        permit.observe(
+            &headers,
+            (status == StatusCode::TOO_MANY_REQUESTS).then_some(retry_after.unwrap_or(Duration::from_secs(1))),
+        );
+        let body = response.bytes().await.map_err(|e| self.transport_error(&e))?;
+        debug!(
+            method = %method,
+            path = %segments.join("/"),
+            status = status.as_u16(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "runpod request"
+        );
+        if status.is_success() {
+            Ok(Answer { status, body })
+        } else {
+            Err(ApiError::from_response(status.as_u16(), retry_after, &body))
+        }
+    }
+
+    pub(crate) fn transport_error(&self, error: &reqwest::Error) -> ApiError {
+        if error.is_timeout() {
+            ApiError::Timeout {
+                timeout: self.config.request_timeout,
+            }
+        } else {
+            ApiError::Transport {
+                message: error_chain(error),
+            }
+        }
+    }
+
+    /// An idempotent request with retries for 429, 5xx and timeouts.
+    async fn send(
+        &self,
+        priority: Priority,
+        method: Method,
+        segments: &[&str],
+        query: &[(&str, String)],
+        body: Option<&(dyn erased::Body + Sync)>,
+    ) -> Result<Answer, ApiError> {
+        let mut attempt = 0;
+        let mut rate_limited = 0;
+        loop {
+            match self
+                .send_once(priority, method.clone(), segments, query, body)
+                .await
+            {
+                Err(ApiError::RateLimited { .. }) if rate_limited < 10 => {
+                    // The limiter already holds every request until Retry-After has passed.
+                    rate_limited += 1;
+                }
+                Err(error) if error.recovery() == Recovery::Retry && attempt + 1 < self.config.retry.attempts => {
+                    let delay = self.config.retry.backoff(attempt);
+                    debug!(error = %error, attempt, delay_ms = delay.as_millis() as u64, "retrying runpod request");
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn decode<T: DeserializeOwned>(answer: &Answer) -> Result<T, ApiError> {
+        serde_json::from_slice(&answer.body).map_err(|e| ApiError::Decode {
+            status: answer.status.as_u16(),
+            message: e.to_string(),
+        })
+    }
+
+    /// `GET /v2/pods`: every pod of the account in one call.
+    #[instrument(skip(self), level = "debug")]
+    pub async fn list_pods(&self) -> Result<Vec<Pod>, ApiError> {
+        let answer = self
+            .send(Priority::Routine, Method::GET, &["pods"], &[], None)
+            .await?;
+        Ok(Self::decode::<PodList>(&answer)?.pods)
+    }
+
+    /// Live pods with exactly this name: the idempotency lookup (names are deterministic).
+    pub async fn find_by_name(&self, name: &str, priority: Priority) -> Result<Vec<Pod>, ApiError> {
+        let answer = self.send(priority, Method::GET, &["pods"], &[], None).await?;
+        Ok(Self::decode::<PodList>(&answer)?
+            .pods
+            .into_iter()
+            .filter(|pod| pod.name == name && pod.status != PodStatus::Terminated)
+            .collect())
+    }
+
+    /// `GET /v2/pods/{id}`; `None` when RunPod does not know it (any more).
+    #[instrument(skip(self), level = "debug")]
+    pub async fn get_pod(&self, id: &str) -> Result<Option<Pod>, ApiError> {
+        match self
+            .send(Priority::Routine, Method::GET, &["pods", id], &[], None)
+            .await
+        {
+            Ok(answer) => Ok(Some(Self::decode(&answer)?)),
+            Err(ApiError::NotFound { .. }) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// `POST /v2/pods`, exactly once. Use `placement::create_idempotent` instead: it knows
+    /// what to do when this fails ambiguously.
+    #[instrument(skip(self, request), fields(name = %request.name, gpu = %request.gpu.id), level = "debug")]
+    pub async fn create_pod_once(&self, request: &CreatePodRequest) -> Result<Pod, ApiError> {
+        let answer = self
+            .send_once(Priority::Urgent, Method::POST, &["pods"], &[], Some(request))
+            .await?;
+        Self::decode(&answer)
+    }
+
+    /// `PATCH /v2/pods/{id}`.
+    #[instrument(skip(self, update), level = "debug")]
+    pub async fn update_pod(&self, id: &str, update: &UpdatePodRequest) -> Result<Pod, ApiError> {
+        let answer = self
+            .send(Priority::Urgent, Method::PATCH, &["pods", id], &[], Some(update))
+            .await?;
+        Self::decode(&answer)
+    }
+
+    /// `DELETE /v2/pods/{id}`: terminates (stops billing). 404 means already done.
+    #[instrument(skip(self), level = "debug")]
+    pub async fn delete_pod(&self, id: &str) -> Result<Deleted, ApiError> {
+        match self
+            .send(Priority::Urgent, Method::DELETE, &["pods", id], &[], None)
+            .await
+        {
+            Ok(_) => Ok(Deleted::Terminated),
+            Err(ApiError::NotFound { .. }) => Ok(Deleted::AlreadyGone),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// `POST /v2/pods/{id}/action`; the pod for start/stop/restart, `None` for terminate.
+    #[instrument(skip(self), level = "debug")]
+    pub async fn pod_action(&self, id: &str, action: PodAction) -> Result<Option<Pod>, ApiError> {
+        let body = ActionBody { action };
+        let answer = self
+            .send(Priority::Urgent, Method::POST, &["pods", id, "action"], &[], Some(&body))
+            .await?;
+        if answer.status == StatusCode::NO_CONTENT || answer.body.is_empty() {
+            Ok(None)
+        } else {
+            Ok(Some(Self::decode(&answer)?))
+        }
+    }
+
+    /// `GET /v2/catalog/gpus?include=AVAILABILITY&product=POD&cloud=..&count=..`.
+    pub async fn gpu_types(&self, cloud: CloudType, count: u32) -> Result<Vec<GpuType>, ApiError> {
+        let query = [
+            ("include", "AVAILABILITY".to_owned()),
+            ("product", "POD".to_owned()),
+            ("cloud", cloud.as_str().to_owned()),
+            ("count", count.max(1).to_string()),
+        ];
+        let answer = self
+            .send(Priority::Routine, Method::GET, &["catalog", "gpus"], &query, None)
+            .await?;
+        Ok(Self::decode::<GpuTypeList>(&answer)?.gpus)
+    }
+
+    /// `GET /v2/catalog/datacenters`.
+    pub async fn data_centers(&self) -> Result<Vec<DataCenter>, ApiError> {
+        let answer = self
+            .send(Priority::Routine, Method::GET, &["catalog", "datacenters"], &[], None)
+            .await?;
+        Ok(Self::decode::<DataCenterList>(&answer)?.data_centers)
+    }
+
+    /// The whole catalogue for placement: both clouds' GPU lists and the data centres.
+    pub async fn catalogue(&self) -> Result<Catalogue, ApiError> {
+        let secure = self.gpu_types(CloudType::Secure, 1).await?;
+        let community = self.gpu_types(CloudType::Community, 1).await?;
+        let data_centers = self
+            .data_centers()
+            .await?
+            .into_iter()
+            .map(|dc| (dc.id.clone(), dc))
+            .collect();
+        Ok(Catalogue {
+            secure,
+            community,
+            data_centers,
+        })
+    }
+}
+
+#[derive(Serialize)]
+struct ActionBody {
+    action: PodAction,
+}
+
+/// Request bodies without making `send` generic over every body type.
+pub(crate) mod erased {
+    /// Anything we send as a JSON body.
+    pub trait Body {
+        fn to_json(&self) -> Vec<u8>;
+    }
+
+    impl<T: serde::Serialize> Body for T {
+        fn to_json(&self) -> Vec<u8> {
+            // Our request types are plain structs of strings, numbers and maps: they always
+            // serialise; an empty body would be refused by the service, not silently accepted.
+            serde_json::to_vec(self).unwrap_or_default()
+        }
+    }
+}
+
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    value.parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// The error and its sources, e.g. "error sending request: connection refused".
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
+    let roots = rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth())
+}

@@ -1,0 +1,13 @@
+//! RunPod REST v2: typed client, error classification, rate limiting, GPU placement and the
+//! pure translation of a Kubernetes container into a create request.
+
+pub mod catalog;
+pub mod client;
+pub mod decode;
+pub mod error;
+pub mod limiter;
+pub mod logs;
+pub mod model;
+pub mod placement;
+pub mod select;
+pub mod translate;

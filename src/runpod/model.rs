@@ -1,0 +1,245 @@
+//! REST v2 pod shapes: responses decoded tolerantly (unknown fields ignored, nullable fields
+//! defaulted, prices as numbers or strings), requests serialised strictly, because the service
+//! answers 422 to any field its schema does not know.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::decode::{lenient_f64, lenient_u32, null_as_default};
+
+/// Pod status as v2 reports it; values added by RunPod later read as `Unknown`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum PodStatus {
+    Provisioning,
+    Starting,
+    Running,
+    Exited,
+    Error,
+    Terminated,
+    #[serde(other)]
+    Unknown,
+}
+
+impl PodStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodStatus::Provisioning => "PROVISIONING",
+            PodStatus::Starting => "STARTING",
+            PodStatus::Running => "RUNNING",
+            PodStatus::Exited => "EXITED",
+            PodStatus::Error => "ERROR",
+            PodStatus::Terminated => "TERMINATED",
+            PodStatus::Unknown => "UNKNOWN",
+        }
+    }
+}
+
+/// `gpu` on a pod and in a create request. `count` is always sent (api-notes P11).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuSpec {
+    pub id: String,
+    #[serde(default = "one", deserialize_with = "count_or_one")]
+    pub count: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn count_or_one<'de, D>(deserializer: D) -> Result<u32, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Ok(lenient_u32(deserializer)?.unwrap_or(1))
+}
+
+/// One published port of a running pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimePort {
+    #[serde(default, deserialize_with = "lenient_u32")]
+    pub private: Option<u32>,
+    #[serde(default, deserialize_with = "lenient_u32")]
+    pub public: Option<u32>,
+    #[serde(default, rename = "type")]
+    pub protocol: Option<String>,
+    #[serde(default)]
+    pub ip: Option<String>,
+}
+
+/// Telemetry of a running pod; null until the container is up (api-notes P6).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Runtime {
+    #[serde(default, deserialize_with = "lenient_u32")]
+    pub uptime: Option<u32>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub ports: Vec<RuntimePort>,
+}
+
+/// A RunPod pod as v2 returns it, reduced to what the controller reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pod {
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default = "unknown_status")]
+    pub status: PodStatus,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub actions: Vec<String>,
+    #[serde(default, alias = "imageName")]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub args: Option<String>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub ports: Vec<String>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub gpu: Option<GpuSpec>,
+    #[serde(default)]
+    pub cloud: Option<String>,
+    #[serde(default)]
+    pub data_center_id: Option<String>,
+    /// USD per hour; 0 when EXITED or TERMINATED.
+    #[serde(default, deserialize_with = "lenient_f64", alias = "costPerHr")]
+    pub cost: Option<f64>,
+    #[serde(default)]
+    pub locked: bool,
+    #[serde(default)]
+    pub runtime: Option<Runtime>,
+    #[serde(default)]
+    pub created_at: Option<String>,
+    #[serde(default)]
+    pub started_at: Option<String>,
+}
+
+fn unknown_status() -> PodStatus {
+    PodStatus::Unknown
+}
+
+impl Pod {
+    /// Published ports; empty until RunPod maps them, which can be well after RUNNING.
+    pub fn published_ports(&self) -> &[RuntimePort] {
+        self.runtime.as_ref().map_or(&[], |runtime| &runtime.ports)
+    }
+}
+
+/// `{"pods": [...]}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PodList {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub pods: Vec<Pod>,
+}
+
+/// `POST /v2/pods`. Optional fields are omitted rather than sent as null.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatePodRequest {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template_id: Option<String>,
+    pub gpu: GpuSpec,
+    /// Always explicit: an unpinned cloud can bill Secure prices (api-notes P9).
+    pub cloud: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub data_center_ids: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk: Option<u32>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub args: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registry: Option<String>,
+}
+
+/// `PATCH /v2/pods/{id}`: only the fields present change. Any change but `name`/`locked`
+/// may reset the pod (api-notes 1.6), so the controller uses this sparingly.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdatePodRequest {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub locked: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub args: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub env: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ports: Option<Vec<String>>,
+}
+
+/// `POST /v2/pods/{id}/action`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PodAction {
+    Start,
+    Stop,
+    Restart,
+    Terminate,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_the_spec_example_and_drifted_shapes() {
+        let spec = r#"{"id":"7h9k2m4n6p","name":"pytorch-training","image":"img","args":"","disk":50,
+            "ports":["8888/http","22/tcp"],"env":{"A":"1"},"registry":null,"status":"RUNNING",
+            "actions":["stop","restart","terminate"],"mounts":{},"gpu":{"id":"NVIDIA GeForce RTX 4090","count":1},
+            "cloud":"SECURE","dataCenterId":"US-KS-2","cudaVersion":"12.8","ssh":{"proxy":null,"direct":null},
+            "template":null,"cost":0.44,"locked":false,"globalNetworking":{"enabled":false},
+            "runtime":{"uptime":3600,"ports":[{"private":22,"public":34446,"type":"tcp","ip":"195.26.233.3"}]},
+            "createdAt":"2026-06-01T12:00:00Z","startedAt":"2026-06-01T12:02:00Z"}"#;
+        let pod: Pod = serde_json::from_str(spec).unwrap();
+        assert_eq!(pod.status, PodStatus::Running);
+        assert_eq!(pod.cost, Some(0.44));
+        assert_eq!(pod.published_ports()[0].public, Some(34446));
+        assert_eq!(pod.gpu.unwrap().count, 1);
+
+        // v1-style names, a string price, nulls, an unknown status and unknown fields.
+        let drifted = r#"{"id":"x","imageName":"img","costPerHr":"0.74","env":null,"ports":null,
+            "runtime":null,"status":"PAUSED","gpu":{"id":"g"},"brandNew":{"a":1}}"#;
+        let pod: Pod = serde_json::from_str(drifted).unwrap();
+        assert_eq!(pod.image.as_deref(), Some("img"));
+        assert_eq!(pod.cost, Some(0.74));
+        assert_eq!(pod.status, PodStatus::Unknown);
+        assert!(pod.env.is_empty() && pod.ports.is_empty() && pod.published_ports().is_empty());
+        assert_eq!(pod.gpu.unwrap().count, 1);
+    }
+
+    #[test]
+    fn create_request_omits_unset_fields_and_always_sends_gpu_count() {
+        let request = CreatePodRequest {
+            name: "n".into(),
+            image: Some("img".into()),
+            template_id: None,
+            gpu: GpuSpec {
+                id: "g".into(),
+                count: 1,
+            },
+            cloud: "SECURE".into(),
+            data_center_ids: vec![],
+            disk: None,
+            ports: vec![],
+            env: BTreeMap::new(),
+            args: None,
+            registry: None,
+        };
+        let json = serde_json::to_value(&request).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"name":"n","image":"img","gpu":{"id":"g","count":1},"cloud":"SECURE"})
+        );
+    }
+}

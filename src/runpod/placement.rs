@@ -1,0 +1,203 @@
+//! Creating the one RunPod pod for a Kubernetes pod: look up by the deterministic name first,
+//! then walk the placement candidates, classifying every failure as the v2 spec says. A create
+//! that failed ambiguously (5xx, timeout) may have made a billed pod (api-notes P3), so the
+//! name is looked up again — several times, because the list lags — before any new create.
+
+use tracing::{info, instrument, warn};
+
+use super::client::RunPodClient;
+use super::error::{ApiError, Recovery};
+use super::limiter::Priority;
+use super::model::{CreatePodRequest, Pod};
+use super::select::Candidate;
+
+/// One refused create, for events and the final error.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    pub gpu_id: String,
+    pub data_center_ids: Vec<String>,
+    pub error: ApiError,
+}
+
+/// The pod that now exists for this name.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub pod: Pod,
+    /// The candidate that was created, or `None` when an existing pod was adopted.
+    pub candidate: Option<Candidate>,
+    /// Refusals before success (capacity, pool access…), oldest first.
+    pub attempts: Vec<Attempt>,
+    /// Further live pods with the same name (a duplicate made by someone else or an older
+    /// version): the caller should terminate them.
+    pub duplicates: Vec<Pod>,
+}
+
+/// Why no pod exists.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PlacementError {
+    #[error("no GPU type in the RunPod catalogue satisfies the pod's requirements")]
+    NoCandidates,
+    #[error("no RunPod capacity: every candidate was refused ({})", summary(attempts))]
+    NoCapacity { attempts: Vec<Attempt> },
+    #[error("RunPod refused every candidate the same way, so the request itself is probably wrong: {detail}")]
+    RequestRejected { detail: String, attempts: Vec<Attempt> },
+    #[error("{0}")]
+    Invalid(ApiError),
+    #[error("{0}; no pod can be created until the RunPod balance is topped up")]
+    PaymentRequired(ApiError),
+    /// Transient failures used up the attempts. The pod may or may not exist: the next call
+    /// looks it up by name before creating, so calling again is safe.
+    #[error("RunPod kept failing, will retry: {0}")]
+    Unsettled(ApiError),
+}
+
+fn summary(attempts: &[Attempt]) -> String {
+    attempts
+        .iter()
+        .map(|attempt| format!("{}: {}", attempt.gpu_id, attempt.error.kind()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl RunPodClient {
+    /// Makes sure exactly one pod named `name` exists, creating it on the first candidate
+    /// that RunPod accepts. Safe to call again after any failure or crash.
+    #[instrument(skip(self, candidates, build), fields(candidates = candidates.len()))]
+    pub async fn create_idempotent(
+        &self,
+        name: &str,
+        candidates: &[Candidate],
+        build: impl Fn(&Candidate) -> CreatePodRequest,
+    ) -> Result<Placement, PlacementError> {
+        if let Some(placement) = self.adopt(name, Vec::new()).await.map_err(unsettled)? {
+            return Ok(placement);
+        }
+        if candidates.is_empty() {
+            return Err(PlacementError::NoCandidates);
+        }
+        let policy = self.retry_policy().clone();
+        let mut attempts: Vec<Attempt> = Vec::new();
+        for candidate in candidates {
+            let request = build(candidate);
+            let mut failures = 0;
+            let mut rate_limited = 0;
+            loop {
+                let error = match self.create_pod_once(&request).await {
+                    Ok(pod) => {
+                        info!(pod_id = %pod.id, gpu = %candidate.gpu_id, "created RunPod pod");
+                        return Ok(Placement {
+                            pod,
+                            candidate: Some(candidate.clone()),
+                            attempts,
+                            duplicates: Vec::new(),
+                        });
+                    }
+                    Err(error) => error,
+                };
+                warn!(gpu = %candidate.gpu_id, error = %error, "RunPod create failed");
+                match error.recovery() {
+                    Recovery::Fix | Recovery::Gone => return Err(PlacementError::Invalid(error)),
+                    Recovery::Stop => return Err(PlacementError::PaymentRequired(error)),
+                    Recovery::NextCandidate => {
+                        attempts.push(attempt(candidate, error));
+                        break;
+                    }
+                    Recovery::Reread => {
+                        if let Some(placement) =
+                            self.adopt(name, attempts.clone()).await.map_err(unsettled)?
+                        {
+                            return Ok(placement);
+                        }
+                        failures += 1;
+                    }
+                    Recovery::Retry => {
+                        if let ApiError::RateLimited { .. } = error {
+                            // The limiter holds the next request until Retry-After passed.
+                            rate_limited += 1;
+                            if rate_limited <= 10 {
+                                continue;
+                            }
+                        }
+                        if error.create_outcome_unknown()
+                            && let Some(placement) = self.settle(name, &attempts).await?
+                        {
+                            return Ok(placement);
+                        }
+                        failures += 1;
+                    }
+                }
+                if failures >= policy.attempts {
+                    return Err(PlacementError::Unsettled(error));
+                }
+                tokio::time::sleep(policy.backoff(failures - 1)).await;
+            }
+        }
+        let all_rule_violations = attempts
+            .iter()
+            .all(|attempt| matches!(attempt.error, ApiError::BadRequest { .. }));
+        match attempts.last() {
+            Some(last) if all_rule_violations && attempts.len() > 1 => {
+                Err(PlacementError::RequestRejected {
+                    detail: last.error.to_string(),
+                    attempts,
+                })
+            }
+            _ => Err(PlacementError::NoCapacity { attempts }),
+        }
+    }
+
+    /// After an ambiguous create: looks for the pod several times, because a pod created a
+    /// moment ago can be missing from the list (api-notes P3).
+    async fn settle(
+        &self,
+        name: &str,
+        attempts: &[Attempt],
+    ) -> Result<Option<Placement>, PlacementError> {
+        let policy = self.retry_policy().clone();
+        for lookup in 0..policy.lookup_attempts.max(1) {
+            if lookup > 0 {
+                tokio::time::sleep(policy.lookup_interval).await;
+            }
+            match self.adopt(name, attempts.to_vec()).await {
+                Ok(Some(placement)) => return Ok(Some(placement)),
+                Ok(None) => {}
+                // Cannot tell whether the pod exists: creating again could double-bill.
+                Err(error) => return Err(PlacementError::Unsettled(error)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Adopts an existing pod with this name: the oldest one, the rest reported as duplicates.
+    async fn adopt(
+        &self,
+        name: &str,
+        attempts: Vec<Attempt>,
+    ) -> Result<Option<Placement>, ApiError> {
+        let mut existing = self.find_by_name(name, Priority::Urgent).await?;
+        if existing.is_empty() {
+            return Ok(None);
+        }
+        existing.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        let pod = existing.remove(0);
+        info!(pod_id = %pod.id, duplicates = existing.len(), "adopted existing RunPod pod");
+        Ok(Some(Placement {
+            pod,
+            candidate: None,
+            attempts,
+            duplicates: existing,
+        }))
+    }
+}
+
+fn unsettled(error: ApiError) -> PlacementError {
+    PlacementError::Unsettled(error)
+}
+
+fn attempt(candidate: &Candidate, error: ApiError) -> Attempt {
+    Attempt {
+        gpu_id: candidate.gpu_id.clone(),
+        data_center_ids: candidate.data_center_ids.clone(),
+        error,
+    }
+}

@@ -1,0 +1,253 @@
+//! The pure translation of a Kubernetes pod's container into a RunPod `CreatePodRequest`.
+//!
+//! REST v2 has no entrypoint override: only `args`, a string handed to the image's
+//! ENTRYPOINT. Kubernetes `command` and `args` are therefore joined, shell-quoted, into
+//! `args`. For images that define only a CMD (most CUDA and PyTorch images) this behaves like
+//! Kubernetes: the pod runs `command args…`. For images with an ENTRYPOINT, Kubernetes would
+//! replace the ENTRYPOINT with `command`, while RunPod passes `command args…` to the
+//! ENTRYPOINT as arguments; such images need a wrapper image or a RunPod template.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use runpod_webhook::contract::{
+    self, DISK, PORTS, PortSpec, REGISTRY_AUTH_ID, TEMPLATE_ID,
+};
+
+use super::model::{CreatePodRequest, GpuSpec};
+use super::select::Candidate;
+
+/// Env tags on every pod we create, so pods can be matched back to the cluster, node and
+/// Kubernetes pod (and orphans found) without trusting the free-text name.
+pub const TAG_CLUSTER: &str = "RUNPOD_KUBELET_CLUSTER";
+pub const TAG_NODE: &str = "RUNPOD_KUBELET_NODE";
+pub const TAG_POD_UID: &str = "RUNPOD_KUBELET_POD_UID";
+pub const TAG_NAMESPACE: &str = "RUNPOD_KUBELET_NAMESPACE";
+pub const TAG_POD_NAME: &str = "RUNPOD_KUBELET_POD_NAME";
+
+/// RunPod accepts names of up to 191 characters (v1 schema); we stay under it.
+pub const MAX_NAME_LEN: usize = 191;
+
+/// Who is creating the pod.
+#[derive(Debug, Clone)]
+pub struct Origin<'a> {
+    pub cluster_id: &'a str,
+    pub node_name: &'a str,
+}
+
+/// Why a pod cannot be translated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TranslateError {
+    #[error("the pod has no uid yet")]
+    NoUid,
+    #[error("the pod has no containers")]
+    NoContainer,
+    #[error("RunPod runs one container per pod; this pod has {0}")]
+    SeveralContainers(usize),
+    #[error("container {0:?} has no image and the pod sets no {TEMPLATE_ID}")]
+    NoImage(String),
+    #[error("annotation {annotation}: {message}")]
+    Annotation {
+        annotation: &'static str,
+        message: String,
+    },
+    #[error("command/args cannot be passed to RunPod: {0}")]
+    Args(String),
+}
+
+/// The deterministic RunPod name of a Kubernetes pod: namespace, name and UID. The UID makes
+/// it unique per pod incarnation; it is what the idempotency lookup searches for.
+pub fn runpod_name(pod: &Pod) -> Result<String, TranslateError> {
+    let uid = pod.metadata.uid.as_deref().filter(|uid| !uid.is_empty()).ok_or(TranslateError::NoUid)?;
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let name = pod.metadata.name.as_deref().unwrap_or("pod");
+    let budget = MAX_NAME_LEN.saturating_sub(uid.len() + 2);
+    let mut prefix = format!("{namespace}-{name}");
+    if prefix.len() > budget {
+        let mut end = budget;
+        while !prefix.is_char_boundary(end) {
+            end -= 1;
+        }
+        prefix.truncate(end);
+    }
+    Ok(format!("{prefix}-{uid}"))
+}
+
+/// Joins Kubernetes `command` and `args` into v2's single `args` string, POSIX-shell-quoted.
+/// `None` when neither is set (the image's own CMD runs).
+pub fn joined_args(container: &Container, env: &BTreeMap<String, String>) -> Result<Option<String>, TranslateError> {
+    let words: Vec<String> = container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten())
+        .map(|word| expand(word, env))
+        .collect();
+    if words.is_empty() {
+        return Ok(None);
+    }
+    shlex::try_join(words.iter().map(String::as_str))
+        .map(Some)
+        .map_err(|e| TranslateError::Args(e.to_string()))
+}
+
+/// Kubernetes `$(VAR)` expansion in command, args and env values: defined variables are
+/// replaced, `$$` escapes a `$`, and references to undefined variables stay as written.
+pub fn expand(text: &str, env: &BTreeMap<String, String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at + 1..];
+        if let Some(after) = tail.strip_prefix('$') {
+            out.push('$');
+            rest = after;
+        } else if let Some(body) = tail.strip_prefix('(') {
+            match body.find(')') {
+                Some(close) => {
+                    let name = &body[..close];
+                    match env.get(name) {
+                        Some(value) => out.push_str(value),
+                        None => {
+                            out.push_str("$(");
+                            out.push_str(name);
+                            out.push(')');
+                        }
+                    }
+                    rest = &body[close + 1..];
+                }
+                None => {
+                    out.push_str("$(");
+                    rest = body;
+                }
+            }
+        } else {
+            out.push('$');
+            rest = tail;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The container's environment in Kubernetes order: `envFrom` first, then `env` entries in
+/// order (later ones win, values expanded against what came before). `resolved` holds the
+/// values of `valueFrom` entries and the `envFrom` maps, read by the caller from Secrets,
+/// ConfigMaps and the downward API; an entry missing from it was optional and is skipped.
+pub fn container_env(
+    container: &Container,
+    env_from: &BTreeMap<String, String>,
+    resolved: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut env = env_from.clone();
+    for var in container.env.iter().flatten() {
+        if var.value_from.is_some() {
+            if let Some(value) = resolved.get(&var.name) {
+                env.insert(var.name.clone(), value.clone());
+            }
+        } else {
+            let value = expand(var.value.as_deref().unwrap_or(""), &env);
+            env.insert(var.name.clone(), value);
+        }
+    }
+    env
+}
+
+/// Ports for RunPod: the effective `runpod.io/ports` the webhook wrote, else detected from
+/// the container's declared ports with the same rule.
+pub fn ports(pod: &Pod, container: &Container) -> Result<Vec<String>, TranslateError> {
+    let annotations = pod.metadata.annotations.as_ref();
+    let specs: Vec<PortSpec> = match annotations.and_then(|a| a.get(PORTS)) {
+        Some(value) => contract::parse_ports(value).map_err(|message| TranslateError::Annotation {
+            annotation: PORTS,
+            message,
+        })?,
+        None => container
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|port| {
+                let number = u16::try_from(port.container_port).ok().filter(|n| *n > 0)?;
+                Some(PortSpec {
+                    port: number,
+                    protocol: contract::detected_protocol(number, port.name.as_deref()),
+                })
+            })
+            .collect(),
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    Ok(specs
+        .into_iter()
+        .filter(|spec| seen.insert(spec.port))
+        .map(|spec| contract::format_ports(&[spec]))
+        .collect())
+}
+
+/// Everything the caller resolved from the cluster for this pod.
+#[derive(Debug, Clone, Default)]
+pub struct ResolvedEnv {
+    /// Merged `envFrom` sources, in Kubernetes order.
+    pub env_from: BTreeMap<String, String>,
+    /// Values of `env[].valueFrom` entries by variable name.
+    pub value_from: BTreeMap<String, String>,
+}
+
+/// The create request for `pod` on `candidate`.
+pub fn create_request(
+    pod: &Pod,
+    resolved: &ResolvedEnv,
+    origin: &Origin<'_>,
+    candidate: &Candidate,
+) -> Result<CreatePodRequest, TranslateError> {
+    let spec = pod.spec.as_ref().ok_or(TranslateError::NoContainer)?;
+    let container = match spec.containers.as_slice() {
+        [] => return Err(TranslateError::NoContainer),
+        [container] => container,
+        several => return Err(TranslateError::SeveralContainers(several.len())),
+    };
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let annotation = |key: &str| annotations.get(key).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+    let template_id = annotation(TEMPLATE_ID);
+    let image = container.image.clone().filter(|image| !image.trim().is_empty());
+    if image.is_none() && template_id.is_none() {
+        return Err(TranslateError::NoImage(container.name.clone()));
+    }
+    let disk = annotation(DISK)
+        .map(|value| {
+            contract::parse_disk(&value).map_err(|message| TranslateError::Annotation {
+                annotation: DISK,
+                message,
+            })
+        })
+        .transpose()?;
+
+    let mut env = container_env(container, &resolved.env_from, &resolved.value_from);
+    let args = joined_args(container, &env)?;
+    let uid = pod.metadata.uid.clone().ok_or(TranslateError::NoUid)?;
+    for (key, value) in [
+        (TAG_CLUSTER, origin.cluster_id.to_owned()),
+        (TAG_NODE, origin.node_name.to_owned()),
+        (TAG_POD_UID, uid),
+        (TAG_NAMESPACE, pod.metadata.namespace.clone().unwrap_or_default()),
+        (TAG_POD_NAME, pod.metadata.name.clone().unwrap_or_default()),
+    ] {
+        env.insert(key.to_owned(), value);
+    }
+
+    Ok(CreatePodRequest {
+        name: runpod_name(pod)?,
+        image,
+        template_id,
+        gpu: GpuSpec {
+            id: candidate.gpu_id.clone(),
+            count: candidate.gpu_count.max(1),
+        },
+        cloud: candidate.cloud.as_str().to_owned(),
+        data_center_ids: candidate.data_center_ids.clone(),
+        disk,
+        ports: ports(pod, container)?,
+        env,
+        args,
+        registry: annotation(REGISTRY_AUTH_ID),
+    })
+}

@@ -1,0 +1,531 @@
+//! The RunPod client against the simulator: every row of the error table, idempotent and
+//! crash-safe creates, placement from the live catalogue, logs, and secret hygiene. Every
+//! response the client saw is checked against `openapi-v2.json` at the end of each test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use runpod_kubelet::runpod::client::{ApiKey, ClientConfig, Deleted, RetryPolicy, RunPodClient};
+use runpod_kubelet::runpod::error::ApiError;
+use runpod_kubelet::runpod::logs::{LogRequest, LogSource};
+use runpod_kubelet::runpod::model::{CreatePodRequest, GpuSpec, PodAction, PodStatus};
+use runpod_kubelet::runpod::placement::PlacementError;
+use runpod_kubelet::runpod::select::{self, Candidate, ClusterLimits, Requirements};
+use runpod_simulator::contract::SpecValidator;
+use runpod_simulator::scenario::Scenario;
+use runpod_simulator::{
+    Effect, Fault, Match, Operation, Simulator, SimulatorHandle, duplicate_names, live_pods,
+};
+use runpod_webhook::contract::CloudType;
+
+const KEY: &str = "rpa_TESTKEY0123456789abcdefSECRET";
+const RTX_4090: &str = "NVIDIA GeForce RTX 4090";
+const A4000: &str = "NVIDIA RTX A4000";
+const A6000: &str = "NVIDIA RTX A6000";
+
+fn fast_scenario() -> Scenario {
+    Scenario {
+        provisioning_ms: 100,
+        starting_ms: 100,
+        ports_ms: 100,
+        ..Scenario::default()
+    }
+}
+
+fn fast_retries() -> RetryPolicy {
+    RetryPolicy {
+        attempts: 4,
+        base_delay: Duration::from_millis(20),
+        max_delay: Duration::from_millis(100),
+        lookup_attempts: 4,
+        lookup_interval: Duration::from_millis(300),
+    }
+}
+
+async fn start(scenario: Scenario) -> (SimulatorHandle, RunPodClient) {
+    let sim = Simulator::start(scenario, Some(KEY.to_owned()))
+        .await
+        .unwrap();
+    let client = client_for(&sim, KEY, ClientConfig::default());
+    (sim, client)
+}
+
+fn client_for(sim: &SimulatorHandle, key: &str, config: ClientConfig) -> RunPodClient {
+    let config = ClientConfig {
+        api_url: sim.base_url(),
+        request_timeout: Duration::from_secs(5),
+        requests_per_minute: 600,
+        retry: fast_retries(),
+        ..config
+    };
+    RunPodClient::new(config, ApiKey::new(key.to_owned()).unwrap()).unwrap()
+}
+
+/// Every response the client saw matches the spec.
+fn assert_contract(sim: &SimulatorHandle) {
+    let violations = SpecValidator::load().check_all(&sim.exchanges());
+    assert!(violations.is_empty(), "spec violations: {violations:#?}");
+}
+
+fn candidate(gpu: &str, data_centers: &[&str]) -> Candidate {
+    Candidate {
+        gpu_id: gpu.to_owned(),
+        gpu_count: 1,
+        cloud: CloudType::Secure,
+        data_center_ids: data_centers.iter().map(|dc| (*dc).to_owned()).collect(),
+        price_per_gpu: 0.5,
+        price_per_hour: 0.5,
+        memory_gb: Some(24),
+    }
+}
+
+fn request_for(name: &str) -> impl Fn(&Candidate) -> CreatePodRequest {
+    let name = name.to_owned();
+    move |candidate: &Candidate| CreatePodRequest {
+        name: name.clone(),
+        image: Some("runpod/pytorch:2.4.0".to_owned()),
+        template_id: None,
+        gpu: GpuSpec {
+            id: candidate.gpu_id.clone(),
+            count: candidate.gpu_count,
+        },
+        cloud: candidate.cloud.as_str().to_owned(),
+        data_center_ids: candidate.data_center_ids.clone(),
+        disk: Some(20),
+        ports: vec!["8888/http".to_owned(), "22/tcp".to_owned()],
+        env: BTreeMap::from([("A".to_owned(), "1".to_owned())]),
+        args: Some("python train.py".to_owned()),
+        registry: None,
+    }
+}
+
+fn creates(sim: &SimulatorHandle) -> usize {
+    sim.exchanges()
+        .iter()
+        .filter(|ex| ex.operation == Some(Operation::CreatePod))
+        .count()
+}
+
+#[tokio::test]
+async fn capacity_moves_to_the_next_candidate() {
+    let (sim, client) = start(fast_scenario()).await;
+    sim.inject(Fault::new(Match::any().gpu(RTX_4090), Effect::Capacity));
+    let placed = client
+        .create_idempotent("ns-a-uid1", &[candidate(RTX_4090, &[]), candidate(A4000, &[])], request_for("ns-a-uid1"))
+        .await
+        .unwrap();
+    assert_eq!(placed.pod.gpu.as_ref().unwrap().id, A4000);
+    assert_eq!(placed.attempts.len(), 1);
+    assert!(matches!(placed.attempts[0].error, ApiError::Capacity { .. }));
+    assert_eq!(sim.ledger().len(), 1);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn capacity_everywhere_is_no_capacity_and_creates_nothing() {
+    let (sim, client) = start(fast_scenario()).await;
+    sim.inject(Fault::new(Match::any(), Effect::Capacity));
+    let error = client
+        .create_idempotent("ns-b-uid2", &[candidate(RTX_4090, &[]), candidate(A4000, &[])], request_for("ns-b-uid2"))
+        .await
+        .unwrap_err();
+    let PlacementError::NoCapacity { attempts } = &error else {
+        panic!("expected NoCapacity, got {error:?}");
+    };
+    assert_eq!(attempts.len(), 2);
+    assert!(sim.ledger().is_empty());
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn the_same_rule_400_on_every_candidate_blames_the_request() {
+    let (sim, client) = start(fast_scenario()).await;
+    sim.inject(Fault::new(
+        Match::operation(Operation::CreatePod),
+        Effect::Status {
+            status: 400,
+            detail: Some("disk must be at least the template's container disk".into()),
+            retry_after: None,
+        },
+    ));
+    let error = client
+        .create_idempotent("ns-c-uid3", &[candidate(RTX_4090, &[]), candidate(A4000, &[])], request_for("ns-c-uid3"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, PlacementError::RequestRejected { detail, .. } if detail.contains("container disk")),
+        "{error:?}"
+    );
+    assert_eq!(creates(&sim), 2);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn invalid_422_is_never_retried() {
+    let (sim, client) = start(fast_scenario()).await;
+    let bad = |candidate: &Candidate| CreatePodRequest {
+        gpu: GpuSpec {
+            id: candidate.gpu_id.clone(),
+            count: 0,
+        },
+        ..request_for("ns-d-uid4")(candidate)
+    };
+    let error = client
+        .create_idempotent("ns-d-uid4", &[candidate(RTX_4090, &[]), candidate(A4000, &[])], bad)
+        .await
+        .unwrap_err();
+    let PlacementError::Invalid(ApiError::Invalid { errors, .. }) = &error else {
+        panic!("expected Invalid, got {error:?}");
+    };
+    assert!(!errors.is_empty(), "422 lists the violations");
+    assert_eq!(creates(&sim), 1, "a 422 is not retried nor tried elsewhere");
+    assert!(sim.ledger().is_empty());
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn payment_required_stops_at_once() {
+    let (sim, client) = start(fast_scenario()).await;
+    sim.inject(Fault::new(
+        Match::operation(Operation::CreatePod),
+        Effect::Status {
+            status: 402,
+            detail: Some("Insufficient balance".into()),
+            retry_after: None,
+        },
+    ));
+    let error = client
+        .create_idempotent("ns-e-uid5", &[candidate(RTX_4090, &[]), candidate(A4000, &[])], request_for("ns-e-uid5"))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, PlacementError::PaymentRequired(_)), "{error:?}");
+    assert!(error.to_string().contains("balance"));
+    assert_eq!(creates(&sim), 1);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn forbidden_pool_skips_the_candidate() {
+    let (sim, client) = start(fast_scenario()).await;
+    sim.inject(Fault::new(
+        Match::operation(Operation::CreatePod).gpu(RTX_4090),
+        Effect::Status {
+            status: 403,
+            detail: Some("this key cannot use the pool".into()),
+            retry_after: None,
+        },
+    ));
+    let placed = client
+        .create_idempotent("ns-f-uid6", &[candidate(RTX_4090, &[]), candidate(A6000, &[])], request_for("ns-f-uid6"))
+        .await
+        .unwrap();
+    assert_eq!(placed.pod.gpu.unwrap().id, A6000);
+    assert!(matches!(placed.attempts[0].error, ApiError::Forbidden { .. }));
+    assert_eq!(sim.ledger().len(), 1);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn conflict_rereads_then_retries() {
+    let (sim, client) = start(fast_scenario()).await;
+    sim.inject(
+        Fault::new(
+            Match::operation(Operation::CreatePod),
+            Effect::Status {
+                status: 409,
+                detail: Some("conflict".into()),
+                retry_after: None,
+            },
+        )
+        .times(1),
+    );
+    let placed = client
+        .create_idempotent("ns-g-uid7", &[candidate(RTX_4090, &[])], request_for("ns-g-uid7"))
+        .await
+        .unwrap();
+    assert_eq!(sim.ledger().len(), 1);
+    assert_eq!(sim.ledger()[0].id, placed.pod.id);
+    // The re-read happened between the two creates.
+    let ops: Vec<_> = sim.exchanges().iter().filter_map(|ex| ex.operation).collect();
+    let first_create = ops.iter().position(|op| *op == Operation::CreatePod).unwrap();
+    assert_eq!(ops[first_create + 1], Operation::ListPods);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn rate_limited_create_waits_for_retry_after() {
+    let (sim, client) = start(fast_scenario()).await;
+    sim.inject(
+        Fault::new(
+            Match::operation(Operation::CreatePod),
+            Effect::Status {
+                status: 429,
+                detail: Some("rate limit exceeded for the minute window".into()),
+                retry_after: Some(1),
+            },
+        )
+        .times(1),
+    );
+    let started = std::time::Instant::now();
+    client
+        .create_idempotent("ns-h-uid8", &[candidate(RTX_4090, &[])], request_for("ns-h-uid8"))
+        .await
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(1), "Retry-After was honoured");
+    assert_eq!(sim.ledger().len(), 1);
+    assert_eq!(creates(&sim), 2);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn server_errors_are_retried_with_backoff() {
+    let (sim, client) = start(fast_scenario()).await;
+    sim.inject(
+        Fault::new(
+            Match::operation(Operation::CreatePod),
+            Effect::Status {
+                status: 503,
+                detail: Some("upstream unavailable".into()),
+                retry_after: None,
+            },
+        )
+        .times(2),
+    );
+    client
+        .create_idempotent("ns-i-uid9", &[candidate(RTX_4090, &[])], request_for("ns-i-uid9"))
+        .await
+        .unwrap();
+    assert_eq!(creates(&sim), 3);
+    assert_eq!(sim.ledger().len(), 1);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn a_500_after_a_real_create_adopts_the_pod_despite_list_lag() {
+    let (sim, client) = start(Scenario {
+        list_lag_ms: 700,
+        ..fast_scenario()
+    })
+    .await;
+    sim.inject(Fault::new(Match::operation(Operation::CreatePod), Effect::CreateThenFail { status: 500 }).times(1));
+    let placed = client
+        .create_idempotent("ns-j-uid10", &[candidate(RTX_4090, &[]), candidate(A4000, &[])], request_for("ns-j-uid10"))
+        .await
+        .unwrap();
+    let ledger = sim.ledger();
+    assert_eq!(ledger.len(), 1, "no second pod: {ledger:#?}");
+    assert_eq!(ledger[0].create_status, 500);
+    assert_eq!(placed.pod.id, ledger[0].id);
+    assert!(placed.candidate.is_none(), "adopted, not created");
+    assert_eq!(creates(&sim), 1);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn a_timed_out_create_is_looked_up_before_creating_again() {
+    let (sim, _) = start(fast_scenario()).await;
+    // The answer comes after the client gave up; the pod exists all the same.
+    let client = RunPodClient::new(
+        ClientConfig {
+            api_url: sim.base_url(),
+            request_timeout: Duration::from_millis(400),
+            retry: fast_retries(),
+            ..ClientConfig::default()
+        },
+        ApiKey::new(KEY.to_owned()).unwrap(),
+    )
+    .unwrap();
+    sim.inject(Fault::new(Match::operation(Operation::CreatePod), Effect::Delay { millis: 1500 }).times(1));
+    let placed = client
+        .create_idempotent("ns-k-uid11", &[candidate(RTX_4090, &[])], request_for("ns-k-uid11"))
+        .await
+        .unwrap();
+    let ledger = sim.ledger();
+    assert_eq!(ledger.len(), 1, "{ledger:#?}");
+    assert_eq!(placed.pod.id, ledger[0].id);
+    assert_eq!(creates(&sim), 1);
+}
+
+#[tokio::test]
+async fn creating_again_after_a_crash_adopts_instead_of_duplicating() {
+    let (sim, client) = start(fast_scenario()).await;
+    let first = client
+        .create_idempotent("ns-l-uid12", &[candidate(RTX_4090, &[])], request_for("ns-l-uid12"))
+        .await
+        .unwrap();
+    // A restarted controller calls again for the same Kubernetes pod.
+    let second = client
+        .create_idempotent("ns-l-uid12", &[candidate(A4000, &[])], request_for("ns-l-uid12"))
+        .await
+        .unwrap();
+    assert_eq!(first.pod.id, second.pod.id);
+    assert!(duplicate_names(&sim.ledger()).is_empty());
+    assert_eq!(creates(&sim), 1);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn delete_is_idempotent_and_ends_billing() {
+    let (sim, client) = start(fast_scenario()).await;
+    let placed = client
+        .create_idempotent("ns-m-uid13", &[candidate(RTX_4090, &[])], request_for("ns-m-uid13"))
+        .await
+        .unwrap();
+    assert_eq!(client.delete_pod(&placed.pod.id).await.unwrap(), Deleted::Terminated);
+    assert_eq!(client.delete_pod(&placed.pod.id).await.unwrap(), Deleted::AlreadyGone);
+    assert!(client.get_pod(&placed.pod.id).await.unwrap().is_none());
+    assert!(live_pods(&sim.ledger()).is_empty());
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn pod_lifecycle_actions_and_conflicts() {
+    let (sim, client) = start(fast_scenario()).await;
+    let placed = client
+        .create_idempotent("ns-n-uid14", &[candidate(RTX_4090, &[])], request_for("ns-n-uid14"))
+        .await
+        .unwrap();
+    assert_eq!(placed.pod.status, PodStatus::Provisioning);
+    let id = placed.pod.id.clone();
+    let running = wait_for(&client, &id, |pod| pod.status == PodStatus::Running && !pod.published_ports().is_empty()).await;
+    assert!(running.cost.unwrap() > 0.0);
+    assert!(running.published_ports().iter().any(|port| port.private == Some(22)));
+    let stopped = client.pod_action(&id, PodAction::Stop).await.unwrap().unwrap();
+    assert_eq!(stopped.status, PodStatus::Exited);
+    assert_eq!(stopped.cost, Some(0.0));
+    let error = client.pod_action(&id, PodAction::Restart).await.unwrap_err();
+    assert!(matches!(error, ApiError::Conflict { .. }), "{error:?}");
+    assert_eq!(client.pod_action(&id, PodAction::Terminate).await.unwrap(), None);
+    assert!(live_pods(&sim.ledger()).is_empty());
+    assert_contract(&sim);
+}
+
+async fn wait_for(
+    client: &RunPodClient,
+    id: &str,
+    ready: impl Fn(&runpod_kubelet::runpod::model::Pod) -> bool,
+) -> runpod_kubelet::runpod::model::Pod {
+    for _ in 0..100 {
+        if let Some(pod) = client.get_pod(id).await.unwrap()
+            && ready(&pod)
+        {
+            return pod;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("pod {id} never reached the expected state");
+}
+
+#[tokio::test]
+async fn placement_from_the_live_catalogue_respects_every_constraint() {
+    let (sim, client) = start(fast_scenario()).await;
+    let catalogue = client.catalogue().await.unwrap();
+    assert!(!catalogue.secure.is_empty() && !catalogue.data_centers.is_empty());
+    let limits = ClusterLimits {
+        max_gpu_price: 1.0,
+        data_center_ids: vec!["EU-RO-1".into(), "US-TX-3".into()],
+    };
+    let requirements = Requirements {
+        gpu_count: 1,
+        min_memory_gb: Some(24),
+        gpu_types: vec![],
+        cloud: CloudType::Secure,
+        max_price_per_hour: None,
+        allowed_data_centers: limits.data_center_ids.clone(),
+    };
+    let candidates = select::candidates(&catalogue, &requirements, &limits);
+    assert!(!candidates.is_empty());
+    for pair in candidates.windows(2) {
+        assert!(pair[0].price_per_hour <= pair[1].price_per_hour);
+    }
+    let placed = client
+        .create_idempotent("ns-o-uid15", &candidates, request_for("ns-o-uid15"))
+        .await
+        .unwrap();
+    let entry = &sim.ledger()[0];
+    assert!(limits.data_center_ids.contains(&entry.data_center_id), "{entry:?}");
+    assert_eq!(placed.pod.gpu.unwrap().id, candidates[0].gpu_id);
+    assert!(entry.cost_per_hr <= 1.0);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn logs_tail_follow_and_resume_without_loss_or_repeats() {
+    let (sim, client) = start(fast_scenario()).await;
+    let placed = client
+        .create_idempotent("ns-p-uid16", &[candidate(RTX_4090, &[])], request_for("ns-p-uid16"))
+        .await
+        .unwrap();
+    let id = placed.pod.id.clone();
+    wait_for(&client, &id, |pod| pod.status == PodStatus::Running).await;
+    for n in 0..10 {
+        assert!(sim.push_log(&id, &format!("line {n}")));
+    }
+    let container = |request: LogRequest| LogRequest {
+        source: Some(LogSource::Container),
+        quiet: Some(Duration::from_millis(300)),
+        ..request
+    };
+    let tail: Vec<_> = client
+        .logs(&id, container(LogRequest { tail: Some(3), ..LogRequest::default() }))
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(|line| line.unwrap().line)
+        .collect();
+    assert_eq!(tail, vec!["line 7", "line 8", "line 9"]);
+
+    // Read four lines, stop, resume after the last one: exactly the rest, once each.
+    let first: Vec<_> = client
+        .logs(&id, container(LogRequest { tail: Some(10), ..LogRequest::default() }))
+        .take(4)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let resumed: Vec<_> = client
+        .logs(&id, container(LogRequest { after_id: first[3].id.clone(), ..LogRequest::default() }))
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(|line| line.unwrap().line)
+        .collect();
+    let mut all: Vec<_> = first.iter().map(|line| line.line.clone()).collect();
+    all.extend(resumed);
+    assert_eq!(all, (0..10).map(|n| format!("line {n}")).collect::<Vec<_>>());
+
+    // Follow: a line written later arrives; the stream ends when the pod is terminated.
+    let mut follow = Box::pin(client.logs(&id, container(LogRequest { tail: Some(0), follow: true, ..LogRequest::default() })));
+    let pusher = {
+        let sim_id = id.clone();
+        let sim = &sim;
+        async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(sim.push_log(&sim_id, "late line"));
+        }
+    };
+    let (next, ()) = tokio::join!(tokio::time::timeout(Duration::from_secs(5), follow.next()), pusher);
+    assert_eq!(next.unwrap().unwrap().unwrap().line, "late line");
+    client.delete_pod(&id).await.unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(10), follow.next()).await.unwrap();
+    assert!(end.is_none(), "the stream ends with the pod: {end:?}");
+
+    // Unknown pods are a clear 404.
+    let missing = client.logs("nosuchpod00000", LogRequest::default()).next().await.unwrap();
+    assert!(matches!(missing, Err(ApiError::NotFound { .. })));
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn tolerant_decoding_of_every_read() {
+    let (sim, client) = start(fast_scenario()).await;
+    let gpus = client.gpu_types(CloudType::Community, 1).await.unwrap();
+    assert!(gpus.iter().all(|gpu| gpu.community));
+    assert!(gpus.iter().any(|gpu| gpu.price_on(CloudType::Community).is_some()));
+    assert!(client.list_pods().await.unwrap().is_empty());
+    assert!(client.get_pod("nosuchpod00000").await.unwrap().is_none());
+    assert_contract(&sim);
+}

@@ -122,16 +122,47 @@ async fn sixty_per_minute_is_used_without_a_429() {
         cycles.load(Ordering::Relaxed),
     );
     assert_eq!(refused, 0, "the limiter sent requests the service refused");
-    // Two windows started during the run (the first with the policy-learning request).
-    let available = 2 * QUOTA;
-    assert!(
-        f64::from(accepted) >= 0.95 * f64::from(available),
-        "only {accepted} of {available} requests used"
-    );
-    assert!(accepted <= available, "more than the quota was accepted: {accepted}");
+    // Split the answered requests into the service's windows by the remaining count it
+    // reported ("minute";r=..), which only rises when a new window starts.
+    let remaining: Vec<u32> = exchanges
+        .iter()
+        .filter(|ex| ex.status != 429)
+        .filter_map(|ex| minute_remaining(ex.header("ratelimit")?))
+        .collect();
+    assert_eq!(remaining.len() as u32, accepted, "every answer carries RateLimit");
+    let mut windows: Vec<u32> = Vec::new();
+    let mut previous = u32::MAX;
+    for r in remaining {
+        if windows.is_empty() || r > previous.saturating_add(10) {
+            windows.push(r);
+        }
+        let lowest = windows.last_mut().unwrap();
+        *lowest = (*lowest).min(r);
+        previous = r;
+    }
+    println!("lowest remaining per window: {windows:?}");
+    assert!(windows.len() >= 2, "the client resumed after the window reset: {windows:?}");
+    // Every window that ended during the run was used to at least 95% of its quota.
+    for lowest in &windows[..windows.len() - 1] {
+        let used = QUOTA - lowest;
+        assert!(
+            f64::from(used) >= 0.95 * f64::from(QUOTA),
+            "only {used} of {QUOTA} used in a window: {windows:?}"
+        );
+    }
     // Creates kept flowing while polls saturated the quota.
     assert!(cycles.load(Ordering::Relaxed) >= 4, "creates were starved");
     assert!(live_after_cleanup(&sim));
+}
+
+/// `r` of the `minute` member of a `RateLimit` header.
+fn minute_remaining(header: &str) -> Option<u32> {
+    let member = header.split(',').find(|m| m.trim().starts_with("\"minute\""))?;
+    member
+        .split(';')
+        .find_map(|param| param.trim().strip_prefix("r="))?
+        .parse()
+        .ok()
 }
 
 fn live_after_cleanup(sim: &runpod_simulator::SimulatorHandle) -> bool {

@@ -355,7 +355,9 @@ struct Ranked {
 impl Ranked {
     fn cmp(&self, other: &Self) -> Ordering {
         let (a, b) = (&self.candidate, &other.candidate);
-        a.price_per_hour.total_cmp(&b.price_per_hour).then_with(|| self.preference.cmp(&other.preference))
+        self.preference
+            .cmp(&other.preference)
+            .then_with(|| a.price_per_hour.total_cmp(&b.price_per_hour))
             .then_with(|| other.stock.cmp(&self.stock))
             .then_with(|| memory_key(a.memory_gb).cmp(&memory_key(b.memory_gb)))
             .then_with(|| a.gpu_id.cmp(&b.gpu_id))

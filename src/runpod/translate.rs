@@ -251,3 +251,163 @@ pub fn create_request(
         registry: annotation(REGISTRY_AUTH_ID),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runpod_webhook::contract::CloudType;
+    use serde_json::json;
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn gpu_pod(container: serde_json::Value, annotations: serde_json::Value) -> Pod {
+        pod(json!({
+            "metadata": {"name": "train-0", "namespace": "ml", "uid": "0d4c5e1a-7b7e-4c1e-9a55-3f1f2b9e8c01",
+                          "annotations": annotations},
+            "spec": {"containers": [container]}
+        }))
+    }
+
+    fn candidate() -> Candidate {
+        Candidate {
+            gpu_id: "NVIDIA GeForce RTX 4090".into(),
+            gpu_count: 2,
+            cloud: CloudType::Community,
+            data_center_ids: vec!["EU-RO-1".into()],
+            price_per_gpu: 0.31,
+            price_per_hour: 0.62,
+            memory_gb: Some(24),
+        }
+    }
+
+    const ORIGIN: Origin<'static> = Origin {
+        cluster_id: "prod-eu",
+        node_name: "virtual-runpod",
+    };
+
+    #[test]
+    fn translates_a_gpu_container() {
+        let pod = gpu_pod(
+            json!({"name": "main", "image": "pytorch/pytorch:2.4.0",
+                   "command": ["python", "-c"], "args": ["print('hi there')", "$(EPOCHS)", "$$(LITERAL)"],
+                   "env": [{"name": "EPOCHS", "value": "3"},
+                           {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+                           {"name": "OPTIONAL", "valueFrom": {"secretKeyRef": {"name": "s", "key": "gone", "optional": true}}},
+                           {"name": "MSG", "value": "epochs=$(EPOCHS) from=$(FROM_CM) $(UNDEFINED)"}],
+                   "ports": [{"containerPort": 8888}, {"containerPort": 2222, "name": "ssh"}]}),
+            json!({"runpod.io/disk": "40", "runpod.io/container-registry-auth-id": "reg-1",
+                   "runpod.io/templateId": "tmpl-9"}),
+        );
+        let resolved = ResolvedEnv {
+            env_from: BTreeMap::from([("FROM_CM".into(), "cm".into()), ("EPOCHS".into(), "1".into())]),
+            value_from: BTreeMap::from([("TOKEN".into(), "s3cr3t".into())]),
+        };
+        let request = create_request(&pod, &resolved, &ORIGIN, &candidate()).unwrap();
+        assert_eq!(request.name, "ml-train-0-0d4c5e1a-7b7e-4c1e-9a55-3f1f2b9e8c01");
+        assert_eq!(request.image.as_deref(), Some("pytorch/pytorch:2.4.0"));
+        assert_eq!(request.template_id.as_deref(), Some("tmpl-9"));
+        assert_eq!(request.registry.as_deref(), Some("reg-1"));
+        assert_eq!(request.disk, Some(40));
+        assert_eq!(request.gpu.count, 2);
+        assert_eq!(request.cloud, "COMMUNITY");
+        assert_eq!(request.data_center_ids, vec!["EU-RO-1"]);
+        assert_eq!(
+            request.args.as_deref(),
+            Some(r#"python -c "print('hi there')" 3 '$(LITERAL)'"#)
+        );
+        // The joined string splits back into exactly the Kubernetes words.
+        assert_eq!(
+            shlex::split(request.args.as_deref().unwrap()).unwrap(),
+            vec!["python", "-c", "print('hi there')", "3", "$(LITERAL)"]
+        );
+        // env entries override envFrom, expand against earlier values, skip missing optionals.
+        assert_eq!(request.env["EPOCHS"], "3");
+        assert_eq!(request.env["TOKEN"], "s3cr3t");
+        assert!(!request.env.contains_key("OPTIONAL"));
+        assert_eq!(request.env["MSG"], "epochs=3 from=cm $(UNDEFINED)");
+        assert_eq!(request.env[TAG_CLUSTER], "prod-eu");
+        assert_eq!(request.env[TAG_NODE], "virtual-runpod");
+        assert_eq!(request.env[TAG_POD_UID], "0d4c5e1a-7b7e-4c1e-9a55-3f1f2b9e8c01");
+        assert_eq!(request.env[TAG_NAMESPACE], "ml");
+        // Without the annotation, ports are detected like the webhook does.
+        assert_eq!(request.ports, vec!["8888/http", "2222/tcp"]);
+        // The request is what the spec accepts: no nulls, gpu.count always present.
+        let body = serde_json::to_value(&request).unwrap();
+        assert_eq!(body["gpu"], json!({"id": "NVIDIA GeForce RTX 4090", "count": 2}));
+    }
+
+    #[test]
+    fn annotated_ports_win_and_no_command_keeps_the_image_cmd() {
+        let pod = gpu_pod(
+            json!({"name": "main", "image": "img", "ports": [{"containerPort": 8888}]}),
+            json!({"runpod.io/ports": "8000/http,22/tcp"}),
+        );
+        let request = create_request(&pod, &ResolvedEnv::default(), &ORIGIN, &candidate()).unwrap();
+        assert_eq!(request.ports, vec!["8000/http", "22/tcp"]);
+        assert_eq!(request.args, None);
+        assert_eq!(request.disk, None);
+        assert_eq!(request.registry, None);
+    }
+
+    #[test]
+    fn user_env_cannot_forge_the_ownership_tags() {
+        let pod = gpu_pod(
+            json!({"name": "main", "image": "img", "env": [{"name": TAG_CLUSTER, "value": "someone-else"}]}),
+            json!({}),
+        );
+        let request = create_request(&pod, &ResolvedEnv::default(), &ORIGIN, &candidate()).unwrap();
+        assert_eq!(request.env[TAG_CLUSTER], "prod-eu");
+    }
+
+    #[test]
+    fn refuses_what_runpod_cannot_run() {
+        let no_uid = pod(json!({"metadata": {"name": "a"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}));
+        assert_eq!(
+            create_request(&no_uid, &ResolvedEnv::default(), &ORIGIN, &candidate()),
+            Err(TranslateError::NoUid)
+        );
+        let two = pod(json!({"metadata": {"name": "a", "uid": "u"},
+            "spec": {"containers": [{"name": "c", "image": "i"}, {"name": "d", "image": "i"}]}}));
+        assert_eq!(
+            create_request(&two, &ResolvedEnv::default(), &ORIGIN, &candidate()),
+            Err(TranslateError::SeveralContainers(2))
+        );
+        let bad_disk = gpu_pod(json!({"name": "c", "image": "i"}), json!({"runpod.io/disk": "lots"}));
+        assert!(matches!(
+            create_request(&bad_disk, &ResolvedEnv::default(), &ORIGIN, &candidate()),
+            Err(TranslateError::Annotation { annotation: DISK, .. })
+        ));
+        let nul = gpu_pod(json!({"name": "c", "image": "i", "args": ["a\u{0}b"]}), json!({}));
+        assert!(matches!(
+            create_request(&nul, &ResolvedEnv::default(), &ORIGIN, &candidate()),
+            Err(TranslateError::Args(_))
+        ));
+    }
+
+    #[test]
+    fn names_are_deterministic_unique_and_bounded() {
+        let long = "x".repeat(300);
+        let pod = |name: &str, uid: &str| {
+            gpu_pod_named(name, uid)
+        };
+        fn gpu_pod_named(name: &str, uid: &str) -> Pod {
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ns", "uid": uid}})).unwrap()
+        }
+        let a = runpod_name(&pod("job-a", "uid-1")).unwrap();
+        assert_eq!(a, runpod_name(&pod("job-a", "uid-1")).unwrap());
+        assert_ne!(a, runpod_name(&pod("job-a", "uid-2")).unwrap());
+        let bounded = runpod_name(&pod(&long, "0d4c5e1a-7b7e-4c1e-9a55-3f1f2b9e8c01")).unwrap();
+        assert!(bounded.len() <= MAX_NAME_LEN);
+        assert!(bounded.ends_with("-0d4c5e1a-7b7e-4c1e-9a55-3f1f2b9e8c01"));
+    }
+
+    #[test]
+    fn expansion_follows_kubernetes() {
+        let env = BTreeMap::from([("A".to_owned(), "1".to_owned())]);
+        assert_eq!(expand("$(A)-$(B)-$$(A)-$-$(", &env), "1-$(B)-$(A)-$-$(");
+        assert_eq!(expand("no refs", &env), "no refs");
+        assert_eq!(expand("$$$(A)", &env), "$1");
+    }
+}

@@ -42,6 +42,20 @@ pub enum Command {
     Certs(CertsArgs),
     /// Print the MutatingWebhookConfiguration (JSON) that routes opted-in pods to the webhook.
     WebhookConfiguration(RegistrationArgs),
+    /// Serve the RunPod REST v2 simulator over plain HTTP (e2e tests and the demo). The API
+    /// key, if any, comes from `RUNPOD_API_KEY` only.
+    Simulator(SimulatorArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SimulatorArgs {
+    /// Address to serve plain HTTP on; port 0 picks a free port (printed on start).
+    #[arg(long, default_value = "127.0.0.1:8089", env = "RUNPOD_KUBELET_LISTEN")]
+    pub listen: SocketAddr,
+    /// JSON scenario (catalogue, rate limits, timings, image rules, faults); default: a
+    /// realistic catalogue.
+    #[arg(long, env = "RUNPOD_KUBELET_SCENARIO")]
+    pub scenario: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

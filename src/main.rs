@@ -4,6 +4,7 @@ mod certs_cmd;
 mod cli;
 mod logging;
 mod registration_cmd;
+mod simulator_cmd;
 mod webhook_cmd;
 
 use clap::Parser;
@@ -31,6 +32,7 @@ fn main() -> anyhow::Result<()> {
             cli::Command::Webhook(args) => webhook_cmd::run(args).await,
             cli::Command::Certs(args) => certs_cmd::run(&args),
             cli::Command::WebhookConfiguration(args) => registration_cmd::run(&args),
+            cli::Command::Simulator(args) => simulator_cmd::run(args).await,
         }
     })
 }

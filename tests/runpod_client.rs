@@ -113,12 +113,19 @@ async fn capacity_moves_to_the_next_candidate() {
     let (sim, client) = start(fast_scenario()).await;
     sim.inject(Fault::new(Match::any().gpu(RTX_4090), Effect::Capacity));
     let placed = client
-        .create_idempotent("ns-a-uid1", &[candidate(RTX_4090, &[]), candidate(A4000, &[])], request_for("ns-a-uid1"))
+        .create_idempotent(
+            "ns-a-uid1",
+            &[candidate(RTX_4090, &[]), candidate(A4000, &[])],
+            request_for("ns-a-uid1"),
+        )
         .await
         .unwrap();
     assert_eq!(placed.pod.gpu.as_ref().unwrap().id, A4000);
     assert_eq!(placed.attempts.len(), 1);
-    assert!(matches!(placed.attempts[0].error, ApiError::Capacity { .. }));
+    assert!(matches!(
+        placed.attempts[0].error,
+        ApiError::Capacity { .. }
+    ));
     assert_eq!(sim.ledger().len(), 1);
     assert_contract(&sim);
 }
@@ -128,7 +135,11 @@ async fn capacity_everywhere_is_no_capacity_and_creates_nothing() {
     let (sim, client) = start(fast_scenario()).await;
     sim.inject(Fault::new(Match::any(), Effect::Capacity));
     let error = client
-        .create_idempotent("ns-b-uid2", &[candidate(RTX_4090, &[]), candidate(A4000, &[])], request_for("ns-b-uid2"))
+        .create_idempotent(
+            "ns-b-uid2",
+            &[candidate(RTX_4090, &[]), candidate(A4000, &[])],
+            request_for("ns-b-uid2"),
+        )
         .await
         .unwrap_err();
     let PlacementError::NoCapacity { attempts } = &error else {
@@ -151,7 +162,11 @@ async fn the_same_rule_400_on_every_candidate_blames_the_request() {
         },
     ));
     let error = client
-        .create_idempotent("ns-c-uid3", &[candidate(RTX_4090, &[]), candidate(A4000, &[])], request_for("ns-c-uid3"))
+        .create_idempotent(
+            "ns-c-uid3",
+            &[candidate(RTX_4090, &[]), candidate(A4000, &[])],
+            request_for("ns-c-uid3"),
+        )
         .await
         .unwrap_err();
     assert!(
@@ -173,7 +188,11 @@ async fn invalid_422_is_never_retried() {
         ..request_for("ns-d-uid4")(candidate)
     };
     let error = client
-        .create_idempotent("ns-d-uid4", &[candidate(RTX_4090, &[]), candidate(A4000, &[])], bad)
+        .create_idempotent(
+            "ns-d-uid4",
+            &[candidate(RTX_4090, &[]), candidate(A4000, &[])],
+            bad,
+        )
         .await
         .unwrap_err();
     let PlacementError::Invalid(ApiError::Invalid { errors, .. }) = &error else {
@@ -197,10 +216,17 @@ async fn payment_required_stops_at_once() {
         },
     ));
     let error = client
-        .create_idempotent("ns-e-uid5", &[candidate(RTX_4090, &[]), candidate(A4000, &[])], request_for("ns-e-uid5"))
+        .create_idempotent(
+            "ns-e-uid5",
+            &[candidate(RTX_4090, &[]), candidate(A4000, &[])],
+            request_for("ns-e-uid5"),
+        )
         .await
         .unwrap_err();
-    assert!(matches!(error, PlacementError::PaymentRequired(_)), "{error:?}");
+    assert!(
+        matches!(error, PlacementError::PaymentRequired(_)),
+        "{error:?}"
+    );
     assert!(error.to_string().contains("balance"));
     assert_eq!(creates(&sim), 1);
     assert_contract(&sim);
@@ -218,11 +244,18 @@ async fn forbidden_pool_skips_the_candidate() {
         },
     ));
     let placed = client
-        .create_idempotent("ns-f-uid6", &[candidate(RTX_4090, &[]), candidate(A6000, &[])], request_for("ns-f-uid6"))
+        .create_idempotent(
+            "ns-f-uid6",
+            &[candidate(RTX_4090, &[]), candidate(A6000, &[])],
+            request_for("ns-f-uid6"),
+        )
         .await
         .unwrap();
     assert_eq!(placed.pod.gpu.unwrap().id, A6000);
-    assert!(matches!(placed.attempts[0].error, ApiError::Forbidden { .. }));
+    assert!(matches!(
+        placed.attempts[0].error,
+        ApiError::Forbidden { .. }
+    ));
     assert_eq!(sim.ledger().len(), 1);
     assert_contract(&sim);
 }
@@ -242,14 +275,25 @@ async fn conflict_rereads_then_retries() {
         .times(1),
     );
     let placed = client
-        .create_idempotent("ns-g-uid7", &[candidate(RTX_4090, &[])], request_for("ns-g-uid7"))
+        .create_idempotent(
+            "ns-g-uid7",
+            &[candidate(RTX_4090, &[])],
+            request_for("ns-g-uid7"),
+        )
         .await
         .unwrap();
     assert_eq!(sim.ledger().len(), 1);
     assert_eq!(sim.ledger()[0].id, placed.pod.id);
     // The re-read happened between the two creates.
-    let ops: Vec<_> = sim.exchanges().iter().filter_map(|ex| ex.operation).collect();
-    let first_create = ops.iter().position(|op| *op == Operation::CreatePod).unwrap();
+    let ops: Vec<_> = sim
+        .exchanges()
+        .iter()
+        .filter_map(|ex| ex.operation)
+        .collect();
+    let first_create = ops
+        .iter()
+        .position(|op| *op == Operation::CreatePod)
+        .unwrap();
     assert_eq!(ops[first_create + 1], Operation::ListPods);
     assert_contract(&sim);
 }
@@ -270,10 +314,17 @@ async fn rate_limited_create_waits_for_retry_after() {
     );
     let started = std::time::Instant::now();
     client
-        .create_idempotent("ns-h-uid8", &[candidate(RTX_4090, &[])], request_for("ns-h-uid8"))
+        .create_idempotent(
+            "ns-h-uid8",
+            &[candidate(RTX_4090, &[])],
+            request_for("ns-h-uid8"),
+        )
         .await
         .unwrap();
-    assert!(started.elapsed() >= Duration::from_secs(1), "Retry-After was honoured");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "Retry-After was honoured"
+    );
     assert_eq!(sim.ledger().len(), 1);
     assert_eq!(creates(&sim), 2);
     assert_contract(&sim);
@@ -294,7 +345,11 @@ async fn server_errors_are_retried_with_backoff() {
         .times(2),
     );
     client
-        .create_idempotent("ns-i-uid9", &[candidate(RTX_4090, &[])], request_for("ns-i-uid9"))
+        .create_idempotent(
+            "ns-i-uid9",
+            &[candidate(RTX_4090, &[])],
+            request_for("ns-i-uid9"),
+        )
         .await
         .unwrap();
     assert_eq!(creates(&sim), 3);
@@ -309,9 +364,19 @@ async fn a_500_after_a_real_create_adopts_the_pod_despite_list_lag() {
         ..fast_scenario()
     })
     .await;
-    sim.inject(Fault::new(Match::operation(Operation::CreatePod), Effect::CreateThenFail { status: 500 }).times(1));
+    sim.inject(
+        Fault::new(
+            Match::operation(Operation::CreatePod),
+            Effect::CreateThenFail { status: 500 },
+        )
+        .times(1),
+    );
     let placed = client
-        .create_idempotent("ns-j-uid10", &[candidate(RTX_4090, &[]), candidate(A4000, &[])], request_for("ns-j-uid10"))
+        .create_idempotent(
+            "ns-j-uid10",
+            &[candidate(RTX_4090, &[]), candidate(A4000, &[])],
+            request_for("ns-j-uid10"),
+        )
         .await
         .unwrap();
     let ledger = sim.ledger();
@@ -337,9 +402,19 @@ async fn a_timed_out_create_is_looked_up_before_creating_again() {
         ApiKey::new(KEY.to_owned()).unwrap(),
     )
     .unwrap();
-    sim.inject(Fault::new(Match::operation(Operation::CreatePod), Effect::Delay { millis: 1500 }).times(1));
+    sim.inject(
+        Fault::new(
+            Match::operation(Operation::CreatePod),
+            Effect::Delay { millis: 1500 },
+        )
+        .times(1),
+    );
     let placed = client
-        .create_idempotent("ns-k-uid11", &[candidate(RTX_4090, &[])], request_for("ns-k-uid11"))
+        .create_idempotent(
+            "ns-k-uid11",
+            &[candidate(RTX_4090, &[])],
+            request_for("ns-k-uid11"),
+        )
         .await
         .unwrap();
     let ledger = sim.ledger();
@@ -352,12 +427,20 @@ async fn a_timed_out_create_is_looked_up_before_creating_again() {
 async fn creating_again_after_a_crash_adopts_instead_of_duplicating() {
     let (sim, client) = start(fast_scenario()).await;
     let first = client
-        .create_idempotent("ns-l-uid12", &[candidate(RTX_4090, &[])], request_for("ns-l-uid12"))
+        .create_idempotent(
+            "ns-l-uid12",
+            &[candidate(RTX_4090, &[])],
+            request_for("ns-l-uid12"),
+        )
         .await
         .unwrap();
     // A restarted controller calls again for the same Kubernetes pod.
     let second = client
-        .create_idempotent("ns-l-uid12", &[candidate(A4000, &[])], request_for("ns-l-uid12"))
+        .create_idempotent(
+            "ns-l-uid12",
+            &[candidate(A4000, &[])],
+            request_for("ns-l-uid12"),
+        )
         .await
         .unwrap();
     assert_eq!(first.pod.id, second.pod.id);
@@ -370,11 +453,21 @@ async fn creating_again_after_a_crash_adopts_instead_of_duplicating() {
 async fn delete_is_idempotent_and_ends_billing() {
     let (sim, client) = start(fast_scenario()).await;
     let placed = client
-        .create_idempotent("ns-m-uid13", &[candidate(RTX_4090, &[])], request_for("ns-m-uid13"))
+        .create_idempotent(
+            "ns-m-uid13",
+            &[candidate(RTX_4090, &[])],
+            request_for("ns-m-uid13"),
+        )
         .await
         .unwrap();
-    assert_eq!(client.delete_pod(&placed.pod.id).await.unwrap(), Deleted::Terminated);
-    assert_eq!(client.delete_pod(&placed.pod.id).await.unwrap(), Deleted::AlreadyGone);
+    assert_eq!(
+        client.delete_pod(&placed.pod.id).await.unwrap(),
+        Deleted::Terminated
+    );
+    assert_eq!(
+        client.delete_pod(&placed.pod.id).await.unwrap(),
+        Deleted::AlreadyGone
+    );
     assert!(client.get_pod(&placed.pod.id).await.unwrap().is_none());
     assert!(live_pods(&sim.ledger()).is_empty());
     assert_contract(&sim);
@@ -384,20 +477,42 @@ async fn delete_is_idempotent_and_ends_billing() {
 async fn pod_lifecycle_actions_and_conflicts() {
     let (sim, client) = start(fast_scenario()).await;
     let placed = client
-        .create_idempotent("ns-n-uid14", &[candidate(RTX_4090, &[])], request_for("ns-n-uid14"))
+        .create_idempotent(
+            "ns-n-uid14",
+            &[candidate(RTX_4090, &[])],
+            request_for("ns-n-uid14"),
+        )
         .await
         .unwrap();
     assert_eq!(placed.pod.status, PodStatus::Provisioning);
     let id = placed.pod.id.clone();
-    let running = wait_for(&client, &id, |pod| pod.status == PodStatus::Running && !pod.published_ports().is_empty()).await;
+    let running = wait_for(&client, &id, |pod| {
+        pod.status == PodStatus::Running && !pod.published_ports().is_empty()
+    })
+    .await;
     assert!(running.cost.unwrap() > 0.0);
-    assert!(running.published_ports().iter().any(|port| port.private == Some(22)));
-    let stopped = client.pod_action(&id, PodAction::Stop).await.unwrap().unwrap();
+    assert!(
+        running
+            .published_ports()
+            .iter()
+            .any(|port| port.private == Some(22))
+    );
+    let stopped = client
+        .pod_action(&id, PodAction::Stop)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(stopped.status, PodStatus::Exited);
     assert_eq!(stopped.cost, Some(0.0));
-    let error = client.pod_action(&id, PodAction::Restart).await.unwrap_err();
+    let error = client
+        .pod_action(&id, PodAction::Restart)
+        .await
+        .unwrap_err();
     assert!(matches!(error, ApiError::Conflict { .. }), "{error:?}");
-    assert_eq!(client.pod_action(&id, PodAction::Terminate).await.unwrap(), None);
+    assert_eq!(
+        client.pod_action(&id, PodAction::Terminate).await.unwrap(),
+        None
+    );
     assert!(live_pods(&sim.ledger()).is_empty());
     assert_contract(&sim);
 }
@@ -445,7 +560,10 @@ async fn placement_from_the_live_catalogue_respects_every_constraint() {
         .await
         .unwrap();
     let entry = &sim.ledger()[0];
-    assert!(limits.data_center_ids.contains(&entry.data_center_id), "{entry:?}");
+    assert!(
+        limits.data_center_ids.contains(&entry.data_center_id),
+        "{entry:?}"
+    );
     assert_eq!(placed.pod.gpu.unwrap().id, candidates[0].gpu_id);
     assert!(entry.cost_per_hr <= 1.0);
     assert_contract(&sim);
@@ -455,7 +573,11 @@ async fn placement_from_the_live_catalogue_respects_every_constraint() {
 async fn logs_tail_follow_and_resume_without_loss_or_repeats() {
     let (sim, client) = start(fast_scenario()).await;
     let placed = client
-        .create_idempotent("ns-p-uid16", &[candidate(RTX_4090, &[])], request_for("ns-p-uid16"))
+        .create_idempotent(
+            "ns-p-uid16",
+            &[candidate(RTX_4090, &[])],
+            request_for("ns-p-uid16"),
+        )
         .await
         .unwrap();
     let id = placed.pod.id.clone();
@@ -469,7 +591,13 @@ async fn logs_tail_follow_and_resume_without_loss_or_repeats() {
         ..request
     };
     let tail: Vec<_> = client
-        .logs(&id, container(LogRequest { tail: Some(3), ..LogRequest::default() }))
+        .logs(
+            &id,
+            container(LogRequest {
+                tail: Some(3),
+                ..LogRequest::default()
+            }),
+        )
         .collect::<Vec<_>>()
         .await
         .into_iter()
@@ -479,7 +607,13 @@ async fn logs_tail_follow_and_resume_without_loss_or_repeats() {
 
     // Read four lines, stop, resume after the last one: exactly the rest, once each.
     let first: Vec<_> = client
-        .logs(&id, container(LogRequest { tail: Some(10), ..LogRequest::default() }))
+        .logs(
+            &id,
+            container(LogRequest {
+                tail: Some(10),
+                ..LogRequest::default()
+            }),
+        )
         .take(4)
         .collect::<Vec<_>>()
         .await
@@ -487,7 +621,13 @@ async fn logs_tail_follow_and_resume_without_loss_or_repeats() {
         .map(Result::unwrap)
         .collect();
     let resumed: Vec<_> = client
-        .logs(&id, container(LogRequest { after_id: first[3].id.clone(), ..LogRequest::default() }))
+        .logs(
+            &id,
+            container(LogRequest {
+                after_id: first[3].id.clone(),
+                ..LogRequest::default()
+            }),
+        )
         .collect::<Vec<_>>()
         .await
         .into_iter()
@@ -495,10 +635,20 @@ async fn logs_tail_follow_and_resume_without_loss_or_repeats() {
         .collect();
     let mut all: Vec<_> = first.iter().map(|line| line.line.clone()).collect();
     all.extend(resumed);
-    assert_eq!(all, (0..10).map(|n| format!("line {n}")).collect::<Vec<_>>());
+    assert_eq!(
+        all,
+        (0..10).map(|n| format!("line {n}")).collect::<Vec<_>>()
+    );
 
     // Follow: a line written later arrives; the stream ends when the pod is terminated.
-    let mut follow = Box::pin(client.logs(&id, container(LogRequest { tail: Some(0), follow: true, ..LogRequest::default() })));
+    let mut follow = Box::pin(client.logs(
+        &id,
+        container(LogRequest {
+            tail: Some(0),
+            follow: true,
+            ..LogRequest::default()
+        }),
+    ));
     let pusher = {
         let sim_id = id.clone();
         let sim = &sim;
@@ -507,14 +657,23 @@ async fn logs_tail_follow_and_resume_without_loss_or_repeats() {
             assert!(sim.push_log(&sim_id, "late line"));
         }
     };
-    let (next, ()) = tokio::join!(tokio::time::timeout(Duration::from_secs(5), follow.next()), pusher);
+    let (next, ()) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(5), follow.next()),
+        pusher
+    );
     assert_eq!(next.unwrap().unwrap().unwrap().line, "late line");
     client.delete_pod(&id).await.unwrap();
-    let end = tokio::time::timeout(Duration::from_secs(10), follow.next()).await.unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(10), follow.next())
+        .await
+        .unwrap();
     assert!(end.is_none(), "the stream ends with the pod: {end:?}");
 
     // Unknown pods are a clear 404.
-    let missing = client.logs("nosuchpod00000", LogRequest::default()).next().await.unwrap();
+    let missing = client
+        .logs("nosuchpod00000", LogRequest::default())
+        .next()
+        .await
+        .unwrap();
     assert!(matches!(missing, Err(ApiError::NotFound { .. })));
     assert_contract(&sim);
 }
@@ -524,8 +683,52 @@ async fn tolerant_decoding_of_every_read() {
     let (sim, client) = start(fast_scenario()).await;
     let gpus = client.gpu_types(CloudType::Community, 1).await.unwrap();
     assert!(gpus.iter().all(|gpu| gpu.community));
-    assert!(gpus.iter().any(|gpu| gpu.price_on(CloudType::Community).is_some()));
+    assert!(
+        gpus.iter()
+            .any(|gpu| gpu.price_on(CloudType::Community).is_some())
+    );
     assert!(client.list_pods().await.unwrap().is_empty());
     assert!(client.get_pod("nosuchpod00000").await.unwrap().is_none());
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn the_catalogue_cache_refreshes_and_keeps_the_last_good_one() {
+    use runpod_kubelet::runpod::catalogue_cache::CatalogueCache;
+    let (sim, client) = start(fast_scenario()).await;
+    let cache = CatalogueCache::new();
+    assert!(cache.get().is_none());
+    let refresher = cache.spawn_refresher(client.clone(), Duration::from_millis(200));
+    let first = loop {
+        if let Some(first) = cache.get() {
+            break first;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(!first.catalogue.secure.is_empty());
+    // It refreshes on the timer.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = cache.get().unwrap();
+    assert!(second.fetched_at > first.fetched_at);
+    // RunPod failing: the last good catalogue stays.
+    sim.inject(Fault::new(
+        Match::operation(Operation::ListGpuTypes),
+        Effect::Status {
+            status: 503,
+            detail: None,
+            retry_after: None,
+        },
+    ));
+    // (A refresh already under way when the fault was injected may still land.)
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let kept = cache.get().unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let still = cache.get().unwrap();
+    assert_eq!(
+        still.fetched_at, kept.fetched_at,
+        "no refresh succeeded while failing"
+    );
+    assert_eq!(still.catalogue, second.catalogue);
+    refresher.abort();
     assert_contract(&sim);
 }

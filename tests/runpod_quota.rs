@@ -84,7 +84,10 @@ async fn sixty_per_minute_is_used_without_a_429() {
                         name: name.clone(),
                         image: Some("busybox".into()),
                         template_id: None,
-                        gpu: GpuSpec { id: c.gpu_id.clone(), count: 1 },
+                        gpu: GpuSpec {
+                            id: c.gpu_id.clone(),
+                            count: 1,
+                        },
                         cloud: "SECURE".into(),
                         data_center_ids: vec![],
                         disk: None,
@@ -113,7 +116,12 @@ async fn sixty_per_minute_is_used_without_a_429() {
     let accepted = exchanges.iter().filter(|ex| ex.status != 429).count() as u32;
     let urgent = exchanges
         .iter()
-        .filter(|ex| matches!(ex.operation, Some(Operation::CreatePod | Operation::DeletePod)))
+        .filter(|ex| {
+            matches!(
+                ex.operation,
+                Some(Operation::CreatePod | Operation::DeletePod)
+            )
+        })
         .count();
     println!(
         "quota {QUOTA}/min over {:?}: {accepted} requests answered ({} polls, {} create/delete cycles, {urgent} creates+deletes), {refused} refused with 429",
@@ -129,7 +137,11 @@ async fn sixty_per_minute_is_used_without_a_429() {
         .filter(|ex| ex.status != 429)
         .filter_map(|ex| minute_remaining(ex.header("ratelimit")?))
         .collect();
-    assert_eq!(remaining.len() as u32, accepted, "every answer carries RateLimit");
+    assert_eq!(
+        remaining.len() as u32,
+        accepted,
+        "every answer carries RateLimit"
+    );
     let mut windows: Vec<u32> = Vec::new();
     let mut previous = u32::MAX;
     for r in remaining {
@@ -141,7 +153,10 @@ async fn sixty_per_minute_is_used_without_a_429() {
         previous = r;
     }
     println!("lowest remaining per window: {windows:?}");
-    assert!(windows.len() >= 2, "the client resumed after the window reset: {windows:?}");
+    assert!(
+        windows.len() >= 2,
+        "the client resumed after the window reset: {windows:?}"
+    );
     // Every window that ended during the run was used to at least 95% of its quota.
     for lowest in &windows[..windows.len() - 1] {
         let used = QUOTA - lowest;
@@ -157,7 +172,9 @@ async fn sixty_per_minute_is_used_without_a_429() {
 
 /// `r` of the `minute` member of a `RateLimit` header.
 fn minute_remaining(header: &str) -> Option<u32> {
-    let member = header.split(',').find(|m| m.trim().starts_with("\"minute\""))?;
+    let member = header
+        .split(',')
+        .find(|m| m.trim().starts_with("\"minute\""))?;
     member
         .split(';')
         .find_map(|param| param.trim().strip_prefix("r="))?

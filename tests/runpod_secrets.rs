@@ -76,7 +76,8 @@ async fn the_key_never_leaks() {
     texts.push(format!("{wrong:?}"));
 
     // A working key through every kind of call, including failures.
-    let client = RunPodClient::new(config(()), ApiKey::new(SERVER_KEY.to_owned()).unwrap()).unwrap();
+    let client =
+        RunPodClient::new(config(()), ApiKey::new(SERVER_KEY.to_owned()).unwrap()).unwrap();
     texts.push(format!("{client:?}"));
     texts.push(format!("{:?}", ApiKey::new(SERVER_KEY.to_owned()).unwrap()));
     client.catalogue().await.unwrap();
@@ -94,7 +95,10 @@ async fn the_key_never_leaks() {
             name: "ns-secret-uid".into(),
             image: Some("busybox".into()),
             template_id: None,
-            gpu: GpuSpec { id: c.gpu_id.clone(), count: 1 },
+            gpu: GpuSpec {
+                id: c.gpu_id.clone(),
+                count: 1,
+            },
             cloud: "SECURE".into(),
             data_center_ids: vec![],
             disk: None,
@@ -106,10 +110,26 @@ async fn the_key_never_leaks() {
         .await
         .unwrap();
     texts.push(format!("{placed:?}"));
-    let _ = client.logs(&placed.pod.id, LogRequest { quiet: Some(Duration::from_millis(100)), ..LogRequest::default() }).collect::<Vec<_>>().await;
+    let _ = client
+        .logs(
+            &placed.pod.id,
+            LogRequest {
+                quiet: Some(Duration::from_millis(100)),
+                ..LogRequest::default()
+            },
+        )
+        .collect::<Vec<_>>()
+        .await;
     for error in [
         client.get_pod("nosuchpod00000").await.map(|_| ()).err(),
-        client.pod_action("nosuchpod00000", runpod_kubelet::runpod::model::PodAction::Stop).await.map(|_| ()).err(),
+        client
+            .pod_action(
+                "nosuchpod00000",
+                runpod_kubelet::runpod::model::PodAction::Stop,
+            )
+            .await
+            .map(|_| ())
+            .err(),
     ]
     .into_iter()
     .flatten()

@@ -60,7 +60,9 @@ impl fmt::Debug for ApiKey {
 /// Start-up problems with the client configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{API_KEY_ENV} is not set or empty; put the RunPod API key in that variable (from a Secret)")]
+    #[error(
+        "{API_KEY_ENV} is not set or empty; put the RunPod API key in that variable (from a Secret)"
+    )]
     MissingKey,
     #[error("{API_KEY_ENV} contains characters that cannot be sent in an HTTP header")]
     MalformedKey,
@@ -208,7 +210,9 @@ impl RunPodClient {
 
     /// Starts a request with the bearer key (marked sensitive, so never printed by reqwest).
     pub(crate) fn request(&self, method: Method, url: Url) -> reqwest::RequestBuilder {
-        self.http.request(method, url).bearer_auth(self.key.expose())
+        self.http
+            .request(method, url)
+            .bearer_auth(self.key.expose())
     }
 
     /// One request, no retries: waits for the limiter, sends, classifies.
@@ -237,9 +241,13 @@ impl RunPodClient {
         let retry_after = retry_after(&headers);
         permit.observe(
             &headers,
-            (status == StatusCode::TOO_MANY_REQUESTS).then_some(retry_after.unwrap_or(Duration::from_secs(1))),
+            (status == StatusCode::TOO_MANY_REQUESTS)
+                .then_some(retry_after.unwrap_or(Duration::from_secs(1))),
         );
-        let body = response.bytes().await.map_err(|e| self.transport_error(&e))?;
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| self.transport_error(&e))?;
         debug!(
             method = %method,
             path = %segments.join("/"),
@@ -286,7 +294,10 @@ impl RunPodClient {
                     // The limiter already holds every request until Retry-After has passed.
                     rate_limited += 1;
                 }
-                Err(error) if error.recovery() == Recovery::Retry && attempt + 1 < self.config.retry.attempts => {
+                Err(error)
+                    if error.recovery() == Recovery::Retry
+                        && attempt + 1 < self.config.retry.attempts =>
+                {
                     let delay = self.config.retry.backoff(attempt);
                     debug!(error = %error, attempt, delay_ms = delay.as_millis() as u64, "retrying runpod request");
                     tokio::time::sleep(delay).await;
@@ -315,7 +326,9 @@ impl RunPodClient {
 
     /// Live pods with exactly this name: the idempotency lookup (names are deterministic).
     pub async fn find_by_name(&self, name: &str, priority: Priority) -> Result<Vec<Pod>, ApiError> {
-        let answer = self.send(priority, Method::GET, &["pods"], &[], None).await?;
+        let answer = self
+            .send(priority, Method::GET, &["pods"], &[], None)
+            .await?;
         Ok(Self::decode::<PodList>(&answer)?
             .pods
             .into_iter()
@@ -341,7 +354,13 @@ impl RunPodClient {
     #[instrument(skip(self, request), fields(name = %request.name, gpu = %request.gpu.id), level = "debug")]
     pub async fn create_pod_once(&self, request: &CreatePodRequest) -> Result<Pod, ApiError> {
         let answer = self
-            .send_once(Priority::Urgent, Method::POST, &["pods"], &[], Some(request))
+            .send_once(
+                Priority::Urgent,
+                Method::POST,
+                &["pods"],
+                &[],
+                Some(request),
+            )
             .await?;
         Self::decode(&answer)
     }
@@ -350,7 +369,13 @@ impl RunPodClient {
     #[instrument(skip(self, update), level = "debug")]
     pub async fn update_pod(&self, id: &str, update: &UpdatePodRequest) -> Result<Pod, ApiError> {
         let answer = self
-            .send(Priority::Urgent, Method::PATCH, &["pods", id], &[], Some(update))
+            .send(
+                Priority::Urgent,
+                Method::PATCH,
+                &["pods", id],
+                &[],
+                Some(update),
+            )
             .await?;
         Self::decode(&answer)
     }
@@ -373,7 +398,13 @@ impl RunPodClient {
     pub async fn pod_action(&self, id: &str, action: PodAction) -> Result<Option<Pod>, ApiError> {
         let body = ActionBody { action };
         let answer = self
-            .send(Priority::Urgent, Method::POST, &["pods", id, "action"], &[], Some(&body))
+            .send(
+                Priority::Urgent,
+                Method::POST,
+                &["pods", id, "action"],
+                &[],
+                Some(&body),
+            )
             .await?;
         if answer.status == StatusCode::NO_CONTENT || answer.body.is_empty() {
             Ok(None)
@@ -391,7 +422,13 @@ impl RunPodClient {
             ("count", count.max(1).to_string()),
         ];
         let answer = self
-            .send(Priority::Routine, Method::GET, &["catalog", "gpus"], &query, None)
+            .send(
+                Priority::Routine,
+                Method::GET,
+                &["catalog", "gpus"],
+                &query,
+                None,
+            )
             .await?;
         Ok(Self::decode::<GpuTypeList>(&answer)?.gpus)
     }
@@ -399,7 +436,13 @@ impl RunPodClient {
     /// `GET /v2/catalog/datacenters`.
     pub async fn data_centers(&self) -> Result<Vec<DataCenter>, ApiError> {
         let answer = self
-            .send(Priority::Routine, Method::GET, &["catalog", "datacenters"], &[], None)
+            .send(
+                Priority::Routine,
+                Method::GET,
+                &["catalog", "datacenters"],
+                &[],
+                None,
+            )
             .await?;
         Ok(Self::decode::<DataCenterList>(&answer)?.data_centers)
     }

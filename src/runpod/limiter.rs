@@ -3,6 +3,7 @@
 //! so it never sends a request it already knows will be refused with 429. Creates and deletes
 //! (money) go before status polling (information).
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -49,7 +50,9 @@ impl Window {
     /// reserve is released (urgent work then waits at most that long), so queued routine work
     /// still uses the whole quota.
     fn urgent_reserve(&self, now: Instant) -> u32 {
-        let release_at = self.resets_at.map(|reset| reset.checked_sub(self.length / 12));
+        let release_at = self
+            .resets_at
+            .map(|reset| reset.checked_sub(self.length / 12));
         match release_at {
             Some(Some(release)) if now >= release => 0,
             _ => (self.quota / 10).min(self.quota.saturating_sub(1)),
@@ -60,7 +63,9 @@ impl Window {
 #[derive(Debug)]
 struct State {
     windows: Vec<Window>,
-    in_flight: u32,
+    /// Send order of the requests whose answer has not arrived yet.
+    in_flight: BTreeSet<u64>,
+    next_seq: u64,
     urgent_waiting: u32,
     blocked_until: Option<Instant>,
 }
@@ -132,7 +137,8 @@ impl RateLimiter {
                     quota_per_minute.max(1),
                     Duration::from_secs(60),
                 )],
-                in_flight: 0,
+                in_flight: BTreeSet::new(),
+                next_seq: 0,
                 urgent_waiting: 0,
                 blocked_until: None,
             }),
@@ -161,9 +167,12 @@ impl RateLimiter {
                 state.refresh(now);
                 match state.try_take(priority, now) {
                     Ok(()) => {
-                        state.in_flight += 1;
+                        let seq = state.next_seq;
+                        state.next_seq += 1;
+                        state.in_flight.insert(seq);
                         return Permit {
                             limiter: Arc::clone(self),
+                            seq,
                         };
                     }
                     Err(until) => until,
@@ -182,8 +191,8 @@ impl RateLimiter {
     }
 
     /// Requests sent whose answer has not arrived yet.
-    pub fn in_flight(&self) -> u32 {
-        self.lock().in_flight
+    pub fn in_flight(&self) -> usize {
+        self.lock().in_flight.len()
     }
 
     /// What the limiter currently believes about each window: (name, quota, remaining).
@@ -195,10 +204,13 @@ impl RateLimiter {
             .collect()
     }
 
-    fn observe(&self, headers: &HeaderMap, retry_after: Option<Duration>) {
+    fn observe(&self, seq: u64, headers: &HeaderMap, retry_after: Option<Duration>) {
         let now = Instant::now();
         let mut state = self.lock();
-        let others_in_flight = state.in_flight.saturating_sub(1);
+        // The service counts requests in arrival order: those sent before this one are in its
+        // count already; those sent after it and still unanswered may not be.
+        let others_in_flight =
+            u32::try_from(state.in_flight.range(seq + 1..).count()).unwrap_or(u32::MAX);
         if let Some(policy) = header_list(headers, "ratelimit-policy") {
             for member in policy {
                 let (Some(quota), Some(length)) = (member.get("q"), member.get("w")) else {
@@ -277,19 +289,20 @@ impl Drop for UrgentWaiter<'_> {
 #[derive(Debug)]
 pub struct Permit {
     limiter: Arc<RateLimiter>,
+    seq: u64,
 }
 
 impl Permit {
     /// Learns from the response's rate-limit headers (and `Retry-After` on a 429).
     pub fn observe(self, headers: &HeaderMap, retry_after: Option<Duration>) {
-        self.limiter.observe(headers, retry_after);
+        self.limiter.observe(self.seq, headers, retry_after);
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         let mut state = self.limiter.lock();
-        state.in_flight = state.in_flight.saturating_sub(1);
+        state.in_flight.remove(&self.seq);
         drop(state);
         self.limiter.changed.notify_waiters();
     }
@@ -446,11 +459,18 @@ mod tests {
         // 20 per minute: routine requests leave the last 2 slots to urgent ones.
         let start = Instant::now();
         let permit = limiter.acquire(Priority::Routine).await;
-        permit.observe(&headers(r#""minute";r=3;t=30"#, r#""minute";q=20;w=60"#), None);
+        permit.observe(
+            &headers(r#""minute";r=3;t=30"#, r#""minute";q=20;w=60"#),
+            None,
+        );
         drop(limiter.acquire(Priority::Routine).await);
         let order = race(
             &limiter,
-            &[("poll", Priority::Routine), ("create", Priority::Urgent), ("delete", Priority::Urgent)],
+            &[
+                ("poll", Priority::Routine),
+                ("create", Priority::Urgent),
+                ("delete", Priority::Urgent),
+            ],
         )
         .await;
         let labels: Vec<_> = order.iter().map(|(label, _)| *label).collect();
@@ -465,7 +485,10 @@ mod tests {
         let limiter = RateLimiter::new(20);
         let start = Instant::now();
         let permit = limiter.acquire(Priority::Routine).await;
-        permit.observe(&headers(r#""minute";r=2;t=60"#, r#""minute";q=20;w=60"#), None);
+        permit.observe(
+            &headers(r#""minute";r=2;t=60"#, r#""minute";q=20;w=60"#),
+            None,
+        );
         drop(limiter.acquire(Priority::Routine).await);
         // Two reserved slots left; in the last twelfth of the window a poll may take them.
         assert_eq!(start.elapsed(), Duration::from_secs(55));
@@ -476,14 +499,45 @@ mod tests {
         let limiter = RateLimiter::new(20);
         let start = Instant::now();
         let permit = limiter.acquire(Priority::Routine).await;
-        permit.observe(&headers(r#""minute";r=0;t=10"#, r#""minute";q=20;w=60"#), None);
+        permit.observe(
+            &headers(r#""minute";r=0;t=10"#, r#""minute";q=20;w=60"#),
+            None,
+        );
         let order = race(
             &limiter,
-            &[("poll 1", Priority::Routine), ("poll 2", Priority::Routine), ("create", Priority::Urgent)],
+            &[
+                ("poll 1", Priority::Routine),
+                ("poll 2", Priority::Routine),
+                ("create", Priority::Urgent),
+            ],
         )
         .await;
         let labels: Vec<_> = order.iter().map(|(label, _)| *label).collect();
         assert_eq!(labels[0], "create");
-        assert!(order.iter().all(|(_, at)| *at - start == Duration::from_secs(10)));
+        assert!(
+            order
+                .iter()
+                .all(|(_, at)| *at - start == Duration::from_secs(10))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_requests_sent_later_are_discounted_from_the_reported_remaining() {
+        let limiter = RateLimiter::new(60);
+        let policy = r#""minute";q=60;w=60"#;
+        let earlier = limiter.acquire(Priority::Routine).await;
+        let later = limiter.acquire(Priority::Routine).await;
+        // The later request is answered first: the earlier one was counted before it.
+        later.observe(&headers(r#""minute";r=5;t=30"#, policy), None);
+        assert_eq!(limiter.windows(), vec![("minute".into(), 60, 5)]);
+        // The earlier one's answer predates the later request's count.
+        let third = limiter.acquire(Priority::Routine).await;
+        assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
+        earlier.observe(&headers(r#""minute";r=6;t=30"#, policy), None);
+        // 6 minus the third request still in flight, and never above what we knew.
+        assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
+        third.observe(&headers(r#""minute";r=4;t=30"#, policy), None);
+        assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
+        assert_eq!(limiter.in_flight(), 0);
     }
 }

@@ -78,11 +78,7 @@ struct Cursor {
 impl RunPodClient {
     /// Streams a pod's log lines. A followed stream reconnects with `Last-Event-ID` after a
     /// drop, so no line is lost or repeated; it ends when the pod is gone.
-    pub fn logs(
-        &self,
-        pod_id: &str,
-        request: LogRequest,
-    ) -> LogStream {
+    pub fn logs(&self, pod_id: &str, request: LogRequest) -> LogStream {
         let cursor = Cursor {
             client: self.clone(),
             pod_id: pod_id.to_owned(),
@@ -93,13 +89,21 @@ impl RunPodClient {
             failures: 0,
             done: false,
         };
-        Box::pin(futures_util::stream::unfold(cursor, |mut cursor| async move {
-            let item = cursor.next_line().await?;
-            Some((item, cursor))
-        }))
+        Box::pin(futures_util::stream::unfold(
+            cursor,
+            |mut cursor| async move {
+                let item = cursor.next_line().await?;
+                Some((item, cursor))
+            },
+        ))
     }
 
-    async fn open_logs(&self, pod_id: &str, request: &LogRequest, last_id: Option<&str>) -> Result<Events, ApiError> {
+    async fn open_logs(
+        &self,
+        pod_id: &str,
+        request: &LogRequest,
+        last_id: Option<&str>,
+    ) -> Result<Events, ApiError> {
         let mut query: Vec<(&str, String)> = Vec::new();
         if let Some(source) = request.source {
             let source = match source {
@@ -118,7 +122,9 @@ impl RunPodClient {
         }
         let url = self.logs_url(pod_id, &query);
         let permit = self.limiter().acquire(Priority::Routine).await;
-        let mut builder = self.request(Method::GET, url).header("accept", "text/event-stream");
+        let mut builder = self
+            .request(Method::GET, url)
+            .header("accept", "text/event-stream");
         if let Some(id) = last_id {
             builder = builder.header("last-event-id", id);
         }
@@ -132,7 +138,8 @@ impl RunPodClient {
             .map(Duration::from_secs);
         permit.observe(
             &headers,
-            (status == StatusCode::TOO_MANY_REQUESTS).then_some(retry_after.unwrap_or(Duration::from_secs(1))),
+            (status == StatusCode::TOO_MANY_REQUESTS)
+                .then_some(retry_after.unwrap_or(Duration::from_secs(1))),
         );
         if !status.is_success() {
             let body = response.bytes().await.unwrap_or_default();
@@ -165,7 +172,9 @@ impl Cursor {
                             self.done = true;
                             return None;
                         }
-                        if error.recovery() == Recovery::Retry && self.failures + 1 < policy.attempts {
+                        if error.recovery() == Recovery::Retry
+                            && self.failures + 1 < policy.attempts
+                        {
                             self.failures += 1;
                             tokio::time::sleep(policy.backoff(self.failures - 1)).await;
                             continue;
@@ -288,7 +297,10 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(line.line, "Model loaded.");
-        assert_eq!(line.id.as_deref(), Some("2026-06-01T12:02:03Z/000000000001"));
+        assert_eq!(
+            line.id.as_deref(),
+            Some("2026-06-01T12:02:03Z/000000000001")
+        );
         assert_eq!(decode(&event("", "plain text")).unwrap().line, "plain text");
         assert!(decode(&event("x", "")).is_none());
     }

@@ -1,7 +1,9 @@
 //! RunPod REST v2: typed client, error classification, rate limiting, GPU placement and the
 //! pure translation of a Kubernetes container into a create request.
 
+pub mod args;
 pub mod catalog;
+pub mod catalogue_cache;
 pub mod client;
 pub mod decode;
 pub mod error;

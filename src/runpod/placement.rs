@@ -37,10 +37,18 @@ pub struct Placement {
 pub enum PlacementError {
     #[error("no GPU type in the RunPod catalogue satisfies the pod's requirements")]
     NoCandidates,
-    #[error("no RunPod capacity: every candidate was refused ({})", summary(attempts))]
+    #[error(
+        "no RunPod capacity: every candidate was refused ({})",
+        summary(attempts)
+    )]
     NoCapacity { attempts: Vec<Attempt> },
-    #[error("RunPod refused every candidate the same way, so the request itself is probably wrong: {detail}")]
-    RequestRejected { detail: String, attempts: Vec<Attempt> },
+    #[error(
+        "RunPod refused every candidate the same way, so the request itself is probably wrong: {detail}"
+    )]
+    RequestRejected {
+        detail: String,
+        attempts: Vec<Attempt>,
+    },
     #[error("{0}")]
     Invalid(ApiError),
     #[error("{0}; no pod can be created until the RunPod balance is topped up")]
@@ -103,8 +111,10 @@ impl RunPodClient {
                         break;
                     }
                     Recovery::Reread => {
-                        if let Some(placement) =
-                            self.adopt(name, attempts.clone()).await.map_err(unsettled)?
+                        if let Some(placement) = self
+                            .adopt(name, attempts.clone())
+                            .await
+                            .map_err(unsettled)?
                         {
                             return Ok(placement);
                         }

@@ -10,9 +10,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use runpod_webhook::contract::{
-    self, DISK, PORTS, PortSpec, REGISTRY_AUTH_ID, TEMPLATE_ID,
-};
+use runpod_webhook::contract::{self, DISK, PORTS, PortSpec, REGISTRY_AUTH_ID, TEMPLATE_ID};
 
 use super::model::{CreatePodRequest, GpuSpec};
 use super::select::Candidate;
@@ -58,7 +56,12 @@ pub enum TranslateError {
 /// The deterministic RunPod name of a Kubernetes pod: namespace, name and UID. The UID makes
 /// it unique per pod incarnation; it is what the idempotency lookup searches for.
 pub fn runpod_name(pod: &Pod) -> Result<String, TranslateError> {
-    let uid = pod.metadata.uid.as_deref().filter(|uid| !uid.is_empty()).ok_or(TranslateError::NoUid)?;
+    let uid = pod
+        .metadata
+        .uid
+        .as_deref()
+        .filter(|uid| !uid.is_empty())
+        .ok_or(TranslateError::NoUid)?;
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let name = pod.metadata.name.as_deref().unwrap_or("pod");
     let budget = MAX_NAME_LEN.saturating_sub(uid.len() + 2);
@@ -75,7 +78,10 @@ pub fn runpod_name(pod: &Pod) -> Result<String, TranslateError> {
 
 /// Joins Kubernetes `command` and `args` into v2's single `args` string, POSIX-shell-quoted.
 /// `None` when neither is set (the image's own CMD runs).
-pub fn joined_args(container: &Container, env: &BTreeMap<String, String>) -> Result<Option<String>, TranslateError> {
+pub fn joined_args(
+    container: &Container,
+    env: &BTreeMap<String, String>,
+) -> Result<Option<String>, TranslateError> {
     let words: Vec<String> = container
         .command
         .iter()
@@ -158,10 +164,12 @@ pub fn container_env(
 pub fn ports(pod: &Pod, container: &Container) -> Result<Vec<String>, TranslateError> {
     let annotations = pod.metadata.annotations.as_ref();
     let specs: Vec<PortSpec> = match annotations.and_then(|a| a.get(PORTS)) {
-        Some(value) => contract::parse_ports(value).map_err(|message| TranslateError::Annotation {
-            annotation: PORTS,
-            message,
-        })?,
+        Some(value) => {
+            contract::parse_ports(value).map_err(|message| TranslateError::Annotation {
+                annotation: PORTS,
+                message,
+            })?
+        }
         None => container
             .ports
             .iter()
@@ -206,9 +214,17 @@ pub fn create_request(
         several => return Err(TranslateError::SeveralContainers(several.len())),
     };
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-    let annotation = |key: &str| annotations.get(key).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+    let annotation = |key: &str| {
+        annotations
+            .get(key)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
     let template_id = annotation(TEMPLATE_ID);
-    let image = container.image.clone().filter(|image| !image.trim().is_empty());
+    let image = container
+        .image
+        .clone()
+        .filter(|image| !image.trim().is_empty());
     if image.is_none() && template_id.is_none() {
         return Err(TranslateError::NoImage(container.name.clone()));
     }
@@ -228,7 +244,10 @@ pub fn create_request(
         (TAG_CLUSTER, origin.cluster_id.to_owned()),
         (TAG_NODE, origin.node_name.to_owned()),
         (TAG_POD_UID, uid),
-        (TAG_NAMESPACE, pod.metadata.namespace.clone().unwrap_or_default()),
+        (
+            TAG_NAMESPACE,
+            pod.metadata.namespace.clone().unwrap_or_default(),
+        ),
         (TAG_POD_NAME, pod.metadata.name.clone().unwrap_or_default()),
     ] {
         env.insert(key.to_owned(), value);
@@ -301,11 +320,17 @@ mod tests {
                    "runpod.io/templateId": "tmpl-9"}),
         );
         let resolved = ResolvedEnv {
-            env_from: BTreeMap::from([("FROM_CM".into(), "cm".into()), ("EPOCHS".into(), "1".into())]),
+            env_from: BTreeMap::from([
+                ("FROM_CM".into(), "cm".into()),
+                ("EPOCHS".into(), "1".into()),
+            ]),
             value_from: BTreeMap::from([("TOKEN".into(), "s3cr3t".into())]),
         };
         let request = create_request(&pod, &resolved, &ORIGIN, &candidate()).unwrap();
-        assert_eq!(request.name, "ml-train-0-0d4c5e1a-7b7e-4c1e-9a55-3f1f2b9e8c01");
+        assert_eq!(
+            request.name,
+            "ml-train-0-0d4c5e1a-7b7e-4c1e-9a55-3f1f2b9e8c01"
+        );
         assert_eq!(request.image.as_deref(), Some("pytorch/pytorch:2.4.0"));
         assert_eq!(request.template_id.as_deref(), Some("tmpl-9"));
         assert_eq!(request.registry.as_deref(), Some("reg-1"));
@@ -329,13 +354,19 @@ mod tests {
         assert_eq!(request.env["MSG"], "epochs=3 from=cm $(UNDEFINED)");
         assert_eq!(request.env[TAG_CLUSTER], "prod-eu");
         assert_eq!(request.env[TAG_NODE], "virtual-runpod");
-        assert_eq!(request.env[TAG_POD_UID], "0d4c5e1a-7b7e-4c1e-9a55-3f1f2b9e8c01");
+        assert_eq!(
+            request.env[TAG_POD_UID],
+            "0d4c5e1a-7b7e-4c1e-9a55-3f1f2b9e8c01"
+        );
         assert_eq!(request.env[TAG_NAMESPACE], "ml");
         // Without the annotation, ports are detected like the webhook does.
         assert_eq!(request.ports, vec!["8888/http", "2222/tcp"]);
         // The request is what the spec accepts: no nulls, gpu.count always present.
         let body = serde_json::to_value(&request).unwrap();
-        assert_eq!(body["gpu"], json!({"id": "NVIDIA GeForce RTX 4090", "count": 2}));
+        assert_eq!(
+            body["gpu"],
+            json!({"id": "NVIDIA GeForce RTX 4090", "count": 2})
+        );
     }
 
     #[test]
@@ -363,7 +394,9 @@ mod tests {
 
     #[test]
     fn refuses_what_runpod_cannot_run() {
-        let no_uid = pod(json!({"metadata": {"name": "a"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}));
+        let no_uid = pod(
+            json!({"metadata": {"name": "a"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}),
+        );
         assert_eq!(
             create_request(&no_uid, &ResolvedEnv::default(), &ORIGIN, &candidate()),
             Err(TranslateError::NoUid)
@@ -374,12 +407,21 @@ mod tests {
             create_request(&two, &ResolvedEnv::default(), &ORIGIN, &candidate()),
             Err(TranslateError::SeveralContainers(2))
         );
-        let bad_disk = gpu_pod(json!({"name": "c", "image": "i"}), json!({"runpod.io/disk": "lots"}));
+        let bad_disk = gpu_pod(
+            json!({"name": "c", "image": "i"}),
+            json!({"runpod.io/disk": "lots"}),
+        );
         assert!(matches!(
             create_request(&bad_disk, &ResolvedEnv::default(), &ORIGIN, &candidate()),
-            Err(TranslateError::Annotation { annotation: DISK, .. })
+            Err(TranslateError::Annotation {
+                annotation: DISK,
+                ..
+            })
         ));
-        let nul = gpu_pod(json!({"name": "c", "image": "i", "args": ["a\u{0}b"]}), json!({}));
+        let nul = gpu_pod(
+            json!({"name": "c", "image": "i", "args": ["a\u{0}b"]}),
+            json!({}),
+        );
         assert!(matches!(
             create_request(&nul, &ResolvedEnv::default(), &ORIGIN, &candidate()),
             Err(TranslateError::Args(_))
@@ -389,11 +431,12 @@ mod tests {
     #[test]
     fn names_are_deterministic_unique_and_bounded() {
         let long = "x".repeat(300);
-        let pod = |name: &str, uid: &str| {
-            gpu_pod_named(name, uid)
-        };
+        let pod = |name: &str, uid: &str| gpu_pod_named(name, uid);
         fn gpu_pod_named(name: &str, uid: &str) -> Pod {
-            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ns", "uid": uid}})).unwrap()
+            serde_json::from_value(
+                json!({"metadata": {"name": name, "namespace": "ns", "uid": uid}}),
+            )
+            .unwrap()
         }
         let a = runpod_name(&pod("job-a", "uid-1")).unwrap();
         assert_eq!(a, runpod_name(&pod("job-a", "uid-1")).unwrap());

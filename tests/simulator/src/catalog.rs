@@ -43,18 +43,24 @@ fn gpu_options(query: &Query) -> Result<GpuOptions, Reply> {
     if let Some(cloud) = cloud
         && !matches!(cloud, "SECURE" | "COMMUNITY")
     {
-        errors.push(format!("query.cloud: {cloud:?} is not one of SECURE, COMMUNITY"));
+        errors.push(format!(
+            "query.cloud: {cloud:?} is not one of SECURE, COMMUNITY"
+        ));
     }
     let countries = query.list("countryCodes");
     for code in countries.iter().flatten() {
         if code.len() != 2 || !code.bytes().all(|b| b.is_ascii_uppercase()) {
-            errors.push(format!("query.countryCodes: {code:?} is not an uppercase ISO 3166-1 alpha-2 code"));
+            errors.push(format!(
+                "query.countryCodes: {code:?} is not an uppercase ISO 3166-1 alpha-2 code"
+            ));
         }
     }
     let cuda_exact = query.list("cudaVersions");
     for version in cuda_exact.iter().flatten() {
         if cuda_version(version).is_none() {
-            errors.push(format!("query.cudaVersions: {version:?} is not major.minor"));
+            errors.push(format!(
+                "query.cudaVersions: {version:?} is not major.minor"
+            ));
         }
     }
     let cuda_min = query.single("minCudaVersion").and_then(|text| {
@@ -66,7 +72,9 @@ fn gpu_options(query: &Query) -> Result<GpuOptions, Reply> {
             None
         };
         if parsed.is_none() {
-            errors.push(format!("query.minCudaVersion: {text:?} is not major or major.minor"));
+            errors.push(format!(
+                "query.minCudaVersion: {text:?} is not major or major.minor"
+            ));
         }
         parsed
     });
@@ -76,7 +84,10 @@ fn gpu_options(query: &Query) -> Result<GpuOptions, Reply> {
     let availability = include.is_some_and(|i| !i.is_empty());
     if availability {
         if product.is_none_or(|p| p.is_empty()) {
-            return Err(Reply::problem(400, "product is required with include=AVAILABILITY"));
+            return Err(Reply::problem(
+                400,
+                "product is required with include=AVAILABILITY",
+            ));
         }
     } else if let Some(name) = FILTERS_NEEDING_INCLUDE.iter().find(|name| query.has(name)) {
         return Err(Reply::problem(
@@ -85,7 +96,10 @@ fn gpu_options(query: &Query) -> Result<GpuOptions, Reply> {
         ));
     }
     if cuda_exact.is_some() && cuda_min.is_some() {
-        return Err(Reply::problem(400, "cudaVersions and minCudaVersion are mutually exclusive"));
+        return Err(Reply::problem(
+            400,
+            "cudaVersions and minCudaVersion are mutually exclusive",
+        ));
     }
     Ok(GpuOptions {
         availability,
@@ -132,9 +146,9 @@ fn gpu_json(scenario: &Scenario, gpu: &GpuSpec, opts: &GpuOptions, listing: bool
         .iter()
         .filter(|dc| dc.gpu_availability.contains_key(&gpu.id))
         .filter(|dc| {
-            opts.countries.as_ref().is_none_or(|codes| {
-                dc.country.as_ref().is_some_and(|c| codes.contains(c))
-            })
+            opts.countries
+                .as_ref()
+                .is_none_or(|codes| dc.country.as_ref().is_some_and(|c| codes.contains(c)))
         })
         .collect();
     if listing && opts.countries.is_some() && data_centers.is_empty() {
@@ -143,14 +157,24 @@ fn gpu_json(scenario: &Scenario, gpu: &GpuSpec, opts: &GpuOptions, listing: bool
     let versions: Vec<&String> = gpu
         .cuda_versions
         .iter()
-        .filter(|v| opts.cuda_exact.as_ref().is_none_or(|exact| exact.contains(v)))
-        .filter(|v| opts.cuda_min.is_none_or(|min| cuda_version(v).is_some_and(|v| v >= min)))
+        .filter(|v| {
+            opts.cuda_exact
+                .as_ref()
+                .is_none_or(|exact| exact.contains(v))
+        })
+        .filter(|v| {
+            opts.cuda_min
+                .is_none_or(|min| cuda_version(v).is_some_and(|v| v >= min))
+        })
         .collect();
     let cuda_filtered = opts.cuda_exact.is_some() || opts.cuda_min.is_some();
     let placeable = offered && opts.count <= max && (!cuda_filtered || !versions.is_empty());
     let level = |dc: &DataCenterSpec| {
         if placeable {
-            dc.gpu_availability.get(&gpu.id).copied().unwrap_or(Availability::None)
+            dc.gpu_availability
+                .get(&gpu.id)
+                .copied()
+                .unwrap_or(Availability::None)
         } else {
             Availability::None
         }
@@ -201,7 +225,10 @@ pub(crate) fn get_gpu(scenario: &Scenario, id: &str, query: &Query) -> Reply {
         Ok(opts) => opts,
         Err(reply) => return reply,
     };
-    match scenario.gpu(id).and_then(|gpu| gpu_json(scenario, gpu, &opts, false)) {
+    match scenario
+        .gpu(id)
+        .and_then(|gpu| gpu_json(scenario, gpu, &opts, false))
+    {
         Some(value) => Reply::json(200, value),
         None => Reply::not_found("GPU type"),
     }
@@ -246,7 +273,11 @@ const COMPLIANCE: [&str; 12] = [
 fn dc_options(query: &Query, filters: bool) -> Result<DcOptions, Reply> {
     let mut errors = Vec::new();
     let include = query
-        .enum_list("include", &["GPU_AVAILABILITY", "CPU_AVAILABILITY"], &mut errors)
+        .enum_list(
+            "include",
+            &["GPU_AVAILABILITY", "CPU_AVAILABILITY"],
+            &mut errors,
+        )
         .unwrap_or_default();
     let mut opts = DcOptions {
         gpu: include.iter().any(|i| i == "GPU_AVAILABILITY"),
@@ -258,8 +289,11 @@ fn dc_options(query: &Query, filters: bool) -> Result<DcOptions, Reply> {
     };
     if filters {
         opts.regions = query.enum_list("regions", &REGIONS, &mut errors);
-        opts.volume_types =
-            query.enum_list("networkVolumeTypes", &["STANDARD", "HIGH_PERFORMANCE"], &mut errors);
+        opts.volume_types = query.enum_list(
+            "networkVolumeTypes",
+            &["STANDARD", "HIGH_PERFORMANCE"],
+            &mut errors,
+        );
         opts.compliance = query.enum_list("compliance", &COMPLIANCE, &mut errors);
         opts.global_network = query.boolean("globalNetwork", &mut errors);
     }

@@ -182,7 +182,7 @@ impl SpecValidator {
                     "schema": {"$ref": "#/components/schemas/ErrorResponse"}}}})
             }
         };
-        self.check_response(spec, ex, &response, &mut errors);
+        self.check_response(ex, &response, &mut errors);
         if errors.is_empty() {
             Ok(())
         } else {
@@ -190,12 +190,19 @@ impl SpecValidator {
         }
     }
 
-    fn check_response(&self, spec: &Value, ex: &Exchange, response: &Value, errors: &mut Vec<String>) {
-        let media_type = ex
-            .content_type
-            .as_deref()
-            .map(|ct| ct.split(';').next().unwrap_or_default().trim().to_ascii_lowercase());
-        match response.get("content").and_then(Value::as_object).filter(|c| !c.is_empty()) {
+    fn check_response(&self, ex: &Exchange, response: &Value, errors: &mut Vec<String>) {
+        let media_type = ex.content_type.as_deref().map(|ct| {
+            ct.split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase()
+        });
+        match response
+            .get("content")
+            .and_then(Value::as_object)
+            .filter(|c| !c.is_empty())
+        {
             None => {
                 if ex.body.is_some() || media_type.is_some() {
                     errors.push(format!(
@@ -235,7 +242,8 @@ impl SpecValidator {
             }
         }
         let headers = response.get("headers").and_then(Value::as_object);
-        let documented = |name: &str| headers.is_some_and(|h| h.keys().any(|k| k.eq_ignore_ascii_case(name)));
+        let documented =
+            |name: &str| headers.is_some_and(|h| h.keys().any(|k| k.eq_ignore_ascii_case(name)));
         if documented("Retry-After") || ex.status == 429 {
             match ex.header("retry-after") {
                 Some(v) if v.parse::<u64>().is_ok() => {}
@@ -252,9 +260,10 @@ impl SpecValidator {
         if let Some(v) = ex.header("ratelimit-policy")
             && !structured_list(v, "q", "w")
         {
-            errors.push(format!("RateLimit-Policy {v:?} is not a \"name\";q=N;w=N list"));
+            errors.push(format!(
+                "RateLimit-Policy {v:?} is not a \"name\";q=N;w=N list"
+            ));
         }
-        let _ = spec;
     }
 
     /// Every violation in `exchanges`, each prefixed with method, path and status.
@@ -362,9 +371,11 @@ fn describe(errors: &[ValidationError<'_>]) -> Vec<String> {
             | ValidationErrorKind::AdditionalProperties { unexpected } => {
                 for name in unexpected {
                     let child = format!("{path}.{name}");
-                    let failed_itself = failed_paths
-                        .iter()
-                        .any(|p| p == &child || p.starts_with(&format!("{child}.")) || p.starts_with(&format!("{child}[")));
+                    let failed_itself = failed_paths.iter().any(|p| {
+                        p == &child
+                            || p.starts_with(&format!("{child}."))
+                            || p.starts_with(&format!("{child}["))
+                    });
                     if !failed_itself {
                         out.push(format!("{child}: unknown field '{name}' is not allowed"));
                     }
@@ -391,16 +402,32 @@ mod tests {
                 &json!({"name": "x", "image": "i", "gpu": {"id": "g", "count": 0}, "bogus": 1}),
             )
             .unwrap_err();
-        assert!(errors.iter().any(|e| e.starts_with("$.bogus:")), "{errors:?}");
-        assert!(errors.iter().any(|e| e.starts_with("$.gpu.count:")), "{errors:?}");
-        assert!(!errors.iter().any(|e| e.starts_with("$.gpu: unknown")), "{errors:?}");
-        spec.validate_request("CreatePodRequest", &json!({"name": "x", "image": "i", "gpu": {"id": "g", "count": 1}}))
-            .unwrap();
+        assert!(
+            errors.iter().any(|e| e.starts_with("$.bogus:")),
+            "{errors:?}"
+        );
+        assert!(
+            errors.iter().any(|e| e.starts_with("$.gpu.count:")),
+            "{errors:?}"
+        );
+        assert!(
+            !errors.iter().any(|e| e.starts_with("$.gpu: unknown")),
+            "{errors:?}"
+        );
+        spec.validate_request(
+            "CreatePodRequest",
+            &json!({"name": "x", "image": "i", "gpu": {"id": "g", "count": 1}}),
+        )
+        .unwrap();
     }
 
     #[test]
     fn structured_lists_parse() {
-        assert!(structured_list("\"minute\";r=0;t=12, \"hour\";r=2800;t=1812", "r", "t"));
+        assert!(structured_list(
+            "\"minute\";r=0;t=12, \"hour\";r=2800;t=1812",
+            "r",
+            "t"
+        ));
         assert!(!structured_list("minute;r=0;t=12", "r", "t"));
         assert!(!structured_list("\"minute\";r=-1;t=12", "r", "t"));
     }

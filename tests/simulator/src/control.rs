@@ -30,7 +30,10 @@ use crate::state::Shared;
 
 pub(crate) fn router() -> Router<Arc<Shared>> {
     Router::new()
-        .route("/healthz", get(|| async { Reply::json(200, json!({"status": "ok"})) }))
+        .route(
+            "/healthz",
+            get(|| async { Reply::json(200, json!({"status": "ok"})) }),
+        )
         .route("/ledger", get(ledger_handler))
         .route("/exchanges", get(exchanges_handler))
         .route("/faults", post(add_fault).delete(clear_faults_handler))
@@ -85,7 +88,7 @@ async fn ledger_handler(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 async fn exchanges_handler(State(shared): State<Arc<Shared>>) -> Response {
-    let exchanges = shared.with_world(|w| w.exchanges.clone());
+    let exchanges: Vec<_> = shared.with_world(|w| w.exchanges.iter().cloned().collect());
     match serde_json::to_value(exchanges) {
         Ok(value) => Reply::json(200, value).into_response(),
         Err(e) => Reply::problem(500, e.to_string()).into_response(),

@@ -22,6 +22,8 @@ use crate::state::{Clock, World};
 
 const DEFAULT_DISK_GB: u32 = 50;
 const MAX_HTTP_PORTS: usize = 10;
+/// The simulator's cap on exposed ports (RunPod documents only the http limit).
+const MAX_PORTS: usize = 100;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -239,7 +241,10 @@ fn check_rules(req: &CreateBody, value: &Value) -> Result<(), Reply> {
         _ => {}
     }
     if let Some(gpu) = &req.gpu
-        && gpu.allowed_cuda_versions.as_ref().is_some_and(|v| !v.is_empty())
+        && gpu
+            .allowed_cuda_versions
+            .as_ref()
+            .is_some_and(|v| !v.is_empty())
         && gpu.min_cuda_version.is_some()
     {
         return bad("gpu.allowedCudaVersions and gpu.minCudaVersion cannot be combined");
@@ -260,24 +265,35 @@ fn check_rules(req: &CreateBody, value: &Value) -> Result<(), Reply> {
     Ok(())
 }
 
-/// Ports are `PORT/http` or `PORT/tcp`, each once, at most 10 http.
+/// Ports are `PORT/http` or `PORT/tcp`, each port once, at most 10 http and 100 in all.
 pub(crate) fn check_ports(ports: &[String]) -> Result<(), Reply> {
+    if ports.len() > MAX_PORTS {
+        return Err(Reply::problem(
+            400,
+            format!("at most {MAX_PORTS} ports can be exposed"),
+        ));
+    }
     let mut seen = Vec::new();
     for (i, spec) in ports.iter().enumerate() {
-        let Some((port, kind)) = lifecycle::parse_port(spec) else {
+        let Some((port, _)) = lifecycle::parse_port(spec) else {
             return Err(Reply::problem(
                 400,
                 format!("ports[{i}] {spec:?} is not PORT/http or PORT/tcp with PORT 1-65535"),
             ));
         };
         if seen.contains(&port) {
-            return Err(Reply::problem(400, format!("ports[{i}]: port {port} is listed twice")));
+            return Err(Reply::problem(
+                400,
+                format!("ports[{i}]: port {port} is listed twice"),
+            ));
         }
         seen.push(port);
-        let _ = kind;
     }
     if ports.iter().filter(|p| p.ends_with("/http")).count() > MAX_HTTP_PORTS {
-        return Err(Reply::problem(400, format!("at most {MAX_HTTP_PORTS} http ports can be exposed")));
+        return Err(Reply::problem(
+            400,
+            format!("at most {MAX_HTTP_PORTS} http ports can be exposed"),
+        ));
     }
     Ok(())
 }
@@ -299,12 +315,20 @@ fn resolve_gpu(
         )
     })?;
     let (offered, max, price) = if cloud == "COMMUNITY" {
-        (spec.community, spec.max_count.community, spec.price.community)
+        (
+            spec.community,
+            spec.max_count.community,
+            spec.price.community,
+        )
     } else {
         (spec.secure, spec.max_count.secure, spec.price.secure)
     };
     if !offered {
-        return Err(Reply::problem(400, format!("GPU type {:?} is not offered on {cloud} cloud", gpu.id)).into());
+        return Err(Reply::problem(
+            400,
+            format!("GPU type {:?} is not offered on {cloud} cloud", gpu.id),
+        )
+        .into());
     }
     if global_networking && spec.manufacturer != Manufacturer::Nvidia {
         return Err(Reply::problem(400, "globalNetworking requires an NVIDIA GPU").into());
@@ -333,10 +357,7 @@ fn resolve_gpu(
     if constrained && usable.is_empty() {
         return Err(Reply::capacity().into());
     }
-    let cuda = usable
-        .into_iter()
-        .max_by_key(|v| cuda_version(v))
-        .cloned();
+    let cuda = usable.into_iter().max_by_key(|v| cuda_version(v)).cloned();
     Ok((
         Compute::Gpu {
             id: spec.id.clone(),
@@ -374,9 +395,13 @@ fn resolve_cpu(
     let compute = Compute::Cpu {
         id: flavor.id.clone(),
         vcpu: cpu.vcpu_count,
-        memory: cpu.vcpu_count * flavor.ram_gb_per_vcpu,
+        memory: cpu.vcpu_count.saturating_mul(flavor.ram_gb_per_vcpu),
     };
-    Ok((compute, None, f64::from(cpu.vcpu_count) * flavor.price_per_vcpu))
+    Ok((
+        compute,
+        None,
+        f64::from(cpu.vcpu_count) * flavor.price_per_vcpu,
+    ))
 }
 
 /// Creates the planned pod (PROVISIONING) and returns its id.
@@ -397,7 +422,12 @@ pub(crate) fn commit(
         rng.u8(1..=254),
         rng.u8(1..=254)
     );
-    let global_ip = format!("10.{}.{}.{}", rng.u8(0..=255), rng.u8(0..=255), rng.u8(1..=254));
+    let global_ip = format!(
+        "10.{}.{}.{}",
+        rng.u8(0..=255),
+        rng.u8(0..=255),
+        rng.u8(1..=254)
+    );
     let proxy_user = format!("{id}-{:08x}", rng.u32(..));
     let mut pod = PodRecord {
         id: id.clone(),

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use crate::scenario::{
-    Availability, CpuFlavorSpec, DataCenterSpec, GpuPrice, GpuSpec, Manufacturer, MaxCount,
-    Region, TemplateSpec,
+    Availability, CpuFlavorSpec, DataCenterSpec, GpuPrice, GpuSpec, Manufacturer, MaxCount, Region,
+    TemplateSpec,
 };
 
 pub(crate) const RTX_4090: &str = "NVIDIA GeForce RTX 4090";
@@ -55,14 +55,78 @@ pub(crate) fn gpus() -> Vec<GpuSpec> {
     mi300x.manufacturer = Manufacturer::Amd;
     mi300x.cuda_versions = Vec::new();
     vec![
-        gpu(RTX_A4000, "RTX A4000", 16, (0.25, 0.17), Some(0.58), (8, 6), Some("AMPERE_16")),
-        gpu(RTX_4000_ADA, "RTX 4000 Ada", 20, (0.26, 0.20), None, (8, 6), None),
-        gpu(RTX_4090, "RTX 4090", 24, (0.44, 0.31), Some(1.10), (8, 4), Some("ADA_24")),
-        gpu(RTX_A6000, "RTX A6000", 48, (0.49, 0.33), Some(1.22), (8, 8), Some("AMPERE_48")),
-        gpu(L40S, "L40S", 48, (0.86, 0.79), Some(1.90), (8, 4), Some("ADA_48_PRO")),
-        gpu(A100, "A100 PCIe", 80, (1.64, 1.19), Some(2.72), (8, 4), Some("AMPERE_80")),
-        gpu(H100, "H100 SXM", 80, (2.99, 2.69), Some(4.18), (8, 8), Some("ADA_80_PRO")),
-        gpu(H200, "H200 SXM", 141, (3.99, 0.0), Some(5.58), (8, 0), Some("HOPPER_141")),
+        gpu(
+            RTX_A4000,
+            "RTX A4000",
+            16,
+            (0.25, 0.17),
+            Some(0.58),
+            (8, 6),
+            Some("AMPERE_16"),
+        ),
+        gpu(
+            RTX_4000_ADA,
+            "RTX 4000 Ada",
+            20,
+            (0.26, 0.20),
+            None,
+            (8, 6),
+            None,
+        ),
+        gpu(
+            RTX_4090,
+            "RTX 4090",
+            24,
+            (0.44, 0.31),
+            Some(1.10),
+            (8, 4),
+            Some("ADA_24"),
+        ),
+        gpu(
+            RTX_A6000,
+            "RTX A6000",
+            48,
+            (0.49, 0.33),
+            Some(1.22),
+            (8, 8),
+            Some("AMPERE_48"),
+        ),
+        gpu(
+            L40S,
+            "L40S",
+            48,
+            (0.86, 0.79),
+            Some(1.90),
+            (8, 4),
+            Some("ADA_48_PRO"),
+        ),
+        gpu(
+            A100,
+            "A100 PCIe",
+            80,
+            (1.64, 1.19),
+            Some(2.72),
+            (8, 4),
+            Some("AMPERE_80"),
+        ),
+        gpu(
+            H100,
+            "H100 SXM",
+            80,
+            (2.99, 2.69),
+            Some(4.18),
+            (8, 8),
+            Some("ADA_80_PRO"),
+        ),
+        gpu(
+            H200,
+            "H200 SXM",
+            141,
+            (3.99, 0.0),
+            Some(5.58),
+            (8, 0),
+            Some("HOPPER_141"),
+        ),
         mi300x,
     ]
 }
@@ -200,12 +264,7 @@ pub(crate) fn data_centers() -> Vec<DataCenterSpec> {
             &["SOC_2_TYPE_2"],
             true,
             &["STANDARD"],
-            &[
-                (RTX_A4000, Low),
-                (RTX_A6000, Low),
-                (L40S, Low),
-                (H200, Low),
-            ],
+            &[(RTX_A4000, Low), (RTX_A6000, Low), (L40S, Low), (H200, Low)],
             Some(Low),
         ),
         dc(

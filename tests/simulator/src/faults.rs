@@ -91,7 +91,9 @@ impl Fault {
             Effect::Status { status, .. } | Effect::CreateThenFail { status }
                 if !(400..=599).contains(status) =>
             {
-                Err(format!("fault status {status} is not an HTTP error status (400..=599)"))
+                Err(format!(
+                    "fault status {status} is not an HTTP error status (400..=599)"
+                ))
             }
             _ => Ok(()),
         }
@@ -192,7 +194,7 @@ impl FaultSet {
             }
             match &rule.effect {
                 Effect::Delay { millis } => {
-                    fired.delay += Duration::from_millis(*millis);
+                    fired.delay = fired.delay.saturating_add(Duration::from_millis(*millis));
                     fired.used.push(index);
                 }
                 Effect::Status { .. } | Effect::CreateThenFail { .. } if fired.effect.is_none() => {
@@ -214,7 +216,11 @@ impl FaultSet {
                     .when
                     .operation
                     .is_none_or(|op| op == Operation::CreatePod)
-                && rule.when.gpu_id.as_deref().is_none_or(|g| ctx.gpu_id == Some(g))
+                && rule
+                    .when
+                    .gpu_id
+                    .as_deref()
+                    .is_none_or(|g| ctx.gpu_id == Some(g))
                 && rule
                     .when
                     .pod_name
@@ -259,7 +265,9 @@ mod tests {
         assert_eq!(back, fault);
         let capacity: Fault = serde_json::from_str(r#"{"effect":{"kind":"capacity"}}"#).unwrap();
         assert_eq!(capacity.effect, Effect::Capacity);
-        assert!(serde_json::from_str::<Fault>(r#"{"effect":{"kind":"capacity"},"bogus":1}"#).is_err());
+        assert!(
+            serde_json::from_str::<Fault>(r#"{"effect":{"kind":"capacity"},"bogus":1}"#).is_err()
+        );
     }
 
     #[test]
@@ -288,9 +296,15 @@ mod tests {
             ..MatchContext::default()
         };
         let first = set.response_faults(&ctx);
-        assert!(matches!(first.effect, Some(Effect::Status { status: 500, .. })));
+        assert!(matches!(
+            first.effect,
+            Some(Effect::Status { status: 500, .. })
+        ));
         set.consume(&first.used);
         let second = set.response_faults(&ctx);
-        assert!(matches!(second.effect, Some(Effect::Status { status: 503, .. })));
+        assert!(matches!(
+            second.effect,
+            Some(Effect::Status { status: 503, .. })
+        ));
     }
 }

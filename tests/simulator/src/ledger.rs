@@ -43,7 +43,8 @@ impl LedgerEntry {
     }
 
     fn overlaps(&self, other: &LedgerEntry) -> bool {
-        let ends_after = |entry: &LedgerEntry, t: SystemTime| entry.terminated_at.is_none_or(|end| end > t);
+        let ends_after =
+            |entry: &LedgerEntry, t: SystemTime| entry.terminated_at.is_none_or(|end| end > t);
         ends_after(self, other.created_at) && ends_after(other, self.created_at)
     }
 }

@@ -79,7 +79,12 @@ pub(crate) fn script_for(image: &str, rules: &[ImageRule]) -> Script {
 }
 
 /// (Re)starts a pod's run: PROVISIONING now, with the image's script.
-pub(crate) fn begin_run(pod: &mut PodRecord, at: Instant, rules: &[ImageRule], ev: &mut Events<'_>) {
+pub(crate) fn begin_run(
+    pod: &mut PodRecord,
+    at: Instant,
+    rules: &[ImageRule],
+    ev: &mut Events<'_>,
+) {
     pod.status = PodStatus::Provisioning;
     pod.phase_since = at;
     pod.running_since = None;
@@ -97,7 +102,12 @@ pub(crate) fn begin_run(pod: &mut PodRecord, at: Instant, rules: &[ImageRule], e
 
 /// Restarts the container in place: STARTING now (ports are re-published later, with new
 /// public ports, as on RunPod where mappings change on every reset).
-pub(crate) fn restart_container(pod: &mut PodRecord, at: Instant, rules: &[ImageRule], ev: &mut Events<'_>) {
+pub(crate) fn restart_container(
+    pod: &mut PodRecord,
+    at: Instant,
+    rules: &[ImageRule],
+    ev: &mut Events<'_>,
+) {
     pod.script = script_for(&pod.image, rules);
     if let Some(enabled) = pod.global_networking_next.take() {
         pod.global_networking = enabled;
@@ -205,21 +215,24 @@ pub(crate) fn advance(
 }
 
 fn next_step(pod: &PodRecord, timing: &Timing) -> Option<(Instant, Step)> {
-    let after = |ms: u64| Duration::from_millis(ms);
+    // A delay too long to represent never elapses.
+    let after = |base: Instant, d: Duration, step: Step| base.checked_add(d).map(|at| (at, step));
+    let ms = Duration::from_millis;
     match pod.status {
-        PodStatus::Provisioning => Some((pod.phase_since + timing.provisioning, Step::ToStarting)),
+        PodStatus::Provisioning => after(pod.phase_since, timing.provisioning, Step::ToStarting),
         PodStatus::Starting => match pod.script.outcome {
-            Some((Outcome::Error, ms)) => Some((pod.phase_since + after(ms), Step::PullFailed)),
-            _ => Some((pod.phase_since + timing.starting, Step::ToRunning)),
+            Some((Outcome::Error, delay)) => after(pod.phase_since, ms(delay), Step::PullFailed),
+            _ => after(pod.phase_since, timing.starting, Step::ToRunning),
         },
         PodStatus::Running => {
             let since = pod.running_since.unwrap_or(pod.phase_since);
-            let ports = pod
-                .published
-                .is_none()
-                .then_some((since + timing.ports, Step::PublishPorts));
+            let ports = if pod.published.is_none() {
+                after(since, timing.ports, Step::PublishPorts)
+            } else {
+                None
+            };
             let exit = match pod.script.outcome {
-                Some((Outcome::Exited, ms)) => Some((since + after(ms), Step::Exit)),
+                Some((Outcome::Exited, delay)) => after(since, ms(delay), Step::Exit),
                 _ => None,
             };
             match (ports, exit) {
@@ -238,12 +251,11 @@ fn publish_ports(pod: &mut PodRecord, rng: &mut fastrand::Rng) {
         let Some((port, kind)) = parse_port(spec) else {
             continue;
         };
-        let public = loop {
-            let candidate = rng.u32(10000..=60000);
-            if published.iter().all(|p| p.public != candidate) {
-                break candidate;
-            }
-        };
+        // Create and PATCH allow at most MAX_PORTS ports, far fewer than the range holds.
+        let mut public = rng.u32(10000..=60000);
+        while published.iter().any(|p| p.public == public) {
+            public = if public >= 60000 { 10000 } else { public + 1 };
+        }
         published.push(PortMapping {
             private: port,
             public,
@@ -257,7 +269,10 @@ fn publish_ports(pod: &mut PodRecord, rng: &mut fastrand::Rng) {
 /// `http` or `tcp`.
 pub(crate) fn parse_port(spec: &str) -> Option<(u32, &str)> {
     let (port, kind) = spec.split_once('/')?;
-    if !matches!(kind, "http" | "tcp") || port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+    if !matches!(kind, "http" | "tcp")
+        || port.is_empty()
+        || !port.bytes().all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     let port: u32 = port.parse().ok()?;

@@ -212,9 +212,7 @@ pub(crate) fn stream(
                 return None;
             }
             let (lines, next_seq, ended) = st.shared.with_world(|world| {
-                let ended = world
-                    .pod(&st.pod_id)
-                    .is_none_or(|pod| pod.is_terminated());
+                let ended = world.pod(&st.pod_id).is_none_or(|pod| pod.is_terminated());
                 (
                     world.logs.newer(&st.pod_id, st.filter, st.next_seq),
                     world.logs.next_seq(),
@@ -224,7 +222,9 @@ pub(crate) fn stream(
             st.next_seq = next_seq;
             st.done = ended || st.shared.is_shutting_down();
             if !lines.is_empty() {
-                st.pending = Some(Bytes::from(lines.iter().map(LogLine::sse).collect::<String>()));
+                st.pending = Some(Bytes::from(
+                    lines.iter().map(LogLine::sse).collect::<String>(),
+                ));
                 continue;
             }
             if st.done {
@@ -252,9 +252,13 @@ mod tests {
     fn cursors_select_exactly_the_lines_after_them() {
         let mut store = LogStore::default();
         let t0 = SystemTime::now();
-        for (i, source) in [LogSource::System, LogSource::Container, LogSource::Container]
-            .into_iter()
-            .enumerate()
+        for (i, source) in [
+            LogSource::System,
+            LogSource::Container,
+            LogSource::Container,
+        ]
+        .into_iter()
+        .enumerate()
         {
             store.append("p", source, &format!("line {i}"), t0);
         }

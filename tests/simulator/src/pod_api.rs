@@ -172,13 +172,14 @@ pub(crate) fn update(shared: &Shared, world: &mut World, id: &str, body: &[u8]) 
     if let Some(enabled) = req.global_networking {
         pod.global_networking_next = Some(enabled);
     }
-    let changed = before != (
-        pod.image.clone(),
-        pod.args.clone(),
-        pod.env.clone(),
-        pod.ports.clone(),
-        pod.disk,
-    );
+    let changed = before
+        != (
+            pod.image.clone(),
+            pod.args.clone(),
+            pod.env.clone(),
+            pod.ports.clone(),
+            pod.disk,
+        );
     let now = Instant::now();
     let mut events = Events::new(&shared.clock);
     if changed && matches!(pod.status, PodStatus::Starting | PodStatus::Running) {
@@ -298,12 +299,19 @@ pub(crate) fn action(shared: &Shared, world: &mut World, id: &str, body: &[u8]) 
 
 /// `GET /v2/pods/{id}/logs`: SSE backlog (`Last-Event-ID` > `since` > `tail`), then follow
 /// until the pod is terminated.
-pub(crate) fn logs(shared: &Arc<Shared>, id: &str, query: &Query, last_event_id: Option<&str>) -> Reply {
+pub(crate) fn logs(
+    shared: &Arc<Shared>,
+    id: &str,
+    query: &Query,
+    last_event_id: Option<&str>,
+) -> Reply {
     let mut errors = Vec::new();
     let source = query.single("source").and_then(|s| {
         let parsed = LogSource::parse(s);
         if parsed.is_none() {
-            errors.push(format!("query.source: {s:?} is not one of container, system"));
+            errors.push(format!(
+                "query.source: {s:?} is not one of container, system"
+            ));
         }
         parsed
     });
@@ -318,7 +326,9 @@ pub(crate) fn logs(shared: &Arc<Shared>, id: &str, query: &Query, last_event_id:
     let resume = last_event_id.and_then(|s| {
         let parsed = Cursor::from_event_id(s);
         if parsed.is_none() {
-            errors.push(format!("header.Last-Event-ID: {s:?} is not an event id of this stream"));
+            errors.push(format!(
+                "header.Last-Event-ID: {s:?} is not an event id of this stream"
+            ));
         }
         parsed
     });
@@ -332,12 +342,22 @@ pub(crate) fn logs(shared: &Arc<Shared>, id: &str, query: &Query, last_event_id:
     let changes = shared.subscribe();
     let snapshot = shared.with_world(|world| {
         world.live_pod(id)?;
-        Some((world.logs.backlog(id, source, cursor), world.logs.next_seq()))
+        Some((
+            world.logs.backlog(id, source, cursor),
+            world.logs.next_seq(),
+        ))
     });
     let Some((backlog, next_seq)) = snapshot else {
         return Reply::not_found("pod");
     };
-    let stream = logs::stream(shared.clone(), id.to_owned(), source, backlog, next_seq, changes);
+    let stream = logs::stream(
+        shared.clone(),
+        id.to_owned(),
+        source,
+        backlog,
+        next_seq,
+        changes,
+    );
     Reply::stream(200, "text/event-stream", Body::from_stream(stream))
         .header("cache-control", "no-cache")
         .header("x-accel-buffering", "no")

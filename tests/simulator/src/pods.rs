@@ -274,7 +274,10 @@ mod tests {
 
     #[test]
     fn actions_follow_the_pod_action_description() {
-        assert_eq!(PodStatus::Running.actions(), ["stop", "restart", "terminate"]);
+        assert_eq!(
+            PodStatus::Running.actions(),
+            ["stop", "restart", "terminate"]
+        );
         assert_eq!(PodStatus::Starting.actions(), ["stop", "terminate"]);
         assert_eq!(PodStatus::Error.actions(), ["start", "terminate"]);
         assert!(!PodStatus::Exited.is_billed());

@@ -51,7 +51,12 @@ impl Query {
     }
 
     /// A list whose items must be one of `allowed`; bad items are reported in `errors`.
-    pub fn enum_list(&self, name: &str, allowed: &[&str], errors: &mut Vec<String>) -> Option<Vec<String>> {
+    pub fn enum_list(
+        &self,
+        name: &str,
+        allowed: &[&str],
+        errors: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
         let items = self.list(name)?;
         for item in &items {
             if !allowed.contains(&item.as_str()) {

@@ -42,18 +42,26 @@ struct Window {
 
 impl Window {
     fn expire(&mut self, now: Instant) {
-        if let Some(started) = self.started
-            && now >= started + self.length
+        if let Some(reset) = self.reset_at()
+            && now >= reset
         {
             self.started = None;
             self.used = 0;
         }
     }
 
+    /// When the started window resets (`None`: not started, or too far away to represent).
+    fn reset_at(&self) -> Option<Instant> {
+        self.started?.checked_add(self.length)
+    }
+
     /// Whole seconds until this window resets, rounded up; the full length if not started.
     fn reset_secs(&self, now: Instant) -> u64 {
         match self.started {
-            Some(started) => ceil_secs((started + self.length).saturating_duration_since(now)),
+            Some(_) => match self.reset_at() {
+                Some(reset) => ceil_secs(reset.saturating_duration_since(now)),
+                None => ceil_secs(self.length),
+            },
             None => ceil_secs(self.length),
         }
     }
@@ -155,7 +163,10 @@ mod tests {
         };
         assert_eq!(h.ratelimit, "\"minute\";r=1;t=10");
         assert_eq!(h.policy, "\"minute\";q=2;w=10");
-        assert!(matches!(rl.check(t0 + Duration::from_millis(1)), Decision::Allowed(_)));
+        assert!(matches!(
+            rl.check(t0 + Duration::from_millis(1)),
+            Decision::Allowed(_)
+        ));
         let Decision::Limited {
             retry_after,
             window,
@@ -167,8 +178,14 @@ mod tests {
         assert_eq!((retry_after, window.as_str()), (8, "minute"));
         assert_eq!(headers.ratelimit, "\"minute\";r=0;t=8");
         // Refused requests do not count, and the window resets exactly at t0 + 10 s.
-        assert!(matches!(rl.check(t0 + Duration::from_millis(9999)), Decision::Limited { .. }));
-        assert!(matches!(rl.check(t0 + Duration::from_secs(10)), Decision::Allowed(_)));
+        assert!(matches!(
+            rl.check(t0 + Duration::from_millis(9999)),
+            Decision::Limited { .. }
+        ));
+        assert!(matches!(
+            rl.check(t0 + Duration::from_secs(10)),
+            Decision::Allowed(_)
+        ));
     }
 
     #[test]

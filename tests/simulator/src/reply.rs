@@ -9,8 +9,7 @@ use serde_json::{Value, json};
 use crate::exchange::{Exchange, Operation};
 
 /// The v2 "no capacity" detail (api-notes P2; also what P11's missing `gpu.count` gets).
-pub(crate) const CAPACITY_DETAIL: &str =
-    "There are no longer any instances available with the requested specifications. Please refresh and try again.";
+pub(crate) const CAPACITY_DETAIL: &str = "There are no longer any instances available with the requested specifications. Please refresh and try again.";
 
 /// Body of a reply.
 pub(crate) enum ReplyBody {

@@ -96,7 +96,9 @@ impl Route {
             ["catalog", "datacenters"] if get => Route::ListDataCenters,
             ["catalog", "datacenters", dc] if get && !dc.is_empty() => Route::GetDataCenter(id(dc)),
             ["catalog", "gpus"] | ["catalog", "datacenters"] => Route::MethodNotAllowed("GET"),
-            ["catalog", "gpus" | "datacenters", x] if !x.is_empty() => Route::MethodNotAllowed("GET"),
+            ["catalog", "gpus" | "datacenters", x] if !x.is_empty() => {
+                Route::MethodNotAllowed("GET")
+            }
             _ => Route::NotFound,
         }
     }
@@ -174,9 +176,9 @@ async fn api(shared: Arc<Shared>, request: Request) -> Reply {
         tracing::debug!(%method, %path, status = reply.status, "runpod simulator request");
         shared.with_world(|world| {
             if world.exchanges.len() >= MAX_EXCHANGES {
-                world.exchanges.remove(0);
+                world.exchanges.pop_front();
             }
-            world.exchanges.push(exchange);
+            world.exchanges.push_back(exchange);
         });
     };
 
@@ -214,7 +216,13 @@ async fn api(shared: Arc<Shared>, request: Request) -> Reply {
                 .get("last-event-id")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            handle(&shared, &route, &parts.uri, &bytes, last_event_id.as_deref())
+            handle(
+                &shared,
+                &route,
+                &parts.uri,
+                &bytes,
+                last_event_id.as_deref(),
+            )
         }
         Err(_) => (
             Reply::problem(413, format!("request body is larger than {MAX_BODY} bytes")),
@@ -322,11 +330,10 @@ fn handle(
         Route::GetGpuType(id) => catalog::get_gpu(scenario, id, &query),
         Route::ListDataCenters => catalog::list_data_centers(scenario, &query),
         Route::GetDataCenter(id) => catalog::get_data_center(scenario, id, &query),
-        Route::MethodNotAllowed(allow) => Reply::problem(
-            405,
-            "The requested method is not allowed for this path.",
-        )
-        .header("allow", *allow),
+        Route::MethodNotAllowed(allow) => {
+            Reply::problem(405, "The requested method is not allowed for this path.")
+                .header("allow", *allow)
+        }
         Route::CreatePod | Route::NotFound => Reply::problem(404, "no such endpoint"),
     };
     let reply = match fired.effect {
@@ -344,7 +351,10 @@ fn handle_create(shared: &Arc<Shared>, body: &[u8]) -> (Reply, Duration) {
     let hints = CreateHints::from_body(body);
     shared.with_world(|world| {
         let planned = create::plan(&shared.scenario, shared.spec, &world.faults, body);
-        let data_center_id = planned.as_ref().ok().map(|(plan, _)| plan.data_center_id.clone());
+        let data_center_id = planned
+            .as_ref()
+            .ok()
+            .map(|(plan, _)| plan.data_center_id.clone());
         let ctx = MatchContext {
             operation: Some(Operation::CreatePod),
             gpu_id: hints.gpu_id.as_deref(),
@@ -372,7 +382,8 @@ fn handle_create(shared: &Arc<Shared>, body: &[u8]) -> (Reply, Duration) {
                     Some(Effect::CreateThenFail { status }) => *status,
                     _ => 201,
                 };
-                let id = create::commit(world, plan, &shared.scenario, &shared.clock, create_status);
+                let id =
+                    create::commit(world, plan, &shared.scenario, &shared.clock, create_status);
                 match (create_status, world.live_pod(&id)) {
                     (201, Some(pod)) => Reply::json(201, pod.to_json(Instant::now())),
                     _ => failed_after_side_effect(create_status),
@@ -391,7 +402,10 @@ mod tests {
     #[test]
     fn routes_resolve_with_decoded_ids() {
         assert_eq!(
-            Route::resolve(&Method::GET, "/v2/catalog/gpus/NVIDIA%20GeForce%20RTX%204090"),
+            Route::resolve(
+                &Method::GET,
+                "/v2/catalog/gpus/NVIDIA%20GeForce%20RTX%204090"
+            ),
             Route::GetGpuType("NVIDIA GeForce RTX 4090".into())
         );
         assert_eq!(

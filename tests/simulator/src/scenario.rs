@@ -178,11 +178,7 @@ pub struct DataCenterSpec {
     #[serde(default, rename = "globalNetwork", alias = "global_network")]
     pub global_network: bool,
     /// `STANDARD` and/or `HIGH_PERFORMANCE`.
-    #[serde(
-        default,
-        rename = "networkVolumeTypes",
-        alias = "network_volume_types"
-    )]
+    #[serde(default, rename = "networkVolumeTypes", alias = "network_volume_types")]
     pub network_volume_types: Vec<String>,
     /// GPU id → stock. A create is placeable here only when this is not NONE.
     #[serde(default, alias = "gpuAvailability")]
@@ -317,27 +313,57 @@ impl Scenario {
     pub fn validate(&self) -> Result<(), ScenarioError> {
         let invalid = |msg: String| Err(ScenarioError::Invalid(msg));
         let gpu_ids = unique_ids("GPU", self.gpus.iter().map(|g| g.id.as_str()))?;
-        unique_ids("data centre", self.data_centers.iter().map(|d| d.id.as_str()))?;
-        let cpu_ids = unique_ids("CPU flavour", self.cpu_flavors.iter().map(|c| c.id.as_str()))?;
+        unique_ids(
+            "data centre",
+            self.data_centers.iter().map(|d| d.id.as_str()),
+        )?;
+        let cpu_ids = unique_ids(
+            "CPU flavour",
+            self.cpu_flavors.iter().map(|c| c.id.as_str()),
+        )?;
         unique_ids("template", self.templates.iter().map(|t| t.id.as_str()))?;
-        unique_ids("rate limit", self.rate_limits.iter().map(|r| r.name.as_str()))?;
+        unique_ids(
+            "rate limit",
+            self.rate_limits.iter().map(|r| r.name.as_str()),
+        )?;
         for gpu in &self.gpus {
             let prices = [gpu.price.secure, gpu.price.community];
             if prices.iter().any(|p| !p.is_finite() || *p < 0.0) {
-                return invalid(format!("GPU {:?} has a negative or non-finite price", gpu.id));
+                return invalid(format!(
+                    "GPU {:?} has a negative or non-finite price",
+                    gpu.id
+                ));
             }
             if let Some(v) = gpu.cuda_versions.iter().find(|v| cuda_version(v).is_none()) {
-                return invalid(format!("GPU {:?}: CUDA version {v:?} is not major.minor", gpu.id));
+                return invalid(format!(
+                    "GPU {:?}: CUDA version {v:?} is not major.minor",
+                    gpu.id
+                ));
             }
         }
         for dc in &self.data_centers {
-            if let Some(gpu) = dc.gpu_availability.keys().find(|g| !gpu_ids.contains(g.as_str())) {
+            if let Some(gpu) = dc
+                .gpu_availability
+                .keys()
+                .find(|g| !gpu_ids.contains(g.as_str()))
+            {
                 return invalid(format!("data centre {}: unknown GPU id {gpu:?}", dc.id));
             }
-            if let Some(cpu) = dc.cpu_availability.keys().find(|c| !cpu_ids.contains(c.as_str())) {
-                return invalid(format!("data centre {}: unknown CPU flavour {cpu:?}", dc.id));
+            if let Some(cpu) = dc
+                .cpu_availability
+                .keys()
+                .find(|c| !cpu_ids.contains(c.as_str()))
+            {
+                return invalid(format!(
+                    "data centre {}: unknown CPU flavour {cpu:?}",
+                    dc.id
+                ));
             }
-            if let Some(c) = dc.compliance.iter().find(|c| !COMPLIANCE.contains(&c.as_str())) {
+            if let Some(c) = dc
+                .compliance
+                .iter()
+                .find(|c| !COMPLIANCE.contains(&c.as_str()))
+            {
                 return invalid(format!("data centre {}: unknown compliance {c:?}", dc.id));
             }
             if let Some(v) = dc
@@ -363,7 +389,10 @@ impl Scenario {
             .iter()
             .find(|c| c.ram_gb_per_vcpu == 0 || c.max_vcpu < 2 || !c.price_per_vcpu.is_finite())
         {
-            return invalid(format!("CPU flavour {:?} has an invalid size or price", cpu.id));
+            return invalid(format!(
+                "CPU flavour {:?} has an invalid size or price",
+                cpu.id
+            ));
         }
         for fault in &self.faults {
             fault.validate().map_err(ScenarioError::Invalid)?;

@@ -29,7 +29,10 @@ pub struct Simulator;
 impl Simulator {
     /// Binds 127.0.0.1:0 and serves in a background task until the handle is dropped or shut
     /// down. `api_key`: `None` accepts any bearer token, `Some` only that one.
-    pub async fn start(scenario: Scenario, api_key: Option<String>) -> std::io::Result<SimulatorHandle> {
+    pub async fn start(
+        scenario: Scenario,
+        api_key: Option<String>,
+    ) -> std::io::Result<SimulatorHandle> {
         scenario.validate().map_err(invalid)?;
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
@@ -120,7 +123,8 @@ impl SimulatorHandle {
 
     /// Every `/v2` request so far with its response.
     pub fn exchanges(&self) -> Vec<Exchange> {
-        self.shared.with_world(|w| w.exchanges.clone())
+        self.shared
+            .with_world(|w| w.exchanges.iter().cloned().collect())
     }
 
     /// Adds a fault rule (after the existing ones). Rules with a non-error status are ignored
@@ -151,7 +155,10 @@ impl SimulatorHandle {
 
     /// Ledger entries with this name.
     pub fn pods_by_name(&self, name: &str) -> Vec<LedgerEntry> {
-        self.ledger().into_iter().filter(|e| e.name == name).collect()
+        self.ledger()
+            .into_iter()
+            .filter(|e| e.name == name)
+            .collect()
     }
 
     /// Stops serving and waits (up to 5 s) for the server task to end.
@@ -161,7 +168,10 @@ impl SimulatorHandle {
         }
         if let Some(task) = self.task.take() {
             let abort = task.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(5), task).await.is_err() {
+            if tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .is_err()
+            {
                 abort.abort();
             }
         }

@@ -4,7 +4,7 @@
 //! The lock is never held across an `.await`. Pod lifecycles advance lazily: every access first
 //! moves each pod to where its timers say it is now (a ticker does the same for log followers).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
@@ -51,7 +51,7 @@ pub(crate) struct World {
     index: HashMap<String, usize>,
     pub faults: FaultSet,
     pub limiter: RateLimiter,
-    pub exchanges: Vec<Exchange>,
+    pub exchanges: VecDeque<Exchange>,
     pub logs: LogStore,
     pub rng: fastrand::Rng,
     /// Set when log followers should look again (a line was added, a pod terminated).
@@ -65,7 +65,7 @@ impl World {
             index: HashMap::new(),
             faults: FaultSet::new(scenario.faults.clone()),
             limiter: RateLimiter::new(&scenario.rate_limits),
-            exchanges: Vec::new(),
+            exchanges: VecDeque::new(),
             logs: LogStore::default(),
             rng: fastrand::Rng::new(),
             dirty: false,

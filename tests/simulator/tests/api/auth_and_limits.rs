@@ -14,19 +14,31 @@ async fn requests_without_the_right_bearer_key_get_401_problems() {
     api.key = None;
     let missing = api.get("/v2/pods").await;
     assert_eq!(missing.status, 401);
-    assert_eq!(missing.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        missing.header("content-type"),
+        Some("application/problem+json")
+    );
     assert_eq!(missing.body["title"], "Unauthorized");
     assert_eq!(missing.body["status"], 401);
-    assert!(missing.header("ratelimit").is_none(), "401s are not authenticated");
+    assert!(
+        missing.header("ratelimit").is_none(),
+        "401s are not authenticated"
+    );
 
     let basic = api
-        .send(api.request(reqwest::Method::GET, "/v2/pods").basic_auth("u", Some("p")))
+        .send(
+            api.request(reqwest::Method::GET, "/v2/pods")
+                .basic_auth("u", Some("p")),
+        )
         .await;
     assert_eq!(basic.status, 401);
 
     api.key = Some("wrong".into());
     assert_eq!(api.get("/v2/pods").await.status, 401);
-    assert_eq!(api.post("/v2/pods", &serde_json::json!({})).await.status, 401);
+    assert_eq!(
+        api.post("/v2/pods", &serde_json::json!({})).await.status,
+        401
+    );
 
     api.key = Some(crate::support::KEY.into());
     let ok = api.get("/v2/pods").await;
@@ -62,11 +74,23 @@ async fn every_authenticated_response_carries_the_default_rate_limit_headers() {
     // Errors count and carry the headers too.
     let missing = api.get("/v2/pods/doesnotexist00").await;
     assert_eq!(missing.status, 404);
-    assert!(missing.header("ratelimit").unwrap().starts_with("\"minute\";r=58;"));
+    assert!(
+        missing
+            .header("ratelimit")
+            .unwrap()
+            .starts_with("\"minute\";r=58;")
+    );
     let unknown = api.get("/v2/nothing-here").await;
     assert_eq!(unknown.status, 404);
-    assert!(unknown.header("ratelimit").unwrap().starts_with("\"minute\";r=57;"));
-    let wrong_method = api.send(api.request(reqwest::Method::PUT, "/v2/pods")).await;
+    assert!(
+        unknown
+            .header("ratelimit")
+            .unwrap()
+            .starts_with("\"minute\";r=57;")
+    );
+    let wrong_method = api
+        .send(api.request(reqwest::Method::PUT, "/v2/pods"))
+        .await;
     assert_eq!(wrong_method.status, 405);
     assert_eq!(wrong_method.header("allow"), Some("GET, POST"));
     api.assert_contract();
@@ -87,18 +111,29 @@ async fn quota_exhaustion_gives_429_and_the_announced_reset_is_honoured() {
         let resp = api.get("/v2/catalog/datacenters").await;
         assert_eq!(resp.status, 200);
         let header = resp.header("ratelimit").unwrap();
-        assert!(header.starts_with(&format!("\"minute\";r={remaining};t=")), "{header}");
+        assert!(
+            header.starts_with(&format!("\"minute\";r={remaining};t=")),
+            "{header}"
+        );
         let t: u64 = header.rsplit("t=").next().unwrap().parse().unwrap();
         assert!((1..=2).contains(&t), "{header}");
         assert_eq!(resp.header("ratelimit-policy"), Some("\"minute\";q=5;w=2"));
     }
     let limited = api.get("/v2/catalog/datacenters").await;
     assert_eq!(limited.status, 429);
-    assert_eq!(limited.detail(), "rate limit exceeded for the minute window");
+    assert_eq!(
+        limited.detail(),
+        "rate limit exceeded for the minute window"
+    );
     assert_eq!(limited.body["title"], "Too Many Requests");
     let retry_after: u64 = limited.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=2).contains(&retry_after));
-    assert!(limited.header("ratelimit").unwrap().starts_with("\"minute\";r=0;"));
+    assert!(
+        limited
+            .header("ratelimit")
+            .unwrap()
+            .starts_with("\"minute\";r=0;")
+    );
     // A refused request does not count, and is refused again.
     assert_eq!(api.get("/v2/pods").await.status, 429);
 
@@ -106,6 +141,11 @@ async fn quota_exhaustion_gives_429_and_the_announced_reset_is_honoured() {
     tokio::time::sleep(Duration::from_secs(retry_after)).await;
     let again = api.get("/v2/catalog/datacenters").await;
     assert_eq!(again.status, 200, "{:?}", again.body);
-    assert!(again.header("ratelimit").unwrap().starts_with("\"minute\";r=4;t=2"));
+    assert!(
+        again
+            .header("ratelimit")
+            .unwrap()
+            .starts_with("\"minute\";r=4;t=2")
+    );
     api.assert_contract();
 }

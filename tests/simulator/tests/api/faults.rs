@@ -19,12 +19,24 @@ fn status(status: u16, detail: Option<&str>) -> Effect {
 #[tokio::test]
 async fn create_then_fail_leaves_a_billed_pod_behind_p3() {
     let api = Api::start(Scenario::default()).await;
-    api.sim.inject(Fault::new(Match::operation(Operation::CreatePod), Effect::CreateThenFail { status: 500 }).times(1));
+    api.sim.inject(
+        Fault::new(
+            Match::operation(Operation::CreatePod),
+            Effect::CreateThenFail { status: 500 },
+        )
+        .times(1),
+    );
     let failed = api
-        .post("/v2/pods", &json!({"name": "ns-job-uid", "image": "i", "gpu": {"id": RTX_4090, "count": 1}}))
+        .post(
+            "/v2/pods",
+            &json!({"name": "ns-job-uid", "image": "i", "gpu": {"id": RTX_4090, "count": 1}}),
+        )
         .await;
     assert_eq!(failed.status, 500);
-    assert_eq!(failed.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        failed.header("content-type"),
+        Some("application/problem+json")
+    );
     let ledger = api.sim.ledger();
     assert_eq!(ledger.len(), 1);
     assert_eq!(ledger[0].create_status, 500);
@@ -33,10 +45,18 @@ async fn create_then_fail_leaves_a_billed_pod_behind_p3() {
     assert_eq!(live_pods(&ledger).len(), 1);
     // The pod exists and is listed, so a careful client finds it instead of creating again.
     let list = api.get("/v2/pods").await;
-    assert_eq!(list.body["pods"][0]["id"].as_str(), Some(ledger[0].id.as_str()));
+    assert_eq!(
+        list.body["pods"][0]["id"].as_str(),
+        Some(ledger[0].id.as_str())
+    );
     assert_eq!(api.sim.pods_by_name("ns-job-uid").len(), 1);
     // `times: 1`: the next create is normal.
-    let next = api.post("/v2/pods", &json!({"name": "other", "image": "i", "gpu": {"id": RTX_4090, "count": 1}})).await;
+    let next = api
+        .post(
+            "/v2/pods",
+            &json!({"name": "other", "image": "i", "gpu": {"id": RTX_4090, "count": 1}}),
+        )
+        .await;
     assert_eq!(next.status, 201);
     api.assert_contract();
 }
@@ -44,16 +64,33 @@ async fn create_then_fail_leaves_a_billed_pod_behind_p3() {
 #[tokio::test]
 async fn status_faults_answer_402_and_403_without_creating() {
     let api = Api::start(Scenario::default()).await;
-    api.sim.inject(Fault::new(Match::operation(Operation::CreatePod).gpu("NVIDIA L40S"), status(403, None)));
+    api.sim.inject(Fault::new(
+        Match::operation(Operation::CreatePod).gpu("NVIDIA L40S"),
+        status(403, None),
+    ));
     let forbidden = api
-        .post("/v2/pods", &json!({"name": "x", "image": "i", "gpu": {"id": "NVIDIA L40S", "count": 1}}))
+        .post(
+            "/v2/pods",
+            &json!({"name": "x", "image": "i", "gpu": {"id": "NVIDIA L40S", "count": 1}}),
+        )
         .await;
-    assert_eq!((forbidden.status, forbidden.body["title"].as_str()), (403, Some("Forbidden")));
-    let other = api.post("/v2/pods", &json!({"name": "x", "image": "i", "gpu": {"id": RTX_4090, "count": 1}})).await;
+    assert_eq!(
+        (forbidden.status, forbidden.body["title"].as_str()),
+        (403, Some("Forbidden"))
+    );
+    let other = api
+        .post(
+            "/v2/pods",
+            &json!({"name": "x", "image": "i", "gpu": {"id": RTX_4090, "count": 1}}),
+        )
+        .await;
     assert_eq!(other.status, 201);
 
     // A data-centre fault fires when placement would land there.
-    api.sim.inject(Fault::new(Match::operation(Operation::CreatePod).data_center("EU-SE-1"), status(403, Some("pool denied"))));
+    api.sim.inject(Fault::new(
+        Match::operation(Operation::CreatePod).data_center("EU-SE-1"),
+        status(403, Some("pool denied")),
+    ));
     let se = api
         .post("/v2/pods", &json!({"name": "x", "image": "i", "gpu": {"id": RTX_4090, "count": 1}, "dataCenterIds": ["EU-SE-1"]}))
         .await;
@@ -64,9 +101,20 @@ async fn status_faults_answer_402_and_403_without_creating() {
     assert_eq!(ca.status, 201);
 
     api.sim.clear_faults();
-    api.sim.inject(Fault::new(Match::any(), status(402, Some("Insufficient balance."))));
-    let broke = api.post("/v2/pods", &json!({"name": "x", "image": "i", "gpu": {"id": RTX_4090, "count": 1}})).await;
-    assert_eq!((broke.status, broke.detail()), (402, "Insufficient balance."));
+    api.sim.inject(Fault::new(
+        Match::any(),
+        status(402, Some("Insufficient balance.")),
+    ));
+    let broke = api
+        .post(
+            "/v2/pods",
+            &json!({"name": "x", "image": "i", "gpu": {"id": RTX_4090, "count": 1}}),
+        )
+        .await;
+    assert_eq!(
+        (broke.status, broke.detail()),
+        (402, "Insufficient balance.")
+    );
     assert!(broke.header("ratelimit").is_some());
     assert_eq!(api.sim.ledger().len(), 2);
 
@@ -74,12 +122,19 @@ async fn status_faults_answer_402_and_403_without_creating() {
     api.sim.inject(
         Fault::new(
             Match::operation(Operation::ListPods),
-            Effect::Status { status: 503, detail: None, retry_after: Some(7) },
+            Effect::Status {
+                status: 503,
+                detail: None,
+                retry_after: Some(7),
+            },
         )
         .times(1),
     );
     let unavailable = api.get("/v2/pods").await;
-    assert_eq!((unavailable.status, unavailable.header("retry-after")), (503, Some("7")));
+    assert_eq!(
+        (unavailable.status, unavailable.header("retry-after")),
+        (503, Some("7"))
+    );
     assert_eq!(api.get("/v2/pods").await.status, 200);
     api.assert_contract();
 }
@@ -99,10 +154,19 @@ async fn pod_faults_match_the_pods_name_and_delays_compose_with_the_answer() {
     assert!(started.elapsed() >= Duration::from_millis(300));
     let started = Instant::now();
     assert_eq!(api.get("/v2/pods").await.status, 200);
-    assert!(started.elapsed() < Duration::from_millis(300), "only getPod is delayed");
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "only getPod is delayed"
+    );
 
     // A delete whose answer is lost still deletes.
-    api.sim.inject(Fault::new(Match::operation(Operation::DeletePod), Effect::CreateThenFail { status: 502 }).times(1));
+    api.sim.inject(
+        Fault::new(
+            Match::operation(Operation::DeletePod),
+            Effect::CreateThenFail { status: 502 },
+        )
+        .times(1),
+    );
     assert_eq!(api.delete(&format!("/v2/pods/{id}")).await.status, 502);
     assert!(api.sim.ledger()[0].terminated_at.is_some());
     assert_eq!(api.delete(&format!("/v2/pods/{id}")).await.status, 404);

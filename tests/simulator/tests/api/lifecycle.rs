@@ -16,13 +16,17 @@ async fn pods_go_provisioning_starting_running_then_publish_ports() {
         provisioning_ms: 400,
         starting_ms: 400,
         ports_ms: 400,
-        ..Scenario::default()
+        ..fast()
     })
     .await;
-    let pod = api.create("life", json!({"ports": ["8888/http", "22/tcp"]})).await;
+    let pod = api
+        .create("life", json!({"ports": ["8888/http", "22/tcp"]}))
+        .await;
     let id = pod["id"].as_str().unwrap();
 
-    let (starting, seen) = api.wait_for(id, WAIT, |p| p["status"] != "PROVISIONING").await;
+    let (starting, seen) = api
+        .wait_for(id, WAIT, |p| p["status"] != "PROVISIONING")
+        .await;
     assert_eq!(seen, ["PROVISIONING", "STARTING"]);
     assert_eq!(starting["status"], "STARTING");
     assert_eq!(starting["runtime"], json!(null));
@@ -38,7 +42,11 @@ async fn pods_go_provisioning_starting_running_then_publish_ports() {
     assert_eq!(running["runtime"]["gpus"].as_array().unwrap().len(), 1);
 
     let (ready, seen) = api
-        .wait_for(id, WAIT, |p| p["runtime"]["ports"].as_array().is_some_and(|a| !a.is_empty()))
+        .wait_for(id, WAIT, |p| {
+            p["runtime"]["ports"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty())
+        })
         .await;
     let ports = ready["runtime"]["ports"].as_array().unwrap();
     assert_eq!(ports.len(), 2);
@@ -65,7 +73,11 @@ async fn the_list_lags_behind_creates() {
     let pod = api.create("lagging", json!({})).await;
     let id = pod["id"].as_str().unwrap();
     assert_eq!(api.get("/v2/pods").await.body, json!({"pods": []}));
-    assert_eq!(api.get(&format!("/v2/pods/{id}")).await.status, 200, "GET by id does not lag");
+    assert_eq!(
+        api.get(&format!("/v2/pods/{id}")).await.status,
+        200,
+        "GET by id does not lag"
+    );
     tokio::time::sleep(Duration::from_millis(450)).await;
     let list = api.get("/v2/pods").await;
     assert_eq!(list.body["pods"][0]["id"], id);
@@ -83,7 +95,10 @@ async fn delete_answers_204_then_404_and_terminates_in_the_ledger() {
     assert!(deleted.header("content-type").is_none());
     assert_eq!(api.get(&format!("/v2/pods/{id}")).await.status, 404);
     let again = api.delete(&format!("/v2/pods/{id}")).await;
-    assert_eq!((again.status, again.body["title"].as_str()), (404, Some("Not Found")));
+    assert_eq!(
+        (again.status, again.body["title"].as_str()),
+        (404, Some("Not Found"))
+    );
     assert_eq!(api.get("/v2/pods").await.body, json!({"pods": []}));
     assert!(api.sim.ledger()[0].terminated_at.is_some());
     assert_eq!(api.delete("/v2/pods/neverexisted00").await.status, 404);
@@ -105,25 +120,52 @@ async fn actions_follow_the_status_table_and_409_otherwise() {
     }
     let invalid = api.post(&path, &json!({"action": "explode"})).await;
     assert_eq!(invalid.status, 422);
-    assert_eq!(api.post(&path, &json!({"action": "stop", "extra": 1})).await.status, 422);
+    assert_eq!(
+        api.post(&path, &json!({"action": "stop", "extra": 1}))
+            .await
+            .status,
+        422
+    );
 
-    let locked = api.patch(&format!("/v2/pods/{}", pod["id"].as_str().unwrap()), &json!({"locked": true})).await;
+    let locked = api
+        .patch(
+            &format!("/v2/pods/{}", pod["id"].as_str().unwrap()),
+            &json!({"locked": true}),
+        )
+        .await;
     assert_eq!((locked.status, &locked.body["locked"]), (200, &json!(true)));
-    assert_eq!(api.post(&path, &json!({"action": "stop"})).await.status, 409, "locked");
-    api.patch(&format!("/v2/pods/{}", pod["id"].as_str().unwrap()), &json!({"locked": false})).await;
+    assert_eq!(
+        api.post(&path, &json!({"action": "stop"})).await.status,
+        409,
+        "locked"
+    );
+    api.patch(
+        &format!("/v2/pods/{}", pod["id"].as_str().unwrap()),
+        &json!({"locked": false}),
+    )
+    .await;
 
     let stopped = api.post(&path, &json!({"action": "stop"})).await;
     assert_eq!(stopped.status, 200);
     assert_eq!(stopped.body["status"], "EXITED");
     assert_eq!(stopped.body["cost"], json!(0.0));
     assert_eq!(stopped.body["actions"], json!(["start", "terminate"]));
-    assert_eq!(api.post(&path, &json!({"action": "stop"})).await.status, 409);
+    assert_eq!(
+        api.post(&path, &json!({"action": "stop"})).await.status,
+        409
+    );
     let started = api.post(&path, &json!({"action": "start"})).await;
-    assert_eq!((started.status, started.body["status"].as_str()), (200, Some("PROVISIONING")));
+    assert_eq!(
+        (started.status, started.body["status"].as_str()),
+        (200, Some("PROVISIONING"))
+    );
     assert_eq!(started.body["cost"], json!(0.44));
     let terminated = api.post(&path, &json!({"action": "terminate"})).await;
     assert_eq!((terminated.status, &terminated.body), (204, &json!(null)));
-    assert_eq!(api.post(&path, &json!({"action": "start"})).await.status, 404);
+    assert_eq!(
+        api.post(&path, &json!({"action": "start"})).await.status,
+        404
+    );
     api.assert_contract();
 }
 
@@ -132,17 +174,42 @@ async fn patch_applies_present_fields_and_validates() {
     let api = Api::start(fast()).await;
     let pod = api.create("before", json!({"env": {"A": "1"}})).await;
     let path = format!("/v2/pods/{}", pod["id"].as_str().unwrap());
-    let renamed = api.patch(&path, &json!({"name": "after", "registry": "cred-1"})).await;
+    let renamed = api
+        .patch(&path, &json!({"name": "after", "registry": "cred-1"}))
+        .await;
     assert_eq!(renamed.status, 200, "{:?}", renamed.body);
-    assert_eq!((renamed.body["name"].as_str(), renamed.body["registry"].as_str()), (Some("after"), Some("cred-1")));
-    assert_eq!(renamed.body["env"], json!({"A": "1"}), "omitted fields are untouched");
+    assert_eq!(
+        (
+            renamed.body["name"].as_str(),
+            renamed.body["registry"].as_str()
+        ),
+        (Some("after"), Some("cred-1"))
+    );
+    assert_eq!(
+        renamed.body["env"],
+        json!({"A": "1"}),
+        "omitted fields are untouched"
+    );
     assert_eq!(api.sim.ledger()[0].name, "after");
-    assert_eq!(api.patch(&path, &json!({"registry": null})).await.body["registry"], json!(null));
+    assert_eq!(
+        api.patch(&path, &json!({"registry": null})).await.body["registry"],
+        json!(null)
+    );
     assert_eq!(api.patch(&path, &json!({"nme": "typo"})).await.status, 422);
     assert_eq!(api.patch(&path, &json!({"name": ""})).await.status, 422);
-    let mount = api.patch(&path, &json!({"mounts": {"persistent": {"size": 20, "path": "/w"}}})).await;
+    let mount = api
+        .patch(
+            &path,
+            &json!({"mounts": {"persistent": {"size": 20, "path": "/w"}}}),
+        )
+        .await;
     assert_eq!(mount.status, 400, "mount kind is fixed at create");
-    assert_eq!(api.patch("/v2/pods/unknownpod0000", &json!({"name": "x"})).await.status, 404);
+    assert_eq!(
+        api.patch("/v2/pods/unknownpod0000", &json!({"name": "x"}))
+            .await
+            .status,
+        404
+    );
     api.assert_contract();
 }
 
@@ -166,16 +233,27 @@ async fn image_rules_script_exits_and_pull_errors() {
         ..fast()
     };
     let api = Api::start(scenario).await;
-    let failing = api.create("pull", json!({"image": "private/secret:1"})).await;
+    let failing = api
+        .create("pull", json!({"image": "private/secret:1"}))
+        .await;
     let (errored, seen) = api
-        .wait_for(failing["id"].as_str().unwrap(), WAIT, |p| p["status"] == "ERROR")
+        .wait_for(failing["id"].as_str().unwrap(), WAIT, |p| {
+            p["status"] == "ERROR"
+        })
         .await;
     assert!(!seen.contains(&"RUNNING".to_owned()), "{seen:?}");
-    assert_eq!((errored["cost"].as_f64(), &errored["runtime"]), (Some(0.0), &json!(null)));
+    assert_eq!(
+        (errored["cost"].as_f64(), &errored["runtime"]),
+        (Some(0.0), &json!(null))
+    );
 
-    let batch = api.create("batch", json!({"image": "me/batch-job:2"})).await;
+    let batch = api
+        .create("batch", json!({"image": "me/batch-job:2"}))
+        .await;
     let (exited, seen) = api
-        .wait_for(batch["id"].as_str().unwrap(), WAIT, |p| p["status"] == "EXITED")
+        .wait_for(batch["id"].as_str().unwrap(), WAIT, |p| {
+            p["status"] == "EXITED"
+        })
         .await;
     assert!(seen.contains(&"RUNNING".to_owned()), "{seen:?}");
     assert_eq!(exited["cost"], json!(0.0));
@@ -193,10 +271,16 @@ async fn statuses_can_be_forced_on_command() {
     assert_eq!(running.body["status"], "RUNNING");
     assert!(api.sim.set_status(id, PodStatus::Exited));
     let exited = api.get(&format!("/v2/pods/{id}")).await;
-    assert_eq!((exited.body["status"].as_str(), exited.body["cost"].as_f64()), (Some("EXITED"), Some(0.0)));
+    assert_eq!(
+        (exited.body["status"].as_str(), exited.body["cost"].as_f64()),
+        (Some("EXITED"), Some(0.0))
+    );
     // EXITED stays EXITED: no timer moves it.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(api.get(&format!("/v2/pods/{id}")).await.body["status"], "EXITED");
+    assert_eq!(
+        api.get(&format!("/v2/pods/{id}")).await.body["status"],
+        "EXITED"
+    );
     assert!(api.sim.set_status(id, PodStatus::Terminated));
     assert_eq!(api.get(&format!("/v2/pods/{id}")).await.status, 404);
     assert!(!api.sim.set_status(id, PodStatus::Running));

@@ -22,7 +22,8 @@ async fn chatty() -> (Api, String) {
     let api = Api::start(scenario).await;
     let pod = api.create("logger", json!({"image": "me/chatty:1"})).await;
     let id = pod["id"].as_str().unwrap().to_owned();
-    api.wait_for(&id, Duration::from_secs(5), |p| p["status"] == "RUNNING").await;
+    api.wait_for(&id, Duration::from_secs(5), |p| p["status"] == "RUNNING")
+        .await;
     (api, id)
 }
 
@@ -44,7 +45,12 @@ async fn open(api: &Api, path: &str, last_event_id: Option<&str>) -> Sse {
 #[tokio::test]
 async fn tail_selects_the_backlog_and_new_lines_follow() {
     let (api, id) = chatty().await;
-    let mut sse = open(&api, &format!("/v2/pods/{id}/logs?source=container&tail=2"), None).await;
+    let mut sse = open(
+        &api,
+        &format!("/v2/pods/{id}/logs?source=container&tail=2"),
+        None,
+    )
+    .await;
     let backlog = sse.drain(QUIET).await;
     let lines: Vec<&str> = backlog.iter().map(|e| e.line()).collect();
     assert_eq!(lines, ["line 4", "line 5"]);
@@ -56,7 +62,10 @@ async fn tail_selects_the_backlog_and_new_lines_follow() {
         assert_eq!(seq.len(), 12);
     }
     assert!(api.sim.push_log(&id, "pushed"));
-    let next = sse.next(Duration::from_secs(2)).await.expect("followed line");
+    let next = sse
+        .next(Duration::from_secs(2))
+        .await
+        .expect("followed line");
     assert_eq!(next.line(), "pushed");
     assert!(!api.sim.push_log("nosuchpod0000", "x"));
 
@@ -65,15 +74,27 @@ async fn tail_selects_the_backlog_and_new_lines_follow() {
     assert!(live.next(QUIET).await.is_none());
     assert!(!live.ended, "the stream stays open");
     api.sim.push_log(&id, "fresh");
-    assert_eq!(live.next(Duration::from_secs(2)).await.unwrap().line(), "fresh");
+    assert_eq!(
+        live.next(Duration::from_secs(2)).await.unwrap().line(),
+        "fresh"
+    );
 
     // Both sources by default: system lifecycle lines are there too.
     let mut both = open(&api, &format!("/v2/pods/{id}/logs"), None).await;
     let all = both.drain(QUIET).await;
-    assert!(all.iter().any(|e| e.data["source"] == "system" && e.line().starts_with("Pulling image")));
+    assert!(
+        all.iter()
+            .any(|e| e.data["source"] == "system" && e.line().starts_with("Pulling image"))
+    );
     assert!(all.iter().any(|e| e.line() == "Container started"));
     let mut system = open(&api, &format!("/v2/pods/{id}/logs?source=system"), None).await;
-    assert!(system.drain(QUIET).await.iter().all(|e| e.data["source"] == "system"));
+    assert!(
+        system
+            .drain(QUIET)
+            .await
+            .iter()
+            .all(|e| e.data["source"] == "system")
+    );
     api.assert_contract();
 }
 
@@ -92,7 +113,11 @@ async fn last_event_id_resumes_without_loss_or_repeat_and_since_filters_by_time(
     let rest = resumed.drain(QUIET).await;
     let mut expected: Vec<String> = all[cut + 1..].iter().map(|e| e.id.clone()).collect();
     let got: Vec<String> = rest.iter().map(|e| e.id.clone()).collect();
-    assert_eq!(got[..expected.len()], expected[..], "resume must continue exactly after the cut");
+    assert_eq!(
+        got[..expected.len()],
+        expected[..],
+        "resume must continue exactly after the cut"
+    );
     assert_eq!(rest.last().unwrap().line(), "while away");
     expected.push(rest.last().unwrap().id.clone());
     assert_eq!(got, expected);
@@ -101,16 +126,28 @@ async fn last_event_id_resumes_without_loss_or_repeat_and_since_filters_by_time(
     assert!(at_end.next(QUIET).await.is_none());
 
     let since = all[cut].data["ts"].as_str().unwrap();
-    let mut from = open(&api, &format!("/v2/pods/{id}/logs?since={}", since.replace('+', "%2B")), None).await;
+    let mut from = open(
+        &api,
+        &format!("/v2/pods/{id}/logs?since={}", since.replace('+', "%2B")),
+        None,
+    )
+    .await;
     let from_events = from.drain(QUIET).await;
     assert!(!from_events.is_empty());
-    assert!(from_events.iter().all(|e| e.data["ts"].as_str().unwrap() >= since));
+    assert!(
+        from_events
+            .iter()
+            .all(|e| e.data["ts"].as_str().unwrap() >= since)
+    );
     let at_or_after: Vec<&str> = all
         .iter()
         .filter(|e| e.data["ts"].as_str().unwrap() >= since)
         .map(|e| e.id.as_str())
         .collect();
-    assert!(at_or_after.contains(&all[cut].id.as_str()), "since is inclusive");
+    assert!(
+        at_or_after.contains(&all[cut].id.as_str()),
+        "since is inclusive"
+    );
     let from_ids: Vec<&str> = from_events.iter().map(|e| e.id.as_str()).collect();
     assert_eq!(from_ids[..at_or_after.len()], at_or_after[..]);
     api.assert_contract();
@@ -125,14 +162,20 @@ async fn bad_parameters_unknown_pods_and_termination_end_streams() {
         assert_eq!(resp.detail(), "Request validation failed.");
     }
     let bad_id = api
-        .send(api.request(reqwest::Method::GET, &format!("/v2/pods/{id}/logs")).header("last-event-id", "nonsense"))
+        .send(
+            api.request(reqwest::Method::GET, &format!("/v2/pods/{id}/logs"))
+                .header("last-event-id", "nonsense"),
+        )
         .await;
     assert_eq!(bad_id.status, 422);
     assert_eq!(api.get("/v2/pods/nosuchpod0000/logs").await.status, 404);
 
     let mut sse = open(&api, &format!("/v2/pods/{id}/logs?tail=0"), None).await;
     assert_eq!(api.delete(&format!("/v2/pods/{id}")).await.status, 204);
-    let last = sse.next(Duration::from_secs(2)).await.expect("termination line");
+    let last = sse
+        .next(Duration::from_secs(2))
+        .await
+        .expect("termination line");
     assert_eq!(last.line(), "Pod terminated");
     assert!(sse.next(Duration::from_secs(2)).await.is_none());
     assert!(sse.ended, "the stream ends once the pod is terminated");

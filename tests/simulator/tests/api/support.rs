@@ -7,19 +7,25 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use reqwest::header::HeaderMap;
 use runpod_simulator::contract::SpecValidator;
-use runpod_simulator::scenario::Scenario;
+use runpod_simulator::scenario::{RateLimitSpec, Scenario};
 use runpod_simulator::{Simulator, SimulatorHandle};
 use serde_json::{Value, json};
 
 pub const KEY: &str = "rpa_test_key";
 pub const RTX_4090: &str = "NVIDIA GeForce RTX 4090";
 
-/// Short lifecycle delays so tests see every state quickly.
+/// Short lifecycle delays so tests see every state quickly, and a quota that polling every
+/// few milliseconds does not exhaust.
 pub fn fast() -> Scenario {
     Scenario {
         provisioning_ms: 150,
         starting_ms: 150,
         ports_ms: 150,
+        rate_limits: vec![RateLimitSpec {
+            name: "minute".into(),
+            quota: 100_000,
+            window_secs: 60,
+        }],
         ..Scenario::default()
     }
 }
@@ -93,7 +99,8 @@ impl Api {
         let body = if bytes.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&bytes).unwrap_or_else(|_| json!(String::from_utf8_lossy(&bytes)))
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| json!(String::from_utf8_lossy(&bytes)))
         };
         Resp {
             status,
@@ -111,11 +118,13 @@ impl Api {
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> Resp {
-        self.send(self.request(reqwest::Method::POST, path).json(body)).await
+        self.send(self.request(reqwest::Method::POST, path).json(body))
+            .await
     }
 
     pub async fn patch(&self, path: &str, body: &Value) -> Resp {
-        self.send(self.request(reqwest::Method::PATCH, path).json(body)).await
+        self.send(self.request(reqwest::Method::PATCH, path).json(body))
+            .await
     }
 
     /// Creates a 1×RTX 4090 pod (201 expected) and returns its JSON.
@@ -132,7 +141,12 @@ impl Api {
     }
 
     /// Polls `GET /v2/pods/{id}` until `done` holds, returning every status seen on the way.
-    pub async fn wait_for(&self, id: &str, timeout: Duration, done: impl Fn(&Value) -> bool) -> (Value, Vec<String>) {
+    pub async fn wait_for(
+        &self,
+        id: &str,
+        timeout: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> (Value, Vec<String>) {
         let deadline = Instant::now() + timeout;
         let mut seen: Vec<String> = Vec::new();
         loop {
@@ -145,7 +159,11 @@ impl Api {
             if done(&resp.body) {
                 return (resp.body, seen);
             }
-            assert!(Instant::now() < deadline, "timed out; statuses seen {seen:?}, last {}", resp.body);
+            assert!(
+                Instant::now() < deadline,
+                "timed out; statuses seen {seen:?}, last {}",
+                resp.body
+            );
             tokio::time::sleep(Duration::from_millis(15)).await;
         }
     }
@@ -155,7 +173,11 @@ impl Api {
         let exchanges = self.sim.exchanges();
         assert!(!exchanges.is_empty(), "no exchange recorded");
         let violations = spec().check_all(&exchanges);
-        assert!(violations.is_empty(), "contract violations:\n{}", violations.join("\n"));
+        assert!(
+            violations.is_empty(),
+            "contract violations:\n{}",
+            violations.join("\n")
+        );
     }
 }
 

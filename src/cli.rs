@@ -45,6 +45,9 @@ pub enum Command {
     /// Serve the RunPod REST v2 simulator over plain HTTP (e2e tests and the demo). The API
     /// key, if any, comes from `RUNPOD_API_KEY` only.
     Simulator(SimulatorArgs),
+    /// Print the RunPod placement candidates (GPU type × data centres, cheapest first) for
+    /// given requirements, from the live catalogue. Needs `RUNPOD_API_KEY`.
+    Gpus(crate::gpus_cmd::GpusArgs),
 }
 
 #[derive(Debug, Args)]

@@ -2,6 +2,7 @@
 
 mod certs_cmd;
 mod cli;
+mod gpus_cmd;
 mod logging;
 mod registration_cmd;
 mod simulator_cmd;
@@ -33,6 +34,7 @@ fn main() -> anyhow::Result<()> {
             cli::Command::Certs(args) => certs_cmd::run(&args),
             cli::Command::WebhookConfiguration(args) => registration_cmd::run(&args),
             cli::Command::Simulator(args) => simulator_cmd::run(args).await,
+            cli::Command::Gpus(args) => gpus_cmd::run(args).await,
         }
     })
 }

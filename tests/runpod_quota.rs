@@ -54,7 +54,10 @@ async fn sixty_per_minute_is_used_without_a_429() {
     let polls = Arc::new(AtomicU32::new(0));
     let cycles = Arc::new(AtomicU32::new(0));
     let mut workers = Vec::new();
-    for _ in 0..4 {
+    // Two pollers (the status poll and, say, a log stream) plus creates and deletes. With more
+    // concurrent requests the limiter may leave up to (concurrency - 1) slots of a window
+    // unused: answers can arrive out of order, and it never assumes in its favour.
+    for _ in 0..2 {
         let (client, stop, polls) = (client.clone(), Arc::clone(&stop), Arc::clone(&polls));
         workers.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {

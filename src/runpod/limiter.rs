@@ -449,8 +449,7 @@ mod tests {
         for task in tasks {
             task.await.unwrap();
         }
-        let order = order.lock().unwrap().clone();
-        order
+        order.lock().unwrap().clone()
     }
 
     #[tokio::test(start_paused = true)]

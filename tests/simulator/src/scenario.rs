@@ -394,6 +394,16 @@ impl Scenario {
                 cpu.id
             ));
         }
+        if let Some(t) = self
+            .templates
+            .iter()
+            .find(|t| t.disk == Some(0) || t.image.is_empty())
+        {
+            return invalid(format!(
+                "template {:?} needs an image and a disk of at least 1 GB",
+                t.id
+            ));
+        }
         for fault in &self.faults {
             fault.validate().map_err(ScenarioError::Invalid)?;
         }

@@ -6,6 +6,7 @@ mod support;
 
 mod auth_and_limits;
 mod catalog;
+mod contract;
 mod create;
 mod faults;
 mod ledger_and_scenario;

@@ -5,7 +5,8 @@
 # pods were mutated, where the scheduler put them, and the refusal.
 #
 # The controller that runs pods on RunPod is not part of the project yet: the virtual node is
-# registered here the way the controller will register it. `--keep` leaves everything running
+# registered here the way the controller will register it, and the RunPod side is shown as the
+# placement candidates the RunPod client computes from the simulator's catalogue. `--keep` leaves everything running
 # until Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -144,6 +145,17 @@ YAML
 if kubectl apply -f "$work/forbidden.yaml"; then
   echo "unexpected: the pod was admitted"; exit 1
 fi
+
+step "The RunPod side: the placement candidates for the burst pod (simulated RunPod catalogue)"
+# RunPod cannot be reached from here, so the project's RunPod simulator stands in for it.
+export RUNPOD_API_KEY="demo-key-$RANDOM$RANDOM"
+"$bin" simulator --listen 127.0.0.1:0 >"$work/simulator.out" 2>"$work/simulator.log" &
+pids+=($!)
+for _ in $(seq 1 50); do grep -q listening "$work/simulator.out" 2>/dev/null && break; sleep 0.2; done
+sim_url="$(sed -n 's/^runpod simulator listening on //p' "$work/simulator.out")"
+[[ -n "$sim_url" ]] || { echo "the simulator did not start:"; cat "$work/simulator.log"; exit 1; }
+echo "simulator: $sim_url"
+run "$bin" gpus --runpod-api-url "$sim_url" --gpu-count 1 --datacenter-ids EU-RO-1,US-TX-3 --max-gpu-price 0.5
 
 step "Webhook metrics"
 curl -s --cacert "$work/certs/ca.crt" "https://127.0.0.1:$port/metrics" | grep '^runpod_kubelet_admissions_total'

@@ -72,7 +72,11 @@ fn gpus_lists_constrained_candidates_from_the_simulator() {
             "--json",
         ],
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
     assert!(!rows.is_empty());
     let mut previous = 0.0;
@@ -83,13 +87,35 @@ fn gpus_lists_constrained_candidates_from_the_simulator() {
         previous = price;
         assert_eq!(row["gpuCount"], 2);
         for dc in row["dataCenterIds"].as_array().unwrap() {
-            assert!(["EU-RO-1", "US-TX-3"].contains(&dc.as_str().unwrap()), "{row}");
+            assert!(
+                ["EU-RO-1", "US-TX-3"].contains(&dc.as_str().unwrap()),
+                "{row}"
+            );
         }
     }
     // The human-readable table carries the same first choice.
-    let table = gpus(&sim.url, Some(KEY), &["--required-gpu-memory", "48", "--datacenter-ids", "EU-RO-1,US-TX-3", "--max-gpu-price", "2", "--gpu-count", "2"]);
+    let table = gpus(
+        &sim.url,
+        Some(KEY),
+        &[
+            "--required-gpu-memory",
+            "48",
+            "--datacenter-ids",
+            "EU-RO-1,US-TX-3",
+            "--max-gpu-price",
+            "2",
+            "--gpu-count",
+            "2",
+        ],
+    );
     let text = String::from_utf8(table.stdout).unwrap();
-    assert!(text.lines().nth(1).unwrap().starts_with(rows[0]["gpuId"].as_str().unwrap()), "{text}");
+    assert!(
+        text.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with(rows[0]["gpuId"].as_str().unwrap()),
+        "{text}"
+    );
 }
 
 #[test]

@@ -732,3 +732,133 @@ async fn the_catalogue_cache_refreshes_and_keeps_the_last_good_one() {
     refresher.abort();
     assert_contract(&sim);
 }
+
+/// A TCP proxy in front of the simulator whose open connections can be cut, to drop a
+/// followed log stream the way a network or load-balancer hiccup would.
+async fn cuttable_proxy(
+    target: std::net::SocketAddr,
+) -> (String, std::sync::Arc<tokio::sync::Notify>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let cut = std::sync::Arc::new(tokio::sync::Notify::new());
+    let cut_all = std::sync::Arc::clone(&cut);
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let cut = std::sync::Arc::clone(&cut_all);
+            tokio::spawn(async move {
+                let mut outbound = tokio::net::TcpStream::connect(target).await.unwrap();
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                    () = cut.notified() => {}
+                }
+            });
+        }
+    });
+    (url, cut)
+}
+
+#[tokio::test]
+async fn a_dropped_follow_stream_resumes_after_the_last_line_it_delivered() {
+    let (sim, _) = start(fast_scenario()).await;
+    let (url, cut) = cuttable_proxy(sim.addr()).await;
+    let client = RunPodClient::new(
+        ClientConfig {
+            api_url: url,
+            request_timeout: Duration::from_secs(5),
+            retry: fast_retries(),
+            ..ClientConfig::default()
+        },
+        ApiKey::new(KEY.to_owned()).unwrap(),
+    )
+    .unwrap();
+    let placed = client
+        .create_idempotent(
+            "ns-q-uid17",
+            &[candidate(RTX_4090, &[])],
+            request_for("ns-q-uid17"),
+        )
+        .await
+        .unwrap();
+    let id = placed.pod.id.clone();
+    wait_for(&client, &id, |pod| pod.status == PodStatus::Running).await;
+    assert!(sim.push_log(&id, "one"));
+    let mut follow = client.logs(
+        &id,
+        LogRequest {
+            source: Some(LogSource::Container),
+            tail: Some(1),
+            follow: true,
+            ..LogRequest::default()
+        },
+    );
+    assert_eq!(next_line(&mut follow).await, "one");
+    cut.notify_waiters();
+    assert!(sim.push_log(&id, "two"));
+    assert!(sim.push_log(&id, "three"));
+    assert_eq!(next_line(&mut follow).await, "two");
+    assert_eq!(next_line(&mut follow).await, "three");
+    assert!(sim.push_log(&id, "four"));
+    assert_eq!(next_line(&mut follow).await, "four");
+    let reconnects = sim
+        .exchanges()
+        .iter()
+        .filter(|ex| ex.operation == Some(Operation::GetPodLogs))
+        .count();
+    assert!(
+        reconnects >= 2,
+        "the stream was reopened ({reconnects} log requests)"
+    );
+    client.delete_pod(&id).await.unwrap();
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn logs_since_a_moment_skip_older_lines() {
+    let (sim, client) = start(fast_scenario()).await;
+    let placed = client
+        .create_idempotent(
+            "ns-r-uid18",
+            &[candidate(RTX_4090, &[])],
+            request_for("ns-r-uid18"),
+        )
+        .await
+        .unwrap();
+    let id = placed.pod.id.clone();
+    wait_for(&client, &id, |pod| pod.status == PodStatus::Running).await;
+    for line in ["old 1", "old 2"] {
+        assert!(sim.push_log(&id, line));
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let since = k8s_openapi::jiff::Timestamp::now();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for line in ["new 1", "new 2"] {
+        assert!(sim.push_log(&id, line));
+    }
+    let lines: Vec<_> = client
+        .logs(
+            &id,
+            LogRequest {
+                source: Some(LogSource::Container),
+                since: Some(since),
+                tail: Some(100),
+                quiet: Some(Duration::from_millis(300)),
+                ..LogRequest::default()
+            },
+        )
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(|line| line.unwrap().line)
+        .collect();
+    assert_eq!(lines, vec!["new 1", "new 2"]);
+    assert_contract(&sim);
+}
+
+async fn next_line(follow: &mut runpod_kubelet::runpod::logs::LogStream) -> String {
+    tokio::time::timeout(Duration::from_secs(5), follow.next())
+        .await
+        .expect("a line within 5 s")
+        .expect("stream still open")
+        .expect("no error")
+        .line
+}

@@ -152,5 +152,7 @@ async fn the_key_never_leaks() {
         // Not even a recognisable fragment.
         assert!(!logs.contains(&key[4..16]));
     }
+    let violations = runpod_simulator::contract::SpecValidator::load().check_all(&sim.exchanges());
+    assert!(violations.is_empty(), "{violations:#?}");
     sim.shutdown().await;
 }

@@ -32,6 +32,9 @@ struct Window {
     remaining: u32,
     /// `None` until a request starts the window.
     resets_at: Option<Instant>,
+    /// The lowest `r` the service reported in this window: the truth once nothing is in
+    /// flight, which undoes the caution taken while answers arrived out of order.
+    lowest_reported: Option<u32>,
 }
 
 impl Window {
@@ -42,6 +45,7 @@ impl Window {
             length,
             remaining: quota,
             resets_at: None,
+            lowest_reported: None,
         }
     }
 
@@ -76,6 +80,7 @@ impl State {
             if window.resets_at.is_some_and(|reset| reset <= now) {
                 window.remaining = window.quota;
                 window.resets_at = None;
+                window.lowest_reported = None;
             }
         }
         if self.blocked_until.is_some_and(|until| until <= now) {
@@ -207,10 +212,18 @@ impl RateLimiter {
     fn observe(&self, seq: u64, headers: &HeaderMap, retry_after: Option<Duration>) {
         let now = Instant::now();
         let mut state = self.lock();
-        // The service counts requests in arrival order: those sent before this one are in its
-        // count already; those sent after it and still unanswered may not be.
-        let others_in_flight =
-            u32::try_from(state.in_flight.range(seq + 1..).count()).unwrap_or(u32::MAX);
+        // Other unanswered requests may or may not be in the reported count (answers arrive
+        // out of order), so assume they are not; once nothing is in flight the lowest
+        // reported value is exact again.
+        let others_in_flight = u32::try_from(
+            state
+                .in_flight
+                .iter()
+                .filter(|other| **other != seq)
+                .count(),
+        )
+        .unwrap_or(u32::MAX);
+        let alone = others_in_flight == 0;
         if let Some(policy) = header_list(headers, "ratelimit-policy") {
             for member in policy {
                 let (Some(quota), Some(length)) = (member.get("q"), member.get("w")) else {
@@ -237,10 +250,10 @@ impl RateLimiter {
                     continue;
                 };
                 let reported_reset = now + Duration::from_secs(reset_secs);
-                let remaining = u32::try_from(remaining)
+                let reported = u32::try_from(remaining)
                     .unwrap_or(u32::MAX)
-                    .saturating_sub(others_in_flight)
                     .min(window.quota);
+                let remaining = reported.saturating_sub(others_in_flight);
                 if reported_reset <= now {
                     // Describes a window that has already ended.
                     continue;
@@ -248,11 +261,19 @@ impl RateLimiter {
                 match window.resets_at {
                     Some(current) if reported_reset <= current + window.length / 2 => {
                         // Same window: both are upper bounds, keep the tighter ones.
-                        window.remaining = window.remaining.min(remaining);
+                        let lowest = window.lowest_reported.map_or(reported, |l| l.min(reported));
+                        window.lowest_reported = Some(lowest);
+                        window.remaining = if alone {
+                            // Every request we sent has been counted: exact.
+                            lowest
+                        } else {
+                            window.remaining.min(remaining)
+                        };
                         window.resets_at = Some(current.min(reported_reset));
                     }
                     _ => {
                         window.remaining = remaining;
+                        window.lowest_reported = Some(reported);
                         window.resets_at = Some(reported_reset);
                     }
                 }
@@ -521,22 +542,37 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn only_requests_sent_later_are_discounted_from_the_reported_remaining() {
+    async fn unanswered_requests_are_assumed_uncounted_until_all_are_in() {
         let limiter = RateLimiter::new(60);
         let policy = r#""minute";q=60;w=60"#;
         let earlier = limiter.acquire(Priority::Routine).await;
         let later = limiter.acquire(Priority::Routine).await;
-        // The later request is answered first: the earlier one was counted before it.
+        // r=5 while another request is unanswered: it may not be counted yet.
         later.observe(&headers(r#""minute";r=5;t=30"#, policy), None);
-        assert_eq!(limiter.windows(), vec![("minute".into(), 60, 5)]);
-        // The earlier one's answer predates the later request's count.
+        assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
         let third = limiter.acquire(Priority::Routine).await;
-        assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
+        assert_eq!(limiter.windows(), vec![("minute".into(), 60, 3)]);
+        // An older, higher count never raises the estimate while requests are in flight.
         earlier.observe(&headers(r#""minute";r=6;t=30"#, policy), None);
-        // 6 minus the third request still in flight, and never above what we knew.
-        assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
+        assert_eq!(limiter.windows(), vec![("minute".into(), 60, 3)]);
+        // Everything answered: the lowest reported count is exact.
         third.observe(&headers(r#""minute";r=4;t=30"#, policy), None);
         assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
         assert_eq!(limiter.in_flight(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn caution_taken_for_out_of_order_answers_is_undone_once_all_are_in() {
+        let limiter = RateLimiter::new(60);
+        let policy = r#""minute";q=60;w=60"#;
+        let first = limiter.acquire(Priority::Routine).await;
+        let second = limiter.acquire(Priority::Routine).await;
+        // The service counted the second request first: the first's answer says r=5, but
+        // the limiter cannot know the second is already in that count, so it assumes 4.
+        first.observe(&headers(r#""minute";r=5;t=30"#, policy), None);
+        assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
+        second.observe(&headers(r#""minute";r=6;t=30"#, policy), None);
+        // Nothing in flight any more: the lowest reported value is the truth.
+        assert_eq!(limiter.windows(), vec![("minute".into(), 60, 5)]);
     }
 }

@@ -261,11 +261,12 @@ EOF
 
 # Start NAME CMD... in its own session (setsid: survives the caller and its
 # process group), stdin/stdout/stderr detached so a caller reading our stdout
-# is not kept waiting. The inner shell writes its own pid, then execs.
+# is not kept waiting. The inner shell writes its own pid (atomically: a watcher must never
+# read a half-written pid file and take the component for dead), then execs.
 spawn() {
   local name="$1"; shift
   # shellcheck disable=SC2016 # $$ and $@ belong to the inner shell
-  setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$DIR/pids/$name.pid" "$@" \
+  setsid bash -c 'echo $$ >"$1.tmp" && mv "$1.tmp" "$1"; shift; exec "$@"' _ "$DIR/pids/$name.pid" "$@" \
     </dev/null >"$DIR/logs/$name.log" 2>&1 &
 }
 

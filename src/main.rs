@@ -5,6 +5,7 @@ mod cli;
 mod gpus_cmd;
 mod logging;
 mod registration_cmd;
+mod shutdown;
 mod simulator_cmd;
 mod webhook_cmd;
 

@@ -36,30 +36,9 @@ pub async fn run(args: SimulatorArgs) -> anyhow::Result<()> {
         api_key_required = api_key.is_some(),
         "runpod simulator serving"
     );
-    Simulator::serve(listener, scenario, api_key, shutdown_signal())
+    Simulator::serve(listener, scenario, api_key, crate::shutdown::signal())
         .await
         .context("serving the runpod simulator")?;
     tracing::info!("runpod simulator stopped");
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

@@ -47,7 +47,7 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
     };
     let reload = tokio::spawn(resolver.watch(args.tls_reload_interval, stopped(stop_rx.clone())));
     tokio::spawn(async move {
-        shutdown_signal().await;
+        crate::shutdown::signal().await;
         tracing::info!("shutting down");
         let _ = stop_tx.send(true);
     });
@@ -74,25 +74,4 @@ fn policy_config(args: &WebhookArgs, own_namespace: Option<String>) -> PolicyCon
         max_gpu_price: Some(args.max_gpu_price),
         excluded_namespaces: excluded,
     }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

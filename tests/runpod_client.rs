@@ -101,6 +101,18 @@ fn request_for(name: &str) -> impl Fn(&Candidate) -> CreatePodRequest {
     }
 }
 
+/// A fault answering `status` with `detail` (and `Retry-After`) to matching requests.
+fn answer(when: Match, status: u16, detail: &str, retry_after: Option<u32>) -> Fault {
+    Fault::new(
+        when,
+        Effect::Status {
+            status,
+            detail: Some(detail.to_owned()),
+            retry_after,
+        },
+    )
+}
+
 fn creates(sim: &SimulatorHandle) -> usize {
     sim.exchanges()
         .iter()
@@ -153,13 +165,11 @@ async fn capacity_everywhere_is_no_capacity_and_creates_nothing() {
 #[tokio::test]
 async fn the_same_rule_400_on_every_candidate_blames_the_request() {
     let (sim, client) = start(fast_scenario()).await;
-    sim.inject(Fault::new(
+    sim.inject(answer(
         Match::operation(Operation::CreatePod),
-        Effect::Status {
-            status: 400,
-            detail: Some("disk must be at least the template's container disk".into()),
-            retry_after: None,
-        },
+        400,
+        "disk must be at least the template's container disk",
+        None,
     ));
     let error = client
         .create_idempotent(
@@ -207,13 +217,11 @@ async fn invalid_422_is_never_retried() {
 #[tokio::test]
 async fn payment_required_stops_at_once() {
     let (sim, client) = start(fast_scenario()).await;
-    sim.inject(Fault::new(
+    sim.inject(answer(
         Match::operation(Operation::CreatePod),
-        Effect::Status {
-            status: 402,
-            detail: Some("Insufficient balance".into()),
-            retry_after: None,
-        },
+        402,
+        "Insufficient balance",
+        None,
     ));
     let error = client
         .create_idempotent(
@@ -235,13 +243,11 @@ async fn payment_required_stops_at_once() {
 #[tokio::test]
 async fn forbidden_pool_skips_the_candidate() {
     let (sim, client) = start(fast_scenario()).await;
-    sim.inject(Fault::new(
+    sim.inject(answer(
         Match::operation(Operation::CreatePod).gpu(RTX_4090),
-        Effect::Status {
-            status: 403,
-            detail: Some("this key cannot use the pool".into()),
-            retry_after: None,
-        },
+        403,
+        "this key cannot use the pool",
+        None,
     ));
     let placed = client
         .create_idempotent(
@@ -264,13 +270,11 @@ async fn forbidden_pool_skips_the_candidate() {
 async fn conflict_rereads_then_retries() {
     let (sim, client) = start(fast_scenario()).await;
     sim.inject(
-        Fault::new(
+        answer(
             Match::operation(Operation::CreatePod),
-            Effect::Status {
-                status: 409,
-                detail: Some("conflict".into()),
-                retry_after: None,
-            },
+            409,
+            "conflict",
+            None,
         )
         .times(1),
     );
@@ -302,13 +306,11 @@ async fn conflict_rereads_then_retries() {
 async fn rate_limited_create_waits_for_retry_after() {
     let (sim, client) = start(fast_scenario()).await;
     sim.inject(
-        Fault::new(
+        answer(
             Match::operation(Operation::CreatePod),
-            Effect::Status {
-                status: 429,
-                detail: Some("rate limit exceeded for the minute window".into()),
-                retry_after: Some(1),
-            },
+            429,
+            "rate limit exceeded for the minute window",
+            Some(1),
         )
         .times(1),
     );
@@ -334,13 +336,11 @@ async fn rate_limited_create_waits_for_retry_after() {
 async fn server_errors_are_retried_with_backoff() {
     let (sim, client) = start(fast_scenario()).await;
     sim.inject(
-        Fault::new(
+        answer(
             Match::operation(Operation::CreatePod),
-            Effect::Status {
-                status: 503,
-                detail: Some("upstream unavailable".into()),
-                retry_after: None,
-            },
+            503,
+            "upstream unavailable",
+            None,
         )
         .times(2),
     );
@@ -711,13 +711,11 @@ async fn the_catalogue_cache_refreshes_and_keeps_the_last_good_one() {
     let second = cache.get().unwrap();
     assert!(second.fetched_at > first.fetched_at);
     // RunPod failing: the last good catalogue stays.
-    sim.inject(Fault::new(
+    sim.inject(answer(
         Match::operation(Operation::ListGpuTypes),
-        Effect::Status {
-            status: 503,
-            detail: None,
-            retry_after: None,
-        },
+        503,
+        "upstream unavailable",
+        None,
     ));
     // (A refresh already under way when the fault was injected may still land.)
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -861,4 +859,40 @@ async fn next_line(follow: &mut runpod_kubelet::runpod::logs::LogStream) -> Stri
         .expect("stream still open")
         .expect("no error")
         .line
+}
+
+#[tokio::test]
+async fn api_calls_429s_and_quota_show_in_the_metrics() {
+    use runpod_kubelet::runpod::metrics::RunPodMetrics;
+    let (sim, client) = start(fast_scenario()).await;
+    let mut registry = prometheus_client::registry::Registry::with_prefix("runpod_kubelet");
+    let client = client.with_metrics(RunPodMetrics::register(&mut registry));
+    sim.inject(
+        answer(
+            Match::operation(Operation::ListPods),
+            429,
+            "rate limit exceeded for the minute window",
+            Some(1),
+        )
+        .times(1),
+    );
+    client.list_pods().await.unwrap();
+    assert!(client.get_pod("nosuchpod00000").await.unwrap().is_none());
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for line in [
+        r#"runpod_kubelet_runpod_api_requests_total{operation="listPods",outcome="rate_limited"} 1"#,
+        r#"runpod_kubelet_runpod_api_requests_total{operation="listPods",outcome="ok"} 1"#,
+        r#"runpod_kubelet_runpod_api_requests_total{operation="getPod",outcome="not_found"} 1"#,
+        r#"runpod_kubelet_runpod_api_request_duration_seconds_count{operation="listPods"} 2"#,
+    ] {
+        assert!(text.contains(line), "missing {line} in\n{text}");
+    }
+    // The simulator's default minute quota is 60; three requests were counted.
+    assert!(
+        text.contains(r#"runpod_kubelet_runpod_api_quota_remaining{window="minute"} 57"#)
+            || text.contains(r#"runpod_kubelet_runpod_api_quota_remaining{window="minute"} 58"#),
+        "{text}"
+    );
+    assert_contract(&sim);
 }

@@ -15,7 +15,8 @@ use tracing::{debug, instrument};
 
 use super::catalog::{Catalogue, DataCenter, DataCenterList, GpuType, GpuTypeList};
 use super::error::{ApiError, Recovery};
-use super::limiter::{Priority, RateLimiter};
+use super::limiter::{Permit, Priority, RateLimiter};
+use super::metrics::RunPodMetrics;
 use super::model::{CreatePodRequest, Pod, PodAction, PodList, PodStatus, UpdatePodRequest};
 use runpod_webhook::contract::CloudType;
 
@@ -154,6 +155,7 @@ pub struct RunPodClient {
     key: ApiKey,
     limiter: Arc<RateLimiter>,
     config: Arc<ClientConfig>,
+    metrics: Option<Arc<RunPodMetrics>>,
 }
 
 impl RunPodClient {
@@ -180,7 +182,31 @@ impl RunPodClient {
             key,
             limiter: RateLimiter::new(config.requests_per_minute),
             config: Arc::new(config),
+            metrics: None,
         })
+    }
+
+    /// Records every call into these metrics.
+    pub fn with_metrics(mut self, metrics: Arc<RunPodMetrics>) -> RunPodClient {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Counts one finished call (`operation` is the spec's operationId).
+    pub(crate) fn record(
+        &self,
+        operation: &'static str,
+        result: Result<(), &ApiError>,
+        elapsed: Duration,
+    ) {
+        if let Some(metrics) = &self.metrics {
+            metrics.record(
+                operation,
+                result.map_or_else(ApiError::kind, |()| "ok"),
+                elapsed,
+            );
+            metrics.quota(&self.limiter.windows());
+        }
     }
 
     /// The shared limiter (for metrics and tests).
@@ -218,6 +244,7 @@ impl RunPodClient {
     /// One request, no retries: waits for the limiter, sends, classifies.
     pub(crate) async fn send_once(
         &self,
+        operation: &'static str,
         priority: Priority,
         method: Method,
         segments: &[&str],
@@ -226,6 +253,21 @@ impl RunPodClient {
     ) -> Result<Answer, ApiError> {
         let url = self.url(segments, query);
         let permit = self.limiter.acquire(priority).await;
+        let started = tokio::time::Instant::now();
+        let result = self.exchange(permit, method, segments, url, body).await;
+        self.record(operation, result.as_ref().map(|_| ()), started.elapsed());
+        result
+    }
+
+    /// The request itself, once the limiter let it go.
+    async fn exchange(
+        &self,
+        permit: Permit,
+        method: Method,
+        segments: &[&str],
+        url: Url,
+        body: Option<&(dyn erased::Body + Sync)>,
+    ) -> Result<Answer, ApiError> {
         let started = tokio::time::Instant::now();
         let mut request = self
             .request(method.clone(), url)
@@ -277,6 +319,7 @@ impl RunPodClient {
     /// An idempotent request with retries for 429, 5xx and timeouts.
     async fn send(
         &self,
+        operation: &'static str,
         priority: Priority,
         method: Method,
         segments: &[&str],
@@ -287,7 +330,7 @@ impl RunPodClient {
         let mut rate_limited = 0;
         loop {
             match self
-                .send_once(priority, method.clone(), segments, query, body)
+                .send_once(operation, priority, method.clone(), segments, query, body)
                 .await
             {
                 Err(ApiError::RateLimited { .. }) if rate_limited < 10 => {
@@ -319,7 +362,14 @@ impl RunPodClient {
     #[instrument(skip(self), level = "debug")]
     pub async fn list_pods(&self) -> Result<Vec<Pod>, ApiError> {
         let answer = self
-            .send(Priority::Routine, Method::GET, &["pods"], &[], None)
+            .send(
+                "listPods",
+                Priority::Routine,
+                Method::GET,
+                &["pods"],
+                &[],
+                None,
+            )
             .await?;
         Ok(Self::decode::<PodList>(&answer)?.pods)
     }
@@ -327,7 +377,7 @@ impl RunPodClient {
     /// Live pods with exactly this name: the idempotency lookup (names are deterministic).
     pub async fn find_by_name(&self, name: &str, priority: Priority) -> Result<Vec<Pod>, ApiError> {
         let answer = self
-            .send(priority, Method::GET, &["pods"], &[], None)
+            .send("listPods", priority, Method::GET, &["pods"], &[], None)
             .await?;
         Ok(Self::decode::<PodList>(&answer)?
             .pods
@@ -340,7 +390,14 @@ impl RunPodClient {
     #[instrument(skip(self), level = "debug")]
     pub async fn get_pod(&self, id: &str) -> Result<Option<Pod>, ApiError> {
         match self
-            .send(Priority::Routine, Method::GET, &["pods", id], &[], None)
+            .send(
+                "getPod",
+                Priority::Routine,
+                Method::GET,
+                &["pods", id],
+                &[],
+                None,
+            )
             .await
         {
             Ok(answer) => Ok(Some(Self::decode(&answer)?)),
@@ -355,6 +412,7 @@ impl RunPodClient {
     pub async fn create_pod_once(&self, request: &CreatePodRequest) -> Result<Pod, ApiError> {
         let answer = self
             .send_once(
+                "createPod",
                 Priority::Urgent,
                 Method::POST,
                 &["pods"],
@@ -370,6 +428,7 @@ impl RunPodClient {
     pub async fn update_pod(&self, id: &str, update: &UpdatePodRequest) -> Result<Pod, ApiError> {
         let answer = self
             .send(
+                "updatePod",
                 Priority::Urgent,
                 Method::PATCH,
                 &["pods", id],
@@ -384,7 +443,14 @@ impl RunPodClient {
     #[instrument(skip(self), level = "debug")]
     pub async fn delete_pod(&self, id: &str) -> Result<Deleted, ApiError> {
         match self
-            .send(Priority::Urgent, Method::DELETE, &["pods", id], &[], None)
+            .send(
+                "deletePod",
+                Priority::Urgent,
+                Method::DELETE,
+                &["pods", id],
+                &[],
+                None,
+            )
             .await
         {
             Ok(_) => Ok(Deleted::Terminated),
@@ -399,6 +465,7 @@ impl RunPodClient {
         let body = ActionBody { action };
         let answer = self
             .send(
+                "podAction",
                 Priority::Urgent,
                 Method::POST,
                 &["pods", id, "action"],
@@ -423,6 +490,7 @@ impl RunPodClient {
         ];
         let answer = self
             .send(
+                "listGpuTypes",
                 Priority::Routine,
                 Method::GET,
                 &["catalog", "gpus"],
@@ -437,6 +505,7 @@ impl RunPodClient {
     pub async fn data_centers(&self) -> Result<Vec<DataCenter>, ApiError> {
         let answer = self
             .send(
+                "listDataCenters",
                 Priority::Routine,
                 Method::GET,
                 &["catalog", "datacenters"],

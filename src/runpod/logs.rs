@@ -128,7 +128,15 @@ impl RunPodClient {
         if let Some(id) = last_id {
             builder = builder.header("last-event-id", id);
         }
-        let response = builder.send().await.map_err(|e| self.transport_error(&e))?;
+        let started = tokio::time::Instant::now();
+        let response = match builder.send().await {
+            Ok(response) => response,
+            Err(error) => {
+                let error = self.transport_error(&error);
+                self.record("getPodLogs", Err(&error), started.elapsed());
+                return Err(error);
+            }
+        };
         let status = response.status();
         let headers: HeaderMap = response.headers().clone();
         let retry_after = headers
@@ -143,8 +151,12 @@ impl RunPodClient {
         );
         if !status.is_success() {
             let body = response.bytes().await.unwrap_or_default();
-            return Err(ApiError::from_response(status.as_u16(), retry_after, &body));
+            let error = ApiError::from_response(status.as_u16(), retry_after, &body);
+            self.record("getPodLogs", Err(&error), started.elapsed());
+            return Err(error);
         }
+        // Latency here is time to the stream's headers; the stream itself is open-ended.
+        self.record("getPodLogs", Ok(()), started.elapsed());
         Ok(Box::pin(response.bytes_stream().eventsource()))
     }
 }

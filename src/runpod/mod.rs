@@ -9,6 +9,7 @@ pub mod decode;
 pub mod error;
 pub mod limiter;
 pub mod logs;
+pub mod metrics;
 pub mod model;
 pub mod placement;
 pub mod select;

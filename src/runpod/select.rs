@@ -9,8 +9,7 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Container, Pod};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::Pod;
 use runpod_webhook::contract::{self, CloudType};
 
 use super::catalog::{Availability, Catalogue, GpuType};
@@ -147,7 +146,7 @@ pub fn requirements(pod: &Pod, limits: &ClusterLimits) -> Result<Requirements, R
     }
 
     Ok(Requirements {
-        gpu_count: gpu_count(pod).max(1),
+        gpu_count: runpod_webhook::policy::gpu_count(pod).max(1),
         min_memory_gb,
         gpu_types,
         cloud,
@@ -212,45 +211,6 @@ fn intersect_data_centers(pod: &[String], cluster: &[String]) -> Vec<String> {
         cluster
     } else {
         pod.into_iter().filter(|id| cluster.contains(id)).collect()
-    }
-}
-
-/// GPUs the pod asks for (`nvidia.com/gpu`, limit or else request), with Kubernetes' rule for
-/// init containers: the larger of their maximum and the sum over the regular containers. This
-/// mirrors the webhook's count, which its crate does not export.
-fn gpu_count(pod: &Pod) -> u32 {
-    let Some(spec) = pod.spec.as_ref() else {
-        return 0;
-    };
-    let per_container = |container: &Container| -> u32 {
-        let resources = container.resources.as_ref();
-        let limit = resources.and_then(|r| r.limits.as_ref()?.get(contract::GPU_RESOURCE));
-        let request = resources.and_then(|r| r.requests.as_ref()?.get(contract::GPU_RESOURCE));
-        limit.or(request).map(quantity_count).unwrap_or(0)
-    };
-    let regular = spec
-        .containers
-        .iter()
-        .map(per_container)
-        .fold(0, u32::saturating_add);
-    let init = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .map(per_container)
-        .max()
-        .unwrap_or(0);
-    regular.max(init)
-}
-
-/// Extended resources are whole numbers; anything else non-zero still counts as one GPU (as in
-/// the webhook).
-fn quantity_count(quantity: &Quantity) -> u32 {
-    let text = quantity.0.trim();
-    match text.parse::<u32>() {
-        Ok(count) => count,
-        Err(_) if text.is_empty() || text.chars().all(|c| c == '0' || c == '.') => 0,
-        Err(_) => 1,
     }
 }
 

@@ -25,14 +25,18 @@ const RTX_4090: &str = "NVIDIA GeForce RTX 4090";
 const A4000: &str = "NVIDIA RTX A4000";
 const A6000: &str = "NVIDIA RTX A6000";
 
+/// Short lifecycle delays, and a list that lags behind creates as RunPod's does (api-notes P3).
 fn fast_scenario() -> Scenario {
     Scenario {
         provisioning_ms: 100,
         starting_ms: 100,
         ports_ms: 100,
+        list_lag_ms: LIST_LAG_MS,
         ..Scenario::default()
     }
 }
+
+const LIST_LAG_MS: u64 = 300;
 
 fn fast_retries() -> RetryPolicy {
     RetryPolicy {
@@ -53,9 +57,14 @@ async fn start(scenario: Scenario) -> (SimulatorHandle, RunPodClient) {
 }
 
 fn client_for(sim: &SimulatorHandle, key: &str, config: ClientConfig) -> RunPodClient {
+    client_at(&sim.base_url(), Duration::from_secs(5), key, config)
+}
+
+/// A client of the server root `url` with fast retries and this request timeout.
+fn client_at(url: &str, timeout: Duration, key: &str, config: ClientConfig) -> RunPodClient {
     let config = ClientConfig {
-        api_url: sim.base_url(),
-        request_timeout: Duration::from_secs(5),
+        api_url: url.to_owned(),
+        request_timeout: timeout,
         requests_per_minute: 600,
         retry: fast_retries(),
         ..config
@@ -392,16 +401,12 @@ async fn a_500_after_a_real_create_adopts_the_pod_despite_list_lag() {
 async fn a_timed_out_create_is_looked_up_before_creating_again() {
     let (sim, _) = start(fast_scenario()).await;
     // The answer comes after the client gave up; the pod exists all the same.
-    let client = RunPodClient::new(
-        ClientConfig {
-            api_url: sim.base_url(),
-            request_timeout: Duration::from_millis(400),
-            retry: fast_retries(),
-            ..ClientConfig::default()
-        },
-        ApiKey::new(KEY.to_owned()).unwrap(),
-    )
-    .unwrap();
+    let client = client_at(
+        &sim.base_url(),
+        Duration::from_millis(400),
+        KEY,
+        ClientConfig::default(),
+    );
     sim.inject(
         Fault::new(
             Match::operation(Operation::CreatePod),
@@ -424,8 +429,12 @@ async fn a_timed_out_create_is_looked_up_before_creating_again() {
 }
 
 #[tokio::test]
-async fn creating_again_after_a_crash_adopts_instead_of_duplicating() {
-    let (sim, client) = start(fast_scenario()).await;
+async fn creating_again_at_once_finds_the_pod_the_lagging_list_does_not_show() {
+    let (sim, client) = start(Scenario {
+        list_lag_ms: 5_000,
+        ..fast_scenario()
+    })
+    .await;
     let first = client
         .create_idempotent(
             "ns-l-uid12",
@@ -434,7 +443,11 @@ async fn creating_again_after_a_crash_adopts_instead_of_duplicating() {
         )
         .await
         .unwrap();
-    // A restarted controller calls again for the same Kubernetes pod.
+    // The same controller reconciles again right away: the list does not show the pod yet.
+    assert!(
+        client.list_pods().await.unwrap().is_empty(),
+        "the list lags"
+    );
     let second = client
         .create_idempotent(
             "ns-l-uid12",
@@ -444,8 +457,79 @@ async fn creating_again_after_a_crash_adopts_instead_of_duplicating() {
         .await
         .unwrap();
     assert_eq!(first.pod.id, second.pod.id);
+    assert!(second.candidate.is_none(), "adopted");
+    assert_eq!(creates(&sim), 1);
+    assert_eq!(sim.ledger().len(), 1);
+    // Once deleted, the memory is gone too: a new pod may be created for the name.
+    client.delete_pod(&first.pod.id).await.unwrap();
+    let third = client
+        .create_idempotent(
+            "ns-l-uid12",
+            &[candidate(RTX_4090, &[])],
+            request_for("ns-l-uid12"),
+        )
+        .await
+        .unwrap();
+    assert_ne!(third.pod.id, first.pod.id);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn a_restarted_client_adopts_instead_of_duplicating() {
+    let (sim, client) = start(fast_scenario()).await;
+    let first = client
+        .create_idempotent(
+            "ns-l2-uid12",
+            &[candidate(RTX_4090, &[])],
+            request_for("ns-l2-uid12"),
+        )
+        .await
+        .unwrap();
+    // A new process (no memory of the create) after the list has caught up.
+    drop(client);
+    tokio::time::sleep(Duration::from_millis(LIST_LAG_MS + 200)).await;
+    let restarted = client_for(&sim, KEY, ClientConfig::default());
+    let second = restarted
+        .create_idempotent(
+            "ns-l2-uid12",
+            &[candidate(A4000, &[])],
+            request_for("ns-l2-uid12"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.pod.id, second.pod.id);
     assert!(duplicate_names(&sim.ledger()).is_empty());
     assert_eq!(creates(&sim), 1);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn a_wrong_api_url_is_an_error_never_already_deleted() {
+    let (sim, client) = start(fast_scenario()).await;
+    let placed = client
+        .create_idempotent(
+            "ns-w-uid19",
+            &[candidate(RTX_4090, &[])],
+            request_for("ns-w-uid19"),
+        )
+        .await
+        .unwrap();
+    // A common mistake: the URL already ends in /v2, so every path is /v2/v2/...
+    let misconfigured = client_at(
+        &format!("{}/v2", sim.base_url()),
+        Duration::from_secs(5),
+        KEY,
+        ClientConfig::default(),
+    );
+    let error = misconfigured.delete_pod(&placed.pod.id).await.unwrap_err();
+    assert!(
+        matches!(error, ApiError::NoSuchEndpoint { .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("--runpod-api-url"));
+    assert!(misconfigured.get_pod(&placed.pod.id).await.is_err());
+    // The pod is still there and still billed: nothing was mistaken for a deletion.
+    assert_eq!(live_pods(&sim.ledger()).len(), 1);
     assert_contract(&sim);
 }
 
@@ -894,5 +978,51 @@ async fn api_calls_429s_and_quota_show_in_the_metrics() {
             || text.contains(r#"runpod_kubelet_runpod_api_quota_remaining{window="minute"} 58"#),
         "{text}"
     );
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn after_a_create_that_may_have_worked_no_other_gpu_is_tried() {
+    // The list lags longer than the lookups after the failure, so the client cannot see the
+    // pod its failed create made; then the same GPU type runs out (that pod took it).
+    let (sim, client) = start(Scenario {
+        list_lag_ms: 10_000,
+        ..fast_scenario()
+    })
+    .await;
+    sim.inject(
+        Fault::new(
+            Match::operation(Operation::CreatePod),
+            Effect::CreateThenFail { status: 502 },
+        )
+        .times(1),
+    );
+    let placing = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .create_idempotent(
+                    "ns-s-uid20",
+                    &[candidate(RTX_4090, &[]), candidate(A4000, &[])],
+                    request_for("ns-s-uid20"),
+                )
+                .await
+        })
+    };
+    while sim.ledger().is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    sim.inject(Fault::new(Match::any().gpu(RTX_4090), Effect::Capacity));
+    let error = placing.await.unwrap().unwrap_err();
+    assert!(
+        matches!(
+            error,
+            PlacementError::Unsettled(ApiError::Server { status: 502, .. })
+        ),
+        "{error:?}"
+    );
+    let ledger = sim.ledger();
+    assert_eq!(ledger.len(), 1, "no pod on the other GPU: {ledger:#?}");
+    assert_eq!(ledger[0].gpu_id.as_deref(), Some(RTX_4090));
     assert_contract(&sim);
 }

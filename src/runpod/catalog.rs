@@ -10,7 +10,7 @@ use runpod_webhook::contract::CloudType;
 
 /// Stock as the catalogue reports it; anything unrecognised reads as `Unknown`, which
 /// placement treats like `Low` (stock never predicts success anyway, api-notes P2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Availability {
     None,
@@ -18,6 +18,7 @@ pub enum Availability {
     Medium,
     High,
     #[serde(other)]
+    #[default]
     Unknown,
 }
 
@@ -57,12 +58,8 @@ pub struct DataCenterStock {
     pub id: String,
     #[serde(default)]
     pub name: Option<String>,
-    #[serde(default = "unknown_availability")]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub availability: Availability,
-}
-
-fn unknown_availability() -> Availability {
-    Availability::Unknown
 }
 
 /// One entry of `GET /v2/catalog/gpus?include=AVAILABILITY&product=POD`.
@@ -76,9 +73,9 @@ pub struct GpuType {
     /// VRAM in GB.
     #[serde(default, deserialize_with = "lenient_u32")]
     pub memory: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub secure: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub community: bool,
     #[serde(default, deserialize_with = "null_as_default")]
     pub price: CloudPrices,

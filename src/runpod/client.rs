@@ -156,6 +156,49 @@ pub struct RunPodClient {
     limiter: Arc<RateLimiter>,
     config: Arc<ClientConfig>,
     metrics: Option<Arc<RunPodMetrics>>,
+    recent: Arc<RecentCreates>,
+}
+
+/// Pods this client created lately, by name. RunPod's list lags behind a create (api-notes
+/// P3), so a second `create_idempotent` for the same name soon after the first would not find
+/// the pod in the list; this remembers it (until deleted, or for `RECENT_TTL`).
+#[derive(Debug, Default)]
+pub(crate) struct RecentCreates(
+    std::sync::Mutex<std::collections::HashMap<String, (String, tokio::time::Instant)>>,
+);
+
+/// Far longer than any list lag seen; entries are dropped on delete anyway.
+const RECENT_TTL: Duration = Duration::from_secs(600);
+
+impl RecentCreates {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (String, tokio::time::Instant)>>
+    {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn remember(&self, name: &str, pod_id: &str) {
+        let mut map = self.lock();
+        map.retain(|_, (_, at)| at.elapsed() < RECENT_TTL);
+        map.insert(
+            name.to_owned(),
+            (pod_id.to_owned(), tokio::time::Instant::now()),
+        );
+    }
+
+    pub(crate) fn pod_id(&self, name: &str) -> Option<String> {
+        self.lock()
+            .get(name)
+            .filter(|(_, at)| at.elapsed() < RECENT_TTL)
+            .map(|(id, _)| id.clone())
+    }
+
+    pub(crate) fn forget_pod(&self, pod_id: &str) {
+        self.lock().retain(|_, (id, _)| id != pod_id);
+    }
 }
 
 impl RunPodClient {
@@ -173,6 +216,8 @@ impl RunPodClient {
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(tls)
             .connect_timeout(config.connect_timeout)
+            // Followed log streams sit idle for long stretches; notice dead peers.
+            .tcp_keepalive(Duration::from_secs(30))
             .user_agent(concat!("runpod-kubelet/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| ConfigError::Http(e.to_string()))?;
@@ -183,6 +228,7 @@ impl RunPodClient {
             limiter: RateLimiter::new(config.requests_per_minute),
             config: Arc::new(config),
             metrics: None,
+            recent: Arc::default(),
         })
     }
 
@@ -212,6 +258,10 @@ impl RunPodClient {
     /// The shared limiter (for metrics and tests).
     pub fn limiter(&self) -> &Arc<RateLimiter> {
         &self.limiter
+    }
+
+    pub(crate) fn recent(&self) -> &RecentCreates {
+        &self.recent
     }
 
     pub fn retry_policy(&self) -> &RetryPolicy {
@@ -453,8 +503,14 @@ impl RunPodClient {
             )
             .await
         {
-            Ok(_) => Ok(Deleted::Terminated),
-            Err(ApiError::NotFound { .. }) => Ok(Deleted::AlreadyGone),
+            Ok(_) => {
+                self.recent.forget_pod(id);
+                Ok(Deleted::Terminated)
+            }
+            Err(ApiError::NotFound { .. }) => {
+                self.recent.forget_pod(id);
+                Ok(Deleted::AlreadyGone)
+            }
             Err(error) => Err(error),
         }
     }
@@ -463,7 +519,7 @@ impl RunPodClient {
     #[instrument(skip(self), level = "debug")]
     pub async fn pod_action(&self, id: &str, action: PodAction) -> Result<Option<Pod>, ApiError> {
         let body = ActionBody { action };
-        let answer = self
+        let answer = match self
             .send(
                 "podAction",
                 Priority::Urgent,
@@ -472,7 +528,16 @@ impl RunPodClient {
                 &[],
                 Some(&body),
             )
-            .await?;
+            .await
+        {
+            Ok(answer) => answer,
+            // Terminating something already gone (e.g. on a retry) is done, as for DELETE.
+            Err(ApiError::NotFound { .. }) if action == PodAction::Terminate => {
+                self.recent.forget_pod(id);
+                return Ok(None);
+            }
+            Err(error) => return Err(error),
+        };
         if answer.status == StatusCode::NO_CONTENT || answer.body.is_empty() {
             Ok(None)
         } else {
@@ -555,9 +620,17 @@ pub(crate) mod erased {
     }
 }
 
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+/// Longest `Retry-After` honoured: a larger value is a bug on the other side, not a reason
+/// to stop for days (or to overflow a clock).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// `Retry-After` in seconds (the form RunPod uses), capped.
+pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    value.parse::<u64>().ok().map(Duration::from_secs)
+    value
+        .parse::<u64>()
+        .ok()
+        .map(|secs| Duration::from_secs(secs).min(MAX_RETRY_AFTER))
 }
 
 /// The error and its sources, e.g. "error sending request: connection refused".

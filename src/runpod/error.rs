@@ -86,6 +86,12 @@ pub enum ApiError {
     Forbidden { detail: String },
     #[error("not found on RunPod (404): {detail}")]
     NotFound { detail: String },
+    /// A 404 that is not a problem document: the path does not exist, which means a wrong
+    /// `--runpod-api-url`, not a missing pod. Never read as "already deleted" (api-notes P8).
+    #[error(
+        "RunPod has no such endpoint (404 {detail:?}); check --runpod-api-url (the server root, without /v2)"
+    )]
+    NoSuchEndpoint { detail: String },
     #[error("RunPod reports a conflict with the pod's current state (409): {detail}")]
     Conflict { detail: String },
     #[error("RunPod rate limit reached (429), retry after {}s: {detail}", retry_after.as_secs())]
@@ -136,7 +142,12 @@ impl ApiError {
     pub fn from_response(status: u16, retry_after: Option<Duration>, body: &[u8]) -> ApiError {
         let problem = Problem::from_body(body);
         let detail = problem.text();
+        // A missing resource is a JSON document (RFC 9457, or v1's `{"error"}`); a path no
+        // route serves is the router's plain text. Decided by the body, not the header.
+        let json_body =
+            serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|value| value.is_object());
         match status {
+            404 if !json_body => ApiError::NoSuchEndpoint { detail },
             400 if is_capacity_detail(&detail) => ApiError::Capacity { detail },
             400 => ApiError::BadRequest { detail },
             401 => ApiError::Unauthorized { detail },
@@ -160,7 +171,9 @@ impl ApiError {
     /// The classification from the spec's create description.
     pub fn recovery(&self) -> Recovery {
         match self {
-            ApiError::Invalid { .. } | ApiError::Unauthorized { .. } => Recovery::Fix,
+            ApiError::Invalid { .. }
+            | ApiError::Unauthorized { .. }
+            | ApiError::NoSuchEndpoint { .. } => Recovery::Fix,
             ApiError::Capacity { .. }
             | ApiError::BadRequest { .. }
             | ApiError::Forbidden { .. } => Recovery::NextCandidate,
@@ -199,6 +212,7 @@ impl ApiError {
             ApiError::PaymentRequired { .. } => "payment_required",
             ApiError::Forbidden { .. } => "forbidden",
             ApiError::NotFound { .. } => "not_found",
+            ApiError::NoSuchEndpoint { .. } => "no_such_endpoint",
             ApiError::Conflict { .. } => "conflict",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Server { .. } => "server",
@@ -263,8 +277,13 @@ mod tests {
         );
         assert_eq!(classify(503, "upstream"), (Recovery::Retry, "server"));
         assert_eq!(
-            classify(404, "404 page not found"),
+            classify(404, &problem("pod not found")),
             (Recovery::Gone, "not_found")
+        );
+        // The router's plain-text 404 is a wrong URL, never "already gone" (api-notes P8).
+        assert_eq!(
+            classify(404, "404 page not found"),
+            (Recovery::Fix, "no_such_endpoint")
         );
         assert_eq!(
             classify(401, &problem("bad key")),
@@ -288,9 +307,7 @@ mod tests {
 
     #[test]
     fn messages_carry_detail_and_validation_errors() {
-        let error = ApiError::from_response(
-            422,
-            None,
+        let error = ApiError::from_response(422, None,
             br#"{"title":"Unprocessable Entity","status":422,"detail":"Request validation failed.","errors":["$.bogus: not allowed"]}"#,
         );
         assert_eq!(

@@ -20,9 +20,12 @@ pub enum Priority {
     Routine,
 }
 
-/// The server anchors a window when it receives the first request; a window we start locally
-/// is assumed to end this much later than our own clock says, until a header tells us.
-const LOCAL_WINDOW_MARGIN: Duration = Duration::from_secs(1);
+/// Resets are assumed this much later than announced: the server anchors a window when it
+/// receives the first request (after we sent it), and may round `t` down rather than up.
+const RESET_MARGIN: Duration = Duration::from_secs(1);
+
+/// Longest reset or wait believed from a header (a day window is the longest RunPod has).
+const MAX_ANNOUNCED_WAIT: Duration = Duration::from_secs(2 * 86_400);
 
 #[derive(Debug, Clone)]
 struct Window {
@@ -76,9 +79,11 @@ struct State {
 
 impl State {
     fn refresh(&mut self, now: Instant) {
+        // Requests still unanswered may land in the new window.
+        let in_flight = u32::try_from(self.in_flight.len()).unwrap_or(u32::MAX);
         for window in &mut self.windows {
             if window.resets_at.is_some_and(|reset| reset <= now) {
-                window.remaining = window.quota;
+                window.remaining = window.quota.saturating_sub(in_flight);
                 window.resets_at = None;
                 window.lowest_reported = None;
             }
@@ -118,7 +123,7 @@ impl State {
         for window in &mut self.windows {
             window.remaining -= 1;
             if window.resets_at.is_none() {
-                window.resets_at = Some(now + window.length + LOCAL_WINDOW_MARGIN);
+                window.resets_at = Some(now + window.length + RESET_MARGIN);
             }
         }
         Ok(())
@@ -249,13 +254,14 @@ impl RateLimiter {
                 let Some(window) = state.windows.iter_mut().find(|w| w.name == member.name) else {
                     continue;
                 };
-                let reported_reset = now + Duration::from_secs(reset_secs);
+                let wait = Duration::from_secs(reset_secs).min(MAX_ANNOUNCED_WAIT);
+                let reported_reset = now + wait + RESET_MARGIN;
                 let reported = u32::try_from(remaining)
                     .unwrap_or(u32::MAX)
                     .min(window.quota);
                 let remaining = reported.saturating_sub(others_in_flight);
-                if reported_reset <= now {
-                    // Describes a window that has already ended.
+                if reset_secs == 0 {
+                    // Describes a window that is ending right now.
                     continue;
                 }
                 match window.resets_at {
@@ -280,7 +286,7 @@ impl RateLimiter {
             }
         }
         if let Some(wait) = retry_after {
-            let until = now + wait;
+            let until = now + wait.min(MAX_ANNOUNCED_WAIT);
             state.blocked_until = Some(state.blocked_until.map_or(until, |u| u.max(until)));
         }
     }
@@ -347,8 +353,17 @@ impl Member {
 
 /// Parses a structured-field list header; a malformed header is ignored, not fatal.
 fn header_list(headers: &HeaderMap, name: &str) -> Option<Vec<Member>> {
-    let value = headers.get(name)?.to_str().ok()?;
-    let list: sfv::List = sfv::Parser::new(value).parse().ok()?;
+    // A list may be split over several header lines; they join with commas.
+    let lines: Vec<&str> = headers
+        .get_all(name)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .collect();
+    if lines.is_empty() {
+        return None;
+    }
+    let value = lines.join(", ");
+    let list: sfv::List = sfv::Parser::new(&value).parse().ok()?;
     Some(
         list.into_iter()
             .filter_map(|entry| match entry {
@@ -434,7 +449,8 @@ mod tests {
         );
         let start = Instant::now();
         drop(limiter.acquire(Priority::Urgent).await);
-        assert_eq!(start.elapsed(), Duration::from_secs(7));
+        // The announced 7 s plus the safety margin: never early.
+        assert_eq!(start.elapsed(), Duration::from_secs(7) + RESET_MARGIN);
     }
 
     #[tokio::test(start_paused = true)]
@@ -497,7 +513,7 @@ mod tests {
         assert_eq!(labels, vec!["create", "delete", "poll"]);
         assert_eq!(order[1].1, start, "urgent requests did not wait");
         // The reserve was used up, so the poll waited for the window to end.
-        assert_eq!(order[2].1 - start, Duration::from_secs(30));
+        assert_eq!(order[2].1 - start, Duration::from_secs(30) + RESET_MARGIN);
     }
 
     #[tokio::test(start_paused = true)]
@@ -511,7 +527,7 @@ mod tests {
         );
         drop(limiter.acquire(Priority::Routine).await);
         // Two reserved slots left; in the last twelfth of the window a poll may take them.
-        assert_eq!(start.elapsed(), Duration::from_secs(55));
+        assert_eq!(start.elapsed(), Duration::from_secs(55) + RESET_MARGIN);
     }
 
     #[tokio::test(start_paused = true)]
@@ -537,7 +553,7 @@ mod tests {
         assert!(
             order
                 .iter()
-                .all(|(_, at)| *at - start == Duration::from_secs(10))
+                .all(|(_, at)| *at - start == Duration::from_secs(10) + RESET_MARGIN)
         );
     }
 
@@ -574,5 +590,37 @@ mod tests {
         second.observe(&headers(r#""minute";r=6;t=30"#, policy), None);
         // Nothing in flight any more: the lowest reported value is the truth.
         assert_eq!(limiter.windows(), vec![("minute".into(), 60, 5)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_list_split_over_header_lines_and_absurd_waits_are_handled() {
+        let limiter = RateLimiter::new(60);
+        let mut map = HeaderMap::new();
+        map.append(
+            "ratelimit",
+            HeaderValue::from_static(r#""minute";r=10;t=30"#),
+        );
+        map.append("ratelimit", HeaderValue::from_static(r#""hour";r=5;t=900"#));
+        map.append(
+            "ratelimit-policy",
+            HeaderValue::from_static(r#""minute";q=60;w=60"#),
+        );
+        map.append(
+            "ratelimit-policy",
+            HeaderValue::from_static(r#""hour";q=3000;w=3600"#),
+        );
+        limiter.acquire(Priority::Routine).await.observe(&map, None);
+        assert_eq!(
+            limiter.windows(),
+            vec![("minute".into(), 60, 10), ("hour".into(), 3000, 5)]
+        );
+        // A nonsensical Retry-After neither panics nor blocks for longer than the cap.
+        limiter
+            .acquire(Priority::Routine)
+            .await
+            .observe(&HeaderMap::new(), Some(Duration::from_secs(u64::MAX / 2)));
+        let start = Instant::now();
+        drop(limiter.acquire(Priority::Urgent).await);
+        assert_eq!(start.elapsed(), MAX_ANNOUNCED_WAIT);
     }
 }

@@ -2,7 +2,9 @@
 //! and resumption by `Last-Event-ID` when a followed stream drops.
 //!
 //! The service streams without an end marker. Without follow we stop at the first line newer
-//! than the moment we asked, or when the backlog has gone quiet.
+//! than the moment we asked (allowing for clock skew), when the backlog has gone quiet, or at
+//! an overall deadline, whichever comes first. Without `tail` or `since` the whole retained
+//! log (the service's maximum of 5000 lines) is asked for, as `kubectl logs` shows all.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -10,7 +12,7 @@ use std::time::Duration;
 use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::jiff::Timestamp;
-use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::header::HeaderMap;
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 use tracing::debug;
@@ -35,9 +37,22 @@ pub struct LogRequest {
     pub follow: bool,
     /// Resume after this event id (a previous line's `id`), instead of `tail`.
     pub after_id: Option<String>,
-    /// Without follow: stop once no line arrived for this long (default 1 s).
+    /// Without follow: stop once no line arrived for this long (default 1 s; the first line
+    /// gets `FIRST_LINE_WAIT`).
     pub quiet: Option<Duration>,
 }
+
+/// The service's largest `tail`.
+pub const MAX_TAIL: u32 = 5000;
+/// Without follow: how long the first line may take to arrive.
+const FIRST_LINE_WAIT: Duration = Duration::from_secs(5);
+/// Without follow: the longest a read may take, for a container that never goes quiet.
+const READ_DEADLINE: Duration = Duration::from_secs(30);
+/// Lines stamped up to this far after the request still count as backlog (server clocks).
+const CLOCK_SKEW: Duration = Duration::from_secs(5);
+/// Following: reopen a stream that has been silent this long (a half-open connection looks
+/// exactly like a quiet container).
+const IDLE_REOPEN: Duration = Duration::from_secs(300);
 
 /// One log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +86,13 @@ struct Cursor {
     asked_at: Timestamp,
     last_id: Option<String>,
     events: Option<Events>,
+    /// The id the current stream resumed after: a service that repeats that event first
+    /// (resuming "from" rather than "after" it) does not make us show it twice.
+    resumed_after: Option<String>,
+    lines_seen: u64,
+    /// Whether a stream was ever opened: then a 404 on reopening means the pod is gone.
+    opened: bool,
+    deadline: tokio::time::Instant,
     failures: u32,
     done: bool,
 }
@@ -86,6 +108,10 @@ impl RunPodClient {
             request,
             asked_at: Timestamp::now(),
             events: None,
+            resumed_after: None,
+            lines_seen: 0,
+            opened: false,
+            deadline: tokio::time::Instant::now() + READ_DEADLINE,
             failures: 0,
             done: false,
         };
@@ -113,8 +139,13 @@ impl RunPodClient {
             query.push(("source", source.to_owned()));
         }
         if last_id.is_none() {
-            if let Some(tail) = request.tail {
-                query.push(("tail", tail.min(5000).to_string()));
+            let tail = match (request.tail, request.since) {
+                (Some(tail), _) => Some(tail),
+                (None, None) => Some(MAX_TAIL),
+                (None, Some(_)) => None,
+            };
+            if let Some(tail) = tail {
+                query.push(("tail", tail.min(MAX_TAIL).to_string()));
             }
             if let Some(since) = request.since {
                 query.push(("since", since.to_string()));
@@ -139,11 +170,7 @@ impl RunPodClient {
         };
         let status = response.status();
         let headers: HeaderMap = response.headers().clone();
-        let retry_after = headers
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+        let retry_after = super::client::retry_after(&headers);
         permit.observe(
             &headers,
             (status == StatusCode::TOO_MANY_REQUESTS)
@@ -176,10 +203,13 @@ impl Cursor {
                     .open_logs(&self.pod_id, &self.request, self.last_id.as_deref())
                     .await
                 {
-                    Ok(events) => self.events.insert(events),
+                    Ok(events) => {
+                        self.opened = true;
+                        self.resumed_after.clone_from(&self.last_id);
+                        self.events.insert(events)
+                    }
                     Err(error) => {
-                        let resumable = self.request.follow && self.last_id.is_some();
-                        if resumable && error.recovery() == Recovery::Gone {
+                        if self.opened && error.recovery() == Recovery::Gone {
                             // The pod went away while we followed it: the log is complete.
                             self.done = true;
                             return None;
@@ -197,10 +227,25 @@ impl Cursor {
                 },
             };
             let next = if self.request.follow {
-                events.next().await
+                match tokio::time::timeout(IDLE_REOPEN, events.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        debug!(pod_id = %self.pod_id, "log stream silent; reopening");
+                        self.events = None;
+                        continue;
+                    }
+                }
             } else {
-                let quiet = self.request.quiet.unwrap_or(Duration::from_secs(1));
-                match tokio::time::timeout(quiet, events.next()).await {
+                let quiet = if self.lines_seen == 0 {
+                    FIRST_LINE_WAIT
+                } else {
+                    self.request.quiet.unwrap_or(Duration::from_secs(1))
+                };
+                let wait = quiet.min(
+                    self.deadline
+                        .saturating_duration_since(tokio::time::Instant::now()),
+                );
+                match tokio::time::timeout(wait, events.next()).await {
                     Ok(next) => next,
                     Err(_) => {
                         self.done = true;
@@ -214,10 +259,20 @@ impl Cursor {
                     let Some(line) = decode(&event) else {
                         continue;
                     };
-                    if !self.request.follow && newer_than(&line, self.asked_at) {
+                    if let Some(resumed) = self.resumed_after.take()
+                        && line.id.as_deref() == Some(resumed.as_str())
+                    {
+                        continue;
+                    }
+                    let horizon = self
+                        .asked_at
+                        .checked_add(CLOCK_SKEW)
+                        .unwrap_or(self.asked_at);
+                    if !self.request.follow && newer_than(&line, horizon) {
                         self.done = true;
                         return None;
                     }
+                    self.lines_seen += 1;
                     if line.id.is_some() {
                         self.last_id.clone_from(&line.id);
                     }
@@ -240,19 +295,15 @@ impl Cursor {
                     tokio::time::sleep(policy.backoff(self.failures - 1)).await;
                 }
                 None => {
-                    // The server closed the stream. Following: reconnect after the last line
-                    // (it answers 404 once the pod is gone, which ends the stream).
+                    // The server closed the stream. Following: reconnect after the last line;
+                    // it answers 404 once the pod is gone, which ends the stream. A quiet but
+                    // living pod is followed for as long as the caller wants.
                     self.events = None;
                     if !self.request.follow {
                         self.done = true;
                         return None;
                     }
-                    self.failures += 1;
-                    if self.failures >= policy.attempts {
-                        self.done = true;
-                        return None;
-                    }
-                    tokio::time::sleep(policy.backoff(self.failures - 1)).await;
+                    tokio::time::sleep(policy.backoff(self.failures.min(4))).await;
                 }
             }
         }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::decode::{lenient_f64, lenient_u32, null_as_default};
 
 /// Pod status as v2 reports it; values added by RunPod later read as `Unknown`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum PodStatus {
     Provisioning,
@@ -19,6 +19,7 @@ pub enum PodStatus {
     Error,
     Terminated,
     #[serde(other)]
+    #[default]
     Unknown,
 }
 
@@ -39,6 +40,7 @@ impl PodStatus {
 /// `gpu` on a pod and in a create request. `count` is always sent (api-notes P11).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuSpec {
+    #[serde(default, deserialize_with = "null_as_default")]
     pub id: String,
     #[serde(default = "one", deserialize_with = "count_or_one")]
     pub count: u32,
@@ -82,9 +84,9 @@ pub struct Runtime {
 #[serde(rename_all = "camelCase")]
 pub struct Pod {
     pub id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub name: String,
-    #[serde(default = "unknown_status")]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub status: PodStatus,
     #[serde(default, deserialize_with = "null_as_default")]
     pub actions: Vec<String>,
@@ -105,7 +107,7 @@ pub struct Pod {
     /// USD per hour; 0 when EXITED or TERMINATED.
     #[serde(default, deserialize_with = "lenient_f64", alias = "costPerHr")]
     pub cost: Option<f64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub locked: bool,
     #[serde(default)]
     pub runtime: Option<Runtime>,
@@ -113,10 +115,6 @@ pub struct Pod {
     pub created_at: Option<String>,
     #[serde(default)]
     pub started_at: Option<String>,
-}
-
-fn unknown_status() -> PodStatus {
-    PodStatus::Unknown
 }
 
 impl Pod {
@@ -210,6 +208,13 @@ mod tests {
         // v1-style names, a string price, nulls, an unknown status and unknown fields.
         let drifted = r#"{"id":"x","imageName":"img","costPerHr":"0.74","env":null,"ports":null,
             "runtime":null,"status":"PAUSED","gpu":{"id":"g"},"brandNew":{"a":1}}"#;
+        // Nulls where the spec promises values must not sink the whole list.
+        let nulls = r#"{"pods":[{"id":"a","name":null,"status":null,"locked":null,"gpu":{"id":null,"count":null},
+            "runtime":{}}, {"id":"b","name":"ok","status":"RUNNING"}]}"#;
+        let list: PodList = serde_json::from_str(nulls).unwrap();
+        assert_eq!(list.pods.len(), 2);
+        assert_eq!(list.pods[0].status, PodStatus::Unknown);
+        assert!(list.pods[0].published_ports().is_empty());
         let pod: Pod = serde_json::from_str(drifted).unwrap();
         assert_eq!(pod.image.as_deref(), Some("img"));
         assert_eq!(pod.cost, Some(0.74));

@@ -8,7 +8,7 @@ use tracing::{info, instrument, warn};
 use super::client::RunPodClient;
 use super::error::{ApiError, Recovery};
 use super::limiter::Priority;
-use super::model::{CreatePodRequest, Pod};
+use super::model::{CreatePodRequest, Pod, PodStatus};
 use super::select::Candidate;
 
 /// One refused create, for events and the final error.
@@ -53,8 +53,9 @@ pub enum PlacementError {
     Invalid(ApiError),
     #[error("{0}; no pod can be created until the RunPod balance is topped up")]
     PaymentRequired(ApiError),
-    /// Transient failures used up the attempts. The pod may or may not exist: the next call
-    /// looks it up by name before creating, so calling again is safe.
+    /// Transient failures used up the attempts, or a create failed in a way that may have
+    /// made a pod the list does not show yet. The pod may or may not exist: call again later
+    /// (the next call looks it up by name before creating); never fail the pod on this.
     #[error("RunPod kept failing, will retry: {0}")]
     Unsettled(ApiError),
 }
@@ -85,6 +86,11 @@ impl RunPodClient {
         }
         let policy = self.retry_policy().clone();
         let mut attempts: Vec<Attempt> = Vec::new();
+        // Set once a create failed in a way that may have made a pod (5xx, timeout, a body we
+        // could not read). From then on a pod may exist that the lagging list does not show
+        // yet: no other candidate is tried (it would be a second pod), and every way of giving
+        // up says "unsettled" so the caller looks again instead of failing the pod.
+        let mut maybe_created: Option<ApiError> = None;
         for candidate in candidates {
             let request = build(candidate);
             let mut failures = 0;
@@ -92,6 +98,7 @@ impl RunPodClient {
             loop {
                 let error = match self.create_pod_once(&request).await {
                     Ok(pod) => {
+                        self.recent().remember(name, &pod.id);
                         info!(pod_id = %pod.id, gpu = %candidate.gpu_id, "created RunPod pod");
                         return Ok(Placement {
                             pod,
@@ -103,10 +110,26 @@ impl RunPodClient {
                     Err(error) => error,
                 };
                 warn!(gpu = %candidate.gpu_id, error = %error, "RunPod create failed");
+                if error.create_outcome_unknown() {
+                    if let Some(placement) = self.settle(name, &attempts).await? {
+                        return Ok(placement);
+                    }
+                    maybe_created = Some(error.clone());
+                }
+                let give_up = |outcome: PlacementError| match &maybe_created {
+                    Some(unclear) => PlacementError::Unsettled(unclear.clone()),
+                    None => outcome,
+                };
                 match error.recovery() {
-                    Recovery::Fix | Recovery::Gone => return Err(PlacementError::Invalid(error)),
-                    Recovery::Stop => return Err(PlacementError::PaymentRequired(error)),
+                    Recovery::Fix | Recovery::Gone => {
+                        return Err(give_up(PlacementError::Invalid(error)));
+                    }
+                    Recovery::Stop => return Err(give_up(PlacementError::PaymentRequired(error))),
                     Recovery::NextCandidate => {
+                        if maybe_created.is_some() {
+                            // E.g. our own unseen pod took the last GPU of this type.
+                            return Err(give_up(PlacementError::NoCandidates));
+                        }
                         attempts.push(attempt(candidate, error));
                         break;
                     }
@@ -127,11 +150,6 @@ impl RunPodClient {
                             if rate_limited <= 10 {
                                 continue;
                             }
-                        }
-                        if error.create_outcome_unknown()
-                            && let Some(placement) = self.settle(name, &attempts).await?
-                        {
-                            return Ok(placement);
                         }
                         failures += 1;
                     }
@@ -186,9 +204,26 @@ impl RunPodClient {
     ) -> Result<Option<Placement>, ApiError> {
         let mut existing = self.find_by_name(name, Priority::Urgent).await?;
         if existing.is_empty() {
-            return Ok(None);
+            // Created by this client a moment ago, maybe not listed yet: ask for it by id.
+            let Some(id) = self.recent().pod_id(name) else {
+                return Ok(None);
+            };
+            match self.get_pod(&id).await? {
+                Some(pod) if pod.status != PodStatus::Terminated => existing.push(pod),
+                _ => {
+                    self.recent().forget_pod(&id);
+                    return Ok(None);
+                }
+            }
         }
-        existing.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        // Oldest first (by time, not text: "…:00.5Z" < "…:00Z" as strings); unknown last.
+        existing.sort_by_key(|pod| {
+            let created = pod
+                .created_at
+                .as_deref()
+                .and_then(|ts| ts.parse::<k8s_openapi::jiff::Timestamp>().ok());
+            (created.is_none(), created, pod.id.clone())
+        });
         let pod = existing.remove(0);
         info!(pod_id = %pod.id, duplicates = existing.len(), "adopted existing RunPod pod");
         Ok(Some(Placement {

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use runpod_webhook::contract::{self, DISK, PORTS, PortSpec, REGISTRY_AUTH_ID, TEMPLATE_ID};
+use runpod_webhook::contract::{self, DISK, PORTS, REGISTRY_AUTH_ID, TEMPLATE_ID};
 
 use super::model::{CreatePodRequest, GpuSpec};
 use super::select::Candidate;
@@ -160,33 +160,32 @@ pub fn container_env(
 }
 
 /// Ports for RunPod: the effective `runpod.io/ports` the webhook wrote, else detected from
-/// the container's declared ports with the same rule.
-pub fn ports(pod: &Pod, container: &Container) -> Result<Vec<String>, TranslateError> {
-    let annotations = pod.metadata.annotations.as_ref();
-    let specs: Vec<PortSpec> = match annotations.and_then(|a| a.get(PORTS)) {
-        Some(value) => {
-            contract::parse_ports(value).map_err(|message| TranslateError::Annotation {
+/// the container's declared ports with the webhook's own rule (TCP only, at most 10 http).
+pub fn ports(pod: &Pod) -> Result<Vec<String>, TranslateError> {
+    let annotated = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PORTS))
+        .cloned();
+    let value = match annotated {
+        Some(value) => Some(value),
+        None => runpod_webhook::policy::detect_ports(pod, &mut Vec::new()).map_err(|message| {
+            TranslateError::Annotation {
                 annotation: PORTS,
                 message,
-            })?
-        }
-        None => container
-            .ports
-            .iter()
-            .flatten()
-            .filter_map(|port| {
-                let number = u16::try_from(port.container_port).ok().filter(|n| *n > 0)?;
-                Some(PortSpec {
-                    port: number,
-                    protocol: contract::detected_protocol(number, port.name.as_deref()),
-                })
-            })
-            .collect(),
+            }
+        })?,
     };
-    let mut seen = std::collections::BTreeSet::new();
+    let Some(value) = value else {
+        return Ok(Vec::new());
+    };
+    let specs = contract::parse_ports(&value).map_err(|message| TranslateError::Annotation {
+        annotation: PORTS,
+        message,
+    })?;
     Ok(specs
         .into_iter()
-        .filter(|spec| seen.insert(spec.port))
         .map(|spec| contract::format_ports(&[spec]))
         .collect())
 }
@@ -264,7 +263,7 @@ pub fn create_request(
         cloud: candidate.cloud.as_str().to_owned(),
         data_center_ids: candidate.data_center_ids.clone(),
         disk,
-        ports: ports(pod, container)?,
+        ports: ports(pod)?,
         env,
         args,
         registry: annotation(REGISTRY_AUTH_ID),

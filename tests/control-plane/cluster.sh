@@ -147,6 +147,19 @@ cmd_install() {
 # ---------------------------------------------------------------- cluster
 
 # pid of a component if its process is alive and really belongs to DIR (pid reuse guard).
+# Whether a component we just spawned is still running. Unlike live_pid (which guards kill
+# against pid reuse by matching the command line) this never mistakes a starting process for a
+# dead one: the pid file may not be written yet, and /proc/PID/cmdline reads empty while the
+# process is in the middle of exec.
+running_pid() {
+  local f="$1" pid
+  [[ -s $f ]] || return 0
+  pid=$(<"$f")
+  [[ $pid =~ ^[0-9]+$ ]] || return 0
+  [[ -r /proc/$pid/status ]] || return 1
+  ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status"
+}
+
 live_pid() {
   local f="$1" pid
   [[ -f $f ]] || return 1
@@ -294,7 +307,7 @@ wait_for() {
     local f
     for f in "$DIR"/pids/*.pid; do
       [[ -e $f ]] || continue
-      live_pid "$f" >/dev/null || fail_start "$(basename "$f" .pid) exited while waiting for $what"
+      running_pid "$f" || fail_start "$(basename "$f" .pid) exited while waiting for $what"
     done
     sleep 0.5
   done

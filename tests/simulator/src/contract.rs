@@ -178,6 +178,18 @@ impl SpecValidator {
                 if ex.status == 405 && ex.header("allow").is_none() {
                     errors.push("405 without an Allow header".into());
                 }
+                // A path no route serves gets the router's plain-text 404 (api-notes P8).
+                let plain = ex
+                    .content_type
+                    .as_deref()
+                    .is_some_and(|ct| ct.starts_with("text/plain"));
+                if ex.status == 404 && plain {
+                    return if errors.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(errors)
+                    };
+                }
                 json!({"content": {"application/problem+json": {
                     "schema": {"$ref": "#/components/schemas/ErrorResponse"}}}})
             }

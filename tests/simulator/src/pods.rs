@@ -238,9 +238,15 @@ impl PodRecord {
         }
     }
 
+    /// The schema says `runtime` is null unless RUNNING, but the spec's own 201 example shows
+    /// `{}` for a PROVISIONING pod. Both forms appear, so a client must treat both as "not
+    /// up": pods on their way up answer `{}`, stopped ones `null`.
     fn runtime(&self, now: Instant) -> Value {
         let (PodStatus::Running, Some(since)) = (self.status, self.running_since) else {
-            return Value::Null;
+            return match self.status {
+                PodStatus::Provisioning | PodStatus::Starting => json!({}),
+                _ => Value::Null,
+            };
         };
         let uptime = now.saturating_duration_since(since).as_secs();
         // Plausible, slowly moving utilisation figures.

@@ -60,6 +60,17 @@ impl Reply {
         Reply::problem(404, format!("{what} not found"))
     }
 
+    /// A path no route serves: the router's plain-text 404, as the real service's gateway
+    /// answers it (api-notes P8). Unlike a missing pod it is not a problem document, so a
+    /// client can tell a wrong base URL from "already gone".
+    pub fn no_such_path() -> Reply {
+        Reply::stream(
+            404,
+            "text/plain; charset=utf-8",
+            Body::from("404 page not found\n"),
+        )
+    }
+
     /// The capacity 400.
     pub fn capacity() -> Reply {
         Reply::problem(400, CAPACITY_DETAIL)

@@ -40,7 +40,7 @@ async fn dispatch(State(shared): State<Arc<Shared>>, request: Request) -> Respon
     if path == "/v2" || path.starts_with("/v2/") {
         api(shared, request).await.into_response()
     } else {
-        Reply::problem(404, "no such endpoint: the RunPod API lives under /v2/").into_response()
+        Reply::no_such_path().into_response()
     }
 }
 
@@ -334,7 +334,7 @@ fn handle(
             Reply::problem(405, "The requested method is not allowed for this path.")
                 .header("allow", *allow)
         }
-        Route::CreatePod | Route::NotFound => Reply::problem(404, "no such endpoint"),
+        Route::CreatePod | Route::NotFound => Reply::no_such_path(),
     };
     let reply = match fired.effect {
         Some(Effect::CreateThenFail { status }) if reply.is_success() => {

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::contract::{self, BurstMode};
-pub use checks::gpu_count;
+pub use checks::{detect_ports, gpu_count};
 pub use mutation::Mutation;
 
 /// Cluster-wide policy, from the webhook's flags.

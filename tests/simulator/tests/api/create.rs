@@ -34,7 +34,7 @@ async fn create_answers_201_with_a_full_provisioning_pod() {
     );
     assert_eq!(pod["status"], "PROVISIONING");
     assert_eq!(pod["actions"], json!(["stop", "terminate"]));
-    assert_eq!(pod["runtime"], json!(null));
+    assert_eq!(pod["runtime"], json!({}), "as in the spec's 201 example");
     assert_eq!(pod["startedAt"], json!(null));
     assert_eq!(pod["cost"], json!(0.88));
     assert_eq!(pod["gpu"], json!({"id": RTX_4090, "count": 2}));

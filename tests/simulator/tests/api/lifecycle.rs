@@ -29,7 +29,7 @@ async fn pods_go_provisioning_starting_running_then_publish_ports() {
         .await;
     assert_eq!(seen, ["PROVISIONING", "STARTING"]);
     assert_eq!(starting["status"], "STARTING");
-    assert_eq!(starting["runtime"], json!(null));
+    assert_eq!(starting["runtime"], json!({}));
     assert_eq!(starting["actions"], json!(["stop", "terminate"]));
 
     // RUNNING comes before the ports (api-notes P6).

@@ -79,8 +79,9 @@ pub struct Runtime {
     pub ports: Vec<RuntimePort>,
 }
 
-/// A RunPod pod as v2 returns it, reduced to what the controller reads.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A RunPod pod as v2 returns it, reduced to what the controller reads. `Debug` shows env
+/// names only: values may come from Kubernetes Secrets.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Pod {
     pub id: String,
@@ -131,8 +132,9 @@ pub struct PodList {
     pub pods: Vec<Pod>,
 }
 
-/// `POST /v2/pods`. Optional fields are omitted rather than sent as null.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// `POST /v2/pods`. Optional fields are omitted rather than sent as null. `Debug` shows env
+/// names only: values may come from Kubernetes Secrets.
+#[derive(Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CreatePodRequest {
     pub name: String,
@@ -157,9 +159,74 @@ pub struct CreatePodRequest {
     pub registry: Option<String>,
 }
 
+/// Env for `Debug`: names with redacted values.
+struct RedactedEnv<'a>(&'a BTreeMap<String, String>);
+
+impl std::fmt::Debug for RedactedEnv<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.keys().map(|key| (key, "<redacted>")))
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Pod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pod")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("status", &self.status)
+            .field("actions", &self.actions)
+            .field("image", &self.image)
+            .field("args", &self.args)
+            .field("ports", &self.ports)
+            .field("env", &RedactedEnv(&self.env))
+            .field("gpu", &self.gpu)
+            .field("cloud", &self.cloud)
+            .field("data_center_id", &self.data_center_id)
+            .field("cost", &self.cost)
+            .field("locked", &self.locked)
+            .field("runtime", &self.runtime)
+            .field("created_at", &self.created_at)
+            .field("started_at", &self.started_at)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for CreatePodRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreatePodRequest")
+            .field("name", &self.name)
+            .field("image", &self.image)
+            .field("template_id", &self.template_id)
+            .field("gpu", &self.gpu)
+            .field("cloud", &self.cloud)
+            .field("data_center_ids", &self.data_center_ids)
+            .field("disk", &self.disk)
+            .field("ports", &self.ports)
+            .field("env", &RedactedEnv(&self.env))
+            .field("args", &self.args)
+            .field("registry", &self.registry)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for UpdatePodRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpdatePodRequest")
+            .field("name", &self.name)
+            .field("locked", &self.locked)
+            .field("image", &self.image)
+            .field("args", &self.args)
+            .field("env", &self.env.as_ref().map(RedactedEnv))
+            .field("ports", &self.ports)
+            .finish()
+    }
+}
+
 /// `PATCH /v2/pods/{id}`: only the fields present change. Any change but `name`/`locked`
 /// may reset the pod (api-notes 1.6), so the controller uses this sparingly.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UpdatePodRequest {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -221,6 +288,17 @@ mod tests {
         assert_eq!(pod.status, PodStatus::Unknown);
         assert!(pod.env.is_empty() && pod.ports.is_empty() && pod.published_ports().is_empty());
         assert_eq!(pod.gpu.unwrap().count, 1);
+    }
+
+    #[test]
+    fn debug_output_never_shows_env_values() {
+        let pod: Pod =
+            serde_json::from_str(r#"{"id":"x","env":{"TOKEN":"s3cr3t-value"}}"#).unwrap();
+        let shown = format!("{pod:?}");
+        assert!(
+            shown.contains("TOKEN") && !shown.contains("s3cr3t-value"),
+            "{shown}"
+        );
     }
 
     #[test]

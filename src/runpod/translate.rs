@@ -349,6 +349,10 @@ mod tests {
         // env entries override envFrom, expand against earlier values, skip missing optionals.
         assert_eq!(request.env["EPOCHS"], "3");
         assert_eq!(request.env["TOKEN"], "s3cr3t");
+        assert!(
+            !format!("{request:?}").contains("s3cr3t"),
+            "Debug hides Secret values"
+        );
         assert!(!request.env.contains_key("OPTIONAL"));
         assert_eq!(request.env["MSG"], "epochs=3 from=cm $(UNDEFINED)");
         assert_eq!(request.env[TAG_CLUSTER], "prod-eu");

@@ -766,7 +766,31 @@ async fn logs_tail_follow_and_resume_without_loss_or_repeats() {
 async fn tolerant_decoding_of_every_read() {
     let (sim, client) = start(fast_scenario()).await;
     let gpus = client.gpu_types(CloudType::Community, 1).await.unwrap();
-    assert!(gpus.iter().all(|gpu| gpu.community));
+    // Types not offered on Community Cloud are listed too; placement must skip them.
+    assert!(gpus.iter().any(|gpu| !gpu.community));
+    let requirements = Requirements {
+        gpu_count: 1,
+        min_memory_gb: None,
+        gpu_types: vec![],
+        cloud: CloudType::Community,
+        max_price_per_hour: None,
+        allowed_data_centers: vec![],
+    };
+    let catalogue = client.catalogue().await.unwrap();
+    let limits = ClusterLimits {
+        max_gpu_price: 100.0,
+        data_center_ids: vec![],
+    };
+    let candidates = select::candidates(&catalogue, &requirements, &limits);
+    assert!(!candidates.is_empty());
+    for candidate in &candidates {
+        let gpu = gpus.iter().find(|gpu| gpu.id == candidate.gpu_id).unwrap();
+        assert!(
+            gpu.community,
+            "{} is not offered on Community Cloud",
+            gpu.id
+        );
+    }
     assert!(
         gpus.iter()
             .any(|gpu| gpu.price_on(CloudType::Community).is_some())

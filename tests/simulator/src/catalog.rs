@@ -16,7 +16,6 @@ struct GpuOptions {
     availability: bool,
     count: u32,
     cloud: String,
-    cloud_given: bool,
     countries: Option<Vec<String>>,
     cuda_exact: Option<Vec<String>>,
     cuda_min: Option<(u32, u32)>,
@@ -105,7 +104,6 @@ fn gpu_options(query: &Query) -> Result<GpuOptions, Reply> {
         availability,
         count: count.and_then(|c| u32::try_from(c).ok()).unwrap_or(1),
         cloud: cloud.unwrap_or("SECURE").to_owned(),
-        cloud_given: cloud.is_some(),
         countries,
         cuda_exact,
         cuda_min,
@@ -138,9 +136,9 @@ fn gpu_json(scenario: &Scenario, gpu: &GpuSpec, opts: &GpuOptions, listing: bool
     } else {
         (gpu.secure, gpu.max_count.secure)
     };
-    if listing && opts.cloud_given && !offered {
-        return None;
-    }
+    // `cloud` selects which cloud's stock is reported, it does not narrow the list
+    // (GpuCloudFilter: "Cloud type for availability and lowest-price calculations"): a type
+    // not offered there stays listed, with no stock.
     let data_centers: Vec<&DataCenterSpec> = scenario
         .data_centers
         .iter()

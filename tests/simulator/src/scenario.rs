@@ -473,7 +473,7 @@ impl Default for Scenario {
             provisioning_ms: 1500,
             starting_ms: 1500,
             ports_ms: 1000,
-            list_lag_ms: 0,
+            list_lag_ms: 500,
             images: Vec::new(),
             faults: Vec::new(),
         }

@@ -1050,3 +1050,59 @@ async fn after_a_create_that_may_have_worked_no_other_gpu_is_tried() {
     assert_eq!(ledger[0].gpu_id.as_deref(), Some(RTX_4090));
     assert_contract(&sim);
 }
+
+#[tokio::test]
+async fn patch_updates_fields_and_a_locked_pod_must_be_unlocked_before_stopping() {
+    use runpod_kubelet::runpod::model::UpdatePodRequest;
+    let (sim, client) = start(fast_scenario()).await;
+    let placed = client
+        .create_idempotent(
+            "ns-t-uid21",
+            &[candidate(RTX_4090, &[])],
+            request_for("ns-t-uid21"),
+        )
+        .await
+        .unwrap();
+    let id = placed.pod.id.clone();
+    wait_for(&client, &id, |pod| pod.status == PodStatus::Running).await;
+    let locked = client
+        .update_pod(
+            &id,
+            &UpdatePodRequest {
+                locked: Some(true),
+                ..UpdatePodRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(locked.locked);
+    // api-notes P18: a locked pod cannot be stopped.
+    let refused = client.pod_action(&id, PodAction::Stop).await.unwrap_err();
+    assert!(matches!(refused, ApiError::Conflict { .. }), "{refused:?}");
+    let unlocked = client
+        .update_pod(
+            &id,
+            &UpdatePodRequest {
+                locked: Some(false),
+                name: Some("ns-t-uid21".into()),
+                ..UpdatePodRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(!unlocked.locked);
+    let stopped = client
+        .pod_action(&id, PodAction::Stop)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stopped.status, PodStatus::Exited);
+    // Patching a pod that is gone is a clear 404.
+    client.delete_pod(&id).await.unwrap();
+    let gone = client
+        .update_pod(&id, &UpdatePodRequest::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(gone, ApiError::NotFound { .. }), "{gone:?}");
+    assert_contract(&sim);
+}

@@ -147,6 +147,14 @@ impl SpecValidator {
                     ));
                 }
                 let responses = operation.get("responses");
+                let listed = responses.is_some_and(|r| r.get(ex.status.to_string()).is_some());
+                if !listed && !ex.injected && !generally_possible(spec, ex.status, operation) {
+                    errors.push(format!(
+                        "status {} is neither listed for {} nor named in its description",
+                        ex.status,
+                        id.unwrap_or("this operation")
+                    ));
+                }
                 let documented = responses.and_then(|r| {
                     r.get(ex.status.to_string())
                         .or_else(|| r.get(format!("{}XX", ex.status / 100)))
@@ -296,6 +304,36 @@ impl SpecValidator {
 }
 
 /// The path item whose template matches `path` (literal segments beat `{params}`).
+/// Statuses any operation may answer although its `responses` do not list them (they fall
+/// to `default`): auth, method and size refusals, request validation (422: the service
+/// validates query parameters against their schemas too), rate limits and server errors, plus
+/// those the operation's or its parameters' descriptions name (createPod's 402, "400
+/// otherwise" on catalogue filters).
+fn generally_possible(spec: &Value, status: u16, operation: &Value) -> bool {
+    if matches!(status, 401 | 403 | 405 | 413 | 422 | 429) || (500..600).contains(&status) {
+        return true;
+    }
+    let description = operation
+        .get("description")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if description.contains(&format!("`{status}`")) {
+        return true;
+    }
+    // Query parameters document their own refusals, e.g. "(400 otherwise)", "is a 422".
+    let code = status.to_string();
+    operation
+        .get("parameters")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|parameter| resolve(spec, parameter).get("description")?.as_str())
+        .any(|text| {
+            text.split(|c: char| !c.is_ascii_digit())
+                .any(|word| word == code)
+        })
+}
+
 fn find_path<'a>(spec: &'a Value, path: &str) -> Option<&'a Value> {
     let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
     spec.get("paths")?

@@ -95,6 +95,9 @@ pub struct Exchange {
     pub headers: Vec<(String, String)>,
     /// Parsed JSON body; `None` for 204, SSE streams and non-JSON bodies.
     pub body: Option<Value>,
+    /// The answer came from an injected fault (a status the test chose), not the service.
+    #[serde(default)]
+    pub injected: bool,
 }
 
 impl Exchange {

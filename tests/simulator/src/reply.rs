@@ -30,6 +30,8 @@ pub(crate) struct Reply {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: ReplyBody,
+    /// Made by an injected fault rather than by the simulated service (recorded, not sent).
+    pub injected: bool,
 }
 
 impl Reply {
@@ -38,6 +40,7 @@ impl Reply {
         Reply {
             status,
             headers: Vec::new(),
+            injected: false,
             body: ReplyBody::Json {
                 content_type: "application/json",
                 value,
@@ -88,6 +91,7 @@ impl Reply {
         Reply {
             status,
             headers: Vec::new(),
+            injected: false,
             body: ReplyBody::Json {
                 content_type: "application/problem+json",
                 value,
@@ -100,6 +104,7 @@ impl Reply {
         Reply {
             status: 204,
             headers: Vec::new(),
+            injected: false,
             body: ReplyBody::Empty,
         }
     }
@@ -109,8 +114,15 @@ impl Reply {
         Reply {
             status,
             headers: Vec::new(),
+            injected: false,
             body: ReplyBody::Stream { content_type, body },
         }
+    }
+
+    /// Marks the reply as the work of an injected fault.
+    pub fn injected(mut self) -> Reply {
+        self.injected = true;
+        self
     }
 
     /// Adds a header.
@@ -150,6 +162,7 @@ impl Reply {
                 ReplyBody::Json { value, .. } => Some(value.clone()),
                 ReplyBody::Empty | ReplyBody::Stream { .. } => None,
             },
+            injected: self.injected,
         }
     }
 }

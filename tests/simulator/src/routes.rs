@@ -273,7 +273,7 @@ fn status_reply(status: u16, detail: Option<&str>, retry_after: Option<u32>) -> 
         _ if status >= 500 => "Something went wrong. Please try again later or contact support.",
         _ => "request failed",
     };
-    let reply = Reply::problem(status, detail.unwrap_or(default));
+    let reply = Reply::problem(status, detail.unwrap_or(default)).injected();
     match retry_after {
         Some(secs) => reply.header("retry-after", secs.to_string()),
         None => reply,
@@ -285,6 +285,7 @@ fn failed_after_side_effect(status: u16) -> Reply {
         status,
         "Something went wrong. Please try again later or contact support.",
     )
+    .injected()
 }
 
 /// Runs one authenticated, counted request: faults first, then the operation.

@@ -25,6 +25,50 @@ fn exchange(
         content_type: content_type.map(str::to_owned),
         headers: Vec::new(),
         body,
+        injected: false,
+    }
+}
+
+#[test]
+fn the_checker_flags_error_statuses_the_operation_does_not_have() {
+    let spec = spec();
+    let problem = |status: u16| json!({"title": "t", "status": status, "detail": "d"});
+    // getPod lists 401, 403, 404 and 429; a 400 or 409 there means the simulator drifted.
+    let drifted = Exchange {
+        operation: Some(Operation::GetPod),
+        ..exchange(
+            "GET",
+            "/v2/pods/abc",
+            409,
+            Some("application/problem+json"),
+            Some(problem(409)),
+        )
+    };
+    let errors = spec.validate_exchange(&drifted).unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("status 409"), "{errors:?}");
+    // Unless a test injected it on purpose.
+    let injected = Exchange {
+        injected: true,
+        ..drifted
+    };
+    assert_eq!(spec.validate_exchange(&injected), Ok(()));
+    // createPod's description names 402; server errors and 429 are possible everywhere.
+    for (path, method, operation, status) in [
+        ("/v2/pods", "POST", Operation::CreatePod, 402),
+        ("/v2/pods/abc", "GET", Operation::GetPod, 503),
+    ] {
+        let fine = Exchange {
+            operation: Some(operation),
+            ..exchange(
+                method,
+                path,
+                status,
+                Some("application/problem+json"),
+                Some(problem(status)),
+            )
+        };
+        assert_eq!(spec.validate_exchange(&fine), Ok(()), "{method} {status}");
     }
 }
 

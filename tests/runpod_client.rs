@@ -807,17 +807,29 @@ async fn the_catalogue_cache_refreshes_and_keeps_the_last_good_one() {
     let cache = CatalogueCache::new();
     assert!(cache.get().is_none());
     let refresher = cache.spawn_refresher(client.clone(), Duration::from_millis(200));
-    let first = loop {
-        if let Some(first) = cache.get() {
-            break first;
+    let first = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(first) = cache.get() {
+                break first;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await
+    .expect("a first refresh");
     assert!(!first.catalogue.secure.is_empty());
     // It refreshes on the timer.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let second = cache.get().unwrap();
-    assert!(second.fetched_at > first.fetched_at);
+    let second = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let current = cache.get().unwrap();
+            if current.fetched_at > first.fetched_at {
+                break current;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a refresh on the timer");
     // RunPod failing: the last good catalogue stays.
     sim.inject(answer(
         Match::operation(Operation::ListGpuTypes),
@@ -1033,9 +1045,13 @@ async fn after_a_create_that_may_have_worked_no_other_gpu_is_tried() {
                 .await
         })
     };
-    while sim.ledger().is_empty() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while sim.ledger().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the first create reached the simulator");
     sim.inject(Fault::new(Match::any().gpu(RTX_4090), Effect::Capacity));
     let error = placing.await.unwrap().unwrap_err();
     assert!(

@@ -17,7 +17,7 @@ use runpod_webhook::contract::CloudType;
 const KEY: &str = "rpa_QUOTA_TEST_KEY";
 const QUOTA: u32 = 60;
 /// One full window plus the start of the second: the second window's quota must be used too.
-const RUN_FOR: Duration = Duration::from_secs(65);
+const RUN_FOR: Duration = Duration::from_secs(68);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_per_minute_is_used_without_a_429() {
@@ -167,8 +167,9 @@ async fn sixty_per_minute_is_used_without_a_429() {
             "only {used} of {QUOTA} used in a window: {windows:?}"
         );
     }
-    // Creates kept flowing while polls saturated the quota.
-    assert!(cycles.load(Ordering::Relaxed) >= 4, "creates were starved");
+    // Creates kept flowing while polls saturated the quota: the reserve lets two cycles
+    // through per window (without it, one per window: polls drain each window at its start).
+    assert!(cycles.load(Ordering::Relaxed) >= 3, "creates were starved");
     assert!(live_after_cleanup(&sim));
     let violations = runpod_simulator::contract::SpecValidator::load().check_all(&exchanges);
     assert!(violations.is_empty(), "{violations:#?}");

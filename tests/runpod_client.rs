@@ -122,6 +122,18 @@ fn answer(when: Match, status: u16, detail: &str, retry_after: Option<u32>) -> F
     )
 }
 
+/// `create_idempotent` for `name` on these GPU types (any data centre), with a fixed request.
+async fn place(
+    client: &RunPodClient,
+    name: &str,
+    gpus: &[&str],
+) -> Result<runpod_kubelet::runpod::placement::Placement, PlacementError> {
+    let candidates: Vec<Candidate> = gpus.iter().map(|gpu| candidate(gpu, &[])).collect();
+    client
+        .create_idempotent(name, &candidates, request_for(name))
+        .await
+}
+
 fn creates(sim: &SimulatorHandle) -> usize {
     sim.exchanges()
         .iter()
@@ -133,12 +145,7 @@ fn creates(sim: &SimulatorHandle) -> usize {
 async fn capacity_moves_to_the_next_candidate() {
     let (sim, client) = start(fast_scenario()).await;
     sim.inject(Fault::new(Match::any().gpu(RTX_4090), Effect::Capacity));
-    let placed = client
-        .create_idempotent(
-            "ns-a-uid1",
-            &[candidate(RTX_4090, &[]), candidate(A4000, &[])],
-            request_for("ns-a-uid1"),
-        )
+    let placed = place(&client, "ns-a-uid1", &[RTX_4090, A4000])
         .await
         .unwrap();
     assert_eq!(placed.pod.gpu.as_ref().unwrap().id, A4000);
@@ -155,12 +162,7 @@ async fn capacity_moves_to_the_next_candidate() {
 async fn capacity_everywhere_is_no_capacity_and_creates_nothing() {
     let (sim, client) = start(fast_scenario()).await;
     sim.inject(Fault::new(Match::any(), Effect::Capacity));
-    let error = client
-        .create_idempotent(
-            "ns-b-uid2",
-            &[candidate(RTX_4090, &[]), candidate(A4000, &[])],
-            request_for("ns-b-uid2"),
-        )
+    let error = place(&client, "ns-b-uid2", &[RTX_4090, A4000])
         .await
         .unwrap_err();
     let PlacementError::NoCapacity { attempts } = &error else {
@@ -180,12 +182,7 @@ async fn the_same_rule_400_on_every_candidate_blames_the_request() {
         "disk must be at least the template's container disk",
         None,
     ));
-    let error = client
-        .create_idempotent(
-            "ns-c-uid3",
-            &[candidate(RTX_4090, &[]), candidate(A4000, &[])],
-            request_for("ns-c-uid3"),
-        )
+    let error = place(&client, "ns-c-uid3", &[RTX_4090, A4000])
         .await
         .unwrap_err();
     assert!(
@@ -232,12 +229,7 @@ async fn payment_required_stops_at_once() {
         "Insufficient balance",
         None,
     ));
-    let error = client
-        .create_idempotent(
-            "ns-e-uid5",
-            &[candidate(RTX_4090, &[]), candidate(A4000, &[])],
-            request_for("ns-e-uid5"),
-        )
+    let error = place(&client, "ns-e-uid5", &[RTX_4090, A4000])
         .await
         .unwrap_err();
     assert!(
@@ -258,12 +250,7 @@ async fn forbidden_pool_skips_the_candidate() {
         "this key cannot use the pool",
         None,
     ));
-    let placed = client
-        .create_idempotent(
-            "ns-f-uid6",
-            &[candidate(RTX_4090, &[]), candidate(A6000, &[])],
-            request_for("ns-f-uid6"),
-        )
+    let placed = place(&client, "ns-f-uid6", &[RTX_4090, A6000])
         .await
         .unwrap();
     assert_eq!(placed.pod.gpu.unwrap().id, A6000);
@@ -287,14 +274,7 @@ async fn conflict_rereads_then_retries() {
         )
         .times(1),
     );
-    let placed = client
-        .create_idempotent(
-            "ns-g-uid7",
-            &[candidate(RTX_4090, &[])],
-            request_for("ns-g-uid7"),
-        )
-        .await
-        .unwrap();
+    let placed = place(&client, "ns-g-uid7", &[RTX_4090]).await.unwrap();
     assert_eq!(sim.ledger().len(), 1);
     assert_eq!(sim.ledger()[0].id, placed.pod.id);
     // The re-read happened between the two creates.
@@ -324,14 +304,7 @@ async fn rate_limited_create_waits_for_retry_after() {
         .times(1),
     );
     let started = std::time::Instant::now();
-    client
-        .create_idempotent(
-            "ns-h-uid8",
-            &[candidate(RTX_4090, &[])],
-            request_for("ns-h-uid8"),
-        )
-        .await
-        .unwrap();
+    place(&client, "ns-h-uid8", &[RTX_4090]).await.unwrap();
     assert!(
         started.elapsed() >= Duration::from_secs(1),
         "Retry-After was honoured"
@@ -353,14 +326,7 @@ async fn server_errors_are_retried_with_backoff() {
         )
         .times(2),
     );
-    client
-        .create_idempotent(
-            "ns-i-uid9",
-            &[candidate(RTX_4090, &[])],
-            request_for("ns-i-uid9"),
-        )
-        .await
-        .unwrap();
+    place(&client, "ns-i-uid9", &[RTX_4090]).await.unwrap();
     assert_eq!(creates(&sim), 3);
     assert_eq!(sim.ledger().len(), 1);
     assert_contract(&sim);
@@ -380,12 +346,7 @@ async fn a_500_after_a_real_create_adopts_the_pod_despite_list_lag() {
         )
         .times(1),
     );
-    let placed = client
-        .create_idempotent(
-            "ns-j-uid10",
-            &[candidate(RTX_4090, &[]), candidate(A4000, &[])],
-            request_for("ns-j-uid10"),
-        )
+    let placed = place(&client, "ns-j-uid10", &[RTX_4090, A4000])
         .await
         .unwrap();
     let ledger = sim.ledger();
@@ -414,14 +375,7 @@ async fn a_timed_out_create_is_looked_up_before_creating_again() {
         )
         .times(1),
     );
-    let placed = client
-        .create_idempotent(
-            "ns-k-uid11",
-            &[candidate(RTX_4090, &[])],
-            request_for("ns-k-uid11"),
-        )
-        .await
-        .unwrap();
+    let placed = place(&client, "ns-k-uid11", &[RTX_4090]).await.unwrap();
     let ledger = sim.ledger();
     assert_eq!(ledger.len(), 1, "{ledger:#?}");
     assert_eq!(placed.pod.id, ledger[0].id);
@@ -435,41 +389,20 @@ async fn creating_again_at_once_finds_the_pod_the_lagging_list_does_not_show() {
         ..fast_scenario()
     })
     .await;
-    let first = client
-        .create_idempotent(
-            "ns-l-uid12",
-            &[candidate(RTX_4090, &[])],
-            request_for("ns-l-uid12"),
-        )
-        .await
-        .unwrap();
+    let first = place(&client, "ns-l-uid12", &[RTX_4090]).await.unwrap();
     // The same controller reconciles again right away: the list does not show the pod yet.
     assert!(
         client.list_pods().await.unwrap().is_empty(),
         "the list lags"
     );
-    let second = client
-        .create_idempotent(
-            "ns-l-uid12",
-            &[candidate(A4000, &[])],
-            request_for("ns-l-uid12"),
-        )
-        .await
-        .unwrap();
+    let second = place(&client, "ns-l-uid12", &[A4000]).await.unwrap();
     assert_eq!(first.pod.id, second.pod.id);
     assert!(second.candidate.is_none(), "adopted");
     assert_eq!(creates(&sim), 1);
     assert_eq!(sim.ledger().len(), 1);
     // Once deleted, the memory is gone too: a new pod may be created for the name.
     client.delete_pod(&first.pod.id).await.unwrap();
-    let third = client
-        .create_idempotent(
-            "ns-l-uid12",
-            &[candidate(RTX_4090, &[])],
-            request_for("ns-l-uid12"),
-        )
-        .await
-        .unwrap();
+    let third = place(&client, "ns-l-uid12", &[RTX_4090]).await.unwrap();
     assert_ne!(third.pod.id, first.pod.id);
     assert_contract(&sim);
 }
@@ -477,26 +410,12 @@ async fn creating_again_at_once_finds_the_pod_the_lagging_list_does_not_show() {
 #[tokio::test]
 async fn a_restarted_client_adopts_instead_of_duplicating() {
     let (sim, client) = start(fast_scenario()).await;
-    let first = client
-        .create_idempotent(
-            "ns-l2-uid12",
-            &[candidate(RTX_4090, &[])],
-            request_for("ns-l2-uid12"),
-        )
-        .await
-        .unwrap();
+    let first = place(&client, "ns-l2-uid12", &[RTX_4090]).await.unwrap();
     // A new process (no memory of the create) after the list has caught up.
     drop(client);
     tokio::time::sleep(Duration::from_millis(LIST_LAG_MS + 200)).await;
     let restarted = client_for(&sim, KEY, ClientConfig::default());
-    let second = restarted
-        .create_idempotent(
-            "ns-l2-uid12",
-            &[candidate(A4000, &[])],
-            request_for("ns-l2-uid12"),
-        )
-        .await
-        .unwrap();
+    let second = place(&restarted, "ns-l2-uid12", &[A4000]).await.unwrap();
     assert_eq!(first.pod.id, second.pod.id);
     assert!(duplicate_names(&sim.ledger()).is_empty());
     assert_eq!(creates(&sim), 1);
@@ -506,14 +425,7 @@ async fn a_restarted_client_adopts_instead_of_duplicating() {
 #[tokio::test]
 async fn a_wrong_api_url_is_an_error_never_already_deleted() {
     let (sim, client) = start(fast_scenario()).await;
-    let placed = client
-        .create_idempotent(
-            "ns-w-uid19",
-            &[candidate(RTX_4090, &[])],
-            request_for("ns-w-uid19"),
-        )
-        .await
-        .unwrap();
+    let placed = place(&client, "ns-w-uid19", &[RTX_4090]).await.unwrap();
     // A common mistake: the URL already ends in /v2, so every path is /v2/v2/...
     let misconfigured = client_at(
         &format!("{}/v2", sim.base_url()),
@@ -536,14 +448,7 @@ async fn a_wrong_api_url_is_an_error_never_already_deleted() {
 #[tokio::test]
 async fn delete_is_idempotent_and_ends_billing() {
     let (sim, client) = start(fast_scenario()).await;
-    let placed = client
-        .create_idempotent(
-            "ns-m-uid13",
-            &[candidate(RTX_4090, &[])],
-            request_for("ns-m-uid13"),
-        )
-        .await
-        .unwrap();
+    let placed = place(&client, "ns-m-uid13", &[RTX_4090]).await.unwrap();
     assert_eq!(
         client.delete_pod(&placed.pod.id).await.unwrap(),
         Deleted::Terminated
@@ -560,14 +465,7 @@ async fn delete_is_idempotent_and_ends_billing() {
 #[tokio::test]
 async fn pod_lifecycle_actions_and_conflicts() {
     let (sim, client) = start(fast_scenario()).await;
-    let placed = client
-        .create_idempotent(
-            "ns-n-uid14",
-            &[candidate(RTX_4090, &[])],
-            request_for("ns-n-uid14"),
-        )
-        .await
-        .unwrap();
+    let placed = place(&client, "ns-n-uid14", &[RTX_4090]).await.unwrap();
     assert_eq!(placed.pod.status, PodStatus::Provisioning);
     let id = placed.pod.id.clone();
     let running = wait_for(&client, &id, |pod| {
@@ -656,14 +554,7 @@ async fn placement_from_the_live_catalogue_respects_every_constraint() {
 #[tokio::test]
 async fn logs_tail_follow_and_resume_without_loss_or_repeats() {
     let (sim, client) = start(fast_scenario()).await;
-    let placed = client
-        .create_idempotent(
-            "ns-p-uid16",
-            &[candidate(RTX_4090, &[])],
-            request_for("ns-p-uid16"),
-        )
-        .await
-        .unwrap();
+    let placed = place(&client, "ns-p-uid16", &[RTX_4090]).await.unwrap();
     let id = placed.pod.id.clone();
     wait_for(&client, &id, |pod| pod.status == PodStatus::Running).await;
     for n in 0..10 {
@@ -889,14 +780,7 @@ async fn a_dropped_follow_stream_resumes_after_the_last_line_it_delivered() {
         ApiKey::new(KEY.to_owned()).unwrap(),
     )
     .unwrap();
-    let placed = client
-        .create_idempotent(
-            "ns-q-uid17",
-            &[candidate(RTX_4090, &[])],
-            request_for("ns-q-uid17"),
-        )
-        .await
-        .unwrap();
+    let placed = place(&client, "ns-q-uid17", &[RTX_4090]).await.unwrap();
     let id = placed.pod.id.clone();
     wait_for(&client, &id, |pod| pod.status == PodStatus::Running).await;
     assert!(sim.push_log(&id, "one"));
@@ -933,14 +817,7 @@ async fn a_dropped_follow_stream_resumes_after_the_last_line_it_delivered() {
 #[tokio::test]
 async fn logs_since_a_moment_skip_older_lines() {
     let (sim, client) = start(fast_scenario()).await;
-    let placed = client
-        .create_idempotent(
-            "ns-r-uid18",
-            &[candidate(RTX_4090, &[])],
-            request_for("ns-r-uid18"),
-        )
-        .await
-        .unwrap();
+    let placed = place(&client, "ns-r-uid18", &[RTX_4090]).await.unwrap();
     let id = placed.pod.id.clone();
     wait_for(&client, &id, |pod| pod.status == PodStatus::Running).await;
     for line in ["old 1", "old 2"] {
@@ -1035,15 +912,7 @@ async fn after_a_create_that_may_have_worked_no_other_gpu_is_tried() {
     );
     let placing = {
         let client = client.clone();
-        tokio::spawn(async move {
-            client
-                .create_idempotent(
-                    "ns-s-uid20",
-                    &[candidate(RTX_4090, &[]), candidate(A4000, &[])],
-                    request_for("ns-s-uid20"),
-                )
-                .await
-        })
+        tokio::spawn(async move { place(&client, "ns-s-uid20", &[RTX_4090, A4000]).await })
     };
     tokio::time::timeout(Duration::from_secs(10), async {
         while sim.ledger().is_empty() {
@@ -1071,14 +940,7 @@ async fn after_a_create_that_may_have_worked_no_other_gpu_is_tried() {
 async fn patch_updates_fields_and_a_locked_pod_must_be_unlocked_before_stopping() {
     use runpod_kubelet::runpod::model::UpdatePodRequest;
     let (sim, client) = start(fast_scenario()).await;
-    let placed = client
-        .create_idempotent(
-            "ns-t-uid21",
-            &[candidate(RTX_4090, &[])],
-            request_for("ns-t-uid21"),
-        )
-        .await
-        .unwrap();
+    let placed = place(&client, "ns-t-uid21", &[RTX_4090]).await.unwrap();
     let id = placed.pod.id.clone();
     wait_for(&client, &id, |pod| pod.status == PodStatus::Running).await;
     let locked = client

@@ -11,8 +11,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use serde_json::json;
@@ -127,13 +127,16 @@ pub async fn serve_tls(
 ) {
     let acceptor = TlsAcceptor::from(tls);
     let graceful = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
+    // ALPN already says which protocol the client speaks, so each connection goes straight to
+    // the matching builder instead of sniffing its first bytes (auto::Builder wraps the stream
+    // for that, on every read).
+    let mut http1 = http1::Builder::new();
+    http1
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
-    builder.http2().timer(TokioTimer::new());
-    let builder = Arc::new(builder);
+    let mut http2 = http2::Builder::new(TokioExecutor::new());
+    http2.timer(TokioTimer::new());
+    let builders = Arc::new((http1, http2));
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -151,7 +154,7 @@ pub async fn serve_tls(
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(router.clone());
-        let builder = Arc::clone(&builder);
+        let builders = Arc::clone(&builders);
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let tls_stream =
@@ -166,8 +169,15 @@ pub async fn serve_tls(
                         return;
                     }
                 };
-            let connection = builder.serve_connection(TokioIo::new(tls_stream), service);
-            if let Err(error) = watcher.watch(connection.into_owned()).await {
+            let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+            let io = TokioIo::new(tls_stream);
+            let (http1, http2) = &*builders;
+            let served = if h2 {
+                watcher.watch(http2.serve_connection(io, service)).await
+            } else {
+                watcher.watch(http1.serve_connection(io, service)).await
+            };
+            if let Err(error) = served {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
         });

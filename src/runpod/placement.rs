@@ -126,9 +126,9 @@ impl RunPodClient {
                     }
                     Recovery::Stop => return Err(give_up(PlacementError::PaymentRequired(error))),
                     Recovery::NextCandidate => {
-                        if maybe_created.is_some() {
+                        if let Some(unclear) = &maybe_created {
                             // E.g. our own unseen pod took the last GPU of this type.
-                            return Err(give_up(PlacementError::NoCandidates));
+                            return Err(PlacementError::Unsettled(unclear.clone()));
                         }
                         attempts.push(attempt(candidate, error));
                         break;

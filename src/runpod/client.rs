@@ -264,6 +264,10 @@ impl RunPodClient {
         &self.recent
     }
 
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.config.request_timeout
+    }
+
     pub fn retry_policy(&self) -> &RetryPolicy {
         &self.config.retry
     }

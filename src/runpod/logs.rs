@@ -160,10 +160,17 @@ impl RunPodClient {
             builder = builder.header("last-event-id", id);
         }
         let started = tokio::time::Instant::now();
-        let response = match builder.send().await {
-            Ok(response) => response,
-            Err(error) => {
+        // The timeout covers the answer's headers only: the stream itself is open-ended.
+        let timeout = self.request_timeout();
+        let response = match tokio::time::timeout(timeout, builder.send()).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => {
                 let error = self.transport_error(&error);
+                self.record("getPodLogs", Err(&error), started.elapsed());
+                return Err(error);
+            }
+            Err(_) => {
+                let error = ApiError::Timeout { timeout };
                 self.record("getPodLogs", Err(&error), started.elapsed());
                 return Err(error);
             }

@@ -8,7 +8,9 @@ use serde_json::{Value, json};
 
 use crate::query::Query;
 use crate::reply::Reply;
-use crate::scenario::{Availability, DataCenterSpec, GpuSpec, Scenario, cuda_version};
+use crate::scenario::{
+    Availability, COMPLIANCE, DataCenterSpec, GpuSpec, Scenario, VOLUME_TYPES, cuda_version,
+};
 
 /// The availability filters of the GPU endpoints.
 #[derive(Debug)]
@@ -253,20 +255,6 @@ const REGIONS: [&str; 9] = [
     "ANTARCTICA",
     "UNKNOWN",
 ];
-const COMPLIANCE: [&str; 12] = [
-    "GDPR",
-    "ISO_IEC_27001",
-    "ISO_14001",
-    "PCI_DSS",
-    "HITRUST",
-    "SOC_1_TYPE_2",
-    "SOC_2_TYPE_2",
-    "SOC_3_TYPE_2",
-    "ITAR",
-    "FISMA_HIGH",
-    "HIPAA",
-    "RENEWABLE",
-];
 
 fn dc_options(query: &Query, filters: bool) -> Result<DcOptions, Reply> {
     let mut errors = Vec::new();
@@ -287,11 +275,7 @@ fn dc_options(query: &Query, filters: bool) -> Result<DcOptions, Reply> {
     };
     if filters {
         opts.regions = query.enum_list("regions", &REGIONS, &mut errors);
-        opts.volume_types = query.enum_list(
-            "networkVolumeTypes",
-            &["STANDARD", "HIGH_PERFORMANCE"],
-            &mut errors,
-        );
+        opts.volume_types = query.enum_list("networkVolumeTypes", &VOLUME_TYPES, &mut errors);
         opts.compliance = query.enum_list("compliance", &COMPLIANCE, &mut errors);
         opts.global_network = query.boolean("globalNetwork", &mut errors);
     }

@@ -276,7 +276,8 @@ fn default_cuda_versions() -> Vec<String> {
     ["12.4", "12.6", "12.8"].map(str::to_owned).to_vec()
 }
 
-const COMPLIANCE: [&str; 12] = [
+/// The spec's `Compliance` values (scenario validation and the catalogue's `compliance` filter).
+pub(crate) const COMPLIANCE: [&str; 12] = [
     "GDPR",
     "ISO_IEC_27001",
     "ISO_14001",
@@ -290,7 +291,8 @@ const COMPLIANCE: [&str; 12] = [
     "HIPAA",
     "RENEWABLE",
 ];
-const VOLUME_TYPES: [&str; 2] = ["STANDARD", "HIGH_PERFORMANCE"];
+/// The spec's `VolumeType` values.
+pub(crate) const VOLUME_TYPES: [&str; 2] = ["STANDARD", "HIGH_PERFORMANCE"];
 
 impl Scenario {
     /// Reads a JSON scenario; missing fields take their [`Scenario::default`] values.

@@ -308,21 +308,7 @@ impl RunPodClient {
         let url = self.url(segments, query);
         let permit = self.limiter.acquire(priority).await;
         let started = tokio::time::Instant::now();
-        let result = self.exchange(permit, method, segments, url, body).await;
-        self.record(operation, result.as_ref().map(|_| ()), started.elapsed());
-        result
-    }
-
-    /// The request itself, once the limiter let it go.
-    async fn exchange(
-        &self,
-        permit: Permit,
-        method: Method,
-        segments: &[&str],
-        url: Url,
-        body: Option<&(dyn erased::Body + Sync)>,
-    ) -> Result<Answer, ApiError> {
-        let started = tokio::time::Instant::now();
+        // reqwest's timeout covers the whole exchange, body included.
         let mut request = self
             .request(method.clone(), url)
             .timeout(self.config.request_timeout);
@@ -331,31 +317,53 @@ impl RunPodClient {
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(body.to_json());
         }
+        let result = match self.respond(permit, request).await {
+            Ok(response) => {
+                let status = response.status();
+                response
+                    .bytes()
+                    .await
+                    .map(|body| Answer { status, body })
+                    .map_err(|e| self.transport_error(&e))
+            }
+            Err(error) => Err(error),
+        };
+        let elapsed = started.elapsed();
+        debug!(
+            method = %method,
+            path = %segments.join("/"),
+            outcome = result.as_ref().map_or_else(ApiError::kind, |_| "ok"),
+            elapsed_ms = elapsed.as_millis() as u64,
+            "runpod request"
+        );
+        self.record(operation, result.as_ref().map(|_| ()), elapsed);
+        result
+    }
+
+    /// Sends a request the limiter let go, learns from its rate-limit headers (and a 429's
+    /// `Retry-After`), and turns an unsuccessful answer into its error. The caller reads, or
+    /// streams, the body of a success.
+    pub(crate) async fn respond(
+        &self,
+        permit: Permit,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ApiError> {
         let response = request.send().await.map_err(|e| self.transport_error(&e))?;
         let status = response.status();
-        let headers = response.headers().clone();
-        let retry_after = retry_after(&headers);
+        let retry_after = retry_after(response.headers());
         permit.observe(
-            &headers,
+            response.headers(),
             (status == StatusCode::TOO_MANY_REQUESTS)
                 .then_some(retry_after.unwrap_or(Duration::from_secs(1))),
         );
+        if status.is_success() {
+            return Ok(response);
+        }
         let body = response
             .bytes()
             .await
             .map_err(|e| self.transport_error(&e))?;
-        debug!(
-            method = %method,
-            path = %segments.join("/"),
-            status = status.as_u16(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "runpod request"
-        );
-        if status.is_success() {
-            Ok(Answer { status, body })
-        } else {
-            Err(ApiError::from_response(status.as_u16(), retry_after, &body))
-        }
+        Err(ApiError::from_response(status.as_u16(), retry_after, &body))
     }
 
     pub(crate) fn transport_error(&self, error: &reqwest::Error) -> ApiError {
@@ -629,7 +637,7 @@ pub(crate) mod erased {
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// `Retry-After` in seconds (the form RunPod uses), capped.
-pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
     value
         .parse::<u64>()

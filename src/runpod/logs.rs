@@ -12,8 +12,7 @@ use std::time::Duration;
 use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::jiff::Timestamp;
-use reqwest::header::HeaderMap;
-use reqwest::{Method, StatusCode};
+use reqwest::Method;
 use serde::Deserialize;
 use tracing::debug;
 
@@ -162,35 +161,17 @@ impl RunPodClient {
         let started = tokio::time::Instant::now();
         // The timeout covers the answer's headers only: the stream itself is open-ended.
         let timeout = self.request_timeout();
-        let response = match tokio::time::timeout(timeout, builder.send()).await {
-            Ok(Ok(response)) => response,
-            Ok(Err(error)) => {
-                let error = self.transport_error(&error);
-                self.record("getPodLogs", Err(&error), started.elapsed());
-                return Err(error);
-            }
-            Err(_) => {
-                let error = ApiError::Timeout { timeout };
-                self.record("getPodLogs", Err(&error), started.elapsed());
-                return Err(error);
-            }
+        let response = match tokio::time::timeout(timeout, self.respond(permit, builder)).await {
+            Ok(response) => response,
+            Err(_) => Err(ApiError::Timeout { timeout }),
         };
-        let status = response.status();
-        let headers: HeaderMap = response.headers().clone();
-        let retry_after = super::client::retry_after(&headers);
-        permit.observe(
-            &headers,
-            (status == StatusCode::TOO_MANY_REQUESTS)
-                .then_some(retry_after.unwrap_or(Duration::from_secs(1))),
+        // Latency here is time to the stream's headers.
+        self.record(
+            "getPodLogs",
+            response.as_ref().map(|_| ()),
+            started.elapsed(),
         );
-        if !status.is_success() {
-            let body = response.bytes().await.unwrap_or_default();
-            let error = ApiError::from_response(status.as_u16(), retry_after, &body);
-            self.record("getPodLogs", Err(&error), started.elapsed());
-            return Err(error);
-        }
-        // Latency here is time to the stream's headers; the stream itself is open-ended.
-        self.record("getPodLogs", Ok(()), started.elapsed());
+        let response = response?;
         Ok(Box::pin(response.bytes_stream().eventsource()))
     }
 }

@@ -54,23 +54,25 @@ fn gpus(url: &str, key: Option<&str>, extra: &[&str]) -> std::process::Output {
     command.output().unwrap()
 }
 
+/// Two GPUs of at least 48 GB, in two allowed data centres, at most $2 per GPU-hour.
+const REQUIREMENTS: [&str; 8] = [
+    "--required-gpu-memory",
+    "48",
+    "--datacenter-ids",
+    "EU-RO-1,US-TX-3",
+    "--max-gpu-price",
+    "2",
+    "--gpu-count",
+    "2",
+];
+
 #[test]
 fn gpus_lists_constrained_candidates_from_the_simulator() {
     let sim = simulator();
     let out = gpus(
         &sim.url,
         Some(KEY),
-        &[
-            "--required-gpu-memory",
-            "48",
-            "--datacenter-ids",
-            "EU-RO-1,US-TX-3",
-            "--max-gpu-price",
-            "2",
-            "--gpu-count",
-            "2",
-            "--json",
-        ],
+        &[REQUIREMENTS.as_slice(), &["--json"]].concat(),
     );
     assert!(
         out.status.success(),
@@ -94,20 +96,7 @@ fn gpus_lists_constrained_candidates_from_the_simulator() {
         }
     }
     // The human-readable table carries the same first choice.
-    let table = gpus(
-        &sim.url,
-        Some(KEY),
-        &[
-            "--required-gpu-memory",
-            "48",
-            "--datacenter-ids",
-            "EU-RO-1,US-TX-3",
-            "--max-gpu-price",
-            "2",
-            "--gpu-count",
-            "2",
-        ],
-    );
+    let table = gpus(&sim.url, Some(KEY), &REQUIREMENTS);
     let text = String::from_utf8(table.stdout).unwrap();
     assert!(
         text.lines()

@@ -3,8 +3,9 @@
 //! response the client saw is checked against `openapi-v2.json` at the end of each test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::time::Duration;
+
+mod runpod_support;
 
 use futures::StreamExt;
 use runpod_kubelet::runpod::client::{ApiKey, ClientConfig, Deleted, RetryPolicy, RunPodClient};
@@ -18,6 +19,7 @@ use runpod_simulator::scenario::Scenario;
 use runpod_simulator::{
     Effect, Fault, Match, Operation, Simulator, SimulatorHandle, duplicate_names, live_pods,
 };
+use runpod_support::{candidate, request_for};
 use runpod_webhook::contract::CloudType;
 
 const KEY: &str = "rpa_TESTKEY0123456789abcdefSECRET";
@@ -76,38 +78,6 @@ fn client_at(url: &str, timeout: Duration, key: &str, config: ClientConfig) -> R
 fn assert_contract(sim: &SimulatorHandle) {
     let violations = SpecValidator::load().check_all(&sim.exchanges());
     assert!(violations.is_empty(), "spec violations: {violations:#?}");
-}
-
-fn candidate(gpu: &str, data_centers: &[&str]) -> Candidate {
-    Candidate {
-        gpu_id: gpu.to_owned(),
-        gpu_count: 1,
-        cloud: CloudType::Secure,
-        data_center_ids: data_centers.iter().map(|dc| (*dc).to_owned()).collect(),
-        price_per_gpu: 0.5,
-        price_per_hour: 0.5,
-        memory_gb: Some(24),
-    }
-}
-
-fn request_for(name: &str) -> impl Fn(&Candidate) -> CreatePodRequest {
-    let name = name.to_owned();
-    move |candidate: &Candidate| CreatePodRequest {
-        name: name.clone(),
-        image: Some("runpod/pytorch:2.4.0".to_owned()),
-        template_id: None,
-        gpu: GpuSpec {
-            id: candidate.gpu_id.clone(),
-            count: candidate.gpu_count,
-        },
-        cloud: candidate.cloud.as_str().to_owned(),
-        data_center_ids: candidate.data_center_ids.clone(),
-        disk: Some(20),
-        ports: vec!["8888/http".to_owned(), "22/tcp".to_owned()],
-        env: BTreeMap::from([("A".to_owned(), "1".to_owned())]),
-        args: Some("python train.py".to_owned()),
-        registry: None,
-    }
 }
 
 /// A fault answering `status` with `detail` (and `Retry-After`) to matching requests.

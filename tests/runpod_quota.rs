@@ -3,16 +3,16 @@
 //! creates/deletes are not starved by status polling. Takes a little over a minute.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod runpod_support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use runpod_kubelet::runpod::client::{ApiKey, ClientConfig, RunPodClient};
-use runpod_kubelet::runpod::model::{CreatePodRequest, GpuSpec};
-use runpod_kubelet::runpod::select::Candidate;
 use runpod_simulator::scenario::{RateLimitSpec, Scenario};
 use runpod_simulator::{Operation, Simulator};
-use runpod_webhook::contract::CloudType;
+use runpod_support::{candidate, request_for};
 
 const KEY: &str = "rpa_QUOTA_TEST_KEY";
 const QUOTA: u32 = 60;
@@ -72,32 +72,12 @@ async fn sixty_per_minute_is_used_without_a_429() {
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
                 let name = format!("quota-{n}");
-                let candidate = Candidate {
-                    gpu_id: "NVIDIA GeForce RTX 4090".into(),
-                    gpu_count: 1,
-                    cloud: CloudType::Secure,
-                    data_center_ids: vec![],
-                    price_per_gpu: 0.44,
-                    price_per_hour: 0.44,
-                    memory_gb: Some(24),
-                };
                 let placed = client
-                    .create_idempotent(&name, &[candidate], |c| CreatePodRequest {
-                        name: name.clone(),
-                        image: Some("busybox".into()),
-                        template_id: None,
-                        gpu: GpuSpec {
-                            id: c.gpu_id.clone(),
-                            count: 1,
-                        },
-                        cloud: "SECURE".into(),
-                        data_center_ids: vec![],
-                        disk: None,
-                        ports: vec![],
-                        env: Default::default(),
-                        args: None,
-                        registry: None,
-                    })
+                    .create_idempotent(
+                        &name,
+                        &[candidate("NVIDIA GeForce RTX 4090", &[])],
+                        request_for(&name),
+                    )
                     .await
                     .unwrap();
                 client.delete_pod(&placed.pod.id).await.unwrap();

@@ -2,6 +2,8 @@
 //! an error message, or a `Debug` rendering — including when RunPod rejects the key.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod runpod_support;
+
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -10,11 +12,9 @@ use futures::StreamExt;
 use runpod_kubelet::runpod::client::{ApiKey, ClientConfig, RetryPolicy, RunPodClient};
 use runpod_kubelet::runpod::error::ApiError;
 use runpod_kubelet::runpod::logs::LogRequest;
-use runpod_kubelet::runpod::model::{CreatePodRequest, GpuSpec};
-use runpod_kubelet::runpod::select::Candidate;
 use runpod_simulator::Simulator;
 use runpod_simulator::scenario::Scenario;
-use runpod_webhook::contract::CloudType;
+use runpod_support::{candidate, request_for};
 
 const SERVER_KEY: &str = "rpa_SERVERSIDEKEY_0123456789";
 const WRONG_KEY: &str = "rpa_WRONGKEY_abcdefghijklmnop";
@@ -81,32 +81,12 @@ async fn the_key_never_leaks() {
     texts.push(format!("{client:?}"));
     texts.push(format!("{:?}", ApiKey::new(SERVER_KEY.to_owned()).unwrap()));
     client.catalogue().await.unwrap();
-    let candidate = Candidate {
-        gpu_id: "NVIDIA GeForce RTX 4090".into(),
-        gpu_count: 1,
-        cloud: CloudType::Secure,
-        data_center_ids: vec![],
-        price_per_gpu: 0.44,
-        price_per_hour: 0.44,
-        memory_gb: Some(24),
-    };
     let placed = client
-        .create_idempotent("ns-secret-uid", &[candidate], |c| CreatePodRequest {
-            name: "ns-secret-uid".into(),
-            image: Some("busybox".into()),
-            template_id: None,
-            gpu: GpuSpec {
-                id: c.gpu_id.clone(),
-                count: 1,
-            },
-            cloud: "SECURE".into(),
-            data_center_ids: vec![],
-            disk: None,
-            ports: vec![],
-            env: Default::default(),
-            args: None,
-            registry: None,
-        })
+        .create_idempotent(
+            "ns-secret-uid",
+            &[candidate("NVIDIA GeForce RTX 4090", &[])],
+            request_for("ns-secret-uid"),
+        )
         .await
         .unwrap();
     texts.push(format!("{placed:?}"));

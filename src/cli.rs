@@ -48,6 +48,9 @@ pub enum Command {
     /// Print the RunPod placement candidates (GPU type × data centres, cheapest first) for
     /// given requirements, from the live catalogue. Needs `RUNPOD_API_KEY`.
     Gpus(crate::gpus_cmd::GpusArgs),
+    /// Run the virtual kubelet: register the virtual node and run the pods bound to it on
+    /// RunPod. The API key comes from `RUNPOD_API_KEY` only.
+    Controller(Box<crate::controller_cmd::ControllerArgs>),
 }
 
 #[derive(Debug, Args)]

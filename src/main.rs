@@ -2,6 +2,7 @@
 
 mod certs_cmd;
 mod cli;
+mod controller_cmd;
 mod gpus_cmd;
 mod logging;
 mod registration_cmd;
@@ -36,6 +37,7 @@ fn main() -> anyhow::Result<()> {
             cli::Command::WebhookConfiguration(args) => registration_cmd::run(&args),
             cli::Command::Simulator(args) => simulator_cmd::run(args).await,
             cli::Command::Gpus(args) => gpus_cmd::run(args).await,
+            cli::Command::Controller(args) => controller_cmd::run(*args).await,
         }
     })
 }

@@ -14,3 +14,4 @@ pub mod model;
 pub mod placement;
 pub mod select;
 pub mod translate;
+pub mod wrapper;

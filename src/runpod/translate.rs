@@ -82,19 +82,24 @@ pub fn joined_args(
     container: &Container,
     env: &BTreeMap<String, String>,
 ) -> Result<Option<String>, TranslateError> {
-    let words: Vec<String> = container
-        .command
-        .iter()
-        .flatten()
-        .chain(container.args.iter().flatten())
-        .map(|word| expand(word, env))
-        .collect();
+    let words = command_words(container, env);
     if words.is_empty() {
         return Ok(None);
     }
     shlex::try_join(words.iter().map(String::as_str))
         .map(Some)
         .map_err(|e| TranslateError::Args(e.to_string()))
+}
+
+/// The container's `command` then `args`, each `$(VAR)`-expanded against `env`.
+pub fn command_words(container: &Container, env: &BTreeMap<String, String>) -> Vec<String> {
+    container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten())
+        .map(|word| expand(word, env))
+        .collect()
 }
 
 /// Kubernetes `$(VAR)` expansion in command, args and env values: defined variables are

@@ -41,9 +41,21 @@ pub const POD_ID: &str = "runpod.io/pod-id";
 pub const COST_PER_HR: &str = "runpod.io/cost-per-hr";
 pub const GPU_TYPE: &str = "runpod.io/gpu-type";
 pub const DATACENTER: &str = "runpod.io/datacenter";
+/// Public address of each port: `8080/http=https://…,22/tcp=IP:PORT`.
+pub const ENDPOINTS: &str = "runpod.io/endpoints";
+/// The controller's record that a create was sent (RFC 3339 time): a restarted or new leader
+/// searches for the pod instead of creating another until a later complete list shows none.
+pub const CREATE_REQUESTED: &str = "runpod.io/create-requested";
 
 /// Annotations only the controller writes; the webhook removes them from new pods.
-pub const CONTROLLER_ANNOTATIONS: [&str; 4] = [POD_ID, COST_PER_HR, GPU_TYPE, DATACENTER];
+pub const CONTROLLER_ANNOTATIONS: [&str; 6] = [
+    POD_ID,
+    COST_PER_HR,
+    GPU_TYPE,
+    DATACENTER,
+    ENDPOINTS,
+    CREATE_REQUESTED,
+];
 
 /// The taint of the virtual node, and the toleration the webhook injects.
 pub const PROVIDER_TAINT_KEY: &str = "virtual-kubelet.io/provider";

@@ -1,0 +1,116 @@
+//! Everything a reconcile needs, shared by the pod workers, the list poller and the GC.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+use kube::runtime::events::{Event, EventType, Recorder};
+use tokio::sync::watch;
+use tracing::warn;
+
+use super::memory::PodMemory;
+use super::metrics::ControllerMetrics;
+use super::node::ApiHealth;
+use super::provider::Instance;
+
+/// Settings from the command line.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub node_name: String,
+    pub cluster_id: String,
+    pub host_ip: String,
+    pub reconcile_interval: Duration,
+    pub provision_timeout: Duration,
+    /// After an ambiguous create, how long the list must have had to show the pod before a
+    /// second create is allowed; also how young an instance may be and still be missing.
+    pub create_settle: Duration,
+    pub outage_grace: Duration,
+}
+
+/// One complete, successful list of the cloud's instances, reduced to this cluster and node.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub taken_at: Timestamp,
+    pub instances: Vec<Instance>,
+}
+
+impl Snapshot {
+    /// Live instances tagged with this pod UID.
+    pub fn for_pod<'a>(&'a self, uid: &'a str) -> impl Iterator<Item = &'a Instance> + 'a {
+        self.instances
+            .iter()
+            .filter(move |i| i.tags.pod_uid.as_deref() == Some(uid) && i.state.is_live())
+    }
+}
+
+/// The shared state of the controller.
+pub struct Shared<P> {
+    pub client: kube::Client,
+    pub provider: Arc<P>,
+    pub settings: Settings,
+    pub snapshot: watch::Receiver<Option<Arc<Snapshot>>>,
+    pub health: watch::Sender<ApiHealth>,
+    pub memory: Mutex<HashMap<String, PodMemory>>,
+    pub recorder: Recorder,
+    pub metrics: Arc<ControllerMetrics>,
+}
+
+impl<P> Shared<P> {
+    /// Reads and updates one pod's memory.
+    pub fn remember<T>(&self, uid: &str, f: impl FnOnce(&mut PodMemory) -> T) -> T {
+        let mut guard = match self.memory.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        f(guard.entry(uid.to_owned()).or_default())
+    }
+
+    pub fn forget(&self, uid: &str) {
+        let mut guard = match self.memory.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        guard.remove(uid);
+    }
+
+    pub fn latest(&self) -> Option<Arc<Snapshot>> {
+        self.snapshot.borrow().clone()
+    }
+
+    /// Publishes an Event on the pod, once per reason and message.
+    pub async fn event(&self, pod: &Pod, warning: bool, reason: &str, message: String) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let key = format!("{reason}\u{0}{message}");
+        if !self.remember(&uid, |m| m.events.insert(key)) {
+            return;
+        }
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_owned(),
+            note: Some(truncate(&message, 1000)),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &pod.object_ref(&())).await {
+            warn!(reason, error = %error, "could not publish an Event");
+        }
+    }
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}

@@ -1,0 +1,37 @@
+//! What the leader remembers about each pod between reconciles. None of it is needed for
+//! safety across restarts (that lives in the pod's annotations and the cloud's tags); it saves
+//! calls and avoids repeating Events.
+
+use std::collections::{HashMap, HashSet};
+
+use k8s_openapi::jiff::Timestamp;
+
+/// Per Kubernetes pod (by UID).
+#[derive(Debug, Default, Clone)]
+pub struct PodMemory {
+    /// The instance this leader created or adopted, and when; the list may not show it yet.
+    pub instance: Option<(String, Timestamp)>,
+    /// The last provision ended knowing that nothing was created (capacity, no candidates):
+    /// the next create need not wait for a settling list.
+    pub nothing_created: bool,
+    /// Do not try to create before this time (backoff after capacity errors).
+    pub next_create_at: Option<Timestamp>,
+    pub create_failures: u32,
+    /// GPU types refused for this pod (placed outside its constraints).
+    pub excluded_gpu_types: Vec<String>,
+    /// Instances confirmed terminated.
+    pub terminated: HashSet<String>,
+    /// Instances whose placement was verified.
+    pub verified: HashSet<String>,
+    /// When `stop` was sent to each instance (deletion honours the grace period).
+    pub stop_sent: HashMap<String, Timestamp>,
+    /// Last uptime seen per instance; going back means the container restarted.
+    pub uptime: HashMap<String, u64>,
+    pub restarts: i32,
+    /// The exit code read from the log, once read (`Some(None)`: read, none found).
+    pub exit_code: Option<Option<i32>>,
+    /// Events already published (reason and message), so a reconcile loop does not repeat them.
+    pub events: HashSet<String>,
+    /// First time this pod was seen without any instance while we believed it running.
+    pub missing_since: Option<Timestamp>,
+}

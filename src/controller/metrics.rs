@@ -1,0 +1,88 @@
+//! Prometheus metrics of the controller: pods by cloud state, cost per hour running now, lease
+//! renewals, reconcile errors, creates, terminations and apiserver writes.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+/// Handles into the registry.
+#[derive(Debug, Default)]
+pub struct ControllerMetrics {
+    pub pods_by_state: Family<StateLabel, Gauge>,
+    pub cost_per_hour: Gauge<f64, AtomicU64>,
+    pub lease_renewals: Family<OutcomeLabel, Counter>,
+    pub reconcile_errors: Counter,
+    pub creates: Counter,
+    pub terminations: Counter,
+    pub garbage_collected: Counter,
+    pub pod_writes: Counter,
+    pub lists: Family<OutcomeLabel, Counter>,
+}
+
+impl ControllerMetrics {
+    /// Registers every metric under the registry's prefix.
+    pub fn register(registry: &mut Registry) -> Arc<ControllerMetrics> {
+        let metrics = ControllerMetrics::default();
+        registry.register(
+            "pods",
+            "RunPod pods of this cluster and node by RunPod state, from the last list",
+            metrics.pods_by_state.clone(),
+        );
+        registry.register(
+            "cost_per_hour_usd",
+            "What the RunPod pods of this cluster and node cost per hour now",
+            metrics.cost_per_hour.clone(),
+        );
+        registry.register(
+            "node_lease_renewals",
+            "Node Lease renewals by outcome",
+            metrics.lease_renewals.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Pod reconciles that failed and were retried",
+            metrics.reconcile_errors.clone(),
+        );
+        registry.register(
+            "runpod_creates",
+            "Create attempts (provision calls)",
+            metrics.creates.clone(),
+        );
+        registry.register(
+            "runpod_terminations",
+            "RunPod pods terminated",
+            metrics.terminations.clone(),
+        );
+        registry.register(
+            "garbage_collected",
+            "Tagged RunPod pods terminated because no Kubernetes pod matches them",
+            metrics.garbage_collected.clone(),
+        );
+        registry.register(
+            "pod_writes",
+            "Writes of pod status and annotations to the apiserver",
+            metrics.pod_writes.clone(),
+        );
+        registry.register(
+            "runpod_lists",
+            "Complete lists of RunPod pods by outcome",
+            metrics.lists.clone(),
+        );
+        Arc::new(metrics)
+    }
+}

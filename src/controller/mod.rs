@@ -1,0 +1,222 @@
+//! The provider controller (a virtual kubelet): registers the virtual node and keeps its Lease
+//! and status, and runs one cloud instance per Kubernetes pod bound to it. The cloud sits
+//! behind the `provider::Provider` seam; RunPod is `runpod_provider`.
+
+pub mod context;
+pub mod env;
+pub mod kubelet_api;
+pub mod lease;
+pub mod memory;
+pub mod metrics;
+pub mod node;
+pub mod ops;
+pub mod pods;
+pub mod poller;
+pub mod provider;
+pub mod runpod_provider;
+pub mod status;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+use context::{Settings, Shared};
+use metrics::{ControllerMetrics, OutcomeLabel};
+use node::{ApiHealth, NodeConfig, TransitionTimes};
+use provider::Provider;
+
+/// How often the node's status is written when nothing changes.
+const NODE_STATUS_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Everything `run` needs besides the provider.
+pub struct Runtime {
+    pub client: kube::Client,
+    pub node: NodeConfig,
+    pub settings: Settings,
+    pub kubelet_listener: TcpListener,
+    pub kubelet_tls: Arc<rustls::ServerConfig>,
+    pub metrics_listener: Option<TcpListener>,
+    pub registry: prometheus_client::registry::Registry,
+    pub metrics: Arc<ControllerMetrics>,
+    pub concurrency: u16,
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run<P: Provider>(
+    provider: Arc<P>,
+    runtime: Runtime,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let Runtime {
+        client,
+        node,
+        settings,
+        kubelet_listener,
+        kubelet_tls,
+        metrics_listener,
+        registry,
+        metrics,
+        concurrency,
+    } = runtime;
+    let nodes: Api<Node> = Api::all(client.clone());
+    node::register(&nodes, &node).await?;
+    let node_uid = nodes.get(&node.name).await?.metadata.uid;
+    info!(node = %node.name, address = %node.internal_ip, port = node.kubelet_port, "virtual node registered");
+
+    let (health_tx, health_rx) = watch::channel(ApiHealth::Available);
+    let (snapshot_tx, snapshot_rx) = watch::channel(None);
+    let reporter = Reporter {
+        controller: "runpod-kubelet".into(),
+        instance: Some(node.name.clone()),
+    };
+    let shared = Arc::new(Shared {
+        client: client.clone(),
+        provider: provider.clone(),
+        settings: settings.clone(),
+        snapshot: snapshot_rx,
+        health: health_tx.clone(),
+        memory: Mutex::new(HashMap::new()),
+        recorder: Recorder::new(client.clone(), reporter),
+        metrics: metrics.clone(),
+    });
+
+    let mut tasks = tokio::task::JoinSet::new();
+    // The controller wants a shutdown future that is also Sync.
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    tasks.spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(());
+    });
+    tasks.spawn(lease_loop(
+        client.clone(),
+        node.name.clone(),
+        node_uid,
+        metrics.clone(),
+    ));
+    tasks.spawn(node_status_loop(
+        nodes.clone(),
+        node.clone(),
+        health_rx.clone(),
+        provider.clone(),
+    ));
+
+    let pods: Api<Pod> = Api::all(client.clone());
+    let watch_config = watcher::Config::default().fields(&format!("spec.nodeName={}", node.name));
+    let (tick_tx, tick_rx) = mpsc::channel::<()>(1);
+    let ticks =
+        futures_util::stream::unfold(
+            tick_rx,
+            |mut rx| async move { rx.recv().await.map(|t| (t, rx)) },
+        );
+    let controller = Controller::new(pods, watch_config)
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .reconcile_all_on(ticks)
+        .graceful_shutdown_on(async move {
+            let _ = stop_rx.await;
+        });
+    let store = controller.store();
+
+    tasks.spawn(poller::run(
+        provider.clone(),
+        settings.clone(),
+        store.clone(),
+        snapshot_tx,
+        health_tx,
+        tick_tx,
+        metrics.clone(),
+    ));
+    tasks.spawn(kubelet_api::serve(
+        kubelet_listener,
+        kubelet_tls,
+        shared.clone(),
+        store.clone(),
+    ));
+    if let Some(listener) = metrics_listener {
+        tasks.spawn(ops::serve(
+            listener,
+            Arc::new(registry),
+            store.clone(),
+            shared.clone(),
+        ));
+    }
+
+    let errors = metrics.clone();
+    controller
+        .run(
+            pods::reconcile,
+            move |_pod, error: &pods::ReconcileError, _ctx| {
+                warn!(error = %error, "reconcile failed; retrying");
+                errors.reconcile_errors.inc();
+                Action::requeue(Duration::from_secs(5))
+            },
+            shared,
+        )
+        .for_each(|_| async {})
+        .await;
+    tasks.abort_all();
+    Ok(())
+}
+
+async fn lease_loop(
+    client: kube::Client,
+    node: String,
+    node_uid: Option<String>,
+    metrics: Arc<ControllerMetrics>,
+) {
+    let mut interval = tokio::time::interval(lease::RENEW_INTERVAL);
+    loop {
+        interval.tick().await;
+        match lease::renew(&client, &node, node_uid.as_deref()).await {
+            Ok(()) => {
+                metrics
+                    .lease_renewals
+                    .get_or_create(&OutcomeLabel { outcome: "ok" })
+                    .inc();
+            }
+            Err(error) => {
+                metrics
+                    .lease_renewals
+                    .get_or_create(&OutcomeLabel { outcome: "error" })
+                    .inc();
+                warn!(error = %error, "renewing the node Lease failed");
+            }
+        }
+    }
+}
+
+async fn node_status_loop<P: Provider>(
+    nodes: Api<Node>,
+    config: NodeConfig,
+    mut health: watch::Receiver<ApiHealth>,
+    provider: Arc<P>,
+) {
+    let transitions = TransitionTimes::default();
+    loop {
+        let current = health.borrow_and_update().clone();
+        if let Err(error) = node::apply_status(&nodes, &config, &current, &transitions).await {
+            warn!(error = %error, "writing the node status failed");
+        }
+        let prices = provider.cheapest_prices();
+        let cheapest = (!prices.is_empty()).then(|| {
+            prices
+                .iter()
+                .map(|(cloud, price)| format!("{cloud}={price:.3}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        });
+        if let Err(error) = node::sync_spec(&nodes, &config, &current, cheapest).await {
+            warn!(error = %error, "updating the node's taints failed");
+        }
+        let _ = tokio::time::timeout(NODE_STATUS_INTERVAL, health.changed()).await;
+    }
+}

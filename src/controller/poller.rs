@@ -1,0 +1,269 @@
+//! One list of the cloud's instances per interval, shared by every pod: the snapshot every
+//! decision is taken on. After each complete list, tagged instances that match no Kubernetes
+//! pod are garbage-collected (only once the pod cache has synced; never untagged instances or
+//! another cluster's or node's).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::Store;
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+use super::context::{Settings, Snapshot};
+use super::metrics::{ControllerMetrics, StateLabel};
+use super::node::ApiHealth;
+use super::provider::{Instance, InstanceState, Provider, ProviderError};
+
+/// Consecutive failed lists before the node says the API is unavailable.
+const FAILURES_BEFORE_UNAVAILABLE: u32 = 3;
+
+/// Instances of this cluster and node.
+pub fn ours<'a>(
+    instances: &'a [Instance],
+    settings: &'a Settings,
+) -> impl Iterator<Item = &'a Instance> + 'a {
+    instances.iter().filter(|i| {
+        i.tags.cluster_id.as_deref() == Some(settings.cluster_id.as_str())
+            && i.tags.node_name.as_deref() == Some(settings.node_name.as_str())
+    })
+}
+
+/// Orphans: live, ours, tagged with a pod UID that no Kubernetes pod on the node has, and seen
+/// for longer than the settle time (a pod just bound may not be in this replica's cache yet).
+pub fn orphans<'a>(
+    snapshot: &'a Snapshot,
+    pod_uids: &HashSet<String>,
+    first_seen: &HashMap<String, Timestamp>,
+    settle: Duration,
+) -> Vec<&'a Instance> {
+    snapshot
+        .instances
+        .iter()
+        .filter(|i| i.state.is_live())
+        .filter(|i| match i.tags.pod_uid.as_deref() {
+            Some(uid) => !pod_uids.contains(uid),
+            None => false,
+        })
+        .filter(|i| {
+            first_seen.get(&i.id).is_some_and(|seen| {
+                let age = snapshot.taken_at.duration_since(*seen);
+                Duration::try_from(age).unwrap_or(Duration::ZERO) >= settle
+            })
+        })
+        .collect()
+}
+
+/// Runs the list loop until the process stops. `ticks` is told after every complete list so
+/// that every pod is reconciled against it.
+pub async fn run<P: Provider>(
+    provider: Arc<P>,
+    settings: Settings,
+    store: Store<Pod>,
+    snapshot_tx: watch::Sender<Option<Arc<Snapshot>>>,
+    health: watch::Sender<ApiHealth>,
+    ticks: mpsc::Sender<()>,
+    metrics: Arc<ControllerMetrics>,
+) {
+    let mut failures = 0u32;
+    let mut first_seen: HashMap<String, Timestamp> = HashMap::new();
+    let mut interval = tokio::time::interval(settings.reconcile_interval);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let started = Timestamp::now();
+        let listed = provider.list().await;
+        let instances = match listed {
+            Ok(instances) => instances,
+            Err(error) => {
+                failures += 1;
+                metrics
+                    .lists
+                    .get_or_create(&super::metrics::OutcomeLabel { outcome: "error" })
+                    .inc();
+                warn!(error = %error, failures, "listing RunPod pods failed");
+                let unavailable = match &error {
+                    ProviderError::Account(message) => Some(("AccountRefused", message.clone())),
+                    ProviderError::Unavailable(message)
+                        if failures >= FAILURES_BEFORE_UNAVAILABLE =>
+                    {
+                        Some(("APIUnreachable", message.clone()))
+                    }
+                    ProviderError::Unavailable(_) => None,
+                };
+                if let Some((reason, message)) = unavailable {
+                    health.send_if_modified(|current| {
+                        let next = ApiHealth::Unavailable {
+                            reason: reason.into(),
+                            message,
+                        };
+                        let changed = *current != next;
+                        *current = next;
+                        changed
+                    });
+                }
+                continue;
+            }
+        };
+        failures = 0;
+        metrics
+            .lists
+            .get_or_create(&super::metrics::OutcomeLabel { outcome: "ok" })
+            .inc();
+        health.send_if_modified(|current| {
+            let changed = *current != ApiHealth::Available;
+            *current = ApiHealth::Available;
+            changed
+        });
+        // The list is as of when it was asked for, not when it arrived.
+        let snapshot = Arc::new(Snapshot {
+            taken_at: started,
+            instances: ours(&instances, &settings).cloned().collect(),
+        });
+        record(&snapshot, &metrics);
+        for instance in &snapshot.instances {
+            first_seen.entry(instance.id.clone()).or_insert(started);
+        }
+        first_seen.retain(|id, _| snapshot.instances.iter().any(|i| &i.id == id));
+        snapshot_tx.send_replace(Some(snapshot.clone()));
+        let _ = ticks.try_send(());
+
+        if store.wait_until_ready().await.is_ok() {
+            let uids: HashSet<String> = store
+                .state()
+                .iter()
+                .filter_map(|pod| pod.metadata.uid.clone())
+                .collect();
+            for orphan in orphans(&snapshot, &uids, &first_seen, settings.create_settle) {
+                info!(instance = %orphan.id, pod_uid = ?orphan.tags.pod_uid, "terminating a RunPod pod whose Kubernetes pod is gone");
+                match provider.terminate(&orphan.id).await {
+                    Ok(()) => {
+                        metrics.garbage_collected.inc();
+                    }
+                    Err(error) => {
+                        warn!(instance = %orphan.id, error = %error, "garbage collection failed")
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn record(snapshot: &Snapshot, metrics: &ControllerMetrics) {
+    let states = [
+        InstanceState::Provisioning,
+        InstanceState::Starting,
+        InstanceState::Running,
+        InstanceState::Exited,
+        InstanceState::Error,
+        InstanceState::Terminated,
+        InstanceState::Unknown,
+    ];
+    for state in states {
+        let count = snapshot
+            .instances
+            .iter()
+            .filter(|i| i.state == state)
+            .count();
+        metrics
+            .pods_by_state
+            .get_or_create(&StateLabel {
+                state: state.as_str(),
+            })
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+    let cost: f64 = snapshot
+        .instances
+        .iter()
+        .filter(|i| i.state.is_live())
+        .filter_map(|i| i.cost_per_hour)
+        .sum();
+    metrics.cost_per_hour.set(cost);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::provider::Tags;
+
+    fn instance(id: &str, cluster: &str, node: &str, uid: Option<&str>) -> Instance {
+        Instance {
+            id: id.into(),
+            name: id.into(),
+            tags: Tags {
+                cluster_id: Some(cluster.into()),
+                node_name: Some(node.into()),
+                pod_uid: uid.map(str::to_owned),
+            },
+            state: InstanceState::Running,
+            uptime_secs: None,
+            cost_per_hour: Some(0.5),
+            gpu_type: None,
+            datacenter: None,
+            endpoints: vec![],
+            ip: None,
+            created_at: None,
+            started_at: None,
+            message: None,
+        }
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            node_name: "vr".into(),
+            cluster_id: "c1".into(),
+            host_ip: "127.0.0.1".into(),
+            reconcile_interval: Duration::from_secs(10),
+            provision_timeout: Duration::from_secs(900),
+            create_settle: Duration::from_secs(30),
+            outage_grace: Duration::from_secs(3600),
+        }
+    }
+
+    #[test]
+    fn only_this_cluster_and_node_are_ours() {
+        let all = vec![
+            instance("mine", "c1", "vr", Some("u1")),
+            instance("other-cluster", "c2", "vr", Some("u1")),
+            instance("other-node", "c1", "vr2", Some("u1")),
+            Instance {
+                tags: Tags::default(),
+                ..instance("untagged", "", "", None)
+            },
+        ];
+        let settings = settings();
+        let ids: Vec<_> = ours(&all, &settings).map(|i| i.id.as_str()).collect();
+        assert_eq!(ids, ["mine"]);
+    }
+
+    #[test]
+    fn orphans_need_a_missing_uid_and_settled_age() {
+        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let t1: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+        let snapshot = Snapshot {
+            taken_at: t1,
+            instances: vec![
+                instance("alive", "c1", "vr", Some("u-alive")),
+                instance("orphan", "c1", "vr", Some("u-gone")),
+                instance("young", "c1", "vr", Some("u-gone2")),
+                instance("no-uid", "c1", "vr", None),
+            ],
+        };
+        let uids: HashSet<String> = ["u-alive".to_owned()].into();
+        let seen: HashMap<String, Timestamp> = [
+            ("alive".to_owned(), t0),
+            ("orphan".to_owned(), t0),
+            ("young".to_owned(), t1),
+            ("no-uid".to_owned(), t0),
+        ]
+        .into();
+        let found: Vec<_> = orphans(&snapshot, &uids, &seen, Duration::from_secs(30))
+            .into_iter()
+            .map(|i| i.id.as_str())
+            .collect();
+        assert_eq!(found, ["orphan"]);
+    }
+}

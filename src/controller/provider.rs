@@ -1,0 +1,240 @@
+//! The seam between the virtual kubelet and a GPU cloud. The node and pod machinery only sees
+//! these types, so a second cloud (Vast.ai) can be added behind the same trait without touching
+//! the reconcile logic.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use futures_util::Stream;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+
+use super::env::ResolvedEnv;
+
+/// Ownership tags every instance carries, set at create time. Matching is done on these,
+/// never on names or on annotations a user could edit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tags {
+    pub cluster_id: Option<String>,
+    pub node_name: Option<String>,
+    pub pod_uid: Option<String>,
+}
+
+/// Lifecycle of an instance, in the cloud's terms mapped to a common set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InstanceState {
+    Provisioning,
+    Starting,
+    Running,
+    /// Stopped: the container ended (or was stopped); an exited instance still bills storage.
+    Exited,
+    Error,
+    Terminated,
+    Unknown,
+}
+
+impl InstanceState {
+    /// Still holding (and billing) resources.
+    pub fn is_live(self) -> bool {
+        !matches!(self, InstanceState::Terminated)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceState::Provisioning => "provisioning",
+            InstanceState::Starting => "starting",
+            InstanceState::Running => "running",
+            InstanceState::Exited => "exited",
+            InstanceState::Error => "error",
+            InstanceState::Terminated => "terminated",
+            InstanceState::Unknown => "unknown",
+        }
+    }
+}
+
+/// How one container port can be reached from outside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub port: u32,
+    /// `http` or `tcp`.
+    pub protocol: String,
+    /// `https://…` for http ports, `IP:PORT` for tcp ports; `None` until published.
+    pub address: Option<String>,
+}
+
+/// One cloud instance as the last list showed it.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    pub id: String,
+    pub name: String,
+    pub tags: Tags,
+    pub state: InstanceState,
+    /// Seconds the container has been up; going back means it restarted.
+    pub uptime_secs: Option<u64>,
+    pub cost_per_hour: Option<f64>,
+    pub gpu_type: Option<String>,
+    pub datacenter: Option<String>,
+    pub endpoints: Vec<Endpoint>,
+    /// A public IP of the instance, when it has one.
+    pub ip: Option<String>,
+    pub created_at: Option<Timestamp>,
+    pub started_at: Option<Timestamp>,
+    /// The cloud's last message about the instance (an error), if any.
+    pub message: Option<String>,
+}
+
+impl Instance {
+    /// Ready to serve: running, and every TCP port published.
+    pub fn ports_ready(&self) -> bool {
+        self.state == InstanceState::Running
+            && self
+                .endpoints
+                .iter()
+                .filter(|endpoint| endpoint.protocol == "tcp")
+                .all(|endpoint| endpoint.address.is_some())
+    }
+}
+
+/// Where a pod may run and what it may cost, for verifying a placement the cloud made.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Constraints {
+    /// Empty: anywhere.
+    pub allowed_datacenters: Vec<String>,
+    pub max_price_per_hour: Option<f64>,
+}
+
+impl Constraints {
+    /// Why `instance` breaks these constraints, if it does.
+    pub fn violation(&self, instance: &Instance) -> Option<String> {
+        if !self.allowed_datacenters.is_empty() {
+            match instance.datacenter.as_deref() {
+                Some(dc) if self.allowed_datacenters.iter().any(|allowed| allowed == dc) => {}
+                Some(dc) => {
+                    return Some(format!(
+                        "placed in datacenter {dc}, outside the allowed {}",
+                        self.allowed_datacenters.join(",")
+                    ));
+                }
+                // Not placed yet: nothing to verify.
+                None => {}
+            }
+        }
+        match (self.max_price_per_hour, instance.cost_per_hour) {
+            // A small tolerance for prices rounded differently by the list and the catalogue.
+            (Some(cap), Some(cost)) if cost > cap + 1e-6 => Some(format!(
+                "billed {cost:.3} USD/h, above the pod's cap of {cap:.3} USD/h"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// What the controller asks of the cloud for one pod.
+#[derive(Debug, Clone)]
+pub struct ProvisionRequest<'a> {
+    pub pod: &'a Pod,
+    pub env: &'a ResolvedEnv,
+    /// GPU types not to try for this pod (e.g. one that was placed outside its datacenters).
+    pub excluded_gpu_types: &'a [String],
+}
+
+/// The instance a provision made or adopted.
+#[derive(Debug, Clone)]
+pub struct Provisioned {
+    pub instance: Instance,
+    /// The offer chosen, for the Event: GPU type, price and datacenter preference.
+    pub summary: String,
+    /// Offers refused before this one (capacity, access), for the Event.
+    pub refusals: Vec<String>,
+    /// Other instances for the same pod that the cloud showed; to be terminated.
+    pub duplicates: Vec<Instance>,
+    /// An earlier attempt's outcome was unknown: another instance may appear later.
+    pub possibly_duplicated: bool,
+}
+
+/// Why nothing was provisioned, classified by what the controller should do about it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProvisionError {
+    /// No offer satisfies the pod: wait and retry (the catalogue changes).
+    #[error("{0}")]
+    NoCandidates(String),
+    /// Every offer was out of capacity: Event `NoGpuCapacity`, retry with backoff.
+    #[error("{0}")]
+    NoCapacity(String),
+    /// The pod itself cannot be run as it is: fail it with this message.
+    #[error("{0}")]
+    Rejected(String),
+    /// The account cannot create anything (key rejected, out of funds): mark the node.
+    #[error("{0}")]
+    AccountBlocked(String),
+    /// The outcome is unknown (an instance may exist); never fail the pod on this.
+    #[error("{0}")]
+    Unsettled(String),
+}
+
+/// A failed call whose effect is known not to have happened.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProviderError {
+    /// The account is refused (bad key, 402): the node reports it.
+    #[error("account refused: {0}")]
+    Account(String),
+    /// Anything else: the cloud is unreachable, slow or failing.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// How `kubectl logs` wants the log.
+#[derive(Debug, Clone, Default)]
+pub struct LogOptions {
+    pub follow: bool,
+    pub tail_lines: Option<u32>,
+    pub since: Option<Timestamp>,
+}
+
+/// One log line with its timestamp, when the cloud gives one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEntry {
+    pub timestamp: Option<String>,
+    pub line: String,
+}
+
+pub type LogEntries = Pin<Box<dyn Stream<Item = Result<LogEntry, ProviderError>> + Send>>;
+
+/// Cheapest price per GPU per hour for each offer class (e.g. `SECURE`, `COMMUNITY`).
+pub type CheapestPrices = Vec<(String, f64)>;
+
+/// A GPU cloud, as the virtual kubelet needs it.
+pub trait Provider: Send + Sync + 'static {
+    /// Short name: node label value, metrics label.
+    fn name(&self) -> &'static str;
+
+    /// Every instance of the account in one call. Only a successful answer is a complete list.
+    fn list(&self) -> impl Future<Output = Result<Vec<Instance>, ProviderError>> + Send;
+
+    /// Where `pod` may run and what it may cost, from its annotations and the cluster's limits.
+    fn constraints(&self, pod: &Pod) -> Result<Constraints, String>;
+
+    /// Makes sure one instance exists for `request.pod`, creating it if the cloud shows none.
+    fn provision(
+        &self,
+        request: ProvisionRequest<'_>,
+    ) -> impl Future<Output = Result<Provisioned, ProvisionError>> + Send;
+
+    /// Stops the container (SIGTERM) without releasing the machine.
+    fn stop(&self, id: &str) -> impl Future<Output = Result<(), ProviderError>> + Send;
+
+    /// Terminates and releases the instance; an instance already gone counts as done.
+    fn terminate(&self, id: &str) -> impl Future<Output = Result<(), ProviderError>> + Send;
+
+    /// The exit code the instance's container reported, read from its log after it ended.
+    fn exit_code(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<i32>, ProviderError>> + Send;
+
+    /// The instance's container log.
+    fn logs(&self, id: &str, options: LogOptions) -> LogEntries;
+
+    /// The cheapest price per GPU per offer class, from the provider's cached catalogue.
+    fn cheapest_prices(&self) -> CheapestPrices;
+}

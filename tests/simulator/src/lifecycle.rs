@@ -74,6 +74,7 @@ pub(crate) fn script_for(image: &str, rules: &[ImageRule]) -> Script {
         .map(|rule| Script {
             outcome: rule.outcome.map(|o| (o, rule.after_ms)),
             logs: rule.logs.clone(),
+            exit_code: rule.exit_code,
         })
         .unwrap_or_default()
 }
@@ -206,10 +207,36 @@ pub(crate) fn advance(
                 );
             }
             Step::PublishPorts => publish_ports(pod, rng),
-            Step::Exit => {
-                enter_stopped(pod, PodStatus::Exited, due);
-                ev.system(pod, "Container exited", due);
+            Step::Exit => process_exit(pod, due, ev),
+        }
+    }
+}
+
+/// The text by which the simulator recognises runpod-kubelet's completion wrapper in `args`.
+pub const WRAPPER_MARK: &str = "runpod-kubelet: exit-code=";
+
+/// The container's process ended. Under the completion wrapper it prints its code and stops
+/// its own pod (EXITED); otherwise RunPod restarts the container in place, as it does for
+/// every pod, so the uptime goes back and the pod stays RUNNING.
+fn process_exit(pod: &mut PodRecord, due: Instant, ev: &mut Events<'_>) {
+    let wrapped = pod.args.contains(WRAPPER_MARK);
+    match pod.script.exit_code {
+        Some(code) if !wrapped => {
+            ev.system(pod, format!("Container exited with code {code}; restarting it"), due);
+            pod.running_since = Some(due);
+            pod.phase_since = due;
+            for line in pod.script.logs.clone() {
+                ev.push(pod, LogSource::Container, line, due);
             }
+        }
+        code => {
+            if wrapped {
+                let line = format!("{WRAPPER_MARK}{}", code.unwrap_or(0));
+                ev.push(pod, LogSource::Container, line, due);
+                ev.system(pod, "Pod stopped by runpodctl", due);
+            }
+            enter_stopped(pod, PodStatus::Exited, due);
+            ev.system(pod, "Container exited", due);
         }
     }
 }

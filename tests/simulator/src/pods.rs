@@ -80,6 +80,8 @@ pub(crate) struct PortMapping {
 pub(crate) struct Script {
     pub outcome: Option<(Outcome, u64)>,
     pub logs: Vec<String>,
+    /// The process's exit code (see `ImageRule::exit_code`).
+    pub exit_code: Option<i32>,
 }
 
 /// A pod as the simulator keeps it.

@@ -245,6 +245,12 @@ pub struct ImageRule {
     pub after_ms: u64,
     #[serde(default)]
     pub logs: Vec<String>,
+    /// With `outcome: EXITED`: the container's process ends with this code, as on RunPod: a
+    /// pod whose command runs under runpod-kubelet's completion wrapper prints the code and
+    /// stops itself (EXITED); any other container is restarted in place (uptime goes back, the
+    /// pod stays RUNNING). Without it, the pod simply ends EXITED.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
 }
 
 /// Where a scripted container ends up.

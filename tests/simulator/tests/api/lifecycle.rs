@@ -222,12 +222,14 @@ async fn image_rules_script_exits_and_pull_errors() {
                 outcome: Some(Outcome::Error),
                 after_ms: 50,
                 logs: vec![],
+                exit_code: None,
             },
             ImageRule {
                 pattern: "batch-job".into(),
                 outcome: Some(Outcome::Exited),
                 after_ms: 100,
                 logs: vec!["working".into(), "done".into()],
+                exit_code: None,
             },
         ],
         ..fast()
@@ -285,5 +287,73 @@ async fn statuses_can_be_forced_on_command() {
     assert_eq!(api.get(&format!("/v2/pods/{id}")).await.status, 404);
     assert!(!api.sim.set_status(id, PodStatus::Running));
     assert!(!api.sim.set_status("unknown", PodStatus::Running));
+    api.assert_contract();
+}
+
+#[tokio::test]
+async fn a_wrapped_command_stops_its_pod_and_an_unwrapped_one_restarts() {
+    let scenario = Scenario {
+        images: vec![ImageRule {
+            pattern: "trainer".into(),
+            outcome: Some(Outcome::Exited),
+            after_ms: 2500,
+            logs: vec!["epoch 1".into()],
+            exit_code: Some(3),
+        }],
+        ..fast()
+    };
+    let api = Api::start(scenario).await;
+    let wrapped = api
+        .create(
+            "wrapped",
+            json!({"image": "me/trainer:1",
+                   "args": "sh -c 'cmd; echo \"runpod-kubelet: exit-code=$?\"' w python train.py"}),
+        )
+        .await;
+    let wrapped_id = wrapped["id"].as_str().unwrap().to_owned();
+    let (_, seen) = api
+        .wait_for(&wrapped_id, WAIT, |p| p["status"] == "EXITED")
+        .await;
+    assert!(seen.contains(&"RUNNING".to_owned()), "{seen:?}");
+    let response = api
+        .request(
+            reqwest::Method::GET,
+            &format!("/v2/pods/{wrapped_id}/logs?source=container&tail=10"),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut sse = crate::support::Sse::new(response);
+    let lines: Vec<String> = sse
+        .drain(Duration::from_millis(500))
+        .await
+        .iter()
+        .map(|e| e.line().to_owned())
+        .collect();
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("runpod-kubelet: exit-code=3"),
+        "the wrapper's code is not the last container line: {lines:?}"
+    );
+
+    let plain = api
+        .create("plain", json!({"image": "me/trainer:1", "args": "python train.py"}))
+        .await;
+    let plain_id = plain["id"].as_str().unwrap().to_owned();
+    let (running, _) = api
+        .wait_for(&plain_id, WAIT, |p| p["status"] == "RUNNING")
+        .await;
+    let mut highest = running["runtime"]["uptime"].as_u64().unwrap_or(0);
+    let mut went_back = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::time::Instant::now() < deadline && !went_back {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let pod = api.get(&format!("/v2/pods/{plain_id}")).await.body;
+        assert_eq!(pod["status"], "RUNNING", "an unwrapped container must keep running");
+        let uptime = pod["runtime"]["uptime"].as_u64().unwrap_or(0);
+        went_back = uptime < highest;
+        highest = highest.max(uptime);
+    }
+    assert!(went_back, "the restart did not show as uptime going back");
     api.assert_contract();
 }

@@ -16,6 +16,7 @@ async fn chatty() -> (Api, String) {
             outcome: None,
             after_ms: 0,
             logs: (1..=5).map(|i| format!("line {i}")).collect(),
+            exit_code: None,
         }],
         ..fast()
     };

@@ -11,12 +11,15 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::Store;
 use tokio::sync::{mpsc, watch};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::context::{Settings, Snapshot};
 use super::metrics::{ControllerMetrics, StateLabel};
 use super::node::ApiHealth;
 use super::provider::{Instance, InstanceState, Provider, ProviderError};
+
+/// The longest a list may take (the client retries inside it).
+const LIST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Consecutive failed lists before the node says the API is unavailable.
 const FAILURES_BEFORE_UNAVAILABLE: u32 = 3;
@@ -75,7 +78,14 @@ pub async fn run<P: Provider>(
     loop {
         interval.tick().await;
         let started = Timestamp::now();
-        let listed = provider.list().await;
+        debug!("listing RunPod pods");
+        // A list that hangs must not stop every later one.
+        let listed = match tokio::time::timeout(LIST_TIMEOUT, provider.list()).await {
+            Ok(listed) => listed,
+            Err(_) => Err(ProviderError::Unavailable(
+                "listing RunPod pods timed out".into(),
+            )),
+        };
         let instances = match listed {
             Ok(instances) => instances,
             Err(error) => {
@@ -130,8 +140,12 @@ pub async fn run<P: Provider>(
         first_seen.retain(|id, _| snapshot.instances.iter().any(|i| &i.id == id));
         snapshot_tx.send_replace(Some(snapshot.clone()));
         let _ = ticks.try_send(());
+        debug!(instances = snapshot.instances.len(), "snapshot published");
 
-        if store.wait_until_ready().await.is_ok() {
+        // Only once the pod cache has synced: before that every instance looks orphaned.
+        let synced = futures_util::FutureExt::now_or_never(store.wait_until_ready())
+            .is_some_and(|r| r.is_ok());
+        if synced {
             let uids: HashSet<String> = store
                 .state()
                 .iter()

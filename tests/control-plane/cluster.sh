@@ -368,6 +368,7 @@ EOF
     --client-ca-file="$pki/ca.crt" \
     --kubelet-client-certificate="$pki/apiserver-kubelet-client.crt" \
     --kubelet-client-key="$pki/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types=InternalIP,Hostname \
     --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
     --service-account-issuer=https://kubernetes.default.svc \
     --authorization-mode=Node,RBAC --service-cluster-ip-range=10.96.0.0/16 \

@@ -41,6 +41,11 @@ impl ControlPlane {
         Ok(kube::Client::try_from(config)?)
     }
 
+    /// The cluster's CA (it signs the apiserver's client certificate towards kubelets).
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("pki").join("ca.crt")
+    }
+
     /// The tail of a component's log, for failure reports.
     pub fn log_tail(&self, component: &str, lines: usize) -> String {
         let path = self

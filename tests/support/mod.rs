@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod control_plane;
+pub mod controller;
 pub mod nodes;
 pub mod wait;
 pub mod webhook;

@@ -222,7 +222,11 @@ fn process_exit(pod: &mut PodRecord, due: Instant, ev: &mut Events<'_>) {
     let wrapped = pod.args.contains(WRAPPER_MARK);
     match pod.script.exit_code {
         Some(code) if !wrapped => {
-            ev.system(pod, format!("Container exited with code {code}; restarting it"), due);
+            ev.system(
+                pod,
+                format!("Container exited with code {code}; restarting it"),
+                due,
+            );
             pod.running_since = Some(due);
             pod.phase_since = due;
             for line in pod.script.logs.clone() {

@@ -337,7 +337,10 @@ async fn a_wrapped_command_stops_its_pod_and_an_unwrapped_one_restarts() {
     );
 
     let plain = api
-        .create("plain", json!({"image": "me/trainer:1", "args": "python train.py"}))
+        .create(
+            "plain",
+            json!({"image": "me/trainer:1", "args": "python train.py"}),
+        )
         .await;
     let plain_id = plain["id"].as_str().unwrap().to_owned();
     let (running, _) = api
@@ -349,7 +352,10 @@ async fn a_wrapped_command_stops_its_pod_and_an_unwrapped_one_restarts() {
     while tokio::time::Instant::now() < deadline && !went_back {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let pod = api.get(&format!("/v2/pods/{plain_id}")).await.body;
-        assert_eq!(pod["status"], "RUNNING", "an unwrapped container must keep running");
+        assert_eq!(
+            pod["status"], "RUNNING",
+            "an unwrapped container must keep running"
+        );
         let uptime = pod["runtime"]["uptime"].as_u64().unwrap_or(0);
         went_back = uptime < highest;
         highest = highest.max(uptime);

@@ -1,0 +1,433 @@
+//! End-to-end tests of the provider controller: the real control plane (apiserver, scheduler,
+//! Job controller), the webhook and the controller as processes, and the RunPod simulator.
+//! A plain GPU Job in a labelled namespace bursts to RunPod, runs and completes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
+use kube::Api;
+use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::control_plane::ControlPlane;
+use support::controller::{ControllerProcess, SimulatorProcess};
+use support::wait;
+use support::webhook::WebhookProcess;
+
+const NODE: &str = "virtual-runpod";
+const WAIT: Duration = Duration::from_secs(120);
+
+fn scenario() -> serde_json::Value {
+    json!({
+        "provisioning_ms": 500, "starting_ms": 500, "ports_ms": 500, "list_lag_ms": 500,
+        "images": [
+            {"match": "trainer", "outcome": "EXITED", "after_ms": 3000,
+             "logs": ["epoch 1", "epoch 2"], "exit_code": 0},
+            {"match": "failing", "outcome": "EXITED", "after_ms": 2000,
+             "logs": ["oops"], "exit_code": 3},
+            {"match": "server", "logs": ["serving on 8888"]}
+        ]
+    })
+}
+
+fn main() -> std::process::ExitCode {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    if !filters.is_empty()
+        && !filters
+            .iter()
+            .any(|f| "controller_bursts_a_gpu_job".contains(f.as_str()))
+    {
+        println!("no e2e_controller scenario matches {filters:?}");
+        return std::process::ExitCode::SUCCESS;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let control_plane = match ControlPlane::start() {
+        Ok(cp) => cp,
+        Err(error) => {
+            eprintln!("e2e setup failed: {error:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(&control_plane));
+    match result {
+        Ok(()) => {
+            println!("e2e_controller controller_bursts_a_gpu_job ... ok");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(error) => {
+            println!("e2e_controller controller_bursts_a_gpu_job ... FAILED\n  {error:#}");
+            eprintln!(
+                "--- kube-apiserver log tail ---\n{}",
+                control_plane.log_tail("kube-apiserver", 30)
+            );
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
+    let client = control_plane.client().await?;
+    let simulator = SimulatorProcess::start(&scenario())?;
+    let webhook = WebhookProcess::start(
+        &control_plane.kubeconfig,
+        &[
+            "--datacenter-ids",
+            "EU-RO-1,US-TX-3",
+            "--max-gpu-price",
+            "2",
+        ],
+    )
+    .await?;
+    webhook.register(&client, &["kube-system"]).await?;
+    let mut controller = ControllerProcess::start(
+        &control_plane.kubeconfig,
+        &control_plane.ca_file(),
+        &simulator,
+        &["--cluster-id", "e2e-cluster"],
+    )?;
+    let outcome = scenarios(&client, &simulator, &controller).await;
+    if outcome.is_err() {
+        let log = controller.log();
+        let lines: Vec<&str> = log.lines().collect();
+        eprintln!(
+            "--- controller log tail (alive: {}) ---\n{}",
+            controller.alive(),
+            lines[lines.len().saturating_sub(60)..].join("\n")
+        );
+    }
+    outcome
+}
+
+async fn scenarios(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+    controller: &ControllerProcess,
+) -> anyhow::Result<()> {
+    node_registers(client).await.context("node registration")?;
+    let ns = "e2e-burst";
+    namespace(client, ns).await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "hf"}, "stringData": {"token": "s3cr3t-value"}}),
+            )?,
+        )
+        .await?;
+
+    // 1. A plain GPU Job with no RunPod fields bursts, runs and completes.
+    let train = job(
+        "train",
+        "e2e/trainer:1",
+        &["python", "train.py", "--epochs", "2"],
+    );
+    Api::<Job>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &train)
+        .await?;
+    wait::until("Job train complete", WAIT, || async {
+        let job = Api::<Job>::namespaced(client.clone(), ns)
+            .get("train")
+            .await?;
+        let done = job.status.and_then(|s| s.succeeded).unwrap_or(0) == 1;
+        Ok(done.then_some(()))
+    })
+    .await?;
+    let pod = pod_of_job(client, ns, "train").await?;
+    let uid = pod.metadata.uid.clone().context("uid")?;
+    ensure!(phase(&pod) == Some("Succeeded"), "phase {:?}", phase(&pod));
+    ensure!(
+        exit_code(&pod) == Some(0),
+        "exit code {:?}",
+        exit_code(&pod)
+    );
+    ensure!(
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE),
+        "not on the virtual node"
+    );
+    let tolerations = serde_json::to_value(&pod.spec.as_ref().unwrap().tolerations)?;
+    ensure!(
+        tolerations.as_array().unwrap().iter().any(|t| t["key"] == "node.kubernetes.io/unreachable" && t["tolerationSeconds"] == 3600),
+        "outage tolerations not lengthened: {tolerations}"
+    );
+    let entries = ledger_for(simulator, &uid).await?;
+    ensure!(
+        entries.len() == 1,
+        "expected exactly one RunPod pod, got {}",
+        entries.len()
+    );
+    let entry = &entries[0];
+    ensure!(
+        entry["image"] == "e2e/trainer:1",
+        "image {}",
+        entry["image"]
+    );
+    ensure!(
+        entry["env"]["HF_TOKEN"] == "s3cr3t-value",
+        "Secret env not resolved"
+    );
+    ensure!(
+        entry["env"]["RUNPOD_KUBELET_CLUSTER"] == "e2e-cluster",
+        "cluster tag missing"
+    );
+    ensure!(entry["gpu_id"].is_string(), "no GPU: {entry}");
+    let dc = entry["data_center_id"].as_str().unwrap_or_default();
+    ensure!(["EU-RO-1", "US-TX-3"].contains(&dc), "placed in {dc}");
+    let args = entry["args"].as_str().unwrap_or_default();
+    ensure!(
+        args.contains("runpod-kubelet: exit-code=") && args.contains("train.py --epochs 2"),
+        "args {args}"
+    );
+    ensure!(
+        entry["ports"] == json!(["8888/http", "22/tcp"]),
+        "ports {}",
+        entry["ports"]
+    );
+    ensure!(
+        !entry["terminated_at"].is_null(),
+        "the finished pod's RunPod pod still bills"
+    );
+
+    // 2. A failing command fails the pod with its exit code.
+    let failing = job("fail", "e2e/failing:1", &["sh", "-c", "exit 3"]);
+    Api::<Job>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &failing)
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let failed = wait::until("failing pod Failed", WAIT, || async {
+        let pod = pod_of_job(client, ns, "fail").await?;
+        Ok((phase(&pod) == Some("Failed")).then_some(pod))
+    })
+    .await?;
+    ensure!(
+        exit_code(&failed) == Some(3),
+        "exit code {:?}",
+        exit_code(&failed)
+    );
+    let entries = ledger_for(
+        simulator,
+        failed.metadata.uid.as_deref().unwrap_or_default(),
+    )
+    .await?;
+    ensure!(
+        entries.len() == 1 && !entries[0]["terminated_at"].is_null(),
+        "failed pod's RunPod pod: {entries:?}"
+    );
+
+    // 3. A long-running pod: Running and Ready, annotations, logs through the apiserver,
+    //    a forged pod id overwritten, anonymous kubelet API refused, deletion terminates.
+    let server: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "server"},
+        "spec": {"containers": [{"name": "main", "image": "e2e/server:1",
+            "command": ["python", "-m", "http.server", "8888"],
+            "ports": [{"containerPort": 8888}],
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    }))?;
+    pods.create(&PostParams::default(), &server).await?;
+    let running = wait::until("server Running and Ready", WAIT, || async {
+        let pod = pods.get("server").await?;
+        let ready = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        Ok((phase(&pod) == Some("Running") && ready).then_some(pod))
+    })
+    .await?;
+    let pod_id = annotation(&running, "runpod.io/pod-id")
+        .context("no runpod.io/pod-id")?
+        .to_owned();
+    for key in [
+        "runpod.io/cost-per-hr",
+        "runpod.io/gpu-type",
+        "runpod.io/datacenter",
+        "runpod.io/endpoints",
+    ] {
+        ensure!(annotation(&running, key).is_some(), "{key} missing");
+    }
+    let logs = wait::until("kubectl logs", WAIT, || async {
+        let text = pods.logs("server", &LogParams::default()).await?;
+        Ok(text.contains("serving on 8888").then_some(text))
+    })
+    .await?;
+    ensure!(!logs.contains("s3cr3t"), "logs leak");
+    let anonymous = std::process::Command::new("curl")
+        .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!(
+            "https://127.0.0.1:{}/containerLogs/{ns}/server/main",
+            controller.kubelet_port
+        ))
+        .output()?;
+    ensure!(
+        String::from_utf8_lossy(&anonymous.stdout) == "401",
+        "anonymous kubelet API: {:?}",
+        anonymous
+    );
+    pods.patch(
+        "server",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"metadata": {"annotations": {"runpod.io/pod-id": "forged-id"}}})),
+    )
+    .await?;
+    wait::until("forged pod id overwritten", WAIT, || async {
+        let pod = pods.get("server").await?;
+        Ok((annotation(&pod, "runpod.io/pod-id") == Some(pod_id.as_str())).then_some(()))
+    })
+    .await?;
+    pods.delete("server", &DeleteParams::default()).await?;
+    wait::until("server pod removed", WAIT, || async {
+        Ok(pods.get_opt("server").await?.is_none().then_some(()))
+    })
+    .await?;
+    let uid = running.metadata.uid.clone().unwrap_or_default();
+    let entries = ledger_for(simulator, &uid).await?;
+    ensure!(
+        entries.len() == 1 && !entries[0]["terminated_at"].is_null(),
+        "deleted pod's RunPod pod: {entries:?}"
+    );
+
+    // Nothing of this cluster bills any more once the Jobs are deleted.
+    let all = simulator.ledger().await?;
+    let live: Vec<_> = all
+        .iter()
+        .filter(|e| e["terminated_at"].is_null())
+        .collect();
+    ensure!(live.is_empty(), "RunPod pods still billing: {live:?}");
+    Ok(())
+}
+
+async fn node_registers(client: &kube::Client) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = wait::until("virtual node Ready", WAIT, || async {
+        let Some(node) = nodes.get_opt(NODE).await? else {
+            return Ok(None);
+        };
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        Ok(ready.then_some(node))
+    })
+    .await?;
+    let labels = node.metadata.labels.unwrap_or_default();
+    ensure!(
+        labels
+            .get("virtual-kubelet.io/provider")
+            .map(String::as_str)
+            == Some("runpod"),
+        "labels {labels:?}"
+    );
+    ensure!(
+        labels.get("type").map(String::as_str) == Some("virtual-kubelet"),
+        "labels {labels:?}"
+    );
+    let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+    ensure!(
+        taints
+            .iter()
+            .any(|t| t.key == "virtual-kubelet.io/provider" && t.effect == "NoSchedule"),
+        "taints {taints:?}"
+    );
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let lease = wait::until("node Lease", WAIT, || async {
+        Ok(leases.get_opt(NODE).await?)
+    })
+    .await?;
+    ensure!(
+        lease.spec.and_then(|s| s.lease_duration_seconds) == Some(40),
+        "lease duration"
+    );
+    Ok(())
+}
+
+async fn namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": name, "labels": {"runpod.io/burst": "enabled"}}}),
+            )?,
+        )
+        .await?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
+    wait::until("default ServiceAccount", WAIT, || async {
+        Ok(accounts.get_opt("default").await?.map(|_| ()))
+    })
+    .await
+}
+
+fn job(name: &str, image: &str, command: &[&str]) -> Job {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": image, "command": command,
+                "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+                "ports": [{"containerPort": 8888}, {"containerPort": 22}],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
+    }))
+    .unwrap()
+}
+
+async fn pod_of_job(client: &kube::Client, ns: &str, job: &str) -> anyhow::Result<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let list = pods
+        .list(&kube::api::ListParams::default().labels(&format!("job-name={job}")))
+        .await?;
+    match list.items.into_iter().next() {
+        Some(pod) => Ok(pod),
+        None => bail!("no pod of Job {job} yet"),
+    }
+}
+
+async fn ledger_for(
+    simulator: &SimulatorProcess,
+    uid: &str,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    Ok(simulator
+        .ledger()
+        .await?
+        .into_iter()
+        .filter(|e| e["env"]["RUNPOD_KUBELET_POD_UID"] == uid)
+        .collect())
+}
+
+fn phase(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref())
+}
+
+fn exit_code(pod: &Pod) -> Option<i32> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .first()?
+        .state
+        .as_ref()?
+        .terminated
+        .as_ref()
+        .map(|t| t.exit_code)
+}
+
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}

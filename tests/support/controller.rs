@@ -1,0 +1,135 @@
+//! The RunPod simulator and the controller as separate processes, as users run them.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use anyhow::Context;
+
+pub const API_KEY: &str = "e2e-key-0123456789";
+
+/// `runpod-kubelet simulator` on a free port.
+pub struct SimulatorProcess {
+    child: Child,
+    pub url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl SimulatorProcess {
+    pub fn start(scenario: &serde_json::Value) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("scenario.json");
+        std::fs::write(&path, serde_json::to_vec(scenario)?)?;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+            .args(["simulator", "--listen", "127.0.0.1:0", "--scenario"])
+            .arg(&path)
+            .env("RUNPOD_API_KEY", API_KEY)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the simulator")?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let url = line
+            .trim()
+            .rsplit(' ')
+            .next()
+            .filter(|u| u.starts_with("http://"))
+            .with_context(|| format!("unexpected simulator output {line:?}"))?
+            .to_owned();
+        Ok(Self {
+            child,
+            url,
+            _dir: dir,
+        })
+    }
+
+    /// Every RunPod pod ever created, with its termination time.
+    pub async fn ledger(&self) -> anyhow::Result<Vec<serde_json::Value>> {
+        let body = reqwest::get(format!("{}/_sim/ledger", self.url))
+            .await?
+            .error_for_status()?
+            .json::<Vec<serde_json::Value>>()
+            .await?;
+        Ok(body)
+    }
+}
+
+impl Drop for SimulatorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// `runpod-kubelet controller` against the simulator.
+pub struct ControllerProcess {
+    child: Child,
+    pub kubelet_port: u16,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ControllerProcess {
+    pub fn start(
+        kubeconfig: &Path,
+        client_ca: &Path,
+        simulator: &SimulatorProcess,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let log = dir.path().join("controller.log");
+        let kubelet_port = free_port()?;
+        let child = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+            .arg("controller")
+            .args(["--runpod-api-url", &simulator.url])
+            .args(["--kubelet-port", &kubelet_port.to_string()])
+            .arg("--kubelet-client-ca")
+            .arg(client_ca)
+            .args(["--internal-ip", "127.0.0.1"])
+            .args(["--reconcile-interval", "1s", "--create-settle", "3s"])
+            .args([
+                "--datacenter-ids",
+                "EU-RO-1,US-TX-3",
+                "--max-gpu-price",
+                "2",
+            ])
+            .args(extra)
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUNPOD_API_KEY", API_KEY)
+            .env("RUNPOD_KUBELET_LOG_LEVEL", "info,runpod_kubelet=debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("starting the controller")?;
+        Ok(Self {
+            child,
+            kubelet_port,
+            log,
+            _dir: dir,
+        })
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -10,6 +10,7 @@ mod runpod_support;
 use futures::StreamExt;
 use runpod_kubelet::runpod::client::{ApiKey, ClientConfig, Deleted, RetryPolicy, RunPodClient};
 use runpod_kubelet::runpod::error::ApiError;
+use runpod_kubelet::runpod::limiter::Priority;
 use runpod_kubelet::runpod::logs::{LogRequest, LogSource};
 use runpod_kubelet::runpod::model::{CreatePodRequest, GpuSpec, PodAction, PodStatus};
 use runpod_kubelet::runpod::placement::PlacementError;
@@ -324,7 +325,55 @@ async fn a_500_after_a_real_create_adopts_the_pod_despite_list_lag() {
     assert_eq!(ledger[0].create_status, 500);
     assert_eq!(placed.pod.id, ledger[0].id);
     assert!(placed.candidate.is_none(), "adopted, not created");
+    assert!(
+        !placed.possibly_duplicated,
+        "the one create made the adopted pod"
+    );
     assert_eq!(creates(&sim), 1);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
+async fn a_retry_that_succeeds_after_an_unseen_create_reports_a_possible_duplicate() {
+    // The list hides new pods longer than the lookups after the 500 last, so the client
+    // retries and gets a 201 while the first pod exists unseen.
+    const LAG_MS: u64 = 3_000;
+    let (sim, client) = start(Scenario {
+        list_lag_ms: LAG_MS,
+        ..fast_scenario()
+    })
+    .await;
+    sim.inject(
+        Fault::new(
+            Match::operation(Operation::CreatePod),
+            Effect::CreateThenFail { status: 500 },
+        )
+        .times(1),
+    );
+    let name = "ns-j2-uid10b";
+    let placed = place(&client, name, &[RTX_4090]).await.unwrap();
+    assert_eq!(
+        sim.ledger().len(),
+        2,
+        "the scenario makes a hidden duplicate"
+    );
+    assert!(placed.candidate.is_some(), "created by the retry");
+    assert!(
+        placed.duplicates.is_empty(),
+        "the list still hides the first pod"
+    );
+    assert!(
+        placed.possibly_duplicated,
+        "the caller must be told to look again: {placed:?}"
+    );
+    // What the caller does with it: once the list has caught up, the extra pod shows.
+    tokio::time::sleep(Duration::from_millis(LAG_MS + 200)).await;
+    let listed = client.find_by_name(name, Priority::Urgent).await.unwrap();
+    assert_eq!(listed.len(), 2);
+    for extra in listed.iter().filter(|pod| pod.id != placed.pod.id) {
+        client.delete_pod(&extra.id).await.unwrap();
+    }
+    assert_eq!(live_pods(&sim.ledger()).len(), 1);
     assert_contract(&sim);
 }
 

@@ -52,6 +52,12 @@ const CLOCK_SKEW: Duration = Duration::from_secs(5);
 /// Following: reopen a stream that has been silent this long (a half-open connection looks
 /// exactly like a quiet container).
 const IDLE_REOPEN: Duration = Duration::from_secs(300);
+/// Following: the first wait before reopening a stream the service closed without sending a
+/// line. It doubles with each such close up to `EMPTY_CLOSE_MAX_DELAY`, so a service that
+/// keeps closing streams of a quiet pod does not take a routine limiter slot every half
+/// second; a line arriving starts it over.
+const EMPTY_CLOSE_FIRST_DELAY: Duration = Duration::from_secs(1);
+const EMPTY_CLOSE_MAX_DELAY: Duration = Duration::from_secs(30);
 
 /// One log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +99,10 @@ struct Cursor {
     opened: bool,
     deadline: tokio::time::Instant,
     failures: u32,
+    /// Following: streams closed in a row without delivering a line.
+    empty_closes: u32,
+    /// Whether the current stream has delivered a line.
+    stream_had_lines: bool,
     done: bool,
 }
 
@@ -112,6 +122,8 @@ impl RunPodClient {
             opened: false,
             deadline: tokio::time::Instant::now() + READ_DEADLINE,
             failures: 0,
+            empty_closes: 0,
+            stream_had_lines: false,
             done: false,
         };
         Box::pin(futures_util::stream::unfold(
@@ -193,6 +205,7 @@ impl Cursor {
                 {
                     Ok(events) => {
                         self.opened = true;
+                        self.stream_had_lines = false;
                         self.resumed_after.clone_from(&self.last_id);
                         self.events.insert(events)
                     }
@@ -261,6 +274,8 @@ impl Cursor {
                         return None;
                     }
                     self.lines_seen += 1;
+                    self.stream_had_lines = true;
+                    self.empty_closes = 0;
                     if line.id.is_some() {
                         self.last_id.clone_from(&line.id);
                     }
@@ -291,11 +306,34 @@ impl Cursor {
                         self.done = true;
                         return None;
                     }
-                    tokio::time::sleep(policy.backoff(self.failures.min(4))).await;
+                    let delay = if self.stream_had_lines {
+                        policy.backoff(self.failures.min(4))
+                    } else {
+                        self.empty_closes = self.empty_closes.saturating_add(1);
+                        empty_close_delay(self.empty_closes)
+                    };
+                    debug!(
+                        pod_id = %self.pod_id,
+                        empty_closes = self.empty_closes,
+                        delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                        "log stream closed; reopening"
+                    );
+                    tokio::time::sleep(delay).await;
                 }
             }
         }
     }
+}
+
+/// The wait before reopening after the `n`-th (1-based) empty close in a row: doubling from
+/// `EMPTY_CLOSE_FIRST_DELAY` to `EMPTY_CLOSE_MAX_DELAY`, jittered so many followers spread out.
+fn empty_close_delay(n: u32) -> Duration {
+    let backoff = super::client::RetryPolicy {
+        base_delay: EMPTY_CLOSE_FIRST_DELAY,
+        max_delay: EMPTY_CLOSE_MAX_DELAY,
+        ..super::client::RetryPolicy::default()
+    };
+    backoff.backoff(n.saturating_sub(1))
 }
 
 fn decode(event: &Event) -> Option<LogLine> {

@@ -80,7 +80,7 @@ pub struct Runtime {
 }
 
 /// A RunPod pod as v2 returns it, reduced to what the controller reads. `Debug` shows env
-/// names only: values may come from Kubernetes Secrets.
+/// names only and hides `args`: values may come from Kubernetes Secrets.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Pod {
@@ -133,7 +133,7 @@ pub struct PodList {
 }
 
 /// `POST /v2/pods`. Optional fields are omitted rather than sent as null. `Debug` shows env
-/// names only: values may come from Kubernetes Secrets.
+/// names only and hides `args`: values may come from Kubernetes Secrets.
 #[derive(Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CreatePodRequest {
@@ -170,6 +170,19 @@ impl std::fmt::Debug for RedactedEnv<'_> {
     }
 }
 
+/// `args` for `Debug`: its length only. Kubernetes `$(VAR)` references are expanded into it
+/// from env that includes Secret values.
+struct RedactedArgs<'a>(&'a Option<String>);
+
+impl std::fmt::Debug for RedactedArgs<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(args) => write!(f, "Some(<redacted, {} bytes>)", args.len()),
+            None => f.write_str("None"),
+        }
+    }
+}
+
 impl std::fmt::Debug for Pod {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pod")
@@ -178,7 +191,7 @@ impl std::fmt::Debug for Pod {
             .field("status", &self.status)
             .field("actions", &self.actions)
             .field("image", &self.image)
-            .field("args", &self.args)
+            .field("args", &RedactedArgs(&self.args))
             .field("ports", &self.ports)
             .field("env", &RedactedEnv(&self.env))
             .field("gpu", &self.gpu)
@@ -205,7 +218,7 @@ impl std::fmt::Debug for CreatePodRequest {
             .field("disk", &self.disk)
             .field("ports", &self.ports)
             .field("env", &RedactedEnv(&self.env))
-            .field("args", &self.args)
+            .field("args", &RedactedArgs(&self.args))
             .field("registry", &self.registry)
             .finish()
     }
@@ -217,7 +230,7 @@ impl std::fmt::Debug for UpdatePodRequest {
             .field("name", &self.name)
             .field("locked", &self.locked)
             .field("image", &self.image)
-            .field("args", &self.args)
+            .field("args", &RedactedArgs(&self.args))
             .field("env", &self.env.as_ref().map(RedactedEnv))
             .field("ports", &self.ports)
             .finish()
@@ -299,6 +312,43 @@ mod tests {
             shown.contains("TOKEN") && !shown.contains("s3cr3t-value"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn debug_output_never_shows_args_which_may_hold_expanded_secrets() {
+        // `$(TOKEN)` in a container's args is expanded from env that includes Secret values.
+        let secret = "s3cr3t-value";
+        let args = format!("python train.py --token {secret}");
+        let request = CreatePodRequest {
+            name: "n".into(),
+            image: Some("img".into()),
+            template_id: None,
+            gpu: GpuSpec {
+                id: "g".into(),
+                count: 1,
+            },
+            cloud: "SECURE".into(),
+            data_center_ids: vec![],
+            disk: None,
+            ports: vec![],
+            env: BTreeMap::from([("TOKEN".into(), secret.into())]),
+            args: Some(args.clone()),
+            registry: None,
+        };
+        let update = UpdatePodRequest {
+            args: Some(args.clone()),
+            ..UpdatePodRequest::default()
+        };
+        let pod: Pod =
+            serde_json::from_value(serde_json::json!({"id": "x", "args": args})).unwrap();
+        for shown in [
+            format!("{request:?}"),
+            format!("{update:?}"),
+            format!("{pod:?}"),
+        ] {
+            assert!(!shown.contains(secret), "{shown}");
+            assert!(shown.contains("args"), "{shown}");
+        }
     }
 
     #[test]

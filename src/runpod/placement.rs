@@ -30,6 +30,11 @@ pub struct Placement {
     /// Further live pods with the same name (a duplicate made by someone else or an older
     /// version): the caller should terminate them.
     pub duplicates: Vec<Pod>,
+    /// A create in this call failed ambiguously (5xx, timeout, unreadable answer) and its pod,
+    /// if it made one, is neither `pod` nor in `duplicates`: the list may still hide it. The
+    /// caller should look the name up again once the list has caught up (a minute is ample)
+    /// and terminate every pod with this name but `pod`.
+    pub possibly_duplicated: bool,
 }
 
 /// Why no pod exists.
@@ -91,6 +96,8 @@ impl RunPodClient {
         // yet: no other candidate is tried (it would be a second pod), and every way of giving
         // up says "unsettled" so the caller looks again instead of failing the pod.
         let mut maybe_created: Option<ApiError> = None;
+        // How many creates failed that way: each may have made a pod the list still hides.
+        let mut ambiguous_creates: u32 = 0;
         for candidate in candidates {
             let request = build(candidate);
             let mut failures = 0;
@@ -100,19 +107,24 @@ impl RunPodClient {
                     Ok(pod) => {
                         self.recent().remember(name, &pod.id);
                         info!(pod_id = %pod.id, gpu = %candidate.gpu_id, "created RunPod pod");
-                        return Ok(Placement {
-                            pod,
-                            candidate: Some(candidate.clone()),
-                            attempts,
-                            duplicates: Vec::new(),
-                        });
+                        return Ok(flag_unseen(
+                            Placement {
+                                pod,
+                                candidate: Some(candidate.clone()),
+                                attempts,
+                                duplicates: Vec::new(),
+                                possibly_duplicated: false,
+                            },
+                            ambiguous_creates,
+                        ));
                     }
                     Err(error) => error,
                 };
                 warn!(gpu = %candidate.gpu_id, error = %error, "RunPod create failed");
                 if error.create_outcome_unknown() {
+                    ambiguous_creates += 1;
                     if let Some(placement) = self.settle(name, &attempts).await? {
-                        return Ok(placement);
+                        return Ok(flag_unseen(placement, ambiguous_creates));
                     }
                     maybe_created = Some(error.clone());
                 }
@@ -139,7 +151,7 @@ impl RunPodClient {
                             .await
                             .map_err(unsettled)?
                         {
-                            return Ok(placement);
+                            return Ok(flag_unseen(placement, ambiguous_creates));
                         }
                         failures += 1;
                     }
@@ -231,8 +243,35 @@ impl RunPodClient {
             candidate: None,
             attempts,
             duplicates: existing,
+            possibly_duplicated: false,
         }))
     }
+}
+
+/// Sets `possibly_duplicated` when more creates may have made a pod than the placement
+/// accounts for: a pod we created or adopted, plus the duplicates the list showed. A created
+/// pod accounts for none of the ambiguous creates before it; each pod the list showed may be
+/// one of them.
+fn flag_unseen(mut placement: Placement, ambiguous_creates: u32) -> Placement {
+    let accounted = if placement.candidate.is_some() {
+        0
+    } else {
+        1 + placement.duplicates.len()
+    };
+    let unseen = usize::try_from(ambiguous_creates)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(accounted);
+    if unseen > 0 {
+        warn!(
+            pod_id = %placement.pod.id,
+            name = %placement.pod.name,
+            ambiguous_creates,
+            unseen,
+            "RunPod may hold more pods with this name than its list shows; look again later"
+        );
+        placement.possibly_duplicated = true;
+    }
+    placement
 }
 
 fn unsettled(error: ApiError) -> PlacementError {

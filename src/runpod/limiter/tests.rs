@@ -1,0 +1,280 @@
+//! Unit tests of the limiter: header parsing, waits, the urgent reserve, out-of-order answers.
+
+use super::headers::header_list;
+use super::*;
+use reqwest::header::HeaderValue;
+
+fn headers(live: &str, policy: &str) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    map.insert("ratelimit", HeaderValue::from_str(live).unwrap());
+    map.insert("ratelimit-policy", HeaderValue::from_str(policy).unwrap());
+    map
+}
+
+#[test]
+fn parses_the_spec_examples() {
+    let map = headers(
+        r#""minute";r=0;t=12, "hour";r=2800;t=1812, "day";r=49500;t=45012"#,
+        r#""minute";q=60;w=60, "hour";q=3000;w=3600, "day";q=50000;w=86400"#,
+    );
+    let live = header_list(&map, "ratelimit").unwrap();
+    assert_eq!(live.len(), 3);
+    assert_eq!(live[1].name, "hour");
+    assert_eq!(live[1].get("r"), Some(2800));
+    assert_eq!(live[2].get("t"), Some(45012));
+    let policy = header_list(&map, "ratelimit-policy").unwrap();
+    assert_eq!(policy[0].get("q"), Some(60));
+    let mut broken = HeaderMap::new();
+    broken.insert("ratelimit", HeaderValue::from_static("\"minute;r=0"));
+    assert!(header_list(&broken, "ratelimit").is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn never_exceeds_the_configured_quota_before_any_header() {
+    let limiter = RateLimiter::new(5);
+    let start = Instant::now();
+    for _ in 0..5 {
+        drop(limiter.acquire(Priority::Urgent).await);
+    }
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    drop(limiter.acquire(Priority::Urgent).await);
+    // The sixth waits for the local window (a minute plus the margin).
+    assert!(start.elapsed() >= Duration::from_secs(60));
+}
+
+#[tokio::test(start_paused = true)]
+async fn follows_the_headers_and_waits_for_the_announced_reset() {
+    let limiter = RateLimiter::new(60);
+    let permit = limiter.acquire(Priority::Routine).await;
+    permit.observe(
+        &headers(
+            r#""minute";r=0;t=7, "hour";r=10;t=100"#,
+            r#""minute";q=60;w=60, "hour";q=3000;w=3600"#,
+        ),
+        None,
+    );
+    assert_eq!(
+        limiter.windows(),
+        vec![("minute".into(), 60, 0), ("hour".into(), 3000, 10)]
+    );
+    let start = Instant::now();
+    drop(limiter.acquire(Priority::Urgent).await);
+    // The announced 7 s plus the safety margin: never early.
+    assert_eq!(start.elapsed(), Duration::from_secs(7) + RESET_MARGIN);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_blocks_everyone() {
+    let limiter = RateLimiter::new(60);
+    limiter
+        .acquire(Priority::Urgent)
+        .await
+        .observe(&HeaderMap::new(), Some(Duration::from_secs(12)));
+    let start = Instant::now();
+    drop(limiter.acquire(Priority::Routine).await);
+    assert_eq!(start.elapsed(), Duration::from_secs(12));
+}
+
+/// Runs the labelled acquisitions (spawned in this order) and returns (label, time) in the
+/// order they got their slot.
+async fn race(
+    limiter: &Arc<RateLimiter>,
+    contenders: &[(&'static str, Priority)],
+) -> Vec<(&'static str, Instant)> {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let tasks: Vec<_> = contenders
+        .iter()
+        .map(|&(label, priority)| {
+            let limiter = Arc::clone(limiter);
+            let order = Arc::clone(&order);
+            tokio::spawn(async move {
+                let _permit = limiter.acquire(priority).await;
+                order.lock().unwrap().push((label, Instant::now()));
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    order.lock().unwrap().clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn routine_requests_leave_a_reserve_for_urgent_ones_until_the_window_ends() {
+    let limiter = RateLimiter::new(20);
+    // 20 per minute: routine requests leave the last 2 slots to urgent ones.
+    let start = Instant::now();
+    let permit = limiter.acquire(Priority::Routine).await;
+    permit.observe(
+        &headers(r#""minute";r=3;t=30"#, r#""minute";q=20;w=60"#),
+        None,
+    );
+    drop(limiter.acquire(Priority::Routine).await);
+    let order = race(
+        &limiter,
+        &[
+            ("poll", Priority::Routine),
+            ("create", Priority::Urgent),
+            ("delete", Priority::Urgent),
+        ],
+    )
+    .await;
+    let labels: Vec<_> = order.iter().map(|(label, _)| *label).collect();
+    assert_eq!(labels, vec!["create", "delete", "poll"]);
+    assert_eq!(order[1].1, start, "urgent requests did not wait");
+    // The reserve was used up, so the poll waited for the window to end.
+    assert_eq!(order[2].1 - start, Duration::from_secs(30) + RESET_MARGIN);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unused_reserve_is_released_near_the_end_of_the_window() {
+    let limiter = RateLimiter::new(20);
+    let start = Instant::now();
+    let permit = limiter.acquire(Priority::Routine).await;
+    permit.observe(
+        &headers(r#""minute";r=2;t=60"#, r#""minute";q=20;w=60"#),
+        None,
+    );
+    drop(limiter.acquire(Priority::Routine).await);
+    // Two reserved slots left; in the last twelfth of the window a poll may take them.
+    assert_eq!(start.elapsed(), Duration::from_secs(55) + RESET_MARGIN);
+}
+
+#[tokio::test(start_paused = true)]
+async fn urgent_requests_overtake_routine_ones_queued_before_them() {
+    let limiter = RateLimiter::new(20);
+    let start = Instant::now();
+    let permit = limiter.acquire(Priority::Routine).await;
+    permit.observe(
+        &headers(r#""minute";r=0;t=10"#, r#""minute";q=20;w=60"#),
+        None,
+    );
+    let order = race(
+        &limiter,
+        &[
+            ("poll 1", Priority::Routine),
+            ("poll 2", Priority::Routine),
+            ("create", Priority::Urgent),
+        ],
+    )
+    .await;
+    let labels: Vec<_> = order.iter().map(|(label, _)| *label).collect();
+    assert_eq!(labels[0], "create");
+    assert!(
+        order
+            .iter()
+            .all(|(_, at)| *at - start == Duration::from_secs(10) + RESET_MARGIN)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn unanswered_requests_are_assumed_uncounted_until_all_are_in() {
+    let limiter = RateLimiter::new(60);
+    let policy = r#""minute";q=60;w=60"#;
+    let earlier = limiter.acquire(Priority::Routine).await;
+    let later = limiter.acquire(Priority::Routine).await;
+    // r=5 while another request is unanswered: it may not be counted yet.
+    later.observe(&headers(r#""minute";r=5;t=30"#, policy), None);
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
+    let third = limiter.acquire(Priority::Routine).await;
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 3)]);
+    // An older, higher count never raises the estimate while requests are in flight.
+    earlier.observe(&headers(r#""minute";r=6;t=30"#, policy), None);
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 3)]);
+    // Everything answered: the lowest reported count is exact.
+    third.observe(&headers(r#""minute";r=4;t=30"#, policy), None);
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
+    assert_eq!(limiter.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn caution_taken_for_out_of_order_answers_is_undone_once_all_are_in() {
+    let limiter = RateLimiter::new(60);
+    let policy = r#""minute";q=60;w=60"#;
+    let first = limiter.acquire(Priority::Routine).await;
+    let second = limiter.acquire(Priority::Routine).await;
+    // The service counted the second request first: the first's answer says r=5, but
+    // the limiter cannot know the second is already in that count, so it assumes 4.
+    first.observe(&headers(r#""minute";r=5;t=30"#, policy), None);
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
+    second.observe(&headers(r#""minute";r=6;t=30"#, policy), None);
+    // Nothing in flight any more: the lowest reported value is the truth.
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 5)]);
+}
+
+/// Sends the whole quota of a 60-per-minute window, most of it late, keeps the first
+/// `in_flight` requests unanswered while a waiting acquire of `priority` sees the reset,
+/// then lets them end without an answer (timeouts during a RunPod stall). Returns how long
+/// the waiter and one more acquire then took, or `None` if still waiting after two windows.
+async fn wait_after_a_reset_with_requests_in_flight(
+    in_flight: usize,
+    priority: Priority,
+) -> Option<Duration> {
+    let limiter = RateLimiter::new(60);
+    // Starts the window (it resets 61 s from now); the rest go past the reserve's release.
+    let mut held = vec![limiter.acquire(Priority::Urgent).await];
+    tokio::time::sleep(Duration::from_secs(57)).await;
+    for _ in 0..59 {
+        held.push(limiter.acquire(Priority::Urgent).await);
+    }
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { drop(limiter.acquire(priority).await) })
+    };
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    held.truncate(in_flight);
+    // The waiter looks at the reset (61 s) while these are in flight; they time out later.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    drop(held);
+    let start = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(120), async {
+        waiter.await.unwrap();
+        drop(limiter.acquire(priority).await);
+    })
+    .await;
+    outcome.ok().map(|()| start.elapsed())
+}
+
+#[tokio::test(start_paused = true)]
+async fn deletes_still_go_out_after_a_reset_with_the_whole_quota_in_flight() {
+    let waited = wait_after_a_reset_with_requests_in_flight(60, Priority::Urgent).await;
+    assert!(waited.is_some(), "urgent requests locked out for good");
+}
+
+#[tokio::test(start_paused = true)]
+async fn polls_still_go_out_after_a_reset_with_most_of_the_quota_in_flight() {
+    let waited = wait_after_a_reset_with_requests_in_flight(54, Priority::Routine).await;
+    assert!(waited.is_some(), "routine requests locked out for good");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_list_split_over_header_lines_and_absurd_waits_are_handled() {
+    let limiter = RateLimiter::new(60);
+    let mut map = HeaderMap::new();
+    map.append(
+        "ratelimit",
+        HeaderValue::from_static(r#""minute";r=10;t=30"#),
+    );
+    map.append("ratelimit", HeaderValue::from_static(r#""hour";r=5;t=900"#));
+    map.append(
+        "ratelimit-policy",
+        HeaderValue::from_static(r#""minute";q=60;w=60"#),
+    );
+    map.append(
+        "ratelimit-policy",
+        HeaderValue::from_static(r#""hour";q=3000;w=3600"#),
+    );
+    limiter.acquire(Priority::Routine).await.observe(&map, None);
+    assert_eq!(
+        limiter.windows(),
+        vec![("minute".into(), 60, 10), ("hour".into(), 3000, 5)]
+    );
+    // A nonsensical Retry-After neither panics nor blocks for longer than the cap.
+    limiter
+        .acquire(Priority::Routine)
+        .await
+        .observe(&HeaderMap::new(), Some(Duration::from_secs(u64::MAX / 2)));
+    let start = Instant::now();
+    drop(limiter.acquire(Priority::Urgent).await);
+    assert_eq!(start.elapsed(), MAX_ANNOUNCED_WAIT);
+}

@@ -116,14 +116,16 @@ pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConf
 
     let effective = checks::Effective::resolve(&pod_annotations, context.job.as_ref());
     let explicit_mode = effective.get(contract::BURST_MODE);
-    let mode = match resolve_mode(explicit_mode, &context.namespace_labels, namespace) {
-        Ok(mode) => mode,
-        Err(problem) => return deny_invalid(pod, namespace, vec![problem]),
-    };
+    // Before the namespace default is read: a typo there must not block the namespace's
+    // CPU pods, which are no candidates anyway.
     let gpus = checks::gpu_count(pod);
     if gpus == 0 && explicit_mode.is_none() {
         return untouched(mutation, Vec::new(), Untouched::NotGpu);
     }
+    let mode = match resolve_mode(explicit_mode, &context.namespace_labels, namespace) {
+        Ok(mode) => mode,
+        Err(problem) => return deny_invalid(pod, namespace, vec![problem]),
+    };
     if mode == BurstMode::Never {
         return untouched(mutation, Vec::new(), Untouched::ModeNever);
     }

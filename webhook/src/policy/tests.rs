@@ -394,6 +394,36 @@ fn bad_burst_modes_are_refused() {
 }
 
 #[test]
+fn a_bad_namespace_mode_blocks_only_gpu_pods() {
+    let mut context = labelled_namespace();
+    context
+        .namespace_labels
+        .insert(contract::NAMESPACE_MODE_LABEL.into(), "alwys".into());
+    let mut nginx = gpu_pod();
+    nginx["spec"]["containers"][0] = json!({"name": "web", "image": "nginx"});
+    let (verdict, patched) = admit(&nginx, &context);
+    assert!(
+        matches!(
+            verdict,
+            Verdict::Allow {
+                untouched: Some(Untouched::NotGpu),
+                ..
+            }
+        ),
+        "{verdict:?}"
+    );
+    assert_eq!(patched, nginx);
+
+    let (code, message) = {
+        let verdict = admit(&gpu_pod(), &context).0;
+        let (code, message) = denial(&verdict);
+        (code, message.to_owned())
+    };
+    assert_eq!(code, 422);
+    assert!(message.contains("\"alwys\""), "{message}");
+}
+
+#[test]
 fn price_cap_scales_with_gpu_count() {
     let pod = annotate(gpu_pod(), contract::MAX_PRICE, "0.9");
     let (code, message) = {

@@ -135,7 +135,17 @@ pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConf
     if !invalid.is_empty() {
         return deny_invalid(pod, namespace, invalid);
     }
-    let unsupported = checks::unsupported_shape(pod);
+    let mut unsupported = checks::unsupported_shape(pod);
+    // Detected ports are not the user's value: too many of them make a pod RunPod cannot run,
+    // judged per mode like the other shapes (an explicit annotation was validated above).
+    let mut port_warnings = Vec::new();
+    let mut detected_ports = None;
+    if effective.get(contract::PORTS).is_none() {
+        match checks::detect_ports(pod, &mut port_warnings) {
+            Ok(ports) => detected_ports = ports,
+            Err(problem) => unsupported.push(problem),
+        }
+    }
     if !unsupported.is_empty() {
         if mode == BurstMode::Always {
             return deny_invalid(pod, namespace, unsupported);
@@ -162,17 +172,12 @@ pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConf
             .set_annotations
             .insert(key.to_owned(), value.to_owned());
     }
-    if effective.get(contract::PORTS).is_none() {
-        match checks::detect_ports(pod, &mut warnings) {
-            Ok(Some(ports)) => {
-                mutation
-                    .set_annotations
-                    .insert(contract::PORTS.to_owned(), ports);
-            }
-            Ok(None) => {}
-            Err(problem) => return deny_invalid(pod, namespace, vec![problem]),
-        }
+    if let Some(ports) = detected_ports {
+        mutation
+            .set_annotations
+            .insert(contract::PORTS.to_owned(), ports);
     }
+    warnings.extend(port_warnings);
     mutation::schedule_onto_runpod(pod, mode, &mut mutation, &mut warnings);
     Verdict::Allow {
         mutation,

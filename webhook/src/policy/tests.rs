@@ -482,6 +482,40 @@ fn pods_runpod_cannot_run_are_refused_in_always_and_kept_local_in_fallback() {
 }
 
 #[test]
+fn too_many_detected_http_ports_keep_fallback_pods_local_and_refuse_always_pods() {
+    let mut pod = gpu_pod();
+    let ports: Vec<Value> = (0..11)
+        .map(|i| json!({"containerPort": 7000 + i, "name": format!("http-{i}")}))
+        .collect();
+    pod["spec"]["containers"][0]["ports"] = json!(ports);
+
+    let (verdict, patched) = admit(&pod, &labelled_namespace());
+    match &verdict {
+        Verdict::Allow {
+            untouched: Some(Untouched::CannotBurst),
+            warnings,
+            ..
+        } => assert!(
+            warnings.iter().any(|w| w.contains("stays on local nodes")
+                && w.contains("at most 10")
+                && w.contains(contract::PORTS)),
+            "{warnings:?}"
+        ),
+        other => panic!("expected a local pod with a warning, got {other:?}"),
+    }
+    assert_eq!(patched, pod, "a pod that stays local is not mutated");
+
+    let always = annotate(pod, contract::BURST_MODE, "always");
+    let (code, message) = {
+        let verdict = admit(&always, &labelled_namespace()).0;
+        let (code, message) = denial(&verdict);
+        (code, message.to_owned())
+    };
+    assert_eq!(code, 422);
+    assert!(message.contains("at most 10"), "{message}");
+}
+
+#[test]
 fn port_detection_follows_names_and_skips_udp() {
     let mut pod = gpu_pod();
     pod["spec"]["containers"][0]["ports"] = json!([

@@ -4,6 +4,7 @@
 
 mod checks;
 mod mutation;
+mod retract;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -47,14 +48,16 @@ pub enum Untouched {
     NotOptedIn,
     NotGpu,
     ModeNever,
-    /// `fallback` pod that RunPod cannot run: it stays local.
+    /// `fallback` pod that RunPod cannot run: it stays local (what an earlier review of ours
+    /// added is taken back, so the mutation may not be empty).
     CannotBurst,
 }
 
 /// The decision for one pod.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
-    /// Admit; the mutation may be empty (then `untouched` says why).
+    /// Admit. `untouched` says why a pod does not burst; its mutation then only cleans up
+    /// (controller annotations, our own earlier changes) and is often empty.
     Allow {
         mutation: Mutation,
         warnings: Vec<String>,
@@ -147,8 +150,15 @@ pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConf
         }
     }
     if !unsupported.is_empty() {
+        let earlier = retract::earlier_review(pod);
+        if earlier.is_some() {
+            unsupported.push(retract::CHANGED_AFTER_REVIEW.to_owned());
+        }
         if mode == BurstMode::Always {
             return deny_invalid(pod, namespace, unsupported);
+        }
+        if let Some(earlier) = earlier {
+            earlier.retract(&mut mutation);
         }
         warnings.push(format!(
             "runpod-kubelet: this pod stays on local nodes because RunPod cannot run it: {}",

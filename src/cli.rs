@@ -106,13 +106,9 @@ pub struct RegistrationArgs {
     /// PEM CA bundle the apiserver uses to verify the webhook.
     #[arg(long, env = "RUNPOD_KUBELET_CA_BUNDLE")]
     pub ca_bundle: PathBuf,
-    /// Namespaces never sent to the webhook (comma-separated).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "kube-system",
-        env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES"
-    )]
+    /// More namespaces never sent to the webhook (comma-separated); `kube-system` and the
+    /// `--service` namespace always are.
+    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
     pub exclude_namespaces: Vec<String>,
     /// Seconds the apiserver waits for the webhook.
     #[arg(long, default_value_t = 10, env = "RUNPOD_KUBELET_TIMEOUT_SECONDS")]
@@ -146,14 +142,9 @@ pub struct WebhookArgs {
         env = "RUNPOD_KUBELET_NODENAME"
     )]
     pub nodename: String,
-    /// Namespaces whose pods are never touched (comma-separated). The webhook's own namespace
-    /// (`POD_NAMESPACE`) is always added.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "kube-system",
-        env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES"
-    )]
+    /// More namespaces whose pods are never touched (comma-separated); `kube-system` and the
+    /// webhook's own namespace (`POD_NAMESPACE`) always are.
+    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
     pub exclude_namespaces: Vec<String>,
 }
 
@@ -188,7 +179,7 @@ mod tests {
         assert_eq!(args.listen.port(), 8443);
         assert_eq!(args.datacenter_ids, vec!["EU-RO-1", "US-TX-3"]);
         assert_eq!(args.max_gpu_price, 0.5);
-        assert_eq!(args.exclude_namespaces, vec!["kube-system"]);
+        assert!(args.exclude_namespaces.is_empty());
         assert_eq!(args.tls_reload_interval, Duration::from_secs(10));
     }
 }

@@ -77,6 +77,41 @@ fn certs_and_webhook_configuration_fit_together() {
 }
 
 #[test]
+fn webhook_configuration_always_excludes_kube_system_and_the_webhook_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_path = dir.path().join("ca.crt");
+    std::fs::write(&ca_path, "PEM").unwrap();
+    let printed = runpod_kubelet(&[
+        "webhook-configuration",
+        "--service",
+        "runpod-system/runpod-webhook:8443",
+        "--ca-bundle",
+        ca_path.to_str().unwrap(),
+        "--exclude-namespaces",
+        "team-a",
+    ]);
+    assert!(
+        printed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    let config: serde_json::Value = serde_json::from_slice(&printed.stdout).unwrap();
+    for hook in config["webhooks"].as_array().unwrap() {
+        let excluded = &hook["namespaceSelector"]["matchExpressions"][0];
+        assert_eq!(excluded["operator"], "NotIn");
+        let values: Vec<&str> = excluded["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        for namespace in ["kube-system", "runpod-system", "team-a"] {
+            assert!(values.contains(&namespace), "{namespace} not in {values:?}");
+        }
+    }
+}
+
+#[test]
 fn bad_flags_are_refused_with_a_message() {
     for price in ["free", "0", "NaN"] {
         let output = runpod_kubelet(&[

@@ -21,7 +21,7 @@ pub struct PolicyConfig {
     pub allowed_datacenters: Vec<String>,
     /// Highest USD per hour per GPU a pod may offer; `None` means no cap.
     pub max_gpu_price: Option<f64>,
-    /// Namespaces whose pods are never touched (the chart's own, `kube-system`).
+    /// Namespaces whose pods are never touched (the chart's own); `kube-system` always is.
     pub excluded_namespaces: BTreeSet<String>,
 }
 
@@ -87,7 +87,7 @@ pub fn screen(pod: &Pod, namespace: &str, config: &PolicyConfig) -> Option<Untou
     if label(pod, contract::BURST_LABEL) == Some(contract::BURST_DISABLED) {
         return Some(Untouched::OptedOut);
     }
-    if config.excluded_namespaces.contains(namespace) {
+    if namespace == contract::SYSTEM_NAMESPACE || config.excluded_namespaces.contains(namespace) {
         return Some(Untouched::ExcludedNamespace);
     }
     None

@@ -214,6 +214,32 @@ fn pods_not_opted_in_or_opted_out_or_excluded_are_untouched() {
 }
 
 #[test]
+fn kube_system_is_excluded_whatever_else_is() {
+    let others = PolicyConfig {
+        excluded_namespaces: ["team-a".to_owned()].into(),
+        ..config()
+    };
+    for namespace in ["kube-system", "team-a"] {
+        let verdict = decide(
+            &typed(&gpu_pod()),
+            namespace,
+            &labelled_namespace(),
+            &others,
+        );
+        assert!(
+            matches!(
+                verdict,
+                Verdict::Allow {
+                    untouched: Some(Untouched::ExcludedNamespace),
+                    ..
+                }
+            ),
+            "{namespace}: {verdict:?}"
+        );
+    }
+}
+
+#[test]
 fn controller_annotations_are_stripped_from_every_opted_in_pod() {
     let mut pod = gpu_pod();
     for key in contract::CONTROLLER_ANNOTATIONS {

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use runpod_certs::{ReloadingCertResolver, server_config};
 use runpod_webhook::cluster::KubeCluster;
-use runpod_webhook::metrics::Metrics;
 use runpod_webhook::policy::PolicyConfig;
-use runpod_webhook::server::{AppState, router, serve_tls};
+use runpod_webhook::serve::{ServeOptions, serve_tls};
+use runpod_webhook::server::AppState;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -25,11 +25,7 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         .await
         .context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
     let cluster = KubeCluster::start(client);
-    let state = Arc::new(AppState {
-        cluster,
-        policy,
-        metrics: Metrics::default(),
-    });
+    let state = Arc::new(AppState::new(cluster, policy));
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -51,7 +47,14 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         tracing::info!("shutting down");
         let _ = stop_tx.send(true);
     });
-    serve_tls(listener, tls, router(state), stopped(stop_rx)).await;
+    serve_tls(
+        listener,
+        tls,
+        state,
+        ServeOptions::default(),
+        stopped(stop_rx),
+    )
+    .await;
     let _ = reload.await;
     Ok(())
 }

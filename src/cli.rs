@@ -146,6 +146,24 @@ pub struct WebhookArgs {
     /// webhook's own namespace (`POD_NAMESPACE`) always are.
     #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
     pub exclude_namespaces: Vec<String>,
+    /// A connection (HTTP/1.1 or h2) with no review in flight for this long is closed.
+    #[arg(long, default_value = "60s", value_parser = positive_duration, env = "RUNPOD_KUBELET_IDLE_TIMEOUT")]
+    pub idle_timeout: Duration,
+    /// Most connections served at once; further clients wait until one closes.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..), env = "RUNPOD_KUBELET_MAX_CONNECTIONS")]
+    pub max_connections: u32,
+    /// Most reviews in flight at once on one h2 connection.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..), env = "RUNPOD_KUBELET_MAX_CONCURRENT_STREAMS")]
+    pub max_concurrent_streams: u32,
+}
+
+/// A humantime duration above zero (a zero period would mean "never" or a busy loop).
+fn positive_duration(value: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(value) {
+        Ok(duration) if !duration.is_zero() => Ok(duration),
+        Ok(_) => Err("must be longer than zero".to_owned()),
+        Err(error) => Err(error.to_string()),
+    }
 }
 
 fn positive_price(value: &str) -> Result<f64, String> {

@@ -47,16 +47,18 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         tracing::info!("shutting down");
         let _ = stop_tx.send(true);
     });
-    serve_tls(
-        listener,
-        tls,
-        state,
-        ServeOptions::default(),
-        stopped(stop_rx),
-    )
-    .await;
+    serve_tls(listener, tls, state, serve_options(&args), stopped(stop_rx)).await;
     let _ = reload.await;
     Ok(())
+}
+
+fn serve_options(args: &WebhookArgs) -> ServeOptions {
+    ServeOptions {
+        idle_timeout: args.idle_timeout,
+        max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+        max_concurrent_streams: args.max_concurrent_streams,
+        ..ServeOptions::default()
+    }
 }
 
 fn policy_config(args: &WebhookArgs, own_namespace: Option<String>) -> PolicyConfig {
@@ -76,5 +78,30 @@ fn policy_config(args: &WebhookArgs, own_namespace: Option<String>) -> PolicyCon
             .collect(),
         max_gpu_price: Some(args.max_gpu_price),
         excluded_namespaces: excluded,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    #[test]
+    fn flag_defaults_are_the_server_defaults() {
+        let cli = Cli::try_parse_from([
+            "runpod-kubelet",
+            "webhook",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+        ])
+        .unwrap();
+        let Command::Webhook(args) = cli.command else {
+            panic!("parsed another subcommand");
+        };
+        assert_eq!(serve_options(&args), ServeOptions::default());
     }
 }

@@ -54,12 +54,17 @@ impl TestServer {
 }
 
 pub fn write_serving_cert(ca: &CertificateAuthority, cert_path: &PathBuf, key_path: &PathBuf) {
+    write_serving_cert_valid_for(ca, cert_path, key_path, Duration::from_secs(3600));
+}
+
+pub fn write_serving_cert_valid_for(
+    ca: &CertificateAuthority,
+    cert_path: &PathBuf,
+    key_path: &PathBuf,
+    valid_for: Duration,
+) {
     let issued = ca
-        .issue_serving(
-            &["localhost"],
-            &["127.0.0.1".parse().unwrap()],
-            Duration::from_secs(3600),
-        )
+        .issue_serving(&["localhost"], &["127.0.0.1".parse().unwrap()], valid_for)
         .unwrap();
     std::fs::write(cert_path, issued.cert_pem).unwrap();
     std::fs::write(key_path, issued.key_pem).unwrap();

@@ -146,6 +146,10 @@ pub struct WebhookArgs {
     /// webhook's own namespace (`POD_NAMESPACE`) always are.
     #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
     pub exclude_namespaces: Vec<String>,
+    /// After SIGTERM, how long to keep answering reviews (with /readyz failing) before closing,
+    /// so that endpoints stop routing here first.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_SHUTDOWN_DRAIN")]
+    pub shutdown_drain: Duration,
     /// A connection (HTTP/1.1 or h2) with no review in flight for this long is closed.
     #[arg(long, default_value = "60s", value_parser = positive_duration, env = "RUNPOD_KUBELET_IDLE_TIMEOUT")]
     pub idle_timeout: Duration,

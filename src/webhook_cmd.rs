@@ -10,7 +10,7 @@ use runpod_webhook::policy::PolicyConfig;
 use runpod_webhook::serve::{ServeOptions, serve_tls};
 use runpod_webhook::server::AppState;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::oneshot;
 
 use crate::cli::WebhookArgs;
 
@@ -37,27 +37,27 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         "webhook serving"
     );
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let reload = tokio::spawn(resolver.watch(args.tls_reload_interval, stopped(stop_rx.clone())));
-    tokio::spawn(async move {
+    // Certificates keep being reloaded through the drain, until the server is done.
+    let (stop_reload, reload_stopped) = oneshot::channel::<()>();
+    let reload = tokio::spawn(resolver.watch(args.tls_reload_interval, async move {
+        let _ = reload_stopped.await;
+    }));
+    let signalled = async {
         crate::shutdown::signal().await;
-        tracing::info!("shutting down");
-        let _ = stop_tx.send(true);
-    });
-    serve_tls(listener, tls, state, serve_options(&args), stopped(stop_rx)).await;
+        tracing::info!("shutdown signal received");
+    };
+    serve_tls(listener, tls, state, serve_options(&args), signalled).await;
+    let _ = stop_reload.send(());
     let _ = reload.await;
     Ok(())
 }
 
 fn serve_options(args: &WebhookArgs) -> ServeOptions {
     ServeOptions {
+        shutdown_drain: args.shutdown_drain,
         idle_timeout: args.idle_timeout,
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         max_concurrent_streams: args.max_concurrent_streams,
-        ..ServeOptions::default()
     }
 }
 

@@ -53,8 +53,8 @@ impl Default for ServeOptions {
     }
 }
 
-/// Serves the webhook's routes over TLS on `listener` until `shutdown` resolves, then closes
-/// its connections.
+/// Serves the webhook's routes over TLS on `listener` until `shutdown` resolves; then keeps
+/// serving for the drain period with `/readyz` failing, and closes its connections.
 pub async fn serve_tls<C: ClusterView>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -70,12 +70,20 @@ pub async fn serve_tls<C: ClusterView>(
         template: Connection {
             acceptor: TlsAcceptor::from(tls),
             builders: Arc::new(builders(&options)),
-            router: router(state),
+            router: router(Arc::clone(&state)),
             closing: closing_rx,
             idle_timeout: options.idle_timeout,
         },
     };
     server.accept_until(shutdown).await;
+    // Endpoints keep routing reviews here until they see the failing readiness probe; refusing
+    // those connections would refuse pods during every rollout.
+    state.begin_drain();
+    tracing::info!(drain = ?options.shutdown_drain, "shutting down: not ready, still serving");
+    server
+        .accept_until(tokio::time::sleep(options.shutdown_drain))
+        .await;
+    tracing::info!("closing connections");
     server.close(&closing).await;
 }
 

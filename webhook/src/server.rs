@@ -1,6 +1,7 @@
 //! The webhook's routes and handlers; [`crate::serve`] runs them over TLS.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -24,6 +25,9 @@ pub struct AppState<C> {
     pub cluster: C,
     pub policy: PolicyConfig,
     pub metrics: Metrics,
+    /// Set once shutdown began: `/readyz` fails so endpoints stop routing here, while reviews
+    /// that still arrive are answered.
+    draining: AtomicBool,
 }
 
 impl<C: ClusterView> AppState<C> {
@@ -32,7 +36,13 @@ impl<C: ClusterView> AppState<C> {
             cluster,
             policy,
             metrics: Metrics::default(),
+            draining: AtomicBool::new(false),
         }
+    }
+
+    /// From now on `/readyz` answers 503.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Release);
     }
 }
 
@@ -99,7 +109,9 @@ fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
 }
 
 async fn readyz<C: ClusterView>(State(state): State<Arc<AppState<C>>>) -> Response {
-    if state.cluster.synced() {
+    if state.draining.load(Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
+    } else if state.cluster.synced() {
         (StatusCode::OK, "ok").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "caches not synced").into_response()

@@ -25,7 +25,7 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         .await
         .context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
     let cluster = KubeCluster::start(client);
-    let state = Arc::new(AppState::new(cluster, policy));
+    let state = Arc::new(AppState::new(cluster, policy, resolver.clone()));
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

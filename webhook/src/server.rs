@@ -12,6 +12,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
+use runpod_certs::ReloadingCertResolver;
+
 use crate::admission::admit;
 use crate::cluster::ClusterView;
 use crate::metrics::{Metrics, Outcome};
@@ -25,17 +27,20 @@ pub struct AppState<C> {
     pub cluster: C,
     pub policy: PolicyConfig,
     pub metrics: Metrics,
+    /// The serving certificate, for its expiry metric.
+    pub certificate: Arc<ReloadingCertResolver>,
     /// Set once shutdown began: `/readyz` fails so endpoints stop routing here, while reviews
     /// that still arrive are answered.
     draining: AtomicBool,
 }
 
 impl<C: ClusterView> AppState<C> {
-    pub fn new(cluster: C, policy: PolicyConfig) -> Self {
+    pub fn new(cluster: C, policy: PolicyConfig, certificate: Arc<ReloadingCertResolver>) -> Self {
         Self {
             cluster,
             policy,
             metrics: Metrics::default(),
+            certificate,
             draining: AtomicBool::new(false),
         }
     }
@@ -119,6 +124,10 @@ async fn readyz<C: ClusterView>(State(state): State<Arc<AppState<C>>>) -> Respon
 }
 
 async fn metrics<C: ClusterView>(State(state): State<Arc<AppState<C>>>) -> Response {
+    // Read at scrape time, so the value follows every reload.
+    state
+        .metrics
+        .set_certificate_expiry(state.certificate.not_after());
     (
         [(
             header::CONTENT_TYPE,

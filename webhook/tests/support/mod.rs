@@ -93,7 +93,7 @@ pub async fn start_with(
     let resolver = Arc::new(ReloadingCertResolver::load(&cert_path, &key_path).unwrap());
     let tls = Arc::new(server_config(resolver.clone()).unwrap());
     let cluster = Arc::new(cluster);
-    let state = Arc::new(AppState::new(cluster.clone(), policy));
+    let state = Arc::new(AppState::new(cluster.clone(), policy, resolver.clone()));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

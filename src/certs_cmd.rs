@@ -30,12 +30,40 @@ pub fn run(args: &CertsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes a new file next to `path` and renames it into place: a private key is never in a
+/// file anyone else can read, not even for a moment, and a reader never sees half a file.
 fn write(path: &Path, contents: &str, secret: bool) -> anyhow::Result<()> {
-    std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))?;
-    #[cfg(unix)]
-    if secret {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} has no file name", path.display()))?;
+    let temporary = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written =
+        write_new(&temporary, contents, secret).and_then(|()| std::fs::rename(&temporary, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
     }
-    Ok(())
+    written.with_context(|| format!("writing {}", path.display()))
+}
+
+fn write_new(path: &Path, contents: &str, secret: bool) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+        _ => {}
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(if secret { 0o600 } else { 0o644 });
+    }
+    #[cfg(not(unix))]
+    let _ = secret;
+    let mut file = options.open(path)?;
+    std::io::Write::write_all(&mut file, contents.as_bytes())?;
+    file.sync_all()
 }

@@ -109,13 +109,9 @@ pub struct RegistrationArgs {
     /// PEM CA bundle the apiserver uses to verify the webhook.
     #[arg(long, env = "RUNPOD_KUBELET_CA_BUNDLE")]
     pub ca_bundle: PathBuf,
-    /// Namespaces never sent to the webhook (comma-separated).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "kube-system",
-        env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES"
-    )]
+    /// More namespaces never sent to the webhook (comma-separated); `kube-system` and the
+    /// `--service` namespace always are.
+    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
     pub exclude_namespaces: Vec<String>,
     /// Seconds the apiserver waits for the webhook.
     #[arg(long, default_value_t = 10, env = "RUNPOD_KUBELET_TIMEOUT_SECONDS")]
@@ -149,15 +145,32 @@ pub struct WebhookArgs {
         env = "RUNPOD_KUBELET_NODENAME"
     )]
     pub nodename: String,
-    /// Namespaces whose pods are never touched (comma-separated). The webhook's own namespace
-    /// (`POD_NAMESPACE`) is always added.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "kube-system",
-        env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES"
-    )]
+    /// More namespaces whose pods are never touched (comma-separated); `kube-system` and the
+    /// webhook's own namespace (`POD_NAMESPACE`) always are.
+    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
     pub exclude_namespaces: Vec<String>,
+    /// After SIGTERM, how long to keep answering reviews (with /readyz failing) before closing,
+    /// so that endpoints stop routing here first.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_SHUTDOWN_DRAIN")]
+    pub shutdown_drain: Duration,
+    /// A connection (HTTP/1.1 or h2) with no review in flight for this long is closed.
+    #[arg(long, default_value = "60s", value_parser = positive_duration, env = "RUNPOD_KUBELET_IDLE_TIMEOUT")]
+    pub idle_timeout: Duration,
+    /// Most connections served at once; further clients wait until one closes.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..), env = "RUNPOD_KUBELET_MAX_CONNECTIONS")]
+    pub max_connections: u32,
+    /// Most reviews in flight at once on one h2 connection.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..), env = "RUNPOD_KUBELET_MAX_CONCURRENT_STREAMS")]
+    pub max_concurrent_streams: u32,
+}
+
+/// A humantime duration above zero (a zero period would mean "never" or a busy loop).
+fn positive_duration(value: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(value) {
+        Ok(duration) if !duration.is_zero() => Ok(duration),
+        Ok(_) => Err("must be longer than zero".to_owned()),
+        Err(error) => Err(error.to_string()),
+    }
 }
 
 fn positive_price(value: &str) -> Result<f64, String> {
@@ -191,7 +204,7 @@ mod tests {
         assert_eq!(args.listen.port(), 8443);
         assert_eq!(args.datacenter_ids, vec!["EU-RO-1", "US-TX-3"]);
         assert_eq!(args.max_gpu_price, 0.5);
-        assert_eq!(args.exclude_namespaces, vec!["kube-system"]);
+        assert!(args.exclude_namespaces.is_empty());
         assert_eq!(args.tls_reload_interval, Duration::from_secs(10));
     }
 }

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use runpod_certs::{ReloadingCertResolver, server_config};
 use runpod_webhook::cluster::KubeCluster;
-use runpod_webhook::metrics::Metrics;
 use runpod_webhook::policy::PolicyConfig;
-use runpod_webhook::server::{AppState, router, serve_tls};
+use runpod_webhook::serve::{ServeOptions, serve_tls};
+use runpod_webhook::server::AppState;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::oneshot;
 
 use crate::cli::WebhookArgs;
 
@@ -25,11 +25,7 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         .await
         .context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
     let cluster = KubeCluster::start(client);
-    let state = Arc::new(AppState {
-        cluster,
-        policy,
-        metrics: Metrics::default(),
-    });
+    let state = Arc::new(AppState::new(cluster, policy, resolver.clone()));
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -41,19 +37,28 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         "webhook serving"
     );
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let reload = tokio::spawn(resolver.watch(args.tls_reload_interval, stopped(stop_rx.clone())));
-    tokio::spawn(async move {
+    // Certificates keep being reloaded through the drain, until the server is done.
+    let (stop_reload, reload_stopped) = oneshot::channel::<()>();
+    let reload = tokio::spawn(resolver.watch(args.tls_reload_interval, async move {
+        let _ = reload_stopped.await;
+    }));
+    let signalled = async {
         crate::shutdown::signal().await;
-        tracing::info!("shutting down");
-        let _ = stop_tx.send(true);
-    });
-    serve_tls(listener, tls, router(state), stopped(stop_rx)).await;
+        tracing::info!("shutdown signal received");
+    };
+    serve_tls(listener, tls, state, serve_options(&args), signalled).await;
+    let _ = stop_reload.send(());
     let _ = reload.await;
     Ok(())
+}
+
+fn serve_options(args: &WebhookArgs) -> ServeOptions {
+    ServeOptions {
+        shutdown_drain: args.shutdown_drain,
+        idle_timeout: args.idle_timeout,
+        max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+        max_concurrent_streams: args.max_concurrent_streams,
+    }
 }
 
 fn policy_config(args: &WebhookArgs, own_namespace: Option<String>) -> PolicyConfig {
@@ -73,5 +78,30 @@ fn policy_config(args: &WebhookArgs, own_namespace: Option<String>) -> PolicyCon
             .collect(),
         max_gpu_price: Some(args.max_gpu_price),
         excluded_namespaces: excluded,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    #[test]
+    fn flag_defaults_are_the_server_defaults() {
+        let cli = Cli::try_parse_from([
+            "runpod-kubelet",
+            "webhook",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+        ])
+        .unwrap();
+        let Command::Webhook(args) = cli.command else {
+            panic!("parsed another subcommand");
+        };
+        assert_eq!(serve_options(&args), ServeOptions::default());
     }
 }

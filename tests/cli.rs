@@ -77,6 +77,87 @@ fn certs_and_webhook_configuration_fit_together() {
 }
 
 #[test]
+fn webhook_configuration_always_excludes_kube_system_and_the_webhook_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_path = dir.path().join("ca.crt");
+    std::fs::write(&ca_path, "PEM").unwrap();
+    let printed = runpod_kubelet(&[
+        "webhook-configuration",
+        "--service",
+        "runpod-system/runpod-webhook:8443",
+        "--ca-bundle",
+        ca_path.to_str().unwrap(),
+        "--exclude-namespaces",
+        "team-a",
+    ]);
+    assert!(
+        printed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    let config: serde_json::Value = serde_json::from_slice(&printed.stdout).unwrap();
+    for hook in config["webhooks"].as_array().unwrap() {
+        let excluded = &hook["namespaceSelector"]["matchExpressions"][0];
+        assert_eq!(excluded["operator"], "NotIn");
+        let values: Vec<&str> = excluded["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        for namespace in ["kube-system", "runpod-system", "team-a"] {
+            assert!(values.contains(&namespace), "{namespace} not in {values:?}");
+        }
+    }
+}
+
+#[test]
+fn certs_never_write_a_private_key_into_a_readable_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    // Leftovers of an earlier run, world-readable, with a second name: writing the new key
+    // into them (then chmod) would show it to everyone for a moment.
+    for key in ["ca.key", "tls.key"] {
+        let path = out.join(key);
+        std::fs::write(&path, "old").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::hard_link(&path, dir.path().join(format!("{key}.link"))).unwrap();
+    }
+    let certs = runpod_kubelet(&["certs", "--out-dir", out.to_str().unwrap()]);
+    assert!(
+        certs.status.success(),
+        "{}",
+        String::from_utf8_lossy(&certs.stderr)
+    );
+    for key in ["ca.key", "tls.key"] {
+        let old = std::fs::read_to_string(dir.path().join(format!("{key}.link"))).unwrap();
+        assert_eq!(old, "old", "{key}: the new key went into the readable file");
+        let mode = std::fs::metadata(out.join(key))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{key}: mode {mode:o}");
+        assert!(
+            std::fs::read_to_string(out.join(key))
+                .unwrap()
+                .contains("PRIVATE KEY")
+        );
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["ca.crt", "ca.key", "tls.crt", "tls.key"],
+        "leftovers"
+    );
+}
+
+#[test]
 fn bad_flags_are_refused_with_a_message() {
     for price in ["free", "0", "NaN"] {
         let output = runpod_kubelet(&[

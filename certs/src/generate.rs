@@ -166,4 +166,36 @@ mod tests {
             "Debug leaks the key"
         );
     }
+
+    #[test]
+    fn the_resolver_reports_the_served_certificate_expiry() {
+        let ca = CertificateAuthority::generate("ca", Duration::from_secs(3600)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let write = |valid_for: u64| {
+            let before = OffsetDateTime::now_utc().unix_timestamp();
+            let issued = ca
+                .issue_serving(&["x"], &[], Duration::from_secs(valid_for))
+                .unwrap();
+            let after = OffsetDateTime::now_utc().unix_timestamp();
+            std::fs::write(&cert, &issued.cert_pem).unwrap();
+            std::fs::write(&key, &issued.key_pem).unwrap();
+            let valid_for = i64::try_from(valid_for).unwrap();
+            before + valid_for..=after + valid_for
+        };
+        let expected = write(600);
+        let resolver = ReloadingCertResolver::load(&cert, &key).unwrap();
+        let not_after = resolver.not_after().unwrap();
+        assert!(
+            expected.contains(&not_after),
+            "{not_after} not in {expected:?}"
+        );
+        let expected = write(86_400);
+        resolver.reload().unwrap();
+        let not_after = resolver.not_after().unwrap();
+        assert!(
+            expected.contains(&not_after),
+            "{not_after} not in {expected:?}"
+        );
+    }
 }

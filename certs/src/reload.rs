@@ -28,9 +28,34 @@ pub enum ReloadOutcome {
 pub struct ReloadingCertResolver {
     cert_path: PathBuf,
     key_path: PathBuf,
-    current: ArcSwap<CertifiedKey>,
+    current: ArcSwap<Served>,
     /// The file contents behind `current`, to detect change cheaply.
     loaded_bytes: Mutex<(Vec<u8>, Vec<u8>)>,
+}
+
+/// The pair in service, with its leaf's expiry read once.
+struct Served {
+    key: Arc<CertifiedKey>,
+    /// notAfter of the leaf, Unix seconds; `None` if it could not be parsed.
+    not_after: Option<i64>,
+}
+
+impl Served {
+    fn new(key: CertifiedKey, cert_path: &Path) -> Self {
+        let not_after = key.cert.first().and_then(|leaf| {
+            match x509_parser::parse_x509_certificate(leaf.as_ref()) {
+                Ok((_, parsed)) => Some(parsed.validity().not_after.timestamp()),
+                Err(error) => {
+                    tracing::warn!(cert = %cert_path.display(), %error, "cannot read the certificate's expiry");
+                    None
+                }
+            }
+        });
+        Self {
+            key: Arc::new(key),
+            not_after,
+        }
+    }
 }
 
 impl std::fmt::Debug for ReloadingCertResolver {
@@ -53,9 +78,9 @@ impl ReloadingCertResolver {
         let (cert_bytes, key_bytes) = read_pair(&cert_path, &key_path)?;
         let certified = certified_key(&cert_path, &cert_bytes, &key_path, &key_bytes)?;
         Ok(Self {
+            current: ArcSwap::from_pointee(Served::new(certified, &cert_path)),
             cert_path,
             key_path,
-            current: ArcSwap::from_pointee(certified),
             loaded_bytes: Mutex::new((cert_bytes, key_bytes)),
         })
     }
@@ -72,14 +97,21 @@ impl ReloadingCertResolver {
             return Ok(ReloadOutcome::Unchanged);
         }
         let certified = certified_key(&self.cert_path, &cert_bytes, &self.key_path, &key_bytes)?;
-        self.current.store(Arc::new(certified));
+        self.current
+            .store(Arc::new(Served::new(certified, &self.cert_path)));
         *loaded = (cert_bytes, key_bytes);
         Ok(ReloadOutcome::Reloaded)
     }
 
     /// The DER leaf certificate currently served.
     pub fn current_leaf(&self) -> Option<CertificateDer<'static>> {
-        self.current.load().cert.first().cloned()
+        self.current.load().key.cert.first().cloned()
+    }
+
+    /// When the certificate currently served expires (its notAfter, Unix seconds), for the
+    /// expiry metric; `None` if it could not be parsed.
+    pub fn not_after(&self) -> Option<i64> {
+        self.current.load().not_after
     }
 
     /// Polls the files every `interval` until `shutdown` resolves. Errors are logged, not fatal:
@@ -115,7 +147,7 @@ impl ReloadingCertResolver {
 
 impl ResolvesServerCert for ReloadingCertResolver {
     fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.current.load_full())
+        Some(Arc::clone(&self.current.load().key))
     }
 }
 

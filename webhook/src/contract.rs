@@ -11,6 +11,9 @@ pub const BURST_ENABLED: &str = "enabled";
 pub const BURST_DISABLED: &str = "disabled";
 /// Namespace label giving the default burst mode of its pods.
 pub const NAMESPACE_MODE_LABEL: &str = "runpod.io/burst-mode";
+/// Never touched, whatever `--exclude-namespaces` says: the cluster's own pods must never
+/// depend on this webhook.
+pub const SYSTEM_NAMESPACE: &str = "kube-system";
 
 pub const REQUIRED_GPU_MEMORY: &str = "runpod.io/required-gpu-memory";
 pub const GPU_TYPES: &str = "runpod.io/gpu-types";

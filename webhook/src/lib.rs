@@ -8,4 +8,5 @@ pub mod metrics;
 pub mod policy;
 pub mod registration;
 pub mod review;
+pub mod serve;
 pub mod server;

@@ -1,4 +1,5 @@
-//! Prometheus metrics of the webhook: admissions by outcome, and their latency.
+//! Prometheus metrics of the webhook: admissions by outcome, their latency, and when the served
+//! certificate expires.
 
 use std::time::Duration;
 
@@ -6,6 +7,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -46,6 +48,7 @@ pub struct Metrics {
     registry: Registry,
     admissions: Family<OutcomeLabel, Counter>,
     latency: Histogram,
+    certificate_expiry: Gauge,
 }
 
 impl Default for Metrics {
@@ -64,10 +67,17 @@ impl Default for Metrics {
             "Time to answer an admission review, from body read to response encoded",
             latency.clone(),
         );
+        let certificate_expiry = Gauge::default();
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "notAfter of the serving certificate in use (Unix seconds; 0 if unreadable)",
+            certificate_expiry.clone(),
+        );
         Self {
             registry,
             admissions,
             latency,
+            certificate_expiry,
         }
     }
 }
@@ -80,6 +90,11 @@ impl Metrics {
             })
             .inc();
         self.latency.observe(elapsed.as_secs_f64());
+    }
+
+    /// Records the served certificate's notAfter (Unix seconds), `None` if unknown.
+    pub fn set_certificate_expiry(&self, not_after: Option<i64>) {
+        self.certificate_expiry.set(not_after.unwrap_or(0));
     }
 
     /// The OpenMetrics text exposition.

@@ -3,6 +3,8 @@
 //! opted-in namespaces, one opted-in pods; pods that opted in neither way never reach the webhook,
 //! so they can never be blocked by it (`failurePolicy: Fail` is safe).
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
@@ -33,7 +35,8 @@ pub struct Registration {
     pub name: String,
     pub endpoint: Endpoint,
     pub ca_bundle_pem: Vec<u8>,
-    /// Never sent to the webhook (`kube-system`, the webhook's own namespace).
+    /// Never sent to the webhook; `kube-system` and a Service endpoint's namespace (the
+    /// webhook's own) are always added.
     pub excluded_namespaces: Vec<String>,
     pub timeout_seconds: i32,
 }
@@ -63,11 +66,7 @@ pub fn mutating_webhook_configuration(registration: &Registration) -> MutatingWe
             Endpoint::Url(_) => None,
         },
     };
-    let not_excluded = requirement(
-        NAMESPACE_NAME_LABEL,
-        "NotIn",
-        &registration.excluded_namespaces,
-    );
+    let not_excluded = requirement(NAMESPACE_NAME_LABEL, "NotIn", &excluded(registration));
     let entry = |name: &str, namespace_selector: LabelSelector, object_selector: LabelSelector| {
         MutatingWebhook {
             name: format!("{name}.{}", registration.name),
@@ -132,6 +131,21 @@ pub fn mutating_webhook_configuration(registration: &Registration) -> MutatingWe
             entry("pods", any_namespace, opted_in_pod),
         ]),
     }
+}
+
+/// The namespaces to leave out, sorted and without duplicates.
+fn excluded(registration: &Registration) -> Vec<String> {
+    let mut namespaces: BTreeSet<String> = registration
+        .excluded_namespaces
+        .iter()
+        .map(|namespace| namespace.trim().to_owned())
+        .filter(|namespace| !namespace.is_empty())
+        .collect();
+    namespaces.insert(contract::SYSTEM_NAMESPACE.to_owned());
+    if let Endpoint::Service { namespace, .. } = &registration.endpoint {
+        namespaces.insert(namespace.clone());
+    }
+    namespaces.into_iter().collect()
 }
 
 fn requirement(key: &str, operator: &str, values: &[String]) -> LabelSelectorRequirement {

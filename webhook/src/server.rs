@@ -1,8 +1,7 @@
-//! The HTTPS server: axum routes over rustls, HTTP/1.1 and h2, with timeouts so that no client
-//! can hold a connection or a request forever.
+//! The webhook's routes and handlers; [`crate::serve`] runs them over TLS.
 
-use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -11,13 +10,9 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use hyper::server::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use serde_json::json;
-use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
+
+use runpod_certs::ReloadingCertResolver;
 
 use crate::admission::admit;
 use crate::cluster::ClusterView;
@@ -25,16 +20,35 @@ use crate::metrics::{Metrics, Outcome};
 use crate::policy::PolicyConfig;
 use crate::review::{BadReview, MAX_REVIEW_BYTES, encode};
 
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Everything a request handler needs.
 pub struct AppState<C> {
     pub cluster: C,
     pub policy: PolicyConfig,
     pub metrics: Metrics,
+    /// The serving certificate, for its expiry metric.
+    pub certificate: Arc<ReloadingCertResolver>,
+    /// Set once shutdown began: `/readyz` fails so endpoints stop routing here, while reviews
+    /// that still arrive are answered.
+    draining: AtomicBool,
+}
+
+impl<C: ClusterView> AppState<C> {
+    pub fn new(cluster: C, policy: PolicyConfig, certificate: Arc<ReloadingCertResolver>) -> Self {
+        Self {
+            cluster,
+            policy,
+            metrics: Metrics::default(),
+            certificate,
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// From now on `/readyz` answers 503.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
 }
 
 /// The webhook's routes: `POST /mutate`, `/healthz`, `/readyz`, `/metrics`.
@@ -100,7 +114,9 @@ fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
 }
 
 async fn readyz<C: ClusterView>(State(state): State<Arc<AppState<C>>>) -> Response {
-    if state.cluster.synced() {
+    if state.draining.load(Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
+    } else if state.cluster.synced() {
         (StatusCode::OK, "ok").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "caches not synced").into_response()
@@ -108,6 +124,10 @@ async fn readyz<C: ClusterView>(State(state): State<Arc<AppState<C>>>) -> Respon
 }
 
 async fn metrics<C: ClusterView>(State(state): State<Arc<AppState<C>>>) -> Response {
+    // Read at scrape time, so the value follows every reload.
+    state
+        .metrics
+        .set_certificate_expiry(state.certificate.not_after());
     (
         [(
             header::CONTENT_TYPE,
@@ -116,77 +136,4 @@ async fn metrics<C: ClusterView>(State(state): State<Arc<AppState<C>>>) -> Respo
         state.metrics.render(),
     )
         .into_response()
-}
-
-/// Serves `router` over TLS on `listener` until `shutdown` resolves, then drains connections.
-pub async fn serve_tls(
-    listener: TcpListener,
-    tls: Arc<rustls::ServerConfig>,
-    router: Router,
-    shutdown: impl Future<Output = ()>,
-) {
-    let acceptor = TlsAcceptor::from(tls);
-    let graceful = GracefulShutdown::new();
-    // ALPN already says which protocol the client speaks, so each connection goes straight to
-    // the matching builder instead of sniffing its first bytes (auto::Builder wraps the stream
-    // for that, on every read).
-    let mut http1 = http1::Builder::new();
-    http1
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    let mut http2 = http2::Builder::new(TokioExecutor::new());
-    http2.timer(TokioTimer::new());
-    let builders = Arc::new((http1, http2));
-    tokio::pin!(shutdown);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors and the like: wait instead of spinning.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(router.clone());
-        let builders = Arc::clone(&builders);
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let tls_stream =
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(error)) => {
-                        tracing::debug!(%peer, %error, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%peer, "TLS handshake timed out");
-                        return;
-                    }
-                };
-            let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
-            let io = TokioIo::new(tls_stream);
-            let (http1, http2) = &*builders;
-            let served = if h2 {
-                watcher.watch(http2.serve_connection(io, service)).await
-            } else {
-                watcher.watch(http1.serve_connection(io, service)).await
-            };
-            if let Err(error) = served {
-                tracing::debug!(%peer, %error, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; closing them");
-    }
 }

@@ -433,3 +433,61 @@ async fn rotated_certificates_are_served_without_a_failed_handshake() {
         "handshakes failed during rotation"
     );
 }
+
+/// `runpod_kubelet_certificate_expiry_timestamp_seconds` as scraped, if present.
+async fn scraped_expiry(server: &TestServer) -> Option<u64> {
+    let metrics = request(
+        server.addr,
+        &server.ca_pem,
+        "GET",
+        "/metrics",
+        Vec::new(),
+        false,
+    )
+    .await;
+    String::from_utf8_lossy(&metrics.body)
+        .lines()
+        .find_map(|line| line.strip_prefix("runpod_kubelet_certificate_expiry_timestamp_seconds "))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .map(|value| value as u64)
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test]
+async fn metrics_report_the_served_certificate_expiry_and_follow_rotation() {
+    let before = unix_now();
+    let server = start(opted_in_cluster(), policy(), Duration::from_millis(50)).await;
+    let after = unix_now();
+    let expiry = scraped_expiry(&server).await.expect("no expiry metric");
+    // The test certificate is valid for an hour from its issue.
+    assert!(
+        (before + 3600..=after + 3601).contains(&expiry),
+        "{expiry} not an hour after {before}"
+    );
+
+    let rotated_at = unix_now();
+    write_serving_cert_valid_for(
+        &server.ca,
+        &server.cert_path,
+        &server.key_path,
+        Duration::from_secs(7200),
+    );
+    let mut followed = false;
+    for _ in 0..200 {
+        if scraped_expiry(&server)
+            .await
+            .is_some_and(|expiry| expiry >= rotated_at + 7200)
+        {
+            followed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(followed, "the metric did not follow the rotation");
+}

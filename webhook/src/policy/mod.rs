@@ -4,6 +4,7 @@
 
 mod checks;
 mod mutation;
+mod retract;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,7 +21,7 @@ pub struct PolicyConfig {
     pub allowed_datacenters: Vec<String>,
     /// Highest USD per hour per GPU a pod may offer; `None` means no cap.
     pub max_gpu_price: Option<f64>,
-    /// Namespaces whose pods are never touched (the chart's own, `kube-system`).
+    /// Namespaces whose pods are never touched (the chart's own); `kube-system` always is.
     pub excluded_namespaces: BTreeSet<String>,
 }
 
@@ -47,14 +48,16 @@ pub enum Untouched {
     NotOptedIn,
     NotGpu,
     ModeNever,
-    /// `fallback` pod that RunPod cannot run: it stays local.
+    /// `fallback` pod that RunPod cannot run: it stays local (what an earlier review of ours
+    /// added is taken back, so the mutation may not be empty).
     CannotBurst,
 }
 
 /// The decision for one pod.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
-    /// Admit; the mutation may be empty (then `untouched` says why).
+    /// Admit. `untouched` says why a pod does not burst; its mutation then only cleans up
+    /// (controller annotations, our own earlier changes) and is often empty.
     Allow {
         mutation: Mutation,
         warnings: Vec<String>,
@@ -84,7 +87,7 @@ pub fn screen(pod: &Pod, namespace: &str, config: &PolicyConfig) -> Option<Untou
     if label(pod, contract::BURST_LABEL) == Some(contract::BURST_DISABLED) {
         return Some(Untouched::OptedOut);
     }
-    if config.excluded_namespaces.contains(namespace) {
+    if namespace == contract::SYSTEM_NAMESPACE || config.excluded_namespaces.contains(namespace) {
         return Some(Untouched::ExcludedNamespace);
     }
     None
@@ -116,14 +119,16 @@ pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConf
 
     let effective = checks::Effective::resolve(&pod_annotations, context.job.as_ref());
     let explicit_mode = effective.get(contract::BURST_MODE);
-    let mode = match resolve_mode(explicit_mode, &context.namespace_labels, namespace) {
-        Ok(mode) => mode,
-        Err(problem) => return deny_invalid(pod, namespace, vec![problem]),
-    };
+    // Before the namespace default is read: a typo there must not block the namespace's
+    // CPU pods, which are no candidates anyway.
     let gpus = checks::gpu_count(pod);
     if gpus == 0 && explicit_mode.is_none() {
         return untouched(mutation, Vec::new(), Untouched::NotGpu);
     }
+    let mode = match resolve_mode(explicit_mode, &context.namespace_labels, namespace) {
+        Ok(mode) => mode,
+        Err(problem) => return deny_invalid(pod, namespace, vec![problem]),
+    };
     if mode == BurstMode::Never {
         return untouched(mutation, Vec::new(), Untouched::ModeNever);
     }
@@ -133,10 +138,27 @@ pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConf
     if !invalid.is_empty() {
         return deny_invalid(pod, namespace, invalid);
     }
-    let unsupported = checks::unsupported_shape(pod);
+    let mut unsupported = checks::unsupported_shape(pod);
+    // Detected ports are not the user's value: too many of them make a pod RunPod cannot run,
+    // judged per mode like the other shapes (an explicit annotation was validated above).
+    let mut port_warnings = Vec::new();
+    let mut detected_ports = None;
+    if effective.get(contract::PORTS).is_none() {
+        match checks::detect_ports(pod, &mut port_warnings) {
+            Ok(ports) => detected_ports = ports,
+            Err(problem) => unsupported.push(problem),
+        }
+    }
     if !unsupported.is_empty() {
+        let earlier = retract::earlier_review(pod);
+        if earlier.is_some() {
+            unsupported.push(retract::CHANGED_AFTER_REVIEW.to_owned());
+        }
         if mode == BurstMode::Always {
             return deny_invalid(pod, namespace, unsupported);
+        }
+        if let Some(earlier) = earlier {
+            earlier.retract(&mut mutation);
         }
         warnings.push(format!(
             "runpod-kubelet: this pod stays on local nodes because RunPod cannot run it: {}",
@@ -160,17 +182,12 @@ pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConf
             .set_annotations
             .insert(key.to_owned(), value.to_owned());
     }
-    if effective.get(contract::PORTS).is_none() {
-        match checks::detect_ports(pod, &mut warnings) {
-            Ok(Some(ports)) => {
-                mutation
-                    .set_annotations
-                    .insert(contract::PORTS.to_owned(), ports);
-            }
-            Ok(None) => {}
-            Err(problem) => return deny_invalid(pod, namespace, vec![problem]),
-        }
+    if let Some(ports) = detected_ports {
+        mutation
+            .set_annotations
+            .insert(contract::PORTS.to_owned(), ports);
     }
+    warnings.extend(port_warnings);
     mutation::schedule_onto_runpod(pod, mode, &mut mutation, &mut warnings);
     Verdict::Allow {
         mutation,

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Pod, Toleration};
+use k8s_openapi::api::core::v1::{Pod, PreferredSchedulingTerm, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
@@ -17,6 +17,12 @@ pub struct Mutation {
     pub add_toleration: bool,
     pub set_node_selector: BTreeMap<String, String>,
     pub prefer_local_nodes: bool,
+    /// Indices in `spec.tolerations` to remove (what an earlier review of ours added).
+    pub remove_tolerations: Vec<usize>,
+    /// Indices in the preferred node-affinity terms to remove.
+    pub remove_preferred_terms: Vec<usize>,
+    /// Keys of `spec.nodeSelector` to remove.
+    pub remove_node_selector: Vec<String>,
 }
 
 impl Mutation {
@@ -27,7 +33,7 @@ impl Mutation {
         let mut ops = Vec::new();
         let annotations = pod.metadata.annotations.as_ref();
         for key in &self.remove_annotations {
-            ops.push(json!({"op": "remove", "path": pointer(&["metadata", "annotations", key])}));
+            ops.push(remove(&["metadata", "annotations", key]));
         }
         if !self.set_annotations.is_empty() {
             if pod.metadata == ObjectMeta::default() {
@@ -45,6 +51,7 @@ impl Mutation {
                 );
             }
         }
+        self.removals(&mut ops);
         let spec = pod.spec.as_ref();
         let changes_spec =
             self.add_toleration || !self.set_node_selector.is_empty() || self.prefer_local_nodes;
@@ -98,6 +105,31 @@ impl Mutation {
         }
         ops
     }
+
+    /// Removals, highest index first so that each index still points at its item.
+    fn removals(&self, ops: &mut Vec<Value>) {
+        let mut tolerations = self.remove_tolerations.clone();
+        tolerations.sort_unstable_by(|a, b| b.cmp(a));
+        for index in tolerations {
+            let index = index.to_string();
+            ops.push(remove(&["spec", "tolerations", &index]));
+        }
+        let mut terms = self.remove_preferred_terms.clone();
+        terms.sort_unstable_by(|a, b| b.cmp(a));
+        for index in terms {
+            let index = index.to_string();
+            ops.push(remove(&[
+                "spec",
+                "affinity",
+                "nodeAffinity",
+                PREFERRED,
+                &index,
+            ]));
+        }
+        for key in &self.remove_node_selector {
+            ops.push(remove(&["spec", "nodeSelector", key]));
+        }
+    }
 }
 
 const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
@@ -117,10 +149,7 @@ pub(super) fn schedule_onto_runpod(
     match mode {
         BurstMode::Always => {
             let existing = spec.and_then(|s| s.node_selector.as_ref());
-            for (key, value) in [
-                (contract::NODE_TYPE_LABEL, contract::NODE_TYPE_VALUE),
-                (contract::PROVIDER_TAINT_KEY, contract::PROVIDER_TAINT_VALUE),
-            ] {
+            for (key, value) in OUR_NODE_SELECTOR {
                 match existing.and_then(|selector| selector.get(key)) {
                     Some(current) if current == value => {}
                     current => {
@@ -155,6 +184,22 @@ pub(super) fn schedule_onto_runpod(
         BurstMode::Never => {}
     }
 }
+
+/// The toleration exactly as this webhook adds it.
+pub(super) fn is_our_toleration(toleration: &Toleration) -> bool {
+    serde_json::to_value(toleration).is_ok_and(|value| value == provider_toleration_json())
+}
+
+/// The preferred node-affinity term exactly as this webhook adds it.
+pub(super) fn is_our_preference(term: &PreferredSchedulingTerm) -> bool {
+    serde_json::to_value(term).is_ok_and(|value| value == local_preference_json())
+}
+
+/// The node selector entries `always` mode adds.
+pub(super) const OUR_NODE_SELECTOR: [(&str, &str); 2] = [
+    (contract::NODE_TYPE_LABEL, contract::NODE_TYPE_VALUE),
+    (contract::PROVIDER_TAINT_KEY, contract::PROVIDER_TAINT_VALUE),
+];
 
 /// Kubernetes' toleration matching, for the provider's NoSchedule taint.
 fn tolerates_provider_taint(toleration: &Toleration) -> bool {
@@ -201,6 +246,10 @@ fn local_preference_json() -> Value {
 
 fn add(path: &[&str], value: Value) -> Value {
     json!({"op": "add", "path": pointer(path), "value": value})
+}
+
+fn remove(path: &[&str]) -> Value {
+    json!({"op": "remove", "path": pointer(path)})
 }
 
 /// Adds map entries: the whole map when it is missing, else one member at a time.

@@ -214,6 +214,32 @@ fn pods_not_opted_in_or_opted_out_or_excluded_are_untouched() {
 }
 
 #[test]
+fn kube_system_is_excluded_whatever_else_is() {
+    let others = PolicyConfig {
+        excluded_namespaces: ["team-a".to_owned()].into(),
+        ..config()
+    };
+    for namespace in ["kube-system", "team-a"] {
+        let verdict = decide(
+            &typed(&gpu_pod()),
+            namespace,
+            &labelled_namespace(),
+            &others,
+        );
+        assert!(
+            matches!(
+                verdict,
+                Verdict::Allow {
+                    untouched: Some(Untouched::ExcludedNamespace),
+                    ..
+                }
+            ),
+            "{namespace}: {verdict:?}"
+        );
+    }
+}
+
+#[test]
 fn controller_annotations_are_stripped_from_every_opted_in_pod() {
     let mut pod = gpu_pod();
     for key in contract::CONTROLLER_ANNOTATIONS {
@@ -394,6 +420,36 @@ fn bad_burst_modes_are_refused() {
 }
 
 #[test]
+fn a_bad_namespace_mode_blocks_only_gpu_pods() {
+    let mut context = labelled_namespace();
+    context
+        .namespace_labels
+        .insert(contract::NAMESPACE_MODE_LABEL.into(), "alwys".into());
+    let mut nginx = gpu_pod();
+    nginx["spec"]["containers"][0] = json!({"name": "web", "image": "nginx"});
+    let (verdict, patched) = admit(&nginx, &context);
+    assert!(
+        matches!(
+            verdict,
+            Verdict::Allow {
+                untouched: Some(Untouched::NotGpu),
+                ..
+            }
+        ),
+        "{verdict:?}"
+    );
+    assert_eq!(patched, nginx);
+
+    let (code, message) = {
+        let verdict = admit(&gpu_pod(), &context).0;
+        let (code, message) = denial(&verdict);
+        (code, message.to_owned())
+    };
+    assert_eq!(code, 422);
+    assert!(message.contains("\"alwys\""), "{message}");
+}
+
+#[test]
 fn price_cap_scales_with_gpu_count() {
     let pod = annotate(gpu_pod(), contract::MAX_PRICE, "0.9");
     let (code, message) = {
@@ -449,6 +505,141 @@ fn pods_runpod_cannot_run_are_refused_in_always_and_kept_local_in_fallback() {
     };
     assert_eq!(code, 422);
     assert!(message.contains("init containers (fetch)"), "{message}");
+}
+
+#[test]
+fn too_many_detected_http_ports_keep_fallback_pods_local_and_refuse_always_pods() {
+    let mut pod = gpu_pod();
+    let ports: Vec<Value> = (0..11)
+        .map(|i| json!({"containerPort": 7000 + i, "name": format!("http-{i}")}))
+        .collect();
+    pod["spec"]["containers"][0]["ports"] = json!(ports);
+
+    let (verdict, patched) = admit(&pod, &labelled_namespace());
+    match &verdict {
+        Verdict::Allow {
+            untouched: Some(Untouched::CannotBurst),
+            warnings,
+            ..
+        } => assert!(
+            warnings.iter().any(|w| w.contains("stays on local nodes")
+                && w.contains("at most 10")
+                && w.contains(contract::PORTS)),
+            "{warnings:?}"
+        ),
+        other => panic!("expected a local pod with a warning, got {other:?}"),
+    }
+    assert_eq!(patched, pod, "a pod that stays local is not mutated");
+
+    let always = annotate(pod, contract::BURST_MODE, "always");
+    let (code, message) = {
+        let verdict = admit(&always, &labelled_namespace()).0;
+        let (code, message) = denial(&verdict);
+        (code, message.to_owned())
+    };
+    assert_eq!(code, 422);
+    assert!(message.contains("at most 10"), "{message}");
+}
+
+/// What Istio's injector does after our first review: a second container and an init container.
+fn inject_sidecar(mut pod: Value) -> Value {
+    pod["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "istio-proxy", "image": "istio/proxyv2"}));
+    pod["spec"]["initContainers"] = json!([{"name": "istio-init", "image": "istio/proxyv2"}]);
+    pod
+}
+
+fn tolerates_runpod(pod: &Value) -> bool {
+    pod["spec"]["tolerations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|t| t["key"] == contract::PROVIDER_TAINT_KEY)
+}
+
+#[test]
+fn a_fallback_pod_changed_by_an_injector_after_our_review_gets_our_changes_taken_back() {
+    let mut pod = gpu_pod();
+    pod["spec"]["tolerations"] = json!([{"key": "gpu", "operator": "Exists"}]);
+    pod["spec"]["affinity"] = json!({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 5, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}
+    ]}});
+    let (verdict, patched) = admit(&pod, &labelled_namespace());
+    assert_bursts(&verdict);
+    assert!(tolerates_runpod(&patched));
+
+    let injected = inject_sidecar(patched);
+    let (verdict, local) = admit(&injected, &labelled_namespace());
+    match &verdict {
+        Verdict::Allow {
+            untouched: Some(Untouched::CannotBurst),
+            warnings,
+            ..
+        } => assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("stays on local nodes") && w.contains("another webhook")),
+            "{warnings:?}"
+        ),
+        other => panic!("expected a local pod with a warning, got {other:?}"),
+    }
+    assert!(!tolerates_runpod(&local), "{}", local["spec"]);
+    assert_eq!(
+        local["spec"]["tolerations"],
+        json!([{"key": "gpu", "operator": "Exists"}]),
+        "the user's toleration stays"
+    );
+    assert_eq!(
+        local["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"],
+        pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"],
+        "only our preference is taken back"
+    );
+    assert!(local["spec"].get("nodeSelector").is_none());
+    assert_eq!(local["spec"]["containers"].as_array().unwrap().len(), 2);
+    assert_idempotent(&local, &labelled_namespace());
+}
+
+#[test]
+fn a_fallback_pod_pinned_by_an_earlier_review_is_unpinned() {
+    // A first review in always mode pinned it; the mode then resolved to fallback.
+    let ours = json!({"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "runpod", "effect": "NoSchedule"});
+    let mut pod = inject_sidecar(gpu_pod());
+    pod["spec"]["tolerations"] = json!([ours, {"key": "gpu", "operator": "Exists"}, ours]);
+    pod["spec"]["nodeSelector"] =
+        json!({"type": "virtual-kubelet", "virtual-kubelet.io/provider": "runpod", "disk": "ssd"});
+    let (_, local) = admit(&pod, &labelled_namespace());
+    assert_eq!(
+        local["spec"]["tolerations"],
+        json!([{"key": "gpu", "operator": "Exists"}])
+    );
+    assert_eq!(local["spec"]["nodeSelector"], json!({"disk": "ssd"}));
+    assert_idempotent(&local, &labelled_namespace());
+}
+
+#[test]
+fn an_always_pod_changed_by_an_injector_after_our_review_is_refused_saying_so() {
+    let pod = annotate(gpu_pod(), contract::BURST_MODE, "always");
+    let (verdict, patched) = admit(&pod, &labelled_namespace());
+    assert_bursts(&verdict);
+    let (code, message) = {
+        let verdict = admit(&inject_sidecar(patched), &labelled_namespace()).0;
+        let (code, message) = denial(&verdict);
+        (code, message.to_owned())
+    };
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("changed after runpod-kubelet's first review")
+            && message.contains("another webhook"),
+        "{message}"
+    );
+    assert!(message.contains("2 containers"), "{message}");
+
+    // Without our earlier changes the refusal says nothing about another webhook.
+    let fresh = annotate(inject_sidecar(gpu_pod()), contract::BURST_MODE, "always");
+    let verdict = admit(&fresh, &labelled_namespace()).0;
+    assert!(!denial(&verdict).1.contains("another webhook"));
 }
 
 #[test]
@@ -585,10 +776,15 @@ fn arb_pod() -> impl Strategy<Value = Value> {
         prop::option::of(prop::collection::btree_map("[a-z/~]{1,8}", "[a-z-]{1,8}", 0..3)),
         prop::collection::vec((1u16..=65535, prop::option::of("(http|grpc)[a-z]{0,3}")), 0..4),
         0u32..3,
-        any::<bool>(),
+        prop::option::of(prop::sample::select(vec![
+            json!({"podAffinity": {}}),
+            // Ours, as an earlier review leaves it.
+            json!({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {"matchExpressions": [{"key": "type", "operator": "NotIn", "values": ["virtual-kubelet"]}]}}]}}),
+        ])),
         prop::option::of(prop::sample::select(vec!["enabled", "disabled", "other"])),
+        any::<bool>(),
     )
-        .prop_map(|(labels, annotations, tolerations, selector, ports, gpus, with_affinity, burst_label)| {
+        .prop_map(|(labels, annotations, tolerations, selector, ports, gpus, affinity, burst_label, sidecar)| {
             let mut pod = json!({
                 "metadata": {"name": "p"},
                 "spec": {"containers": [{"name": "c", "image": "i"}]}
@@ -623,8 +819,11 @@ fn arb_pod() -> impl Strategy<Value = Value> {
             if gpus > 0 {
                 pod["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": gpus.to_string()}});
             }
-            if with_affinity {
-                pod["spec"]["affinity"] = json!({"podAffinity": {}});
+            if let Some(affinity) = affinity {
+                pod["spec"]["affinity"] = affinity;
+            }
+            if sidecar {
+                pod = inject_sidecar(pod);
             }
             pod
         })

@@ -12,9 +12,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use runpod_certs::{CertificateAuthority, ReloadingCertResolver, client_config, server_config};
 use runpod_webhook::cluster::MemoryCluster;
-use runpod_webhook::metrics::Metrics;
 use runpod_webhook::policy::PolicyConfig;
-use runpod_webhook::server::{AppState, router, serve_tls};
+use runpod_webhook::serve::{ServeOptions, serve_tls};
+use runpod_webhook::server::AppState;
 use rustls::pki_types::ServerName;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsConnector;
@@ -28,16 +28,43 @@ pub struct TestServer {
     pub resolver: Arc<ReloadingCertResolver>,
     pub cluster: Arc<MemoryCluster>,
     _dir: tempfile::TempDir,
-    _stop: tokio::sync::oneshot::Sender<()>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestServer {
+    /// What SIGTERM does to the webhook binary.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Waits until `serve_tls` has returned; false if it is still running after `bound`.
+    pub async fn finished_within(&mut self, bound: Duration) -> bool {
+        let Some(served) = self.served.as_mut() else {
+            return true;
+        };
+        let done = tokio::time::timeout(bound, served).await.is_ok();
+        if done {
+            self.served = None;
+        }
+        done
+    }
 }
 
 pub fn write_serving_cert(ca: &CertificateAuthority, cert_path: &PathBuf, key_path: &PathBuf) {
+    write_serving_cert_valid_for(ca, cert_path, key_path, Duration::from_secs(3600));
+}
+
+pub fn write_serving_cert_valid_for(
+    ca: &CertificateAuthority,
+    cert_path: &PathBuf,
+    key_path: &PathBuf,
+    valid_for: Duration,
+) {
     let issued = ca
-        .issue_serving(
-            &["localhost"],
-            &["127.0.0.1".parse().unwrap()],
-            Duration::from_secs(3600),
-        )
+        .issue_serving(&["localhost"], &["127.0.0.1".parse().unwrap()], valid_for)
         .unwrap();
     std::fs::write(cert_path, issued.cert_pem).unwrap();
     std::fs::write(key_path, issued.key_pem).unwrap();
@@ -48,6 +75,15 @@ pub async fn start(
     policy: PolicyConfig,
     reload_every: Duration,
 ) -> TestServer {
+    start_with(cluster, policy, reload_every, ServeOptions::default()).await
+}
+
+pub async fn start_with(
+    cluster: MemoryCluster,
+    policy: PolicyConfig,
+    reload_every: Duration,
+    options: ServeOptions,
+) -> TestServer {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
     let ca = CertificateAuthority::generate("test-ca", Duration::from_secs(3600)).unwrap();
@@ -57,11 +93,7 @@ pub async fn start(
     let resolver = Arc::new(ReloadingCertResolver::load(&cert_path, &key_path).unwrap());
     let tls = Arc::new(server_config(resolver.clone()).unwrap());
     let cluster = Arc::new(cluster);
-    let state = Arc::new(AppState {
-        cluster: cluster.clone(),
-        policy,
-        metrics: Metrics::default(),
-    });
+    let state = Arc::new(AppState::new(cluster.clone(), policy, resolver.clone()));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -72,8 +104,8 @@ pub async fn start(
     tokio::spawn(resolver.clone().watch(reload_every, async move {
         let _ = watch_stopped.await;
     }));
-    tokio::spawn(async move {
-        serve_tls(listener, tls, router(state), shutdown).await;
+    let served = tokio::spawn(async move {
+        serve_tls(listener, tls, state, options, shutdown).await;
         let _ = watch_stop.send(());
     });
     TestServer {
@@ -85,7 +117,8 @@ pub async fn start(
         resolver,
         cluster,
         _dir: dir,
-        _stop: stop,
+        stop: Some(stop),
+        served: Some(served),
     }
 }
 

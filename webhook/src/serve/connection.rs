@@ -1,0 +1,208 @@
+//! One client connection, from the TLS handshake to its close. A connection with no request in
+//! flight for the idle timeout is closed (h2 included: its keep-alive pings alone do not keep it,
+//! and a client that never sends the HTTP/2 preface is dropped too), and a closing connection
+//! gets a bounded time to finish what it has in flight.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a closing connection may take to finish its requests (reviews are bounded well
+/// below this by the body read and lookup timeouts).
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
+/// A closing connection with nothing in flight for this long is dropped, so a peer that ignores
+/// GOAWAY (or never sent a preface) cannot hold it.
+const CLOSE_LINGER: Duration = Duration::from_secs(1);
+
+/// The two protocol builders, configured once for every connection.
+pub(super) struct Builders {
+    pub http1: http1::Builder,
+    pub http2: http2::Builder<TokioExecutor>,
+}
+
+/// What a connection task needs besides its socket.
+#[derive(Clone)]
+pub(super) struct Connection {
+    pub acceptor: TlsAcceptor,
+    pub builders: Arc<Builders>,
+    pub router: Router,
+    /// Becomes true when the server closes its connections.
+    pub closing: watch::Receiver<bool>,
+    pub idle_timeout: Duration,
+}
+
+impl Connection {
+    pub(super) async fn serve(self, tcp: TcpStream, peer: SocketAddr) {
+        let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(tcp)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => {
+                tracing::debug!(%peer, %error, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        };
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+        let io = TokioIo::new(tls);
+        let activity = Arc::new(Activity::new());
+        let service = Tracked {
+            inner: TowerToHyperService::new(self.router.clone()),
+            activity: Arc::clone(&activity),
+        };
+        let builders = Arc::clone(&self.builders);
+        let result = if h2 {
+            let connection = builders.http2.serve_connection(io, service);
+            self.drive(
+                connection,
+                http2::Connection::graceful_shutdown,
+                &activity,
+                peer,
+            )
+            .await
+        } else {
+            let connection = builders.http1.serve_connection(io, service);
+            self.drive(
+                connection,
+                http1::Connection::graceful_shutdown,
+                &activity,
+                peer,
+            )
+            .await
+        };
+        if let Err(error) = result {
+            tracing::debug!(%peer, %error, "connection ended with an error");
+        }
+    }
+
+    /// Runs `connection` until it ends, closing it gracefully when idle or when the server
+    /// closes, and dropping it when closing takes too long.
+    async fn drive<C>(
+        mut self,
+        connection: C,
+        graceful_shutdown: impl Fn(Pin<&mut C>),
+        activity: &Activity,
+        peer: SocketAddr,
+    ) -> hyper::Result<()>
+    where
+        C: Future<Output = hyper::Result<()>>,
+    {
+        tokio::pin!(connection);
+        let mut closing_since: Option<Instant> = None;
+        loop {
+            let wake = match closing_since {
+                None => activity.idle_deadline(self.idle_timeout),
+                Some(since) => (since + CLOSE_TIMEOUT).min(Instant::now() + CLOSE_LINGER),
+            };
+            tokio::select! {
+                result = connection.as_mut() => return result,
+                _ = self.closing.wait_for(|closing| *closing), if closing_since.is_none() => {
+                    graceful_shutdown(connection.as_mut());
+                    closing_since = Some(Instant::now());
+                }
+                () = tokio::time::sleep_until(wake) => match closing_since {
+                    None => {
+                        if activity.idle_for() >= self.idle_timeout {
+                            tracing::debug!(%peer, "closing idle connection");
+                            graceful_shutdown(connection.as_mut());
+                            closing_since = Some(Instant::now());
+                        }
+                    }
+                    Some(since) => {
+                        if activity.idle_for() >= CLOSE_LINGER || since.elapsed() >= CLOSE_TIMEOUT {
+                            tracing::debug!(%peer, "connection did not close by itself; dropping it");
+                            return Ok(());
+                        }
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// Requests in flight on one connection, and when the last one started or ended.
+struct Activity {
+    started: Instant,
+    in_flight: AtomicUsize,
+    /// Milliseconds after `started`.
+    last_change_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            last_change_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let elapsed = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_change_ms.store(elapsed, Ordering::Release);
+    }
+
+    /// How long nothing has been in flight; zero while something is.
+    fn idle_for(&self) -> Duration {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return Duration::ZERO;
+        }
+        let last = Duration::from_millis(self.last_change_ms.load(Ordering::Acquire));
+        self.started.elapsed().saturating_sub(last)
+    }
+
+    /// When the connection becomes idle for `timeout` if nothing happens meanwhile.
+    fn idle_deadline(&self, timeout: Duration) -> Instant {
+        Instant::now() + timeout.saturating_sub(self.idle_for())
+    }
+}
+
+/// Ends a request's activity when its handler finishes (or is dropped).
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The router as a hyper service, counting requests in flight.
+#[derive(Clone)]
+struct Tracked {
+    inner: TowerToHyperService<Router>,
+    activity: Arc<Activity>,
+}
+
+impl hyper::service::Service<http::Request<Incoming>> for Tracked {
+    type Response = axum::response::Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn call(&self, request: http::Request<Incoming>) -> Self::Future {
+        self.activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.activity.touch();
+        let in_flight = InFlight(Arc::clone(&self.activity));
+        let handled = self.inner.call(request);
+        Box::pin(async move {
+            let _in_flight = in_flight;
+            handled.await
+        })
+    }
+}

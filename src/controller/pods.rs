@@ -430,6 +430,17 @@ async fn create<P: Provider>(
                 format!("RunPod pod {}: {}", instance.id, provisioned.summary),
             )
             .await;
+            if provisioned.possibly_duplicated {
+                // Every later list is checked for a second pod with this UID tag, which the
+                // duplicate handling above terminates at once.
+                ctx.event(
+                    pod,
+                    true,
+                    "PossibleDuplicate",
+                    "an earlier create may also have made a RunPod pod; it will be terminated as soon as RunPod lists it".into(),
+                )
+                .await;
+            }
             for duplicate in &provisioned.duplicates {
                 terminate(ctx, pod, uid, duplicate, "duplicate").await?;
             }

@@ -323,7 +323,7 @@ impl Provider for RunPodProvider {
                     summary,
                     refusals: refusals(&placement.attempts),
                     duplicates: placement.duplicates.iter().map(to_instance).collect(),
-                    possibly_duplicated: false,
+                    possibly_duplicated: placement.possibly_duplicated,
                 })
             }
             Err(error) => Err(match error {

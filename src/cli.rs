@@ -130,7 +130,7 @@ pub struct WebhookArgs {
     #[arg(long, env = "RUNPOD_KUBELET_TLS_KEY")]
     pub tls_key: PathBuf,
     /// How often the certificate files are checked for a rotation.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_TLS_RELOAD_INTERVAL")]
+    #[arg(long, default_value = "10s", value_parser = positive_duration, env = "RUNPOD_KUBELET_TLS_RELOAD_INTERVAL")]
     pub tls_reload_interval: Duration,
     /// Datacenters pods may ask for (comma-separated); empty allows any.
     #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_DATACENTER_IDS")]

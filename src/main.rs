@@ -8,6 +8,7 @@ mod logging;
 mod registration_cmd;
 mod shutdown;
 mod simulator_cmd;
+mod supervise;
 mod webhook_cmd;
 
 use clap::Parser;

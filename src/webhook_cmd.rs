@@ -10,9 +10,9 @@ use runpod_webhook::policy::PolicyConfig;
 use runpod_webhook::serve::{ServeOptions, serve_tls};
 use runpod_webhook::server::AppState;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 
 use crate::cli::WebhookArgs;
+use crate::supervise::Supervisor;
 
 pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
     let policy = policy_config(&args, std::env::var("POD_NAMESPACE").ok());
@@ -24,7 +24,11 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
-    let cluster = KubeCluster::start(client);
+    let mut supervisor = Supervisor::default();
+    let (cluster, cache_tasks) = KubeCluster::start(client);
+    for (name, task) in cache_tasks {
+        supervisor.adopt(name, task);
+    }
     let state = Arc::new(AppState::new(cluster, policy, resolver.clone()));
     let listener = TcpListener::bind(args.listen)
         .await
@@ -38,18 +42,27 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
     );
 
     // Certificates keep being reloaded through the drain, until the server is done.
-    let (stop_reload, reload_stopped) = oneshot::channel::<()>();
-    let reload = tokio::spawn(resolver.watch(args.tls_reload_interval, async move {
-        let _ = reload_stopped.await;
-    }));
-    let signalled = async {
-        crate::shutdown::signal().await;
-        tracing::info!("shutdown signal received");
+    let watch = resolver.watch(args.tls_reload_interval, std::future::pending());
+    supervisor.spawn("certificate reload", async move {
+        if let Err(error) = watch.await {
+            tracing::error!(%error, "certificate reload stopped");
+        }
+    });
+    let mut failure = None;
+    let stop = async {
+        tokio::select! {
+            () = crate::shutdown::signal() => tracing::info!("shutdown signal received"),
+            error = supervisor.failed() => {
+                tracing::error!(%error, "shutting down: a background task stopped");
+                failure = Some(error);
+            }
+        }
     };
-    serve_tls(listener, tls, state, serve_options(&args), signalled).await;
-    let _ = stop_reload.send(());
-    let _ = reload.await;
-    Ok(())
+    serve_tls(listener, tls, state, serve_options(&args), stop).await;
+    match failure {
+        Some(error) => Err(error.into()),
+        None => Ok(()),
+    }
 }
 
 fn serve_options(args: &WebhookArgs) -> ServeOptions {

@@ -177,6 +177,21 @@ fn bad_flags_are_refused_with_a_message() {
         );
     }
 
+    for (flag, value) in [
+        ("--tls-reload-interval", "0s"),
+        ("--idle-timeout", "0s"),
+        ("--max-connections", "0"),
+        ("--max-concurrent-streams", "0"),
+    ] {
+        let output = runpod_kubelet(&["webhook", "--tls-cert", "c", "--tls-key", "k", flag, value]);
+        assert!(!output.status.success(), "{flag} {value} accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(flag) && stderr.contains("invalid value"),
+            "{flag} {value}: {stderr}"
+        );
+    }
+
     let missing = runpod_kubelet(&[
         "webhook",
         "--tls-cert",
@@ -190,6 +205,70 @@ fn bad_flags_are_refused_with_a_message() {
         "{}",
         String::from_utf8_lossy(&missing.stderr)
     );
+}
+
+#[test]
+fn the_webhook_exits_cleanly_after_sigterm_and_its_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    assert!(
+        runpod_kubelet(&["certs", "--out-dir", out])
+            .status
+            .success()
+    );
+    // A cluster that is never reached: the caches retry in the background, nothing blocks.
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+         users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n\
+         current-context: x\n",
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut webhook = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+        .args(["webhook", "--listen", &listen, "--shutdown-drain", "200ms"])
+        .arg("--tls-cert")
+        .arg(dir.path().join("tls.crt"))
+        .arg("--tls-key")
+        .arg(dir.path().join("tls.key"))
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("RUST_LOG")
+        .stderr(std::fs::File::create(dir.path().join("webhook.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let bound = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(&listen).is_err() {
+        assert!(std::time::Instant::now() < bound, "never listened");
+        assert!(
+            webhook.try_wait().unwrap().is_none(),
+            "exited before serving"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &webhook.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = loop {
+        if let Some(status) = webhook.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > bound {
+            let _ = webhook.kill();
+            panic!("still running 30 s after SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let stderr = std::fs::read_to_string(dir.path().join("webhook.log")).unwrap();
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(stderr.contains("shutdown signal received"), "{stderr}");
 }
 
 fn base64_decode(text: &str) -> Vec<u8> {

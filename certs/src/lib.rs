@@ -34,4 +34,6 @@ pub enum CertError {
     KeyMismatch(rustls::Error),
     #[error("TLS configuration: {0}")]
     Tls(#[from] rustls::Error),
+    #[error("the certificate reload interval must be longer than zero")]
+    ZeroReloadInterval,
 }

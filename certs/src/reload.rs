@@ -114,19 +114,23 @@ impl ReloadingCertResolver {
         self.current.load().not_after
     }
 
-    /// Polls the files every `interval` until `shutdown` resolves. Errors are logged, not fatal:
-    /// a half-written rotation is picked up at a later tick.
+    /// Polls the files every `interval` until `shutdown` resolves. Reload errors are logged, not
+    /// fatal: a half-written rotation is picked up at a later tick. A zero interval is refused
+    /// (it would mean a busy loop).
     pub async fn watch(
         self: Arc<Self>,
         interval: Duration,
         shutdown: impl std::future::Future<Output = ()>,
-    ) {
+    ) -> Result<(), CertError> {
+        if interval.is_zero() {
+            return Err(CertError::ZeroReloadInterval);
+        }
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
-                () = &mut shutdown => return,
+                () = &mut shutdown => return Ok(()),
                 _ = ticker.tick() => {}
             }
             let this = Arc::clone(&self);
@@ -193,4 +197,31 @@ fn certified_key(
     let certified = CertifiedKey::new(chain, signing_key);
     certified.keys_match().map_err(CertError::KeyMismatch)?;
     Ok(certified)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::CertificateAuthority;
+
+    #[tokio::test]
+    async fn a_zero_reload_interval_is_an_error_not_a_panic() {
+        let ca = CertificateAuthority::generate("ca", Duration::from_secs(3600)).unwrap();
+        let issued = ca
+            .issue_serving(&["x"], &[], Duration::from_secs(3600))
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        std::fs::write(&cert, &issued.cert_pem).unwrap();
+        std::fs::write(&key, &issued.key_pem).unwrap();
+        let resolver = Arc::new(ReloadingCertResolver::load(&cert, &key).unwrap());
+        let watch = tokio::spawn(resolver.watch(Duration::ZERO, std::future::pending()));
+        let ended = tokio::time::timeout(Duration::from_secs(10), watch).await;
+        assert!(
+            matches!(ended, Ok(Ok(Err(CertError::ZeroReloadInterval)))),
+            "{ended:?}"
+        );
+    }
 }

@@ -16,6 +16,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+use tokio::task::JoinHandle;
 
 use crate::policy::OwningJob;
 
@@ -56,9 +57,13 @@ pub struct KubeCluster {
     synced: Arc<AtomicBool>,
 }
 
+/// Named background tasks that must run as long as the server; one that ends has failed.
+pub type BackgroundTasks = Vec<(&'static str, JoinHandle<()>)>;
+
 impl KubeCluster {
-    /// Starts the watch caches on the current runtime.
-    pub fn start(client: Client) -> Self {
+    /// Starts the watch caches on the current runtime; the returned watch tasks run until
+    /// aborted, so the caller should treat one that ends as a failure.
+    pub fn start(client: Client) -> (Self, BackgroundTasks) {
         let (namespaces, namespace_writer) = reflector::store();
         let (jobs, job_writer) = reflector::store();
         let namespace_stream = watcher(
@@ -75,8 +80,13 @@ impl KubeCluster {
         .default_backoff()
         .reflect(job_writer)
         .applied_objects();
-        tokio::spawn(drain(namespace_stream, "namespaces"));
-        tokio::spawn(drain(job_stream, "jobs"));
+        let tasks = vec![
+            (
+                "namespace cache",
+                tokio::spawn(drain(namespace_stream, "namespaces")),
+            ),
+            ("job cache", tokio::spawn(drain(job_stream, "jobs"))),
+        ];
         let synced = Arc::new(AtomicBool::new(false));
         {
             let (namespaces, jobs, synced) =
@@ -90,12 +100,13 @@ impl KubeCluster {
                 }
             });
         }
-        Self {
+        let cluster = Self {
             client,
             namespaces,
             jobs,
             synced,
-        }
+        };
+        (cluster, tasks)
     }
 }
 

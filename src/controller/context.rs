@@ -104,6 +104,11 @@ impl<P> Shared<P> {
     }
 }
 
+/// Time from `since` to `now`; zero when `now` is earlier (clocks of different hosts).
+pub fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO)
+}
+
 fn truncate(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_owned();

@@ -44,7 +44,8 @@ pub async fn serve<P: Send + Sync + 'static>(
 }
 
 async fn ready<P>(State(state): State<Arc<OpsState<P>>>) -> Response {
-    let synced = state.pods.wait_until_ready().now_or_never_ready();
+    let synced = futures_util::FutureExt::now_or_never(state.pods.wait_until_ready())
+        .is_some_and(|ready| ready.is_ok());
     let listed = state.shared.latest().is_some();
     let reachable = matches!(*state.shared.health.borrow(), ApiHealth::Available);
     if synced && listed && reachable {
@@ -54,16 +55,6 @@ async fn ready<P>(State(state): State<Arc<OpsState<P>>>) -> Response {
             "pod cache synced: {synced}, RunPod listed: {listed}, RunPod reachable: {reachable}"
         );
         (StatusCode::SERVICE_UNAVAILABLE, reason).into_response()
-    }
-}
-
-trait NowOrNever {
-    fn now_or_never_ready(self) -> bool;
-}
-
-impl<F: std::future::Future> NowOrNever for F {
-    fn now_or_never_ready(self) -> bool {
-        futures_util::FutureExt::now_or_never(self).is_some()
     }
 }
 

@@ -16,7 +16,7 @@ use runpod_webhook::contract::{
 use serde_json::json;
 use tracing::{info, instrument, warn};
 
-use super::context::{Shared, Snapshot};
+use super::context::{Shared, Snapshot, elapsed};
 use super::env::{self, ClusterEnvSource};
 use super::node::ApiHealth;
 use super::provider::{
@@ -152,17 +152,20 @@ pub fn split_duplicates<'a>(
     (first, iter.collect())
 }
 
+/// The pods API of `pod`'s namespace, for writing to it.
+fn pods_in_namespace_of(client: &kube::Client, pod: &Pod) -> Api<Pod> {
+    Api::namespaced(
+        client.clone(),
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+    )
+}
+
 fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
     pod.metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(key))
         .map(String::as_str)
-}
-
-fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
-    let span: SignedDuration = now.duration_since(since);
-    Duration::try_from(span).unwrap_or(Duration::ZERO)
 }
 
 /// When the pod was bound to the node (its clock for the provisioning timeout).
@@ -357,10 +360,7 @@ async fn create<P: Provider>(
         }
     }
 
-    let pods: Api<Pod> = Api::namespaced(
-        ctx.client.clone(),
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-    );
+    let pods = pods_in_namespace_of(&ctx.client, pod);
     let name = pod.metadata.name.clone().unwrap_or_default();
     // Outage tolerations first: the node must never be tainted before they are in place.
     let tolerations = pod
@@ -731,10 +731,7 @@ async fn delete<P: Provider>(
     if pending {
         return Ok(Action::requeue(SHORT));
     }
-    let pods: Api<Pod> = Api::namespaced(
-        ctx.client.clone(),
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-    );
+    let pods = pods_in_namespace_of(&ctx.client, pod);
     let params = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(Preconditions {
@@ -805,10 +802,7 @@ async fn write_status<P>(
     if !status::differs(pod, &desired) {
         return Ok(());
     }
-    let pods: Api<Pod> = Api::namespaced(
-        ctx.client.clone(),
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-    );
+    let pods = pods_in_namespace_of(&ctx.client, pod);
     let patch = json!({"status": desired});
     ctx.metrics.pod_writes.inc();
     pods.patch_status(
@@ -839,10 +833,7 @@ async fn write_annotations<P>(
     if patch.is_empty() {
         return Ok(());
     }
-    let pods: Api<Pod> = Api::namespaced(
-        ctx.client.clone(),
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-    );
+    let pods = pods_in_namespace_of(&ctx.client, pod);
     ctx.metrics.pod_writes.inc();
     pods.patch(
         pod.metadata.name.as_deref().unwrap_or_default(),

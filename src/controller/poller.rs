@@ -13,7 +13,7 @@ use kube::runtime::reflector::Store;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
-use super::context::{Settings, Snapshot};
+use super::context::{Settings, Snapshot, elapsed};
 use super::metrics::{ControllerMetrics, StateLabel};
 use super::node::ApiHealth;
 use super::provider::{Instance, InstanceState, Provider, ProviderError};
@@ -52,10 +52,9 @@ pub fn orphans<'a>(
             None => false,
         })
         .filter(|i| {
-            first_seen.get(&i.id).is_some_and(|seen| {
-                let age = snapshot.taken_at.duration_since(*seen);
-                Duration::try_from(age).unwrap_or(Duration::ZERO) >= settle
-            })
+            first_seen
+                .get(&i.id)
+                .is_some_and(|seen| elapsed(*seen, snapshot.taken_at) >= settle)
         })
         .collect()
 }

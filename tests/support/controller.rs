@@ -1,7 +1,6 @@
 //! The RunPod simulator and the controller as separate processes, as users run them.
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
@@ -64,11 +63,6 @@ impl Drop for SimulatorProcess {
     }
 }
 
-pub fn free_port() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
-    Ok(listener.local_addr()?.port())
-}
-
 /// `runpod-kubelet controller` against the simulator.
 pub struct ControllerProcess {
     child: Child,
@@ -86,7 +80,7 @@ impl ControllerProcess {
     ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let log = dir.path().join("controller.log");
-        let kubelet_port = free_port()?;
+        let kubelet_port = super::webhook::free_port()?.port();
         let child = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
             .arg("controller")
             .args(["--runpod-api-url", &simulator.url])

@@ -123,7 +123,7 @@ impl Drop for WebhookProcess {
     }
 }
 
-fn free_port() -> anyhow::Result<SocketAddr> {
+pub fn free_port() -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?)
 }

@@ -81,6 +81,11 @@ impl std::fmt::Display for Operation {
 /// One `/v2` request and the response the simulator gave.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Exchange {
+    /// Arrival number (1, 2, …), taken when the rate limiter counted the request. Answers are
+    /// recorded as they complete, so sort by this to see requests in the order the service
+    /// counted them.
+    #[serde(default)]
+    pub arrival: u64,
     /// `GET`, `POST`, …
     pub method: String,
     /// The request path as sent, including the query string.

@@ -145,13 +145,20 @@ impl Reply {
     }
 
     /// The record of this reply for `SimulatorHandle::exchanges`.
-    pub fn exchange(&self, method: &str, path: &str, operation: Option<Operation>) -> Exchange {
+    pub fn exchange(
+        &self,
+        arrival: u64,
+        method: &str,
+        path: &str,
+        operation: Option<Operation>,
+    ) -> Exchange {
         let content_type = self.content_type().map(str::to_owned);
         let mut headers = self.headers.clone();
         if let Some(ct) = &content_type {
             headers.insert(0, ("content-type".to_owned(), ct.clone()));
         }
         Exchange {
+            arrival,
             method: method.to_owned(),
             path: path.to_owned(),
             operation,

@@ -171,8 +171,8 @@ async fn api(shared: Arc<Shared>, request: Request) -> Reply {
         .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
     let route = Route::resolve(&parts.method, parts.uri.path());
     let operation = route.operation();
-    let record = |reply: &Reply| {
-        let exchange = reply.exchange(&method, &path, operation);
+    let record = |arrival: u64, reply: &Reply| {
+        let exchange = reply.exchange(arrival, &method, &path, operation);
         tracing::debug!(%method, %path, status = reply.status, "runpod simulator request");
         shared.with_world(|world| {
             if world.exchanges.len() >= MAX_EXCHANGES {
@@ -189,11 +189,15 @@ async fn api(shared: Arc<Shared>, request: Request) -> Reply {
     };
     if let Some(detail) = auth_error {
         let reply = Reply::problem(401, detail);
-        record(&reply);
+        record(shared.with_world(World::next_arrival), &reply);
         return reply;
     }
 
-    let rate = match shared.with_world(|world| world.limiter.check(Instant::now())) {
+    let (arrival, decision) = shared.with_world(|world| {
+        let arrival = world.next_arrival();
+        (arrival, world.limiter.check(Instant::now()))
+    });
+    let rate = match decision {
         Decision::Allowed(headers) => headers,
         Decision::Limited {
             headers,
@@ -204,7 +208,7 @@ async fn api(shared: Arc<Shared>, request: Request) -> Reply {
                 .header("retry-after", retry_after.to_string())
                 .header("ratelimit", headers.ratelimit)
                 .header("ratelimit-policy", headers.policy);
-            record(&reply);
+            record(arrival, &reply);
             return reply;
         }
     };
@@ -235,7 +239,7 @@ async fn api(shared: Arc<Shared>, request: Request) -> Reply {
             .header("ratelimit-policy", headers.policy),
         None => reply,
     };
-    record(&reply);
+    record(arrival, &reply);
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }

@@ -52,6 +52,8 @@ pub(crate) struct World {
     pub faults: FaultSet,
     pub limiter: RateLimiter,
     pub exchanges: VecDeque<Exchange>,
+    /// Requests seen so far; numbers each [`Exchange`] by its arrival.
+    arrivals: u64,
     pub logs: LogStore,
     pub rng: fastrand::Rng,
     /// Set when log followers should look again (a line was added, a pod terminated).
@@ -66,10 +68,18 @@ impl World {
             faults: FaultSet::new(scenario.faults.clone()),
             limiter: RateLimiter::new(&scenario.rate_limits),
             exchanges: VecDeque::new(),
+            arrivals: 0,
             logs: LogStore::default(),
             rng: fastrand::Rng::new(),
             dirty: false,
         }
+    }
+
+    /// The next arrival number: taken under the same lock as the rate-limit decision, so
+    /// arrival order is the order the rate limiter counted requests in.
+    pub fn next_arrival(&mut self) -> u64 {
+        self.arrivals += 1;
+        self.arrivals
     }
 
     /// Any pod, terminated or not.

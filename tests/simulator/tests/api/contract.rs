@@ -13,6 +13,7 @@ fn exchange(
     body: Option<serde_json::Value>,
 ) -> Exchange {
     Exchange {
+        arrival: 0,
         method: method.into(),
         path: path.into(),
         operation: Operation::ALL.into_iter().find(|op| {

@@ -9,9 +9,11 @@ mod support;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, ServiceAccount};
 use kube::Api;
 use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -128,6 +130,14 @@ async fn scenarios(
             )?,
         )
         .await?;
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "train-config"}, "data": {"app.yaml": "lr: 0.1\n"}}),
+            )?,
+        )
+        .await?;
 
     // 1. A plain GPU Job with no RunPod fields bursts, runs and completes.
     let train = job(
@@ -190,6 +200,22 @@ async fn scenarios(
     ensure!(
         args.contains("runpod-kubelet: exit-code=") && args.contains("train.py --epochs 2"),
         "args {args}"
+    );
+    // The configMap volume is written by the wrapper from env, before the command.
+    ensure!(
+        args.contains("/etc/train/app.yaml") && args.contains("base64 -d"),
+        "configMap volume not materialised: {args}"
+    );
+    let mounted = entry["env"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(key, _)| key.starts_with("RUNPOD_KUBELET_FILE_"))
+        .filter_map(|(_, value)| BASE64.decode(value.as_str()?).ok())
+        .collect::<Vec<_>>();
+    ensure!(
+        mounted == [b"lr: 0.1\n".to_vec()],
+        "mounted file contents {mounted:?}"
     );
     ensure!(
         entry["ports"] == json!(["8888/http", "22/tcp"]),
@@ -379,7 +405,9 @@ fn job(name: &str, image: &str, command: &[&str]) -> Job {
             "containers": [{"name": "main", "image": image, "command": command,
                 "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
                 "ports": [{"containerPort": 8888}, {"containerPort": 22}],
-                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
+                "volumeMounts": [{"name": "config", "mountPath": "/etc/train"}],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "volumes": [{"name": "config", "configMap": {"name": "train-config"}}]}}}
     }))
     .unwrap()
 }

@@ -15,6 +15,7 @@ pub mod poller;
 pub mod provider;
 pub mod runpod_provider;
 pub mod status;
+pub mod volumes;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

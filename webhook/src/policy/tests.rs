@@ -466,6 +466,36 @@ fn price_cap_scales_with_gpu_count() {
 }
 
 #[test]
+fn mounted_files_need_a_command_the_controller_can_wrap() {
+    let mut pod = gpu_pod();
+    pod["spec"]["volumes"] = json!([
+        {"name": "cfg", "configMap": {"name": "cfg"}},
+        {"name": "token", "secret": {"secretName": "default-token-x"}}
+    ]);
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([
+        {"name": "token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
+    ]);
+    // Only the service-account token (never shipped): nothing to write, the pod bursts.
+    assert_bursts(&admit(&pod, &labelled_namespace()).0);
+
+    pod["spec"]["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "cfg", "mountPath": "/etc/app"}));
+    let always = annotate(pod.clone(), contract::BURST_MODE, "always");
+    let verdict = admit(&always, &labelled_namespace()).0;
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("/etc/app") && message.contains("set `command`"),
+        "{message}"
+    );
+
+    pod["spec"]["containers"][0]["command"] = json!(["python", "serve.py"]);
+    assert_bursts(&admit(&pod, &labelled_namespace()).0);
+}
+
+#[test]
 fn pods_runpod_cannot_run_are_refused_in_always_and_kept_local_in_fallback() {
     let mut pod = gpu_pod();
     pod["spec"]["containers"]

@@ -325,6 +325,44 @@ async fn scenarios(
         "deleted pod's RunPod pod: {entries:?}"
     );
 
+    // 4. A price cap below the cheapest GPU the node publishes gets an admission warning.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let published = wait::until("cheapest price on the node", WAIT, || async {
+        let node = nodes.get(NODE).await?;
+        Ok(node
+            .metadata
+            .annotations
+            .and_then(|a| a.get("runpod.io/cheapest-gpu-price").cloned()))
+    })
+    .await?;
+    ensure!(published.contains("SECURE="), "published {published}");
+    let cheap = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "cheap", "annotations": {"runpod.io/max-price": "0.001"}},
+        "spec": {"containers": [{"name": "main", "image": "e2e/server:1",
+            "command": ["serve"], "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    });
+    let warnings = wait::until("price warning", WAIT, || async {
+        let warnings = dry_run_warnings(client, ns, &cheap).await?;
+        Ok(warnings
+            .iter()
+            .any(|w| w.contains("below the cheapest SECURE GPU"))
+            .then_some(warnings))
+    })
+    .await?;
+    let fair = {
+        let mut pod = cheap.clone();
+        pod["metadata"]["annotations"]["runpod.io/max-price"] = json!("1.9");
+        pod
+    };
+    let fair_warnings = dry_run_warnings(client, ns, &fair).await?;
+    ensure!(
+        !fair_warnings
+            .iter()
+            .any(|w| w.contains("below the cheapest")),
+        "a cap above the market warned: {fair_warnings:?} (and {warnings:?})"
+    );
+
     // Nothing of this cluster bills any more once the Jobs are deleted.
     let all = simulator.ledger().await?;
     let live: Vec<_> = all
@@ -333,6 +371,29 @@ async fn scenarios(
         .collect();
     ensure!(live.is_empty(), "RunPod pods still billing: {live:?}");
     Ok(())
+}
+
+/// The admission warnings (`Warning` headers) of a dry-run create of `pod`.
+async fn dry_run_warnings(
+    client: &kube::Client,
+    ns: &str,
+    pod: &serde_json::Value,
+) -> anyhow::Result<Vec<String>> {
+    let request = http::Request::post(format!("/api/v1/namespaces/{ns}/pods?dryRun=All"))
+        .header("content-type", "application/json")
+        .body(kube::client::Body::from(serde_json::to_vec(pod)?))?;
+    let response = client.send(request).await?;
+    ensure!(
+        response.status().is_success(),
+        "dry-run create: {}",
+        response.status()
+    );
+    Ok(response
+        .headers()
+        .get_all("warning")
+        .iter()
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+        .collect())
 }
 
 async fn node_registers(client: &kube::Client) -> anyhow::Result<()> {

@@ -253,6 +253,41 @@ pub fn policy_violations(
     problems
 }
 
+/// The admission warning for a price cap below the cheapest GPU on the pod's cloud right now:
+/// not a refusal (prices move), but the pod would wait for capacity until it times out.
+pub fn cap_below_market(
+    effective: &Effective<'_>,
+    gpus: u32,
+    config: &PolicyConfig,
+    cheapest_per_gpu: &BTreeMap<String, f64>,
+) -> Option<String> {
+    let billed_gpus = gpus.max(1);
+    let (cap, source) = match effective.get(contract::MAX_PRICE) {
+        Some(sourced) => (
+            contract::parse_price(sourced.value).ok()?,
+            format!("annotation {}{}", contract::MAX_PRICE, sourced.origin()),
+        ),
+        None => (
+            config.max_gpu_price? * f64::from(billed_gpus),
+            "this cluster's --max-gpu-price".to_owned(),
+        ),
+    };
+    let cloud = effective
+        .get(contract::CLOUD_TYPE)
+        .and_then(|sourced| CloudType::parse(sourced.value))
+        .unwrap_or(CloudType::Secure);
+    let per_gpu = *cheapest_per_gpu.get(cloud.as_str())?;
+    let cheapest = per_gpu * f64::from(billed_gpus);
+    (cap + 1e-9 < cheapest).then(|| {
+        format!(
+            "runpod-kubelet: the price cap of {cap} USD/h ({source}) is below the cheapest \
+             {cloud} GPU on RunPod right now ({per_gpu} USD/h per GPU x {billed_gpus}); the pod \
+             waits for a GPU at that price and fails with ProvisioningTimeout if none appears",
+            cloud = cloud.as_str()
+        )
+    })
+}
+
 /// GPUs the pod asks for, with Kubernetes' rule for init containers (the larger of their maximum
 /// and the sum over the regular containers).
 pub fn gpu_count(pod: &Pod) -> u32 {

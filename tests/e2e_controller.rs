@@ -227,6 +227,18 @@ async fn scenarios(
         "the finished pod's RunPod pod still bills"
     );
 
+    // The finished pod's RunPod pod is gone, yet `kubectl logs` still shows its output.
+    let finished_logs = Api::<Pod>::namespaced(client.clone(), ns)
+        .logs(
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            &LogParams::default(),
+        )
+        .await?;
+    ensure!(
+        finished_logs.contains("epoch 2") && finished_logs.contains("runpod-kubelet: exit-code=0"),
+        "logs of the finished pod: {finished_logs:?}"
+    );
+
     // 2. A failing command fails the pod with its exit code.
     let failing = job("fail", "e2e/failing:1", &["sh", "-c", "exit 3"]);
     Api::<Job>::namespaced(client.clone(), ns)

@@ -128,13 +128,11 @@ pub async fn run<P: Provider>(
     let store = controller.store();
 
     tasks.spawn(poller::run(
-        provider.clone(),
-        settings.clone(),
+        shared.clone(),
         store.clone(),
         snapshot_tx,
         health_tx,
         tick_tx,
-        metrics.clone(),
     ));
     tasks.spawn(kubelet_api::serve(
         kubelet_listener,

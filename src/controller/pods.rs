@@ -23,6 +23,7 @@ use super::provider::{
     Instance, InstanceState, Provider, ProviderError, ProvisionError, ProvisionRequest,
 };
 use super::status::{self, View};
+use super::memory::PodMemory;
 use super::volumes;
 
 /// Why a reconcile failed; it is retried.
@@ -217,7 +218,13 @@ pub async fn reconcile<P: Provider>(
             terminate(&ctx, &pod, &uid, instance, "the pod has finished").await?;
         }
         if live.is_empty() {
-            ctx.forget(&uid);
+            // Only the kept log outlives the instance, for `kubectl logs` of a finished pod.
+            ctx.remember(&uid, |m| {
+                *m = PodMemory {
+                    final_log: m.final_log.take(),
+                    ..PodMemory::default()
+                }
+            });
             return Ok(Action::await_change());
         }
         return Ok(Action::requeue(SHORT));
@@ -693,8 +700,12 @@ async fn exit_code<P: Provider>(
     if let Some(code) = ctx.remember(uid, |m| m.exit_code) {
         return Ok(code);
     }
-    let code = ctx.provider.exit_code(&instance.id).await?;
-    ctx.remember(uid, |m| m.exit_code = Some(code));
+    let log = ctx.provider.final_log(&instance.id).await?;
+    let code = log.exit_code;
+    ctx.remember(uid, |m| {
+        m.exit_code = Some(code);
+        m.final_log = Some(std::sync::Arc::new(log.lines));
+    });
     Ok(code)
 }
 

@@ -33,7 +33,8 @@ fn scenario() -> serde_json::Value {
              "logs": ["epoch 1", "epoch 2"], "exit_code": 0},
             {"match": "failing", "outcome": "EXITED", "after_ms": 2000,
              "logs": ["oops"], "exit_code": 3},
-            {"match": "server", "logs": ["serving on 8888"]}
+            {"match": "server", "logs": ["serving on 8888"]},
+            {"match": "restarter", "outcome": "EXITED", "after_ms": 3000, "logs": ["working"]}
         ]
     })
 }
@@ -263,6 +264,43 @@ async fn scenarios(
     ensure!(
         entries.len() == 1 && !entries[0]["terminated_at"].is_null(),
         "failed pod's RunPod pod: {entries:?}"
+    );
+
+    // 2b. No command to wrap: RunPod restarts the container, and `restartPolicy: Never` still
+    // ends the pod at the first restart the controller sees (exit code unknown).
+    let restarter: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "restarter", "annotations": {"runpod.io/burst-mode": "always"}},
+        "spec": {"restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "e2e/restarter:1",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    }))?;
+    pods.create(&PostParams::default(), &restarter).await?;
+    let ended = wait::until("unwrapped pod ended", WAIT, || async {
+        let pod = pods.get("restarter").await?;
+        Ok(matches!(phase(&pod), Some("Failed" | "Succeeded")).then_some(pod))
+    })
+    .await?;
+    let terminated = ended
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref())
+        .context("no terminated state")?;
+    ensure!(
+        terminated.reason.as_deref() == Some("ExitCodeUnknown"),
+        "unwrapped pod ended with {terminated:?}"
+    );
+    let entries = ledger_for(simulator, ended.metadata.uid.as_deref().unwrap_or_default()).await?;
+    ensure!(
+        entries.len() == 1
+            && !entries[0]["terminated_at"].is_null()
+            && !entries[0]["args"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("exit-code"),
+        "unwrapped pod's RunPod pod: {entries:?}"
     );
 
     // 3. A long-running pod: Running and Ready, annotations, logs through the apiserver,

@@ -18,12 +18,12 @@ use tracing::{info, instrument, warn};
 
 use super::context::{Shared, Snapshot, elapsed};
 use super::env::{self, ClusterEnvSource};
+use super::memory::PodMemory;
 use super::node::ApiHealth;
 use super::provider::{
     Instance, InstanceState, Provider, ProviderError, ProvisionError, ProvisionRequest,
 };
 use super::status::{self, View};
-use super::memory::PodMemory;
 use super::volumes;
 
 /// Why a reconcile failed; it is retried.

@@ -29,8 +29,12 @@ pub async fn namespace(client: &kube::Client, name: &str, burst: bool) -> anyhow
         )
         .await?;
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
-    wait::until("default ServiceAccount", WAIT, || async {
-        Ok(accounts.get_opt("default").await?.map(|_| ()))
+    // Pods are refused until the account's token secret exists.
+    wait::until("default ServiceAccount with its token", WAIT, || async {
+        let account = accounts.get_opt("default").await?;
+        Ok(account
+            .filter(|a| a.secrets.as_ref().is_some_and(|s| !s.is_empty()))
+            .map(|_| ()))
     })
     .await
 }

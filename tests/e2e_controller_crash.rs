@@ -36,6 +36,7 @@ const POD_WAIT: Duration = Duration::from_secs(300);
 fn scenario() -> serde_json::Value {
     json!({
         "provisioning_ms": 800, "starting_ms": 400, "ports_ms": 200, "list_lag_ms": 1500,
+        "rate_limits": [{"name": "minute", "quota": 100000, "window_secs": 60}],
         "images": [
             {"match": "batch", "outcome": "EXITED", "after_ms": 2500, "logs": ["working"], "exit_code": 0},
             {"match": "server", "logs": ["serving"]}
@@ -98,6 +99,9 @@ async fn crash_run(
 ) -> anyhow::Result<()> {
     node_ready(client).await?;
     namespace(client, NS, false).await?;
+    let late = late_create_then_kill(client, simulator, controller)
+        .await
+        .context("a create sent late, then SIGKILL")?;
     let stop = Arc::new(AtomicBool::new(false));
     let kills = Arc::new(AtomicU32::new(0));
     let killer = tokio::spawn(killer(
@@ -110,7 +114,7 @@ async fn crash_run(
 
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut tasks = tokio::task::JoinSet::new();
-    let mut done: Vec<Lifecycle> = Vec::new();
+    let mut done: Vec<Lifecycle> = vec![late];
     for index in 0..LIFECYCLES {
         while tasks.len() >= CONCURRENT {
             done.push(tasks.join_next().await.context("no task")???);
@@ -156,6 +160,68 @@ async fn crash_run(
         "too few kills to mean anything"
     );
     converge_and_check(client, simulator, &done).await
+}
+
+/// The deterministic worst case: RunPod holds the create back with 429s, so it is sent well
+/// after the create marker was written; the controller dies right after sending it, and the
+/// new one starts while the list still lags behind the create. It must find that pod, not
+/// create a second.
+async fn late_create_then_kill(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+    controller: &Mutex<ControllerProcess>,
+) -> anyhow::Result<Lifecycle> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    simulator
+        .inject(&json!({"when": {"operation": "createPod"},
+                        "effect": {"kind": "status", "status": 429, "retry_after": 3}, "times": 2}))
+        .await?;
+    let name = "late".to_owned();
+    let created = pods
+        .create(
+            &PostParams::default(),
+            &bound_gpu_pod(&name, "e2e/server:1", "Always"),
+        )
+        .await?;
+    let uid = uid(&created);
+    let mut ledger_polls = tokio::time::interval(Duration::from_millis(50));
+    let deadline = tokio::time::Instant::now() + POD_WAIT;
+    loop {
+        ledger_polls.tick().await;
+        let ledger = simulator.ledger().await?;
+        if ledger
+            .iter()
+            .any(|e| e["env"]["RUNPOD_KUBELET_POD_UID"] == uid.as_str())
+        {
+            break;
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "the late create never came");
+    }
+    controller.lock().await.restart()?;
+    wait::until("late pod Running", POD_WAIT, || async {
+        let pod = pods.get(&name).await?;
+        Ok((phase(&pod) == Some("Running")).then_some(()))
+    })
+    .await?;
+    // Some more lists after the restart.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let entries: Vec<_> = simulator
+        .ledger()
+        .await?
+        .into_iter()
+        .filter(|e| e["env"]["RUNPOD_KUBELET_POD_UID"] == uid.as_str())
+        .map(|e| e["id"].clone())
+        .collect();
+    ensure!(
+        entries.len() == 1,
+        "RunPod pods for the late create: {entries:?}"
+    );
+    pods.delete(&name, &DeleteParams::default()).await?;
+    Ok(Lifecycle {
+        name,
+        uid,
+        kind: Kind::DeletedRunning,
+    })
 }
 
 /// One pod's life, as the test drives it.
@@ -225,7 +291,7 @@ async fn killer(
         let mut process = controller.lock().await;
         process.kill();
         kills.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(rng.u64(0..1500))).await;
+        tokio::time::sleep(Duration::from_millis(rng.u64(0..1000))).await;
         if let Err(error) = process.restart() {
             eprintln!("restarting the controller failed: {error:#}");
         }

@@ -29,6 +29,7 @@ const ALLOWED: [&str; 2] = ["EU-RO-1", "US-TX-3"];
 fn scenario() -> serde_json::Value {
     json!({
         "provisioning_ms": 2000, "starting_ms": 500, "ports_ms": 300, "list_lag_ms": 500,
+        "rate_limits": [{"name": "minute", "quota": 100000, "window_secs": 60}],
         "images": [{"match": "server", "logs": ["serving"]}]
     })
 }

@@ -44,6 +44,7 @@ const CONTROLLER_OUTAGE: Duration = Duration::from_secs(95);
 fn scenario() -> serde_json::Value {
     json!({
         "provisioning_ms": 500, "starting_ms": 300, "ports_ms": 200, "list_lag_ms": 500,
+        "rate_limits": [{"name": "minute", "quota": 100000, "window_secs": 60}],
         "images": [{"match": "server", "logs": ["serving"]}]
     })
 }

@@ -156,7 +156,7 @@ async fn crash_run(
         kills.load(Ordering::SeqCst)
     );
     ensure!(
-        kills.load(Ordering::SeqCst) >= 10,
+        kills.load(Ordering::SeqCst) >= 8,
         "too few kills to mean anything"
     );
     converge_and_check(client, simulator, &done).await
@@ -195,7 +195,10 @@ async fn late_create_then_kill(
         {
             break;
         }
-        ensure!(tokio::time::Instant::now() < deadline, "the late create never came");
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the late create never came"
+        );
     }
     controller.lock().await.restart()?;
     wait::until("late pod Running", POD_WAIT, || async {
@@ -243,7 +246,10 @@ async fn lifecycle(
         _ => "Always",
     };
     let created = pods
-        .create(&PostParams::default(), &bound_gpu_pod(&name, image, restart))
+        .create(
+            &PostParams::default(),
+            &bound_gpu_pod(&name, image, restart),
+        )
         .await?;
     let uid = uid(&created);
     let delete = DeleteParams {
@@ -284,7 +290,7 @@ async fn killer(
 ) {
     let mut rng = fastrand::Rng::with_seed(seed);
     while !stop.load(Ordering::SeqCst) {
-        tokio::time::sleep(Duration::from_millis(rng.u64(1500..7000))).await;
+        tokio::time::sleep(Duration::from_millis(rng.u64(1000..5000))).await;
         if stop.load(Ordering::SeqCst) {
             break;
         }

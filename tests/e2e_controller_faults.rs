@@ -222,7 +222,9 @@ async fn deleted_while_provisioning(
     .await?;
     let pod = wait::until("RunPod pod id known", WAIT, || async {
         let pod = pods.get("provisioning").await?;
-        Ok(annotation(&pod, "runpod.io/pod-id").is_some().then_some(pod))
+        Ok(annotation(&pod, "runpod.io/pod-id")
+            .is_some()
+            .then_some(pod))
     })
     .await?;
     ensure!(
@@ -239,10 +241,14 @@ async fn deleted_while_provisioning(
 /// Exactly one RunPod pod was ever created for the UID, and it ends terminated; a few more list
 /// cycles create nothing more.
 async fn one_terminated(simulator: &SimulatorProcess, uid: &str, what: &str) -> anyhow::Result<()> {
-    wait::until(&format!("{what}: its RunPod pod terminated"), WAIT, || async {
-        let entries = ledger_for(simulator, uid).await?;
-        Ok((!entries.is_empty() && entries.iter().all(|e| !live(e))).then_some(()))
-    })
+    wait::until(
+        &format!("{what}: its RunPod pod terminated"),
+        WAIT,
+        || async {
+            let entries = ledger_for(simulator, uid).await?;
+            Ok((!entries.is_empty() && entries.iter().all(|e| !live(e))).then_some(()))
+        },
+    )
     .await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let entries = ledger_for(simulator, uid).await?;
@@ -383,7 +389,9 @@ async fn refused_account_marks_the_node(
         wait::until(&format!("node marked after {status}"), WAIT, || async {
             let node = nodes.get(NODE).await?;
             let condition = node_condition(&node, "RunPodAPIAvailable");
-            let marked = condition.as_ref().is_some_and(|(s, r)| s == "False" && r == "AccountRefused")
+            let marked = condition
+                .as_ref()
+                .is_some_and(|(s, r)| s == "False" && r == "AccountRefused")
                 && has_taint(&node, "runpod.io/api-unavailable", "NoSchedule");
             Ok(marked.then_some(()))
         })
@@ -411,7 +419,10 @@ async fn refused_account_marks_the_node(
             "{name} disturbed by the refused account: {:?}",
             pod.status
         );
-        ensure!(ledger_live(simulator, id).await?, "{name}'s RunPod pod was terminated");
+        ensure!(
+            ledger_live(simulator, id).await?,
+            "{name}'s RunPod pod was terminated"
+        );
         let entries = ledger_for(simulator, &uid(&pod)).await?;
         ensure!(entries.len() == 1, "{name} created again: {entries:?}");
     }
@@ -464,7 +475,10 @@ async fn no_capacity_anywhere(
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     let entries = ledger_for(simulator, &uid(&failed)).await?;
-    ensure!(entries.is_empty(), "RunPod pods for the starved pod: {entries:?}");
+    ensure!(
+        entries.is_empty(),
+        "RunPod pods for the starved pod: {entries:?}"
+    );
     simulator.clear_faults().await?;
 
     // Nothing of this cluster bills any more.

@@ -174,12 +174,18 @@ async fn outages(
     // 2. Every controller down for over 90 s.
     controller.kill();
     let killed = Instant::now();
-    wait::until("virtual node Unknown and tainted unreachable", WAIT, || async {
-        let node = nodes.get(NODE).await?;
-        let unknown = node_condition(&node, "Ready").is_some_and(|(s, _)| s == "Unknown");
-        Ok((unknown && has_taint(&node, "node.kubernetes.io/unreachable", "NoExecute"))
-            .then_some(()))
-    })
+    wait::until(
+        "virtual node Unknown and tainted unreachable",
+        WAIT,
+        || async {
+            let node = nodes.get(NODE).await?;
+            let unknown = node_condition(&node, "Ready").is_some_and(|(s, _)| s == "Unknown");
+            Ok(
+                (unknown && has_taint(&node, "node.kubernetes.io/unreachable", "NoExecute"))
+                    .then_some(()),
+            )
+        },
+    )
     .await?;
     let healthy = nodes.get("healthy-node").await?;
     ensure!(
@@ -234,7 +240,10 @@ async fn outages(
             entries.len() == 1 && entries[0]["id"] == id.as_str(),
             "{name}: RunPod pods {entries:?}"
         );
-        ensure!(ledger_live(simulator, id).await?, "{name}'s RunPod pod was terminated");
+        ensure!(
+            ledger_live(simulator, id).await?,
+            "{name}'s RunPod pod was terminated"
+        );
     }
     let created_after = simulator.ledger().await?.len();
     ensure!(
@@ -260,7 +269,10 @@ async fn burst_pods_intact(
         let Some(pod) = pods.get_opt(name).await? else {
             bail!("burst pod {name} was deleted");
         };
-        ensure!(pod.metadata.uid.as_deref() == Some(uid.as_str()), "{name} replaced");
+        ensure!(
+            pod.metadata.uid.as_deref() == Some(uid.as_str()),
+            "{name} replaced"
+        );
         ensure!(
             pod.metadata.deletion_timestamp.is_none(),
             "burst pod {name} is being deleted (evicted?)"

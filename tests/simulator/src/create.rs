@@ -217,7 +217,9 @@ pub(crate) fn plan(
             .iter()
             .filter(|dc| !requested.contains(&dc.id))
             .filter(|dc| wanted.is_none_or(|w| w == dc.id))
-            .find(|dc| (!global_networking || dc.global_network) && stock(&dc.id) != Availability::None);
+            .find(|dc| {
+                (!global_networking || dc.global_network) && stock(&dc.id) != Availability::None
+            });
         if let Some(dc) = elsewhere {
             data_center_id = dc.id.clone();
             fired.push(fault);

@@ -259,7 +259,7 @@ impl FaultSet {
                     .pod_name
                     .as_deref()
                     .is_none_or(|n| ctx.pod_name == Some(n));
-            applies.then(|| (index, rule.when.data_center_id.as_deref()))
+            applies.then_some((index, rule.when.data_center_id.as_deref()))
         })
     }
 
@@ -314,7 +314,10 @@ mod tests {
             gpu_id: Some(gpu),
             ..MatchContext::default()
         };
-        assert_eq!(set.misplace(&create("NVIDIA L40S")), Some((0, Some("EU-SE-1"))));
+        assert_eq!(
+            set.misplace(&create("NVIDIA L40S")),
+            Some((0, Some("EU-SE-1")))
+        );
         assert_eq!(set.misplace(&create("NVIDIA A100")), None);
         // It never answers on its own.
         assert!(set.response_faults(&create("NVIDIA L40S")).effect.is_none());

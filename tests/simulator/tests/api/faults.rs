@@ -192,9 +192,8 @@ async fn pod_faults_match_the_pods_name_and_delays_compose_with_the_answer() {
 #[tokio::test]
 async fn misplace_puts_the_pod_outside_the_requested_data_centres() {
     let api = Api::start(Scenario::default()).await;
-    api.sim.inject(
-        Fault::new(Match::operation(Operation::CreatePod), Effect::Misplace).times(1),
-    );
+    api.sim
+        .inject(Fault::new(Match::operation(Operation::CreatePod), Effect::Misplace).times(1));
     let wanted = json!(["EU-RO-1", "US-TX-3"]);
     let misplaced = api
         .post(

@@ -930,6 +930,20 @@ mod tests {
         assert_eq!(added[1].toleration_seconds, Some(3600));
     }
 
+    #[test]
+    fn the_create_marker_moves_on_four_times_per_settle_window() {
+        // A create is sent at most this long after the last marker; the list a successor
+        // waits for is taken a whole settle window after it, leaving 3/4 for the list lag.
+        assert_eq!(
+            marker_refresh(Duration::from_secs(30)),
+            Duration::from_millis(7500)
+        );
+        assert_eq!(
+            marker_refresh(Duration::from_millis(400)),
+            Duration::from_millis(250)
+        );
+    }
+
     fn instance(id: &str, created: &str) -> Instance {
         Instance {
             id: id.into(),

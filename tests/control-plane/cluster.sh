@@ -11,7 +11,9 @@
 #   cluster.sh kubectl              build/cache a kubectl of the same version; prints its path
 #
 # Environment: RUNPOD_KUBELET_CACHE (default ~/.cache/runpod-kubelet),
-#              CLUSTER_START_TIMEOUT (seconds, default 90).
+#              CLUSTER_START_TIMEOUT (seconds, default 90),
+#              EXTRA_APISERVER_FLAGS, EXTRA_CONTROLLER_MANAGER_FLAGS (whitespace-separated flags
+#              appended to that component's command line, e.g. shorter eviction timeouts).
 # Progress and errors go to stderr; stdout carries only the final line.
 set -euo pipefail
 
@@ -379,7 +381,9 @@ EOF
     --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" --initial-cluster "default=$peer"
   wait_for "etcd /health" curl -sf --max-time 2 "$client/health"
 
-  local pki="$DIR/pki"
+  local pki="$DIR/pki" extra_apiserver=() extra_controller_manager=()
+  read -r -a extra_apiserver <<<"${EXTRA_APISERVER_FLAGS:-}"
+  read -r -a extra_controller_manager <<<"${EXTRA_CONTROLLER_MANAGER_FLAGS:-}"
   spawn kube-apiserver "$BIN/kube-apiserver" \
     --etcd-servers="$client" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
@@ -391,7 +395,7 @@ EOF
     --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
     --service-account-issuer=https://kubernetes.default.svc \
     --authorization-mode=Node,RBAC --service-cluster-ip-range=10.96.0.0/16 \
-    --allow-privileged=true
+    --allow-privileged=true ${extra_apiserver[@]+"${extra_apiserver[@]}"}
   wait_for "kube-apiserver /readyz" readyz_ok
 
   # --port=0 turns off the insecure 10251/10252 ports, which would clash between clusters.
@@ -405,7 +409,8 @@ EOF
     --secure-port="$CONTROLLER_MANAGER_PORT" --cert-dir="$pki/controller-manager" \
     --controllers='*,-nodeipam' --use-service-account-credentials=true \
     --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
-    --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key"
+    --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
+    ${extra_controller_manager[@]+"${extra_controller_manager[@]}"}
 
   wait_for "kube-scheduler /healthz" healthz_ok "$SCHEDULER_PORT"
   wait_for "kube-controller-manager /healthz" healthz_ok "$CONTROLLER_MANAGER_PORT"

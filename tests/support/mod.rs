@@ -5,6 +5,8 @@
 
 pub mod control_plane;
 pub mod controller;
+pub mod harness;
 pub mod nodes;
+pub mod pods;
 pub mod wait;
 pub mod webhook;

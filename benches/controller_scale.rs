@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, ensure};
 use futures_util::{StreamExt as _, TryStreamExt as _};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::PostParams;
 use serde_json::json;
@@ -138,22 +138,7 @@ async fn measure(
         Ok(nodes.get_opt(NODE).await?.map(|_| ()))
     })
     .await?;
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?,
-        )
-        .await?;
-    support::wait::until(
-        "default ServiceAccount",
-        Duration::from_secs(60),
-        || async {
-            let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-                Api::namespaced(client.clone(), NAMESPACE);
-            Ok(accounts.get_opt("default").await?.map(|_| ()))
-        },
-    )
-    .await?;
+    support::pods::namespace(client, NAMESPACE, false).await?;
 
     // Bind every pod at once (nodeName set: the scheduler's binding, without its pace).
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);

@@ -13,7 +13,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -303,6 +303,43 @@ async fn scenarios(
         "unwrapped pod's RunPod pod: {entries:?}"
     );
 
+    // 2c. A controller that died between terminating a finished pod's RunPod pod and writing
+    // its phase left the end recorded on the pod: the pod is finished from the record, never
+    // created again. (Bound directly, opted out of the webhook, which would strip the record.)
+    namespace(client, "e2e-recorded").await?;
+    let recorded: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "recorded", "labels": {"runpod.io/burst": "disabled"}, "annotations": {
+            "runpod.io/create-requested": "2026-01-01T00:00:00Z",
+            "runpod.io/ended": r#"{"exit_code":0,"reason":"Completed","message":"the command exited with code 0"}"#}},
+        "spec": {"nodeName": NODE, "restartPolicy": "Never",
+            "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
+            "containers": [{"name": "main", "image": "e2e/trainer:1", "command": ["train"],
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    }))?;
+    let recorded_pods: Api<Pod> = Api::namespaced(client.clone(), "e2e-recorded");
+    recorded_pods
+        .create(&PostParams::default(), &recorded)
+        .await?;
+    let finished = wait::until("recorded pod finished", WAIT, || async {
+        let pod = recorded_pods.get("recorded").await?;
+        Ok(phase(&pod).is_some_and(|p| p != "Pending").then_some(pod))
+    })
+    .await?;
+    ensure!(
+        phase(&finished) == Some("Succeeded") && exit_code(&finished) == Some(0),
+        "recorded end not replayed: {:?}",
+        finished.status
+    );
+    let again = ledger_for(
+        simulator,
+        finished.metadata.uid.as_deref().unwrap_or_default(),
+    )
+    .await?;
+    ensure!(
+        again.is_empty(),
+        "a finished pod was created again: {again:?}"
+    );
+
     // 3. A long-running pod: Running and Ready, annotations, logs through the apiserver,
     //    a forged pod id overwritten, anonymous kubelet API refused, deletion terminates.
     let server: Pod = serde_json::from_value(json!({
@@ -492,20 +529,7 @@ async fn node_registers(client: &kube::Client) -> anyhow::Result<()> {
 }
 
 async fn namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(
-                json!({"metadata": {"name": name, "labels": {"runpod.io/burst": "enabled"}}}),
-            )?,
-        )
-        .await?;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
-    wait::until("default ServiceAccount", WAIT, || async {
-        Ok(accounts.get_opt("default").await?.map(|_| ()))
-    })
-    .await
+    support::pods::namespace(client, name, true).await
 }
 
 fn job(name: &str, image: &str, command: &[&str]) -> Job {

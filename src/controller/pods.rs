@@ -11,7 +11,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use runpod_webhook::contract::{
-    self, COST_PER_HR, CREATE_REQUESTED, DATACENTER, ENDPOINTS, GPU_TYPE, POD_ID,
+    self, COST_PER_HR, CREATE_REQUESTED, DATACENTER, ENDED, ENDPOINTS, GPU_TYPE, POD_ID,
 };
 use serde_json::json;
 use tracing::{info, instrument, warn};
@@ -23,7 +23,7 @@ use super::node::ApiHealth;
 use super::provider::{
     Instance, InstanceState, Provider, ProviderError, ProvisionError, ProvisionRequest,
 };
-use super::status::{self, View};
+use super::status::{self, RecordedEnd, View};
 use super::volumes;
 
 /// Why a reconcile failed; it is retried.
@@ -33,6 +33,8 @@ pub enum ReconcileError {
     Kube(#[from] kube::Error),
     #[error("cloud API: {0}")]
     Provider(#[from] ProviderError),
+    #[error("recording how the pod ended: {0}")]
+    Record(#[from] serde_json::Error),
 }
 
 const SHORT: Duration = Duration::from_secs(2);
@@ -262,6 +264,11 @@ pub async fn reconcile<P: Provider>(
                 vanished(&pod, &uid, &id, &ctx).await
             }
             _ => {
+                if let Some(record) = RecordedEnd::on(&pod) {
+                    // Ended and terminated by a controller that died before writing the phase.
+                    write_status(&ctx, &pod, &record.view()).await?;
+                    return Ok(Action::await_change());
+                }
                 let was_running =
                     pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
                 let started = pod
@@ -770,6 +777,22 @@ async fn finish<P: Provider>(
     instance: &Instance,
     view: View<'_>,
 ) -> Result<Action, ReconcileError> {
+    // Record the end first: a controller that dies after the terminate finds it here, and
+    // finishes the pod the same way instead of failing it or creating it again.
+    if let Some(record) = RecordedEnd::of(&view)
+        && RecordedEnd::on(pod).as_ref() != Some(&record)
+    {
+        let value = serde_json::to_string(&record)?;
+        let patch = json!({"metadata": {"annotations": {ENDED: value}}});
+        pods_in_namespace_of(&ctx.client, pod)
+            .patch(
+                pod.metadata.name.as_deref().unwrap_or_default(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        ctx.metrics.pod_writes.inc();
+    }
     terminate(ctx, pod, uid, instance, "the pod finished").await?;
     write_status(ctx, pod, &view).await?;
     Ok(Action::await_change())

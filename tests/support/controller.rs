@@ -78,6 +78,18 @@ impl ControllerProcess {
         simulator: &SimulatorProcess,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_at(kubeconfig, client_ca, simulator, "127.0.0.1", extra)
+    }
+
+    /// A controller advertising `internal_ip` (any 127.0.0.x reaches it: it listens on all
+    /// addresses), so that two replicas are told apart by the node's address.
+    pub fn start_at(
+        kubeconfig: &Path,
+        client_ca: &Path,
+        simulator: &SimulatorProcess,
+        internal_ip: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let log = dir.path().join("controller.log");
         let kubelet_port = super::webhook::free_port()?.port();
@@ -87,7 +99,7 @@ impl ControllerProcess {
             .args(["--kubelet-port", &kubelet_port.to_string()])
             .arg("--kubelet-client-ca")
             .arg(client_ca)
-            .args(["--internal-ip", "127.0.0.1"])
+            .args(["--internal-ip", internal_ip])
             .args(["--reconcile-interval", "1s", "--create-settle", "3s"])
             .args([
                 "--datacenter-ids",
@@ -119,6 +131,45 @@ impl ControllerProcess {
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
+
+    /// SIGKILL: the process dies without releasing anything.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM: a clean shutdown.
+    pub fn terminate(&self) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -TERM failed");
+        Ok(())
+    }
+
+    /// The exit status once the process has ended.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+}
+
+/// Runs `runpod-kubelet <args>` to completion against the simulator; its status and stderr.
+pub fn run_command(
+    kubeconfig: &Path,
+    simulator: &SimulatorProcess,
+    args: &[&str],
+) -> anyhow::Result<(std::process::ExitStatus, String)> {
+    let output = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+        .args(args)
+        .args(["--runpod-api-url", &simulator.url])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUNPOD_API_KEY", API_KEY)
+        .output()
+        .context("running runpod-kubelet")?;
+    Ok((
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
 }
 
 impl Drop for ControllerProcess {

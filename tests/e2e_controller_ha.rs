@@ -9,6 +9,8 @@
 //!   leader acknowledges the marker, every RunPod pod of this cluster and node is terminated,
 //!   the node is removed, an untagged RunPod pod and another cluster's pod live on, the running
 //!   controller creates nothing afterwards, and a second drain succeeds doing nothing;
+//! - a leader frozen (SIGSTOP) past its lease is replaced; resumed, it exits non-zero without
+//!   acting, and nothing is duplicated;
 //! - SIGTERM on the leader releases the Lease and exits 0.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -259,23 +261,55 @@ async fn scenarios(
         .with_context(|| format!("logs of {name}"))?;
     }
 
-    drain_with_the_leader_running(control_plane, client, simulator, &replicas[1]).await?;
+    // A leader that cannot renew stops: B frozen (SIGSTOP) past its lease, C takes over; B,
+    // resumed, finds its fence run out and exits non-zero without acting.
+    replicas.push(Replica::start(control_plane, simulator, "127.0.0.3")?);
+    let c = &replicas[2];
+    wait::until("C ready as a standby", WAIT, || async {
+        Ok(c.get("/readyz")
+            .await
+            .ok()
+            .filter(|(code, body)| *code == 200 && body == "standby"))
+    })
+    .await?;
+    replicas[1].process.signal("STOP")?;
+    wait::until("C holds the election Lease", WAIT, || async {
+        Ok(holder(&leases).await?.filter(|h| h.contains("_127.0.0.3_")))
+    })
+    .await?;
+    node_address_is(&nodes, "127.0.0.3").await?;
+    replicas[1].process.signal("CONT")?;
+    let b = &mut replicas[1];
+    let status = exited(&mut b.process).await?;
+    ensure!(
+        !status.success(),
+        "the resumed old leader exited with {status:?}"
+    );
+    ensure!(
+        b.process.log().contains("leadership lost"),
+        "the resumed old leader did not report losing the lease"
+    );
+    ensure!(
+        holder(&leases)
+            .await?
+            .is_some_and(|h| h.contains("_127.0.0.3_")),
+        "the Lease moved away from C"
+    );
+    for uid in [&first_uid, &second_uid] {
+        let entries = ledger_for(simulator, uid).await?;
+        ensure!(
+            entries.len() == 1 && entries[0]["terminated_at"].is_null(),
+            "after the second failover: {entries:?}"
+        );
+    }
+
+    drain_with_the_leader_running(control_plane, client, simulator, &replicas[2]).await?;
 
     // SIGTERM: the leader releases the Lease and exits 0.
-    let b = &mut replicas[1];
+    let b = &mut replicas[2];
     b.process.terminate()?;
-    let deadline = std::time::Instant::now() + WAIT;
-    let status = loop {
-        if let Some(status) = b.process.exit_status() {
-            break status;
-        }
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "B did not exit after SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    ensure!(status.success(), "B exited with {status:?}");
+    let status = exited(&mut b.process).await?;
+    ensure!(status.success(), "C exited with {status:?}");
     let lease = leases.get(ELECTION_LEASE).await?;
     ensure!(
         lease
@@ -431,6 +465,20 @@ async fn drain_with_the_leader_running(
     ensure!(status.success(), "second drain failed ({status:?}):\n{log}");
     ensure!(simulator.ledger().await?.len() == created_before);
     Ok(())
+}
+
+async fn exited(process: &mut ControllerProcess) -> anyhow::Result<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        if let Some(status) = process.exit_status() {
+            return Ok(status);
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the controller did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 fn gpu_pod(name: &str) -> Pod {

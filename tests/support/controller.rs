@@ -140,10 +140,16 @@ impl ControllerProcess {
 
     /// SIGTERM: a clean shutdown.
     pub fn terminate(&self) -> anyhow::Result<()> {
+        self.signal("TERM")
+    }
+
+    /// Sends a signal by name (`STOP` freezes the process, `CONT` resumes it).
+    pub fn signal(&self, name: &str) -> anyhow::Result<()> {
         let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
             .status()?;
-        anyhow::ensure!(status.success(), "kill -TERM failed");
+        anyhow::ensure!(status.success(), "kill -{name} failed");
         Ok(())
     }
 

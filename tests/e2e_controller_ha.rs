@@ -10,7 +10,8 @@
 //!   the node is removed, an untagged RunPod pod and another cluster's pod live on, the running
 //!   controller creates nothing afterwards, and a second drain succeeds doing nothing;
 //! - a leader frozen (SIGSTOP) past its lease is replaced; resumed, it exits non-zero without
-//!   acting, and nothing is duplicated;
+//!   sending RunPod a single byte (its calls go through a counting proxy), and nothing is
+//!   duplicated;
 //! - SIGTERM on the leader releases the Lease and exits 0.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -30,6 +31,7 @@ use runpod_kubelet::runpod::model::{CreatePodRequest, GpuSpec};
 use serde_json::json;
 use support::control_plane::ControlPlane;
 use support::controller::{API_KEY, ControllerProcess, SimulatorProcess, run_command};
+use support::proxy::CountingProxy;
 use support::wait;
 
 const NODE: &str = "virtual-runpod";
@@ -93,14 +95,14 @@ struct Replica {
 impl Replica {
     fn start(
         control_plane: &ControlPlane,
-        simulator: &SimulatorProcess,
+        runpod_url: &str,
         ip: &'static str,
     ) -> anyhow::Result<Replica> {
         let metrics = support::webhook::free_port()?.to_string();
-        let process = ControllerProcess::start_at(
+        let process = ControllerProcess::start_via(
             &control_plane.kubeconfig,
             &control_plane.ca_file(),
-            simulator,
+            runpod_url,
             ip,
             &[
                 "--cluster-id",
@@ -175,11 +177,13 @@ async fn scenarios(
     let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
 
     // Replica A leads first; B then waits as a standby.
-    replicas.push(Replica::start(control_plane, simulator, "127.0.0.1")?);
+    replicas.push(Replica::start(control_plane, &simulator.url, "127.0.0.1")?);
     node_address_is(&nodes, "127.0.0.1").await?;
     let holder_a = holder(&leases).await?.context("no election Lease holder")?;
     ensure!(holder_a.contains("_127.0.0.1_"), "holder {holder_a}");
-    replicas.push(Replica::start(control_plane, simulator, "127.0.0.2")?);
+    // B reaches RunPod through a proxy that counts what it sends.
+    let proxy_b = CountingProxy::start(&simulator.url).await?;
+    replicas.push(Replica::start(control_plane, &proxy_b.url, "127.0.0.2")?);
     let (a, b) = (&replicas[0], &replicas[1]);
     wait::until("B ready as a standby", WAIT, || async {
         Ok(b.get("/readyz")
@@ -263,7 +267,7 @@ async fn scenarios(
 
     // A leader that cannot renew stops: B frozen (SIGSTOP) past its lease, C takes over; B,
     // resumed, finds its fence run out and exits non-zero without acting.
-    replicas.push(Replica::start(control_plane, simulator, "127.0.0.3")?);
+    replicas.push(Replica::start(control_plane, &simulator.url, "127.0.0.3")?);
     let c = &replicas[2];
     wait::until("C ready as a standby", WAIT, || async {
         Ok(c.get("/readyz")
@@ -278,12 +282,18 @@ async fn scenarios(
     })
     .await?;
     node_address_is(&nodes, "127.0.0.3").await?;
+    let sent_before_resume = proxy_b.sent();
     replicas[1].process.signal("CONT")?;
     let b = &mut replicas[1];
     let status = exited(&mut b.process).await?;
     ensure!(
         !status.success(),
         "the resumed old leader exited with {status:?}"
+    );
+    ensure!(
+        proxy_b.sent() == sent_before_resume,
+        "the deposed leader called RunPod after it resumed ({} bytes)",
+        proxy_b.sent() - sent_before_resume
     );
     ensure!(
         b.process.log().contains("leadership lost"),

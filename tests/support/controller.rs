@@ -90,12 +90,23 @@ impl ControllerProcess {
         internal_ip: &str,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_via(kubeconfig, client_ca, &simulator.url, internal_ip, extra)
+    }
+
+    /// As `start_at`, reaching RunPod at `runpod_url` (e.g. a counting proxy).
+    pub fn start_via(
+        kubeconfig: &Path,
+        client_ca: &Path,
+        runpod_url: &str,
+        internal_ip: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let log = dir.path().join("controller.log");
         let kubelet_port = super::webhook::free_port()?.port();
         let child = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
             .arg("controller")
-            .args(["--runpod-api-url", &simulator.url])
+            .args(["--runpod-api-url", runpod_url])
             .args(["--kubelet-port", &kubelet_port.to_string()])
             .arg("--kubelet-client-ca")
             .arg(client_ca)

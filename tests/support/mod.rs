@@ -6,5 +6,6 @@
 pub mod control_plane;
 pub mod controller;
 pub mod nodes;
+pub mod proxy;
 pub mod wait;
 pub mod webhook;

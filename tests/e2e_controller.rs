@@ -9,9 +9,11 @@ mod support;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, ServiceAccount};
 use kube::Api;
 use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -31,7 +33,8 @@ fn scenario() -> serde_json::Value {
              "logs": ["epoch 1", "epoch 2"], "exit_code": 0},
             {"match": "failing", "outcome": "EXITED", "after_ms": 2000,
              "logs": ["oops"], "exit_code": 3},
-            {"match": "server", "logs": ["serving on 8888"]}
+            {"match": "server", "logs": ["serving on 8888"]},
+            {"match": "restarter", "outcome": "EXITED", "after_ms": 3000, "logs": ["working"]}
         ]
     })
 }
@@ -128,6 +131,14 @@ async fn scenarios(
             )?,
         )
         .await?;
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "train-config"}, "data": {"app.yaml": "lr: 0.1\n"}}),
+            )?,
+        )
+        .await?;
 
     // 1. A plain GPU Job with no RunPod fields bursts, runs and completes.
     let train = job(
@@ -191,6 +202,22 @@ async fn scenarios(
         args.contains("runpod-kubelet: exit-code=") && args.contains("train.py --epochs 2"),
         "args {args}"
     );
+    // The configMap volume is written by the wrapper from env, before the command.
+    ensure!(
+        args.contains("/etc/train/app.yaml") && args.contains("base64 -d"),
+        "configMap volume not materialised: {args}"
+    );
+    let mounted = entry["env"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(key, _)| key.starts_with("RUNPOD_KUBELET_FILE_"))
+        .filter_map(|(_, value)| BASE64.decode(value.as_str()?).ok())
+        .collect::<Vec<_>>();
+    ensure!(
+        mounted == [b"lr: 0.1\n".to_vec()],
+        "mounted file contents {mounted:?}"
+    );
     ensure!(
         entry["ports"] == json!(["8888/http", "22/tcp"]),
         "ports {}",
@@ -199,6 +226,18 @@ async fn scenarios(
     ensure!(
         !entry["terminated_at"].is_null(),
         "the finished pod's RunPod pod still bills"
+    );
+
+    // The finished pod's RunPod pod is gone, yet `kubectl logs` still shows its output.
+    let finished_logs = Api::<Pod>::namespaced(client.clone(), ns)
+        .logs(
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            &LogParams::default(),
+        )
+        .await?;
+    ensure!(
+        finished_logs.contains("epoch 2") && finished_logs.contains("runpod-kubelet: exit-code=0"),
+        "logs of the finished pod: {finished_logs:?}"
     );
 
     // 2. A failing command fails the pod with its exit code.
@@ -225,6 +264,43 @@ async fn scenarios(
     ensure!(
         entries.len() == 1 && !entries[0]["terminated_at"].is_null(),
         "failed pod's RunPod pod: {entries:?}"
+    );
+
+    // 2b. No command to wrap: RunPod restarts the container, and `restartPolicy: Never` still
+    // ends the pod at the first restart the controller sees (exit code unknown).
+    let restarter: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "restarter", "annotations": {"runpod.io/burst-mode": "always"}},
+        "spec": {"restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "e2e/restarter:1",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    }))?;
+    pods.create(&PostParams::default(), &restarter).await?;
+    let ended = wait::until("unwrapped pod ended", WAIT, || async {
+        let pod = pods.get("restarter").await?;
+        Ok(matches!(phase(&pod), Some("Failed" | "Succeeded")).then_some(pod))
+    })
+    .await?;
+    let terminated = ended
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref())
+        .context("no terminated state")?;
+    ensure!(
+        terminated.reason.as_deref() == Some("ExitCodeUnknown"),
+        "unwrapped pod ended with {terminated:?}"
+    );
+    let entries = ledger_for(simulator, ended.metadata.uid.as_deref().unwrap_or_default()).await?;
+    ensure!(
+        entries.len() == 1
+            && !entries[0]["terminated_at"].is_null()
+            && !entries[0]["args"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("exit-code"),
+        "unwrapped pod's RunPod pod: {entries:?}"
     );
 
     // 3. A long-running pod: Running and Ready, annotations, logs through the apiserver,
@@ -299,6 +375,44 @@ async fn scenarios(
         "deleted pod's RunPod pod: {entries:?}"
     );
 
+    // 4. A price cap below the cheapest GPU the node publishes gets an admission warning.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let published = wait::until("cheapest price on the node", WAIT, || async {
+        let node = nodes.get(NODE).await?;
+        Ok(node
+            .metadata
+            .annotations
+            .and_then(|a| a.get("runpod.io/cheapest-gpu-price").cloned()))
+    })
+    .await?;
+    ensure!(published.contains("SECURE="), "published {published}");
+    let cheap = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "cheap", "annotations": {"runpod.io/max-price": "0.001"}},
+        "spec": {"containers": [{"name": "main", "image": "e2e/server:1",
+            "command": ["serve"], "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    });
+    let warnings = wait::until("price warning", WAIT, || async {
+        let warnings = dry_run_warnings(client, ns, &cheap).await?;
+        Ok(warnings
+            .iter()
+            .any(|w| w.contains("below the cheapest SECURE GPU"))
+            .then_some(warnings))
+    })
+    .await?;
+    let fair = {
+        let mut pod = cheap.clone();
+        pod["metadata"]["annotations"]["runpod.io/max-price"] = json!("1.9");
+        pod
+    };
+    let fair_warnings = dry_run_warnings(client, ns, &fair).await?;
+    ensure!(
+        !fair_warnings
+            .iter()
+            .any(|w| w.contains("below the cheapest")),
+        "a cap above the market warned: {fair_warnings:?} (and {warnings:?})"
+    );
+
     // Nothing of this cluster bills any more once the Jobs are deleted.
     let all = simulator.ledger().await?;
     let live: Vec<_> = all
@@ -307,6 +421,29 @@ async fn scenarios(
         .collect();
     ensure!(live.is_empty(), "RunPod pods still billing: {live:?}");
     Ok(())
+}
+
+/// The admission warnings (`Warning` headers) of a dry-run create of `pod`.
+async fn dry_run_warnings(
+    client: &kube::Client,
+    ns: &str,
+    pod: &serde_json::Value,
+) -> anyhow::Result<Vec<String>> {
+    let request = http::Request::post(format!("/api/v1/namespaces/{ns}/pods?dryRun=All"))
+        .header("content-type", "application/json")
+        .body(kube::client::Body::from(serde_json::to_vec(pod)?))?;
+    let response = client.send(request).await?;
+    ensure!(
+        response.status().is_success(),
+        "dry-run create: {}",
+        response.status()
+    );
+    Ok(response
+        .headers()
+        .get_all("warning")
+        .iter()
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+        .collect())
 }
 
 async fn node_registers(client: &kube::Client) -> anyhow::Result<()> {
@@ -379,7 +516,9 @@ fn job(name: &str, image: &str, command: &[&str]) -> Job {
             "containers": [{"name": "main", "image": image, "command": command,
                 "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
                 "ports": [{"containerPort": 8888}, {"containerPort": 22}],
-                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
+                "volumeMounts": [{"name": "config", "mountPath": "/etc/train"}],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "volumes": [{"name": "config", "configMap": {"name": "train-config"}}]}}}
     }))
     .unwrap()
 }

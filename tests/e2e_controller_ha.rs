@@ -105,6 +105,8 @@ impl Replica {
             runpod_url,
             ip,
             &[
+                "--leader-elect",
+                "true",
                 "--cluster-id",
                 CLUSTER,
                 "--metrics-listen",

@@ -20,8 +20,8 @@ use tracing::{info, warn};
 
 use super::leader::Fence;
 use super::provider::{
-    CheapestPrices, Constraints, Instance, LogEntries, LogOptions, Provider, ProviderError,
-    ProvisionError, ProvisionRequest, Provisioned,
+    CheapestPrices, Constraints, FinalLog, Instance, LogEntries, LogOptions, Provider,
+    ProviderError, ProvisionError, ProvisionRequest, Provisioned,
 };
 
 /// Node annotation set by `drain`: create nothing more for this node.
@@ -211,9 +211,9 @@ impl<P: Provider> Provider for Gated<P> {
         self.inner.terminate(id).await
     }
 
-    async fn exit_code(&self, id: &str) -> Result<Option<i32>, ProviderError> {
+    async fn final_log(&self, id: &str) -> Result<FinalLog, ProviderError> {
         self.gate.check_fence()?;
-        self.inner.exit_code(id).await
+        self.inner.final_log(id).await
     }
 
     /// Reading a log costs nothing and changes nothing: not gated.

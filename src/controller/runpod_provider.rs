@@ -14,7 +14,7 @@ use tracing::warn;
 
 use super::env::ResolvedEnv;
 use super::provider::{
-    CheapestPrices, Constraints, Endpoint, Instance, InstanceState, LogEntries, LogEntry,
+    CheapestPrices, Constraints, Endpoint, FinalLog, Instance, InstanceState, LogEntries, LogEntry,
     LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned, Tags,
 };
 use crate::runpod::catalogue_cache::CatalogueCache;
@@ -25,7 +25,7 @@ use crate::runpod::model::{self, PodAction, PodStatus};
 use crate::runpod::placement::{Attempt, PlacementError};
 use crate::runpod::select::{self, Candidate, ClusterLimits};
 use crate::runpod::translate::{self, Origin};
-use crate::runpod::wrapper::{self, Completion};
+use crate::runpod::wrapper::{self, Completion, FileToWrite, Setup};
 
 /// How long a GPU type × datacenter that answered "no capacity" is skipped.
 const CAPACITY_COOLDOWN: Duration = Duration::from_secs(180);
@@ -165,6 +165,9 @@ fn to_translate_env(env: &ResolvedEnv) -> translate::ResolvedEnv {
     }
 }
 
+/// Lines read from a finished pod's log (the exit code is the last of them).
+const FINAL_LOG_LINES: u32 = 500;
+
 /// A RunPod pod in the provider's common terms.
 pub fn to_instance(pod: &model::Pod) -> Instance {
     let tag = |key: &str| pod.env.get(key).cloned().filter(|v| !v.is_empty());
@@ -282,7 +285,22 @@ impl Provider for RunPodProvider {
             .ok_or_else(|| ProvisionError::Rejected("the pod has no container".into()))?;
         let expanded = translate::container_env(container, &env.env_from, &env.value_from);
         let words = translate::command_words(container, &expanded);
-        if let Some(args) = wrapper::wrapped_args(&words, completion(pod))
+        let files: Vec<FileToWrite<'_>> = request
+            .volumes
+            .files
+            .iter()
+            .map(|file| FileToWrite {
+                path: &file.path,
+                content: &file.content,
+                mode: file.mode,
+            })
+            .collect();
+        let setup = Setup::new(&files, &request.volumes.directories)
+            .map_err(|e| ProvisionError::Rejected(format!("volumes: {e}")))?;
+        if let Some(setup) = &setup {
+            base.env.extend(setup.env.clone());
+        }
+        if let Some(args) = wrapper::wrapped_args(&words, completion(pod), setup.as_ref())
             .map_err(|e| ProvisionError::Rejected(format!("command/args: {e}")))?
         {
             base.args = Some(args);
@@ -367,20 +385,21 @@ impl Provider for RunPodProvider {
             .map_err(provider_error)
     }
 
-    async fn exit_code(&self, id: &str) -> Result<Option<i32>, ProviderError> {
+    async fn final_log(&self, id: &str) -> Result<FinalLog, ProviderError> {
         let mut lines = self.logs(
             id,
             LogOptions {
                 follow: false,
-                tail_lines: Some(200),
+                tail_lines: Some(FINAL_LOG_LINES),
                 since: None,
             },
         );
         let mut seen = Vec::new();
         while let Some(line) = lines.next().await {
-            seen.push(line?.line);
+            seen.push(line?);
         }
-        Ok(wrapper::exit_code(seen.iter().map(String::as_str)))
+        let code = wrapper::exit_code(seen.iter().map(|entry| entry.line.as_str()));
+        Ok(FinalLog::bounded(code, seen))
     }
 
     fn logs(&self, id: &str, options: LogOptions) -> LogEntries {

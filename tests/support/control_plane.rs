@@ -6,6 +6,13 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
+/// Flags appended to a component's command line (no spaces inside one flag).
+#[derive(Debug, Clone, Default)]
+pub struct ExtraFlags {
+    pub apiserver: Vec<String>,
+    pub controller_manager: Vec<String>,
+}
+
 pub struct ControlPlane {
     dir: tempfile::TempDir,
     pub kubeconfig: PathBuf,
@@ -18,11 +25,22 @@ fn script() -> PathBuf {
 impl ControlPlane {
     /// Builds the binaries if they are not cached yet, then starts a fresh cluster.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(&ExtraFlags::default())
+    }
+
+    /// Like [`ControlPlane::start`], with extra flags for some components (e.g. shorter
+    /// eviction timeouts for outage tests); the defaults other tests use stay as they are.
+    pub fn start_with(extra: &ExtraFlags) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("runpod-e2e-").tempdir()?;
         let output = Command::new("bash")
             .arg(script())
             .arg("start")
             .arg(dir.path())
+            .env("EXTRA_APISERVER_FLAGS", extra.apiserver.join(" "))
+            .env(
+                "EXTRA_CONTROLLER_MANAGER_FLAGS",
+                extra.controller_manager.join(" "),
+            )
             .output()
             .context("running cluster.sh")?;
         if !output.status.success() {

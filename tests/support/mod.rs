@@ -5,7 +5,9 @@
 
 pub mod control_plane;
 pub mod controller;
+pub mod harness;
 pub mod nodes;
+pub mod pods;
 pub mod proxy;
 pub mod wait;
 pub mod webhook;

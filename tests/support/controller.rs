@@ -120,7 +120,10 @@ pub struct ControllerProcess {
 }
 
 /// Defaults every e2e controller gets unless `extra` names the flag itself.
-const DEFAULTS: [(&str, &str); 4] = [
+/// One replica without election unless a test asks for it (`--leader-elect true`): a restarted
+/// process then leads at once instead of waiting for its predecessor's lease to run out.
+const DEFAULTS: [(&str, &str); 5] = [
+    ("--leader-elect", "false"),
     ("--reconcile-interval", "1s"),
     ("--create-settle", "3s"),
     ("--datacenter-ids", "EU-RO-1,US-TX-3"),
@@ -134,16 +137,28 @@ impl ControllerProcess {
         simulator: &SimulatorProcess,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_via(kubeconfig, client_ca, &simulator.url, "127.0.0.1", extra)
+    }
+
+    /// A controller advertising `internal_ip` (any 127.0.0.x reaches it: it listens on all
+    /// addresses) and reaching RunPod at `runpod_url` (the simulator or a counting proxy).
+    pub fn start_via(
+        kubeconfig: &Path,
+        client_ca: &Path,
+        runpod_url: &str,
+        internal_ip: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let log = dir.path().join("controller.log");
         let mut args: Vec<std::ffi::OsString> = vec![
             "controller".into(),
             "--runpod-api-url".into(),
-            simulator.url.clone().into(),
+            runpod_url.into(),
             "--kubelet-client-ca".into(),
             client_ca.into(),
             "--internal-ip".into(),
-            "127.0.0.1".into(),
+            internal_ip.into(),
         ];
         for (flag, value) in DEFAULTS {
             if !extra.contains(&flag) {
@@ -186,6 +201,26 @@ impl ControllerProcess {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM: a clean shutdown.
+    pub fn terminate(&self) -> anyhow::Result<()> {
+        self.signal("TERM")
+    }
+
+    /// Sends a signal by name (`STOP` freezes the process, `CONT` resumes it).
+    pub fn signal(&self, name: &str) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -{name} failed");
+        Ok(())
+    }
+
+    /// The exit status once the process has ended.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// Starts the controller again with the same flags (a new kubelet port).
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.kill();
@@ -217,6 +252,25 @@ fn spawn(
         .spawn()
         .context("starting the controller")?;
     Ok((child, kubelet_port))
+}
+
+/// Runs `runpod-kubelet <args>` to completion against the simulator; its status and stderr.
+pub fn run_command(
+    kubeconfig: &Path,
+    simulator: &SimulatorProcess,
+    args: &[&str],
+) -> anyhow::Result<(std::process::ExitStatus, String)> {
+    let output = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+        .args(args)
+        .args(["--runpod-api-url", &simulator.url])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUNPOD_API_KEY", API_KEY)
+        .output()
+        .context("running runpod-kubelet")?;
+    Ok((
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
 }
 
 impl Drop for ControllerProcess {

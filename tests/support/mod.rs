@@ -8,5 +8,6 @@ pub mod controller;
 pub mod harness;
 pub mod nodes;
 pub mod pods;
+pub mod proxy;
 pub mod wait;
 pub mod webhook;

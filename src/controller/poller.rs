@@ -97,6 +97,7 @@ pub async fn run<P: Provider>(
     let mut failures = 0u32;
     let mut first_seen: HashMap<String, Timestamp> = HashMap::new();
     let mut previous: Vec<Instance> = Vec::new();
+    let mut previous_taken_at: Option<Timestamp> = None;
     let mut carried: HashSet<String> = HashSet::new();
     let mut interval = tokio::time::interval(settings.reconcile_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -164,6 +165,7 @@ pub async fn run<P: Provider>(
         let snapshot = Arc::new(Snapshot {
             taken_at: started,
             instances,
+            confirmed_at: previous_taken_at.replace(started),
         });
         record(&snapshot, &metrics);
         for instance in &snapshot.instances {
@@ -293,6 +295,7 @@ mod tests {
         let t1: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
         let snapshot = Snapshot {
             taken_at: t1,
+            confirmed_at: None,
             instances: vec![
                 instance("alive", "c1", "vr", Some("u-alive")),
                 instance("orphan", "c1", "vr", Some("u-gone")),

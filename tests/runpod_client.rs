@@ -113,6 +113,39 @@ fn creates(sim: &SimulatorHandle) -> usize {
 }
 
 #[tokio::test]
+async fn a_create_known_absent_sends_no_lookup_but_still_settles_an_ambiguous_create() {
+    let (sim, client) = start(fast_scenario()).await;
+    let candidates = [candidate(RTX_4090, &[])];
+    let placed = client
+        .create_known_absent("ns-a-known", &candidates, request_for("ns-a-known"))
+        .await
+        .unwrap();
+    let operations: Vec<_> = sim.exchanges().iter().map(|ex| ex.operation).collect();
+    assert_eq!(
+        operations,
+        [Some(Operation::CreatePod)],
+        "one call per create, no list before it"
+    );
+    assert_eq!(sim.ledger().len(), 1);
+    // A 5xx after really creating: settled by lookups, never a second create.
+    sim.inject(
+        Fault::new(
+            Match::operation(Operation::CreatePod),
+            Effect::CreateThenFail { status: 502 },
+        )
+        .times(1),
+    );
+    let settled = client
+        .create_known_absent("ns-b-known", &candidates, request_for("ns-b-known"))
+        .await
+        .unwrap();
+    assert_eq!(creates(&sim), 2);
+    assert_eq!(sim.ledger().len(), 2);
+    assert_ne!(settled.pod.id, placed.pod.id);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
 async fn capacity_moves_to_the_next_candidate() {
     let (sim, client) = start(fast_scenario()).await;
     sim.inject(Fault::new(Match::any().gpu(RTX_4090), Effect::Capacity));

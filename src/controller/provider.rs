@@ -244,7 +244,10 @@ pub trait Provider: Send + Sync + 'static {
     /// Where `pod` may run and what it may cost, from its annotations and the cluster's limits.
     fn constraints(&self, pod: &Pod) -> Result<Constraints, String>;
 
-    /// Makes sure one instance exists for `request.pod`, creating it if the cloud shows none.
+    /// Creates the one instance of `request.pod`. The caller has established that none exists
+    /// (no create was ever recorded, or complete lists taken after the last one settled show
+    /// none), so an implementation need not look it up first; it must still settle an
+    /// ambiguous create of its own before trying anything else.
     fn provision(
         &self,
         request: ProvisionRequest<'_>,

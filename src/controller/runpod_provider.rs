@@ -316,7 +316,7 @@ impl Provider for RunPodProvider {
         };
         match self
             .client
-            .create_idempotent(&name, &candidates, build)
+            .create_known_absent(&name, &candidates, build)
             .await
         {
             Ok(placement) => {

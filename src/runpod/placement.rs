@@ -86,6 +86,21 @@ impl RunPodClient {
         if let Some(placement) = self.adopt(name, Vec::new()).await.map_err(unsettled)? {
             return Ok(placement);
         }
+        self.create_known_absent(name, candidates, build).await
+    }
+
+    /// [`RunPodClient::create_idempotent`] without its first lookup, for a caller that has
+    /// already established that no pod of this name exists (the controller: from complete
+    /// lists taken after every earlier attempt settled). Saves one list call per create, which
+    /// under a per-minute quota doubles the creates. Ambiguous failures are still settled by
+    /// lookups, as in `create_idempotent`.
+    #[instrument(skip(self, candidates, build), fields(candidates = candidates.len()))]
+    pub async fn create_known_absent(
+        &self,
+        name: &str,
+        candidates: &[Candidate],
+        build: impl Fn(&Candidate) -> CreatePodRequest,
+    ) -> Result<Placement, PlacementError> {
         if candidates.is_empty() {
             return Err(PlacementError::NoCandidates);
         }

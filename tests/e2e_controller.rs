@@ -377,6 +377,23 @@ async fn scenarios(
     })
     .await?;
     ensure!(!logs.contains("s3cr3t"), "logs leak");
+    // `kubectl logs -f --tail 1`: a followed stream through the apiserver.
+    let stream = pods
+        .log_stream(
+            "server",
+            &LogParams {
+                follow: true,
+                tail_lines: Some(1),
+                ..LogParams::default()
+            },
+        )
+        .await?;
+    let mut lines = futures_util::AsyncBufReadExt::lines(stream);
+    let first = tokio::time::timeout(WAIT, futures_util::StreamExt::next(&mut lines))
+        .await
+        .context("no line from the followed log")?
+        .context("the followed log ended at once")??;
+    ensure!(first.contains("serving on 8888"), "followed log: {first:?}");
     let anonymous = std::process::Command::new("curl")
         .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}"])
         .arg(format!(

@@ -17,8 +17,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::control_plane::ControlPlane;
+use support::control_plane::{ControlPlane, ExtraFlags};
 use support::controller::{ControllerProcess, SimulatorProcess};
+use support::pods::{annotation, exit_code, ledger_for, phase};
 use support::wait;
 use support::webhook::WebhookProcess;
 
@@ -40,45 +41,11 @@ fn scenario() -> serde_json::Value {
 }
 
 fn main() -> std::process::ExitCode {
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    if !filters.is_empty()
-        && !filters
-            .iter()
-            .any(|f| "controller_bursts_a_gpu_job".contains(f.as_str()))
-    {
-        println!("no e2e_controller scenario matches {filters:?}");
-        return std::process::ExitCode::SUCCESS;
-    }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let control_plane = match ControlPlane::start() {
-        Ok(cp) => cp,
-        Err(error) => {
-            eprintln!("e2e setup failed: {error:#}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(run(&control_plane));
-    match result {
-        Ok(()) => {
-            println!("e2e_controller controller_bursts_a_gpu_job ... ok");
-            std::process::ExitCode::SUCCESS
-        }
-        Err(error) => {
-            println!("e2e_controller controller_bursts_a_gpu_job ... FAILED\n  {error:#}");
-            eprintln!(
-                "--- kube-apiserver log tail ---\n{}",
-                control_plane.log_tail("kube-apiserver", 30)
-            );
-            std::process::ExitCode::FAILURE
-        }
-    }
+    support::harness::main(
+        "e2e_controller controller_bursts_a_gpu_job",
+        &ExtraFlags::default(),
+        |cp| Box::pin(run(cp)),
+    )
 }
 
 async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
@@ -573,41 +540,4 @@ async fn pod_of_job(client: &kube::Client, ns: &str, job: &str) -> anyhow::Resul
         Some(pod) => Ok(pod),
         None => bail!("no pod of Job {job} yet"),
     }
-}
-
-async fn ledger_for(
-    simulator: &SimulatorProcess,
-    uid: &str,
-) -> anyhow::Result<Vec<serde_json::Value>> {
-    Ok(simulator
-        .ledger()
-        .await?
-        .into_iter()
-        .filter(|e| e["env"]["RUNPOD_KUBELET_POD_UID"] == uid)
-        .collect())
-}
-
-fn phase(pod: &Pod) -> Option<&str> {
-    pod.status.as_ref().and_then(|s| s.phase.as_deref())
-}
-
-fn exit_code(pod: &Pod) -> Option<i32> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .first()?
-        .state
-        .as_ref()?
-        .terminated
-        .as_ref()
-        .map(|t| t.exit_code)
-}
-
-fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata
-        .annotations
-        .as_ref()?
-        .get(key)
-        .map(String::as_str)
 }

@@ -87,6 +87,19 @@ pub fn key_matches(cert_pem: &str, key_pem: &str) -> bool {
         .is_ok()
 }
 
+/// A DER certificate as PEM text (bundles are rebuilt from the certificates they keep).
+pub fn pem_of(der: &[u8]) -> String {
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in encoded.as_bytes().chunks(64) {
+        pem.push_str(&String::from_utf8_lossy(line));
+        pem.push('\n');
+    }
+    pem.push_str("-----END CERTIFICATE-----\n");
+    pem
+}
+
 fn ip_text(bytes: &[u8]) -> Option<String> {
     match bytes.len() {
         4 => <[u8; 4]>::try_from(bytes)

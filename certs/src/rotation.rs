@@ -151,10 +151,10 @@ pub fn plan(observed: &Observed, policy: &RotationPolicy, now: i64, force: Force
     previous.sort_by(|a, b| b.not_after.cmp(&a.not_after));
     previous.dedup_by(|a, b| a.der == b.der);
     previous.truncate(policy.max_previous);
-    let bundle_changed = previous.iter().map(|c| &c.der).ne(observed
-        .previous
+    let bundle_changed = previous
         .iter()
-        .map(|c| &c.der));
+        .map(|c| &c.der)
+        .ne(observed.previous.iter().map(|c| &c.der));
     let write_ca_secret = ca != CaAction::Keep || bundle_changed;
 
     let serving = match (&observed.serving, ca) {
@@ -393,7 +393,10 @@ mod tests {
             serving_lifetime(&p, NOW + 10 * DAY, NOW),
             Duration::from_secs(10 * 86400)
         );
-        assert_eq!(serving_lifetime(&p, NOW + 400 * DAY, NOW), p.serving_validity);
+        assert_eq!(
+            serving_lifetime(&p, NOW + 400 * DAY, NOW),
+            p.serving_validity
+        );
         assert_eq!(serving_lifetime(&p, NOW - 1, NOW), Duration::ZERO);
     }
 }

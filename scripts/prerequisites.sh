@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 log() { echo "[prerequisites] $*" >&2; }
 
 missing=()
-for tool in openssl curl; do
+for tool in openssl curl unzip npm; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 if ((${#missing[@]})); then
@@ -22,3 +22,4 @@ if [[ "${WITH_FUZZ:-1}" == 1 ]] && ! command -v cargo-fuzz >/dev/null 2>&1; then
 fi
 
 bash tests/control-plane/cluster.sh install >/dev/null
+bash scripts/helm.sh >/dev/null

@@ -9,9 +9,11 @@ mod support;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, ServiceAccount};
 use kube::Api;
 use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -128,6 +130,14 @@ async fn scenarios(
             )?,
         )
         .await?;
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "train-config"}, "data": {"app.yaml": "lr: 0.1\n"}}),
+            )?,
+        )
+        .await?;
 
     // 1. A plain GPU Job with no RunPod fields bursts, runs and completes.
     let train = job(
@@ -190,6 +200,22 @@ async fn scenarios(
     ensure!(
         args.contains("runpod-kubelet: exit-code=") && args.contains("train.py --epochs 2"),
         "args {args}"
+    );
+    // The configMap volume is written by the wrapper from env, before the command.
+    ensure!(
+        args.contains("/etc/train/app.yaml") && args.contains("base64 -d"),
+        "configMap volume not materialised: {args}"
+    );
+    let mounted = entry["env"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(key, _)| key.starts_with("RUNPOD_KUBELET_FILE_"))
+        .filter_map(|(_, value)| BASE64.decode(value.as_str()?).ok())
+        .collect::<Vec<_>>();
+    ensure!(
+        mounted == [b"lr: 0.1\n".to_vec()],
+        "mounted file contents {mounted:?}"
     );
     ensure!(
         entry["ports"] == json!(["8888/http", "22/tcp"]),
@@ -299,6 +325,44 @@ async fn scenarios(
         "deleted pod's RunPod pod: {entries:?}"
     );
 
+    // 4. A price cap below the cheapest GPU the node publishes gets an admission warning.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let published = wait::until("cheapest price on the node", WAIT, || async {
+        let node = nodes.get(NODE).await?;
+        Ok(node
+            .metadata
+            .annotations
+            .and_then(|a| a.get("runpod.io/cheapest-gpu-price").cloned()))
+    })
+    .await?;
+    ensure!(published.contains("SECURE="), "published {published}");
+    let cheap = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "cheap", "annotations": {"runpod.io/max-price": "0.001"}},
+        "spec": {"containers": [{"name": "main", "image": "e2e/server:1",
+            "command": ["serve"], "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    });
+    let warnings = wait::until("price warning", WAIT, || async {
+        let warnings = dry_run_warnings(client, ns, &cheap).await?;
+        Ok(warnings
+            .iter()
+            .any(|w| w.contains("below the cheapest SECURE GPU"))
+            .then_some(warnings))
+    })
+    .await?;
+    let fair = {
+        let mut pod = cheap.clone();
+        pod["metadata"]["annotations"]["runpod.io/max-price"] = json!("1.9");
+        pod
+    };
+    let fair_warnings = dry_run_warnings(client, ns, &fair).await?;
+    ensure!(
+        !fair_warnings
+            .iter()
+            .any(|w| w.contains("below the cheapest")),
+        "a cap above the market warned: {fair_warnings:?} (and {warnings:?})"
+    );
+
     // Nothing of this cluster bills any more once the Jobs are deleted.
     let all = simulator.ledger().await?;
     let live: Vec<_> = all
@@ -307,6 +371,29 @@ async fn scenarios(
         .collect();
     ensure!(live.is_empty(), "RunPod pods still billing: {live:?}");
     Ok(())
+}
+
+/// The admission warnings (`Warning` headers) of a dry-run create of `pod`.
+async fn dry_run_warnings(
+    client: &kube::Client,
+    ns: &str,
+    pod: &serde_json::Value,
+) -> anyhow::Result<Vec<String>> {
+    let request = http::Request::post(format!("/api/v1/namespaces/{ns}/pods?dryRun=All"))
+        .header("content-type", "application/json")
+        .body(kube::client::Body::from(serde_json::to_vec(pod)?))?;
+    let response = client.send(request).await?;
+    ensure!(
+        response.status().is_success(),
+        "dry-run create: {}",
+        response.status()
+    );
+    Ok(response
+        .headers()
+        .get_all("warning")
+        .iter()
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+        .collect())
 }
 
 async fn node_registers(client: &kube::Client) -> anyhow::Result<()> {
@@ -379,7 +466,9 @@ fn job(name: &str, image: &str, command: &[&str]) -> Job {
             "containers": [{"name": "main", "image": image, "command": command,
                 "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
                 "ports": [{"containerPort": 8888}, {"containerPort": 22}],
-                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
+                "volumeMounts": [{"name": "config", "mountPath": "/etc/train"}],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "volumes": [{"name": "config", "configMap": {"name": "train-config"}}]}}}
     }))
     .unwrap()
 }

@@ -38,56 +38,59 @@ pub enum EnvError {
     },
 }
 
-/// Where Secrets and ConfigMaps come from (the cluster, or a map in tests).
+/// An object's keys and raw values (a Secret's `data`, a ConfigMap's `data` and `binaryData`).
+pub type ObjectData = BTreeMap<String, Vec<u8>>;
+
+/// Where Secrets and ConfigMaps come from (the cluster, or a map in tests). Values are bytes:
+/// env turns them into text, mounted files keep them as they are.
 pub trait EnvSource: Sync {
-    /// The Secret's data as text; `Ok(None)` when it does not exist.
+    /// The Secret's data; `Ok(None)` when it does not exist.
     fn secret(
         &self,
         namespace: &str,
         name: &str,
-    ) -> impl Future<Output = Result<Option<BTreeMap<String, String>>, String>> + Send;
-    /// The ConfigMap's data; `Ok(None)` when it does not exist.
+    ) -> impl Future<Output = Result<Option<ObjectData>, String>> + Send;
+    /// The ConfigMap's data and binary data; `Ok(None)` when it does not exist.
     fn config_map(
         &self,
         namespace: &str,
         name: &str,
-    ) -> impl Future<Output = Result<Option<BTreeMap<String, String>>, String>> + Send;
+    ) -> impl Future<Output = Result<Option<ObjectData>, String>> + Send;
 }
 
 /// Reads Secrets and ConfigMaps with single GETs (RBAC: `get` only, no list/watch).
 pub struct ClusterEnvSource(pub kube::Client);
 
 impl EnvSource for ClusterEnvSource {
-    async fn secret(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<BTreeMap<String, String>>, String> {
+    async fn secret(&self, namespace: &str, name: &str) -> Result<Option<ObjectData>, String> {
         let api: Api<Secret> = Api::namespaced(self.0.clone(), namespace);
         let secret = api.get_opt(name).await.map_err(|e| e.to_string())?;
         Ok(secret.map(|secret| {
-            let mut data: BTreeMap<String, String> = secret
+            let mut data: ObjectData = secret
                 .data
                 .unwrap_or_default()
                 .into_iter()
-                .map(|(key, value)| (key, String::from_utf8_lossy(&value.0).into_owned()))
+                .map(|(key, value)| (key, value.0))
                 .collect();
-            data.extend(secret.string_data.unwrap_or_default());
+            for (key, value) in secret.string_data.unwrap_or_default() {
+                data.insert(key, value.into_bytes());
+            }
             data
         }))
     }
 
-    async fn config_map(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<BTreeMap<String, String>>, String> {
+    async fn config_map(&self, namespace: &str, name: &str) -> Result<Option<ObjectData>, String> {
         let api: Api<ConfigMap> = Api::namespaced(self.0.clone(), namespace);
         let map = api.get_opt(name).await.map_err(|e| e.to_string())?;
         Ok(map.map(|map| {
-            let mut data = map.data.unwrap_or_default();
+            let mut data: ObjectData = map
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(key, value)| (key, value.into_bytes()))
+                .collect();
             for (key, value) in map.binary_data.unwrap_or_default() {
-                data.insert(key, String::from_utf8_lossy(&value.0).into_owned());
+                data.insert(key, value.0);
             }
             data
         }))
@@ -95,13 +98,13 @@ impl EnvSource for ClusterEnvSource {
 }
 
 #[derive(Clone, Copy)]
-enum Kind {
+pub(crate) enum Kind {
     Secret,
     ConfigMap,
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Secret => "secret",
             Kind::ConfigMap => "configmap",
@@ -109,12 +112,13 @@ impl Kind {
     }
 }
 
-async fn fetch(
+/// The object's raw data (`Ok(None)`: it does not exist).
+pub(crate) async fn fetch_bytes(
     source: &impl EnvSource,
     kind: Kind,
     namespace: &str,
     name: &str,
-) -> Result<Option<BTreeMap<String, String>>, EnvError> {
+) -> Result<Option<ObjectData>, EnvError> {
     let result = match kind {
         Kind::Secret => source.secret(namespace, name).await,
         Kind::ConfigMap => source.config_map(namespace, name).await,
@@ -124,6 +128,21 @@ async fn fetch(
         name: name.to_owned(),
         message,
     })
+}
+
+/// The object's data as text, for env.
+async fn fetch(
+    source: &impl EnvSource,
+    kind: Kind,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<BTreeMap<String, String>>, EnvError> {
+    let data = fetch_bytes(source, kind, namespace, name).await?;
+    Ok(data.map(|data| {
+        data.into_iter()
+            .map(|(key, value)| (key, String::from_utf8_lossy(&value).into_owned()))
+            .collect()
+    }))
 }
 
 /// Resolves the environment of `container` in `pod`.
@@ -254,7 +273,7 @@ fn subscript<'a>(path: &'a str, field: &str) -> Option<&'a str> {
 }
 
 /// `limits.cpu`, `requests.memory`, … as the container declares them (unset: empty).
-fn resource_value(container: &Container, resource: &str) -> String {
+pub(crate) fn resource_value(container: &Container, resource: &str) -> String {
     let resources = container.resources.as_ref();
     let (map, name) = match resource.split_once('.') {
         Some(("limits", name)) => (resources.and_then(|r| r.limits.as_ref()), name),
@@ -267,39 +286,34 @@ fn resource_value(container: &Container, resource: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
-    struct Maps {
-        secrets: BTreeMap<String, BTreeMap<String, String>>,
-        config_maps: BTreeMap<String, BTreeMap<String, String>>,
+    /// Secrets and ConfigMaps from maps, for unit tests of env and volumes.
+    pub(crate) struct Maps {
+        pub(crate) secrets: BTreeMap<String, ObjectData>,
+        pub(crate) config_maps: BTreeMap<String, ObjectData>,
     }
 
     impl EnvSource for Maps {
-        async fn secret(
-            &self,
-            _: &str,
-            name: &str,
-        ) -> Result<Option<BTreeMap<String, String>>, String> {
+        async fn secret(&self, _: &str, name: &str) -> Result<Option<ObjectData>, String> {
             Ok(self.secrets.get(name).cloned())
         }
-        async fn config_map(
-            &self,
-            _: &str,
-            name: &str,
-        ) -> Result<Option<BTreeMap<String, String>>, String> {
+        async fn config_map(&self, _: &str, name: &str) -> Result<Option<ObjectData>, String> {
             Ok(self.config_maps.get(name).cloned())
         }
     }
 
+    /// `[("key", "value")]` as object data.
+    pub(crate) fn map(pairs: &[(&str, &str)]) -> ObjectData {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
     fn maps() -> Maps {
-        let map = |pairs: &[(&str, &str)]| {
-            pairs
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect::<BTreeMap<_, _>>()
-        };
         Maps {
             secrets: [("creds".to_owned(), map(&[("token", "s3cr3t")]))].into(),
             config_maps: [("settings".to_owned(), map(&[("A", "1"), ("B", "2")]))].into(),

@@ -15,6 +15,7 @@ pub mod poller;
 pub mod provider;
 pub mod runpod_provider;
 pub mod status;
+pub mod volumes;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -207,13 +208,8 @@ async fn node_status_loop<P: Provider>(
             warn!(error = %error, "writing the node status failed");
         }
         let prices = provider.cheapest_prices();
-        let cheapest = (!prices.is_empty()).then(|| {
-            prices
-                .iter()
-                .map(|(cloud, price)| format!("{cloud}={price:.3}"))
-                .collect::<Vec<_>>()
-                .join(",")
-        });
+        let cheapest =
+            (!prices.is_empty()).then(|| runpod_webhook::contract::format_cheapest_prices(&prices));
         if let Err(error) = node::sync_spec(&nodes, &config, &current, cheapest).await {
             warn!(error = %error, "updating the node's taints failed");
         }

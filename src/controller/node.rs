@@ -21,7 +21,7 @@ pub const API_CONDITION: &str = "RunPodAPIAvailable";
 /// Taint keeping new pods away while the cloud's API is unusable.
 pub const UNAVAILABLE_TAINT: &str = "runpod.io/api-unavailable";
 /// Annotation with the cheapest GPU price per cloud type, read by the webhook.
-pub const CHEAPEST_PRICE_ANNOTATION: &str = "runpod.io/cheapest-gpu-price";
+pub const CHEAPEST_PRICE_ANNOTATION: &str = runpod_webhook::contract::CHEAPEST_GPU_PRICE;
 
 /// What the node is configured to offer.
 #[derive(Debug, Clone)]

@@ -23,6 +23,7 @@ use super::provider::{
     Instance, InstanceState, Provider, ProviderError, ProvisionError, ProvisionRequest,
 };
 use super::status::{self, View};
+use super::volumes;
 
 /// Why a reconcile failed; it is retried.
 #[derive(Debug, thiserror::Error)]
@@ -386,6 +387,29 @@ async fn create<P: Provider>(
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
     };
+    let volumes =
+        match volumes::resolve(&ClusterEnvSource(ctx.client.clone()), pod, container).await {
+            Ok(volumes) => volumes,
+            Err(error) => {
+                ctx.event(pod, true, "CreateContainerConfigError", error.to_string())
+                    .await;
+                write_waiting(ctx, pod, "CreateContainerConfigError", &error.to_string()).await?;
+                return Ok(Action::requeue(Duration::from_secs(10)));
+            }
+        };
+    if !volumes.skipped.is_empty() {
+        ctx.event(
+            pod,
+            false,
+            "ServiceAccountTokenNotMounted",
+            format!(
+                "{} is not mounted on RunPod: RunPod pods cannot reach the cluster's apiserver, \
+                 and a cluster credential is not shipped to the cloud",
+                volumes.skipped.join(", ")
+            ),
+        )
+        .await;
+    }
 
     // Record the attempt before sending it: a leader that dies after the create sees this
     // and searches instead of creating a second pod.
@@ -399,6 +423,7 @@ async fn create<P: Provider>(
     let request = ProvisionRequest {
         pod,
         env: &resolved,
+        volumes: &volumes,
         excluded_gpu_types: &excluded,
     };
     ctx.metrics.creates.inc();

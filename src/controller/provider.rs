@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use super::env::ResolvedEnv;
+use super::volumes::Volumes;
 
 /// Ownership tags every instance carries, set at create time. Matching is done on these,
 /// never on names or on annotations a user could edit.
@@ -134,6 +135,8 @@ impl Constraints {
 pub struct ProvisionRequest<'a> {
     pub pod: &'a Pod,
     pub env: &'a ResolvedEnv,
+    /// Files the container mounts (configMap, secret, downwardAPI, emptyDir).
+    pub volumes: &'a Volumes,
     /// GPU types not to try for this pod (e.g. one that was placed outside its datacenters).
     pub excluded_gpu_types: &'a [String],
 }

@@ -25,7 +25,7 @@ use crate::runpod::model::{self, PodAction, PodStatus};
 use crate::runpod::placement::{Attempt, PlacementError};
 use crate::runpod::select::{self, Candidate, ClusterLimits};
 use crate::runpod::translate::{self, Origin};
-use crate::runpod::wrapper::{self, Completion};
+use crate::runpod::wrapper::{self, Completion, FileToWrite, Setup};
 
 /// How long a GPU type × datacenter that answered "no capacity" is skipped.
 const CAPACITY_COOLDOWN: Duration = Duration::from_secs(180);
@@ -282,7 +282,22 @@ impl Provider for RunPodProvider {
             .ok_or_else(|| ProvisionError::Rejected("the pod has no container".into()))?;
         let expanded = translate::container_env(container, &env.env_from, &env.value_from);
         let words = translate::command_words(container, &expanded);
-        if let Some(args) = wrapper::wrapped_args(&words, completion(pod))
+        let files: Vec<FileToWrite<'_>> = request
+            .volumes
+            .files
+            .iter()
+            .map(|file| FileToWrite {
+                path: &file.path,
+                content: &file.content,
+                mode: file.mode,
+            })
+            .collect();
+        let setup = Setup::new(&files, &request.volumes.directories)
+            .map_err(|e| ProvisionError::Rejected(format!("volumes: {e}")))?;
+        if let Some(setup) = &setup {
+            base.env.extend(setup.env.clone());
+        }
+        if let Some(args) = wrapper::wrapped_args(&words, completion(pod), setup.as_ref())
             .map_err(|e| ProvisionError::Rejected(format!("command/args: {e}")))?
         {
             base.args = Some(args);

@@ -58,6 +58,7 @@ async fn lookup_context<C: ClusterView>(
     Ok(Context {
         namespace_labels,
         job,
+        cheapest_gpu_price: cluster.cheapest_gpu_prices(),
     })
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -44,6 +44,11 @@ pub trait ClusterView: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<OwningJob>, LookupError>> + Send;
     /// Whether the caches have completed their first listing.
     fn synced(&self) -> bool;
+    /// Cheapest GPU price per cloud type published on the virtual nodes (lowest across
+    /// nodes); empty when none is known. Only feeds a warning, so it never blocks a review.
+    fn cheapest_gpu_prices(&self) -> BTreeMap<String, f64> {
+        BTreeMap::new()
+    }
 }
 
 const DIRECT_GET_TIMEOUT: Duration = Duration::from_secs(3);
@@ -54,6 +59,8 @@ pub struct KubeCluster {
     client: Client,
     namespaces: Store<PartialObjectMeta<Namespace>>,
     jobs: Store<PartialObjectMeta<Job>>,
+    /// Virtual nodes of ours (provider label), for the price annotation.
+    nodes: Store<PartialObjectMeta<Node>>,
     synced: Arc<AtomicBool>,
 }
 
@@ -66,6 +73,18 @@ impl KubeCluster {
     pub fn start(client: Client) -> (Self, BackgroundTasks) {
         let (namespaces, namespace_writer) = reflector::store();
         let (jobs, job_writer) = reflector::store();
+        let (nodes, node_writer) = reflector::store();
+        let node_stream = watcher(
+            Api::<PartialObjectMeta<Node>>::all(client.clone()),
+            watcher::Config::default().labels(&format!(
+                "{}={}",
+                crate::contract::PROVIDER_TAINT_KEY,
+                crate::contract::PROVIDER_TAINT_VALUE
+            )),
+        )
+        .default_backoff()
+        .reflect(node_writer)
+        .applied_objects();
         let namespace_stream = watcher(
             Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
             watcher::Config::default(),
@@ -86,6 +105,10 @@ impl KubeCluster {
                 tokio::spawn(drain(namespace_stream, "namespaces")),
             ),
             ("job cache", tokio::spawn(drain(job_stream, "jobs"))),
+            (
+                "virtual node cache",
+                tokio::spawn(drain(node_stream, "virtual nodes")),
+            ),
         ];
         let synced = Arc::new(AtomicBool::new(false));
         {
@@ -104,6 +127,7 @@ impl KubeCluster {
             client,
             namespaces,
             jobs,
+            nodes,
             synced,
         };
         (cluster, tasks)
@@ -160,6 +184,30 @@ impl ClusterView for KubeCluster {
     fn synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
     }
+
+    fn cheapest_gpu_prices(&self) -> BTreeMap<String, f64> {
+        lowest_prices(self.nodes.state().iter().filter_map(|node| {
+            node.metadata
+                .annotations
+                .as_ref()?
+                .get(crate::contract::CHEAPEST_GPU_PRICE)
+                .map(|value| crate::contract::parse_cheapest_prices(value))
+        }))
+    }
+}
+
+/// The lowest price per cloud type across nodes.
+fn lowest_prices(per_node: impl Iterator<Item = BTreeMap<String, f64>>) -> BTreeMap<String, f64> {
+    let mut lowest: BTreeMap<String, f64> = BTreeMap::new();
+    for prices in per_node {
+        for (cloud, price) in prices {
+            lowest
+                .entry(cloud)
+                .and_modify(|current| *current = current.min(price))
+                .or_insert(price);
+        }
+    }
+    lowest
 }
 
 async fn direct_get<T>(
@@ -200,6 +248,10 @@ impl<T: ClusterView> ClusterView for Arc<T> {
     fn synced(&self) -> bool {
         T::synced(self)
     }
+
+    fn cheapest_gpu_prices(&self) -> BTreeMap<String, f64> {
+        T::cheapest_gpu_prices(self)
+    }
 }
 
 /// A [`ClusterView`] held in memory: for fuzzing, tests and benchmarks of the policy path
@@ -213,6 +265,8 @@ pub struct MemoryCluster {
     pub synced: AtomicBool,
     /// Make every lookup fail, as when the apiserver cannot be reached.
     pub fail_lookups: bool,
+    /// What the virtual node publishes as the cheapest GPU prices.
+    pub cheapest_gpu_prices: BTreeMap<String, f64>,
 }
 
 impl ClusterView for MemoryCluster {
@@ -250,5 +304,9 @@ impl ClusterView for MemoryCluster {
 
     fn synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
+    }
+
+    fn cheapest_gpu_prices(&self) -> BTreeMap<String, f64> {
+        self.cheapest_gpu_prices.clone()
     }
 }

@@ -2,7 +2,7 @@
 //! controller: names, burst modes, and the parsers that both sides use so that what admission
 //! accepts is exactly what the controller understands.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 /// Label (namespace or pod) that opts pods in (`enabled`) or a pod out (`disabled`).
@@ -59,6 +59,33 @@ pub const CONTROLLER_ANNOTATIONS: [&str; 6] = [
     ENDPOINTS,
     CREATE_REQUESTED,
 ];
+
+/// Node annotation where the controller publishes the cheapest GPU price per cloud type, in
+/// USD per GPU-hour (`SECURE=0.34,COMMUNITY=0.22`); the webhook warns from it when a pod's price
+/// cap is below the market.
+pub const CHEAPEST_GPU_PRICE: &str = "runpod.io/cheapest-gpu-price";
+
+/// The value of [`CHEAPEST_GPU_PRICE`].
+pub fn format_cheapest_prices(prices: &[(String, f64)]) -> String {
+    prices
+        .iter()
+        .map(|(cloud, price)| format!("{cloud}={price}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Reads [`CHEAPEST_GPU_PRICE`]; malformed entries are skipped (a warning is advice, never a
+/// reason to refuse).
+pub fn parse_cheapest_prices(value: &str) -> BTreeMap<String, f64> {
+    value
+        .split(',')
+        .filter_map(|entry| {
+            let (cloud, price) = entry.split_once('=')?;
+            let price: f64 = price.trim().parse().ok()?;
+            (price.is_finite() && price > 0.0).then(|| (cloud.trim().to_ascii_uppercase(), price))
+        })
+        .collect()
+}
 
 /// The taint of the virtual node, and the toleration the webhook injects.
 pub const PROVIDER_TAINT_KEY: &str = "virtual-kubelet.io/provider";

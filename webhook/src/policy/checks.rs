@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Pod, Volume};
+use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::{OwningJob, PolicyConfig};
@@ -128,6 +128,9 @@ pub fn unsupported_shape(pod: &Pod) -> Vec<String> {
             contract::BURST_MODE
         ));
     }
+    if let Some(problem) = spec.containers.first().and_then(mounts_without_command) {
+        problems.push(problem);
+    }
     for volume in spec.volumes.iter().flatten() {
         if let Some(kind) = unsupported_volume_kind(volume) {
             problems.push(format!(
@@ -138,6 +141,35 @@ pub fn unsupported_shape(pod: &Pod) -> Vec<String> {
         }
     }
     problems
+}
+
+/// Where the kubelet mounts the service-account token; the controller does not ship it.
+const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The controller writes mounted files from a wrapper around the container's command; a
+/// container that only runs its image's CMD cannot be wrapped, so its files would be lost.
+fn mounts_without_command(container: &Container) -> Option<String> {
+    let has_command = container.command.as_ref().is_some_and(|c| !c.is_empty())
+        || container.args.as_ref().is_some_and(|a| !a.is_empty());
+    if has_command {
+        return None;
+    }
+    let mounts: Vec<&str> = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| m.mount_path.trim_end_matches('/') != SERVICE_ACCOUNT_MOUNT)
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    (!mounts.is_empty()).then(|| {
+        format!(
+            "it mounts volumes ({}) but sets no command; on RunPod those files are written by \
+             a wrapper around the container's command, so set `command` (the image's \
+             entrypoint) or set {}: never",
+            mounts.join(", "),
+            contract::BURST_MODE
+        )
+    })
 }
 
 fn unsupported_volume_kind(volume: &Volume) -> Option<String> {
@@ -219,6 +251,41 @@ pub fn policy_violations(
         }
     }
     problems
+}
+
+/// The admission warning for a price cap below the cheapest GPU on the pod's cloud right now:
+/// not a refusal (prices move), but the pod would wait for capacity until it times out.
+pub fn cap_below_market(
+    effective: &Effective<'_>,
+    gpus: u32,
+    config: &PolicyConfig,
+    cheapest_per_gpu: &BTreeMap<String, f64>,
+) -> Option<String> {
+    let billed_gpus = gpus.max(1);
+    let (cap, source) = match effective.get(contract::MAX_PRICE) {
+        Some(sourced) => (
+            contract::parse_price(sourced.value).ok()?,
+            format!("annotation {}{}", contract::MAX_PRICE, sourced.origin()),
+        ),
+        None => (
+            config.max_gpu_price? * f64::from(billed_gpus),
+            "this cluster's --max-gpu-price".to_owned(),
+        ),
+    };
+    let cloud = effective
+        .get(contract::CLOUD_TYPE)
+        .and_then(|sourced| CloudType::parse(sourced.value))
+        .unwrap_or(CloudType::Secure);
+    let per_gpu = *cheapest_per_gpu.get(cloud.as_str())?;
+    let cheapest = per_gpu * f64::from(billed_gpus);
+    (cap + 1e-9 < cheapest).then(|| {
+        format!(
+            "runpod-kubelet: the price cap of {cap} USD/h ({source}) is below the cheapest \
+             {cloud} GPU on RunPod right now ({per_gpu} USD/h per GPU x {billed_gpus}); the pod \
+             waits for a GPU at that price and fails with ProvisioningTimeout if none appears",
+            cloud = cloud.as_str()
+        )
+    })
 }
 
 /// GPUs the pod asks for, with Kubernetes' rule for init containers (the larger of their maximum

@@ -31,6 +31,9 @@ pub struct Context {
     pub namespace_labels: BTreeMap<String, String>,
     /// Annotations of the owning Job, when the pod has one and it still exists.
     pub job: Option<OwningJob>,
+    /// Cheapest GPU price per cloud type (USD per GPU-hour) as the virtual node publishes it;
+    /// empty when no node has published one yet.
+    pub cheapest_gpu_price: BTreeMap<String, f64>,
 }
 
 /// The Job a pod belongs to, for the annotation fallback.
@@ -173,6 +176,12 @@ pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConf
             reason: "Forbidden".to_owned(),
             message: rejection(pod, namespace, &forbidden),
         };
+    }
+
+    if let Some(warning) =
+        checks::cap_below_market(&effective, gpus, config, &context.cheapest_gpu_price)
+    {
+        warnings.push(warning);
     }
 
     // Effective values from the owning Job are written on the pod, so the controller and users

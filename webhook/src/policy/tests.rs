@@ -17,6 +17,7 @@ fn labelled_namespace() -> Context {
     Context {
         namespace_labels: [(contract::BURST_LABEL.to_owned(), "enabled".to_owned())].into(),
         job: None,
+        cheapest_gpu_price: BTreeMap::new(),
     }
 }
 
@@ -466,6 +467,36 @@ fn price_cap_scales_with_gpu_count() {
 }
 
 #[test]
+fn mounted_files_need_a_command_the_controller_can_wrap() {
+    let mut pod = gpu_pod();
+    pod["spec"]["volumes"] = json!([
+        {"name": "cfg", "configMap": {"name": "cfg"}},
+        {"name": "token", "secret": {"secretName": "default-token-x"}}
+    ]);
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([
+        {"name": "token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
+    ]);
+    // Only the service-account token (never shipped): nothing to write, the pod bursts.
+    assert_bursts(&admit(&pod, &labelled_namespace()).0);
+
+    pod["spec"]["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "cfg", "mountPath": "/etc/app"}));
+    let always = annotate(pod.clone(), contract::BURST_MODE, "always");
+    let verdict = admit(&always, &labelled_namespace()).0;
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("/etc/app") && message.contains("set `command`"),
+        "{message}"
+    );
+
+    pod["spec"]["containers"][0]["command"] = json!(["python", "serve.py"]);
+    assert_bursts(&admit(&pod, &labelled_namespace()).0);
+}
+
+#[test]
 fn pods_runpod_cannot_run_are_refused_in_always_and_kept_local_in_fallback() {
     let mut pod = gpu_pod();
     pod["spec"]["containers"]
@@ -855,4 +886,52 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_cap_below_the_cheapest_gpu_warns_without_refusing() {
+    let mut context = labelled_namespace();
+    context.cheapest_gpu_price = contract::parse_cheapest_prices("SECURE=0.6,COMMUNITY=0.25,bogus");
+    let warned = |verdict: &Verdict| match verdict {
+        Verdict::Allow {
+            warnings,
+            untouched: None,
+            ..
+        } => warnings
+            .iter()
+            .find(|w| w.contains("below the cheapest"))
+            .cloned(),
+        other => panic!("expected the pod to burst, got {other:?}"),
+    };
+    // The cluster cap (0.5 per GPU) is below SECURE's 0.6.
+    let pod = gpu_pod();
+    let warning = warned(&admit(&pod, &context).0).expect("a warning");
+    assert!(
+        warning.contains("--max-gpu-price") && warning.contains("0.6"),
+        "{warning}"
+    );
+    // COMMUNITY is cheaper than the cap: no warning.
+    let community = annotate(pod.clone(), contract::CLOUD_TYPE, "community");
+    assert_eq!(warned(&admit(&community, &context).0), None);
+    // The pod's own cap counts, for all its GPUs: 1.0 < 2 x 0.6.
+    let mut two = annotate(pod.clone(), contract::MAX_PRICE, "1.0");
+    two["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = json!("2");
+    let warning = warned(&admit(&two, &context).0).expect("a warning");
+    assert!(
+        warning.contains(contract::MAX_PRICE) && warning.contains("x 2"),
+        "{warning}"
+    );
+    // Nothing published yet: nothing to say.
+    assert_eq!(warned(&admit(&pod, &labelled_namespace()).0), None);
+}
+
+#[test]
+fn cheapest_prices_round_trip_through_the_node_annotation() {
+    let prices = vec![
+        ("SECURE".to_owned(), 0.34),
+        ("COMMUNITY".to_owned(), 0.2195),
+    ];
+    let parsed = contract::parse_cheapest_prices(&contract::format_cheapest_prices(&prices));
+    assert_eq!(parsed, prices.into_iter().collect());
+    assert!(contract::parse_cheapest_prices("SECURE=-1,COMMUNITY=NaN,=").is_empty());
 }

@@ -103,6 +103,18 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{/* Flags the controller and its drain share: which node, cluster and RunPod account. */}}
 {{- define "runpod-kubelet.controllerArgs" -}}
 - controller
+{{ include "runpod-kubelet.nodeArgs" . }}
+{{- end -}}
+
+{{- define "runpod-kubelet.drainArgs" -}}
+- controller
+- drain
+{{ include "runpod-kubelet.nodeArgs" . }}
+- --timeout
+- {{ .Values.controller.drain.timeout | quote }}
+{{- end -}}
+
+{{- define "runpod-kubelet.nodeArgs" -}}
 - --nodename
 - {{ .Values.nodeName | quote }}
 - --runpod-api-url

@@ -10,7 +10,8 @@
 #   cluster.sh status DIR           exit 0 iff the cluster's apiserver answers /readyz
 #
 # Environment: RUNPOD_KUBELET_CACHE (default ~/.cache/runpod-kubelet),
-#              CLUSTER_START_TIMEOUT (seconds, default 90).
+#              CLUSTER_START_TIMEOUT (seconds, default 90),
+#              CLUSTER_APISERVER_EXTRA_ARGS (more kube-apiserver flags, word-split).
 # Progress and errors go to stderr; stdout carries only the final line.
 set -euo pipefail
 
@@ -360,7 +361,8 @@ EOF
     --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" --initial-cluster "default=$peer"
   wait_for "etcd /health" curl -sf --max-time 2 "$client/health"
 
-  local pki="$DIR/pki"
+  local pki="$DIR/pki" extra_apiserver_args=()
+  read -ra extra_apiserver_args <<<"${CLUSTER_APISERVER_EXTRA_ARGS:-}"
   spawn kube-apiserver "$BIN/kube-apiserver" \
     --etcd-servers="$client" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
@@ -372,7 +374,7 @@ EOF
     --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
     --service-account-issuer=https://kubernetes.default.svc \
     --authorization-mode=Node,RBAC --service-cluster-ip-range=10.96.0.0/16 \
-    --allow-privileged=true
+    --allow-privileged=true "${extra_apiserver_args[@]}"
   wait_for "kube-apiserver /readyz" readyz_ok
 
   # --port=0 turns off the insecure 10251/10252 ports, which would clash between clusters.

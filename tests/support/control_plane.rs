@@ -18,8 +18,14 @@ fn script() -> PathBuf {
 impl ControlPlane {
     /// Builds the binaries if they are not cached yet, then starts a fresh cluster.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with_apiserver_args(&[])
+    }
+
+    /// Like `start`, with more kube-apiserver flags.
+    pub fn start_with_apiserver_args(extra: &[&str]) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("runpod-e2e-").tempdir()?;
         let output = Command::new("bash")
+            .env("CLUSTER_APISERVER_EXTRA_ARGS", extra.join(" "))
             .arg(script())
             .arg("start")
             .arg(dir.path())
@@ -39,6 +45,15 @@ impl ControlPlane {
         let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
         Ok(kube::Client::try_from(config)?)
+    }
+
+    /// The apiserver's URL.
+    pub fn server_url(&self) -> anyhow::Result<String> {
+        let env = std::fs::read_to_string(self.dir.path().join("env"))?;
+        env.lines()
+            .find_map(|l| l.strip_prefix("APISERVER_URL="))
+            .map(str::to_owned)
+            .context("no APISERVER_URL in the cluster's env file")
     }
 
     /// The cluster's CA (it signs the apiserver's client certificate towards kubelets).

@@ -6,5 +6,6 @@
 pub mod control_plane;
 pub mod controller;
 pub mod nodes;
+pub mod pod_runner;
 pub mod wait;
 pub mod webhook;

@@ -218,13 +218,31 @@ fn pods_are_hardened_and_rbac_has_no_wildcards() {
 fn certificate_modes_render_what_they_need() {
     let helm_mode = render(&["runpod.apiKey=k"]);
     let jobs = of_kind(&helm_mode, "Job");
-    let certs_job = jobs
-        .iter()
-        .find(|j| j["metadata"]["name"] == "r-runpod-kubelet-certs-hook")
-        .unwrap();
-    assert_eq!(
-        certs_job["metadata"]["annotations"]["helm.sh/hook"],
-        "pre-install,pre-upgrade,post-install,post-upgrade"
+    for (job, hooks) in [
+        ("r-runpod-kubelet-certs-pre", "pre-install,pre-upgrade"),
+        ("r-runpod-kubelet-certs-post", "post-install,post-upgrade"),
+    ] {
+        let certs_job = jobs.iter().find(|j| j["metadata"]["name"] == job).unwrap();
+        assert_eq!(certs_job["metadata"]["annotations"]["helm.sh/hook"], hooks);
+    }
+    // A forced rotation happens once per upgrade, before the release changes.
+    let forced = render(&["runpod.apiKey=k", "certs.rotate=ca"]);
+    let args_of = |name: &str| {
+        of_kind(&forced, "Job")
+            .into_iter()
+            .find(|j| j["metadata"]["name"] == name)
+            .unwrap()["spec"]["template"]["spec"]["containers"][0]["args"]
+            .clone()
+    };
+    assert!(
+        args_of("r-runpod-kubelet-certs-pre")
+            .to_string()
+            .contains("--rotate")
+    );
+    assert!(
+        !args_of("r-runpod-kubelet-certs-post")
+            .to_string()
+            .contains("--rotate")
     );
     let drain = jobs
         .iter()

@@ -117,7 +117,10 @@ fn host_ip() -> anyhow::Result<String> {
     let out = Command::new("hostname").arg("-I").output()?;
     String::from_utf8(out.stdout)?
         .split_whitespace()
-        .find(|a| a.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| !ip.is_loopback()))
+        .find(|a| {
+            a.parse::<std::net::Ipv4Addr>()
+                .is_ok_and(|ip| !ip.is_loopback())
+        })
         .map(str::to_owned)
         .context("no non-loopback IPv4 address")
 }
@@ -139,7 +142,11 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
     .await?;
     let values_dir = tempfile::tempdir()?;
     let values = values_dir.path().join("values.json");
-    let ports = (free_port()?.port(), free_port()?.port(), free_port()?.port());
+    let ports = (
+        free_port()?.port(),
+        free_port()?.port(),
+        free_port()?.port(),
+    );
     std::fs::write(
         &values,
         serde_json::to_vec(&json!({
@@ -149,7 +156,10 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
             "webhook": {"replicas": 1, "port": ports.0, "tlsReloadInterval": "1s"},
             "controller": {"kubeletPort": ports.1, "metricsPort": ports.2,
                            "clusterId": "e2e-helm", "reconcileInterval": "1s", "createSettle": "3s",
-                           "drain": {"timeout": "2m"}}
+                           "drain": {"timeout": "2m"},
+                           // Every stand-in pod shares this host's ports: the old controller
+                           // goes before the new one starts.
+                           "updateStrategy": {"type": "Recreate"}}
         }))?,
     )?;
     let values = values.to_str().unwrap();
@@ -157,13 +167,16 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
     let outcome = scenario(&client, kubeconfig, values, &runner, &simulator).await;
     if outcome.is_err() {
         for prefix in [
-            &format!("{FULL}-certs-hook")[..],
+            &format!("{FULL}-certs")[..],
             &format!("{FULL}-webhook")[..],
             &format!("{FULL}-controller")[..],
         ] {
             let logs = runner.logs(prefix);
-            let lines: Vec<&str> = logs.lines().collect();
-            eprintln!("{}", lines[lines.len().saturating_sub(40)..].join("\n"));
+            let lines: Vec<String> = logs
+                .lines()
+                .map(|l| l.chars().take(400).collect())
+                .collect();
+            eprintln!("{}", lines[lines.len().saturating_sub(30)..].join("\n"));
         }
     }
     outcome
@@ -180,8 +193,14 @@ async fn scenario(
     let rendered = helm(
         kubeconfig,
         &[
-            "template", RELEASE, "charts/runpod-kubelet", "--namespace", NS, "-f", values,
-            "--validate",
+            "template",
+            RELEASE,
+            "charts/runpod-kubelet",
+            "--namespace",
+            NS,
+            "-f",
+            values,
+            "--dry-run=server",
         ],
     )?;
     Api::<Namespace>::all(client.clone())
@@ -209,8 +228,16 @@ async fn scenario(
     helm(
         kubeconfig,
         &[
-            "install", RELEASE, "charts/runpod-kubelet", "--namespace", NS, "-f", values, "--wait",
-            "--timeout", "4m",
+            "install",
+            RELEASE,
+            "charts/runpod-kubelet",
+            "--namespace",
+            NS,
+            "-f",
+            values,
+            "--wait",
+            "--timeout",
+            "4m",
         ],
     )
     .context("helm install")?;
@@ -257,6 +284,20 @@ async fn scenario(
                 &serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))?,
             )
             .await?;
+        wait::until(
+            &format!("the default ServiceAccount token in {name}"),
+            WAIT,
+            || async {
+                let sa = Api::<ServiceAccount>::namespaced(client.clone(), name)
+                    .get_opt("default")
+                    .await?;
+                Ok(sa
+                    .and_then(|sa| sa.secrets)
+                    .is_some_and(|s| !s.is_empty())
+                    .then_some(()))
+            },
+        )
+        .await?;
     }
     let burst = gpu_pod("burst", json!({"runpod.io/burst-mode": "always"}), None);
     let created = Api::<Pod>::namespaced(client.clone(), "team")
@@ -295,11 +336,17 @@ async fn scenario(
 
     // 4. The webhook stopped: a labelled namespace is blocked (failurePolicy Fail), but a pod
     //    with runtimeClassName: runpod lands on the virtual node and runs.
-    ensure!(runner.stop(&format!("{FULL}-webhook")) == 1, "no webhook pod running");
+    ensure!(
+        runner.stop(&format!("{FULL}-webhook")) == 1,
+        "no webhook pod running"
+    );
     let blocked = Api::<Pod>::namespaced(client.clone(), "team")
         .create(&PostParams::default(), &gpu_pod("blocked", json!({}), None))
         .await;
-    ensure!(blocked.is_err(), "the webhook is stopped, yet a burst pod was admitted");
+    ensure!(
+        blocked.is_err(),
+        "the webhook is stopped, yet a burst pod was admitted"
+    );
     let by_class = Api::<Pod>::namespaced(client.clone(), "plain")
         .create(
             &PostParams::default(),
@@ -319,9 +366,20 @@ async fn scenario(
     helm(
         kubeconfig,
         &[
-            "upgrade", RELEASE, "charts/runpod-kubelet", "--namespace", NS, "-f", values,
-            "--set", "certs.rotate=ca", "--set", "controller.reconcileInterval=2s", "--wait",
-            "--timeout", "4m",
+            "upgrade",
+            RELEASE,
+            "charts/runpod-kubelet",
+            "--namespace",
+            NS,
+            "-f",
+            values,
+            "--set",
+            "certs.rotate=ca",
+            "--set",
+            "controller.reconcileInterval=2s",
+            "--wait",
+            "--timeout",
+            "4m",
         ],
     )
     .context("helm upgrade")?;
@@ -339,7 +397,12 @@ async fn scenario(
             ],
         "the bundle must hold the new and the old CA"
     );
-    for webhook in configurations.get(CONFIG).await?.webhooks.unwrap_or_default() {
+    for webhook in configurations
+        .get(CONFIG)
+        .await?
+        .webhooks
+        .unwrap_or_default()
+    {
         ensure!(webhook.client_config.ca_bundle.map(|b| b.0) == Some(bundle.clone().into_bytes()));
     }
     let deployment = Api::<Deployment>::namespaced(client.clone(), NS)
@@ -349,8 +412,14 @@ async fn scenario(
     let args: Vec<String> = serde_json::from_value(
         deployment["spec"]["template"]["spec"]["containers"][0]["args"].clone(),
     )?;
-    let at = args.iter().position(|a| a == "--reconcile-interval").unwrap();
-    ensure!(args[at + 1] == "2s", "the upgrade did not change the flag: {args:?}");
+    let at = args
+        .iter()
+        .position(|a| a == "--reconcile-interval")
+        .unwrap();
+    ensure!(
+        args[at + 1] == "2s",
+        "the upgrade did not change the flag: {args:?}"
+    );
     wait::until("the upgraded controller running", WAIT, || async {
         let pods = Api::<Pod>::namespaced(client.clone(), NS)
             .list(&ListParams::default().labels("app.kubernetes.io/component=controller"))
@@ -372,28 +441,44 @@ async fn scenario(
     let after_upgrade = Api::<Pod>::namespaced(client.clone(), "team")
         .create(
             &PostParams::default(),
-            &gpu_pod("after-upgrade", json!({"runpod.io/burst-mode": "always"}), None),
+            &gpu_pod(
+                "after-upgrade",
+                json!({"runpod.io/burst-mode": "always"}),
+                None,
+            ),
         )
         .await;
-    wait::until("the webhook admitting again after the rotation", WAIT, || async {
-        let attempt = Api::<Pod>::namespaced(client.clone(), "team")
-            .create(
-                &PostParams {
-                    dry_run: true,
-                    ..PostParams::default()
-                },
-                &gpu_pod("probe", json!({"runpod.io/burst-mode": "always"}), None),
-            )
-            .await;
-        Ok(attempt.is_ok().then_some(()))
-    })
+    wait::until(
+        "the webhook admitting again after the rotation",
+        WAIT,
+        || async {
+            let attempt = Api::<Pod>::namespaced(client.clone(), "team")
+                .create(
+                    &PostParams {
+                        dry_run: true,
+                        ..PostParams::default()
+                    },
+                    &gpu_pod("probe", json!({"runpod.io/burst-mode": "always"}), None),
+                )
+                .await;
+            Ok(attempt.is_ok().then_some(()))
+        },
+    )
     .await?;
     drop(after_upgrade);
 
     // 6. helm uninstall: the drain runs first; nothing is left billing or blocking.
     helm(
         kubeconfig,
-        &["uninstall", RELEASE, "--namespace", NS, "--wait", "--timeout", "4m"],
+        &[
+            "uninstall",
+            RELEASE,
+            "--namespace",
+            NS,
+            "--wait",
+            "--timeout",
+            "4m",
+        ],
     )
     .context("helm uninstall")?;
     ensure!(
@@ -406,7 +491,10 @@ async fn scenario(
         .iter()
         .filter(|p| p["terminated_at"].is_null())
         .collect();
-    ensure!(billing.is_empty(), "RunPod pods still billing after uninstall: {billing:?}");
+    ensure!(
+        billing.is_empty(),
+        "RunPod pods still billing after uninstall: {billing:?}"
+    );
     wait::until("the virtual node removed", WAIT, || async {
         Ok(Api::<Node>::all(client.clone())
             .get_opt(NODE)
@@ -431,12 +519,15 @@ fn gpu_pod(name: &str, annotations: serde_json::Value, runtime_class: Option<&st
     .unwrap()
 }
 
-async fn running_on_virtual_node(client: &kube::Client, ns: &str, name: &str) -> anyhow::Result<()> {
+async fn running_on_virtual_node(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<()> {
     wait::until(&format!("{ns}/{name} Running on {NODE}"), WAIT, || async {
         let pod = Api::<Pod>::namespaced(client.clone(), ns).get(name).await?;
         let on_node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE);
-        let running =
-            pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
         Ok((on_node && running).then_some(()))
     })
     .await
@@ -449,7 +540,9 @@ async fn ca_pems(client: &kube::Client) -> anyhow::Result<(String, String)> {
         .await?;
     let data = secret.data.context("CA Secret without data")?;
     let text = |key: &str| -> anyhow::Result<String> {
-        Ok(String::from_utf8(data.get(key).context("missing key")?.0.clone())?)
+        Ok(String::from_utf8(
+            data.get(key).context("missing key")?.0.clone(),
+        )?)
     };
     Ok((text("ca.crt")?, text("ca-bundle.crt")?))
 }

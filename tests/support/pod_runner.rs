@@ -258,10 +258,7 @@ impl Ctx {
         }
         let (known, stopped) = {
             let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            (
-                state.running.contains_key(uid),
-                state.stopped.contains(uid),
-            )
+            (state.running.contains_key(uid), state.stopped.contains(uid))
         };
         if stopped {
             return self.write_ready(&api, &name, false, &now()).await;
@@ -332,12 +329,7 @@ impl Ctx {
         let mut mounts: Vec<(String, PathBuf)> = Vec::new();
         let mut token_dir = None;
         for mount in container.volume_mounts.iter().flatten() {
-            let Some(volume) = spec
-                .volumes
-                .iter()
-                .flatten()
-                .find(|v| v.name == mount.name)
-            else {
+            let Some(volume) = spec.volumes.iter().flatten().find(|v| v.name == mount.name) else {
                 continue;
             };
             let Some(secret) = &volume.secret else {
@@ -593,12 +585,17 @@ async fn container_name(api: &Api<Pod>, name: &str) -> String {
 }
 
 async fn probe_ok(scheme: &str, port: u16, path: &str) -> bool {
-    let url = format!(
-        "{}://127.0.0.1:{port}{path}",
-        scheme.to_ascii_lowercase()
-    );
+    let url = format!("{}://127.0.0.1:{port}{path}", scheme.to_ascii_lowercase());
     let output = tokio::process::Command::new("curl")
-        .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2"])
+        .args([
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "2",
+        ])
         .arg(&url)
         .output()
         .await;

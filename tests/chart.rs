@@ -174,8 +174,8 @@ fn pods_are_hardened_and_rbac_has_no_wildcards() {
         }
     }
     assert_eq!(
-        containers, 5,
-        "webhook, controller, certs hook, certs cron, drain"
+        containers, 6,
+        "webhook, controller, certs pre and post hooks, certs cron, drain"
     );
     for role in of_kind(&objects, "ClusterRole")
         .into_iter()

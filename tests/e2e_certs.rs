@@ -413,6 +413,157 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
         bail!("provided mode with a missing Secret must fail");
     }
     drop(webhook);
+
+    // 9. Reload under load: three CA + serving rotations (certs run → Secret → the webhook's
+    //    files) while a client keeps reviewing over new connections, each trusting the bundle
+    //    the apiserver has at that moment: zero failed handshakes, zero failed reviews.
+    reload_under_load(&client, kubeconfig).await?;
+    Ok(())
+}
+
+async fn reload_under_load(client: &kube::Client, kubeconfig: &Path) -> anyhow::Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let args = [
+        "--secret-name",
+        "load-tls",
+        "--webhook-configuration",
+        CONFIG,
+    ];
+    // The configuration now belongs to this Secret's CA.
+    certs(kubeconfig, &args)?;
+    let tls = secret(client, "load-tls").await?;
+    let dir = tempfile::tempdir()?;
+    mount(&tls, dir.path())?;
+    let webhook = WebhookProcess::start_with_files(
+        kubeconfig,
+        dir,
+        &text(&tls, "ca.crt"),
+        &["--tls-reload-interval", "200ms"],
+    )
+    .await?;
+    let files = webhook.dir().to_path_buf();
+    let addr = webhook.addr;
+    let stop = Arc::new(AtomicBool::new(false));
+    let reviews = Arc::new(AtomicU64::new(0));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let load = {
+        let (client, stop, reviews, failures) = (
+            client.clone(),
+            Arc::clone(&stop),
+            Arc::clone(&reviews),
+            Arc::clone(&failures),
+        );
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                n += 1;
+                // The bundle the apiserver would use right now.
+                let bundle = match ca_bundles(&client, CONFIG).await {
+                    Ok(bundles) => bundles.into_iter().next().unwrap_or_default(),
+                    Err(error) => {
+                        failures
+                            .lock()
+                            .unwrap()
+                            .push(format!("reading the bundle: {error}"));
+                        continue;
+                    }
+                };
+                match review(addr, &bundle, n).await {
+                    Ok(()) => {
+                        reviews.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(error) => failures.lock().unwrap().push(format!("{error:#}")),
+                }
+            }
+        })
+    };
+    let mut per_rotation = Vec::new();
+    for round in 1..=3 {
+        let before = reviews.load(Ordering::SeqCst);
+        let mut rotate = args.to_vec();
+        rotate.extend(["--rotate", "ca"]);
+        let result = certs(kubeconfig, &rotate)?;
+        ensure!(result["ca"] == "rotated", "round {round}: {result}");
+        // The kubelet refreshes Secret volumes some time after the Secret changed.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let tls = secret(client, "load-tls").await?;
+        mount(&tls, &files)?;
+        let new_ca = text(&secret(client, "load-tls-ca").await?, "ca.crt");
+        wait::until(
+            "the webhook serving the rotated certificate",
+            Duration::from_secs(30),
+            || async { Ok(https_get(addr, &new_ca, "/healthz").await.ok().map(|_| ())) },
+        )
+        .await?;
+        // Keep the load on the new certificate for a while too.
+        let settled = reviews.load(Ordering::SeqCst);
+        wait::until("reviews after the reload", Duration::from_secs(30), || {
+            let reviews = Arc::clone(&reviews);
+            async move { Ok((reviews.load(Ordering::SeqCst) >= settled + 20).then_some(())) }
+        })
+        .await?;
+        per_rotation.push(reviews.load(Ordering::SeqCst) - before);
+    }
+    stop.store(true, Ordering::SeqCst);
+    load.await?;
+    let failures = failures.lock().unwrap().clone();
+    ensure!(
+        failures.is_empty(),
+        "{} failed handshakes or reviews out of {}; first: {:?}",
+        failures.len(),
+        reviews.load(Ordering::SeqCst),
+        failures.first()
+    );
+    println!(
+        "reload under load: {} reviews over 3 rotations ({per_rotation:?}), 0 failures",
+        reviews.load(Ordering::SeqCst)
+    );
+    Ok(())
+}
+
+/// One AdmissionReview over a new TLS connection trusting `bundle`.
+async fn review(addr: std::net::SocketAddr, bundle: &str, n: u64) -> anyhow::Result<()> {
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let uid = format!("load-{n}");
+    let body = serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "burst", "operation": "CREATE",
+            "userInfo": {"username": "load"},
+            "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "burst"},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}
+    }))?;
+    let config = runpod_certs::client_config(bundle, &[b"http/1.1"])?;
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(rustls::pki_types::ServerName::try_from("localhost")?, tcp)
+        .await
+        .context("handshake")?;
+    tls.write_all(
+        format!(
+            "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await?;
+    tls.write_all(&body).await?;
+    let mut response = String::new();
+    tls.read_to_string(&mut response).await?;
+    ensure!(
+        response.starts_with("HTTP/1.1 200"),
+        "review answered {response}"
+    );
+    let json = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let review: serde_json::Value = serde_json::from_str(json).context("review body")?;
+    ensure!(
+        review["response"]["uid"] == uid.as_str() && review["response"]["allowed"] == true,
+        "unexpected review {review}"
+    );
     Ok(())
 }
 

@@ -148,7 +148,7 @@ pub fn plan(observed: &Observed, policy: &RotationPolicy, now: i64, force: Force
     }
     previous.retain(|cert| cert.not_after > now);
     // Newest first; a stable sort keeps the replaced CA ahead of older ones with equal expiry.
-    previous.sort_by(|a, b| b.not_after.cmp(&a.not_after));
+    previous.sort_by_key(|cert| std::cmp::Reverse(cert.not_after));
     previous.dedup_by(|a, b| a.der == b.der);
     previous.truncate(policy.max_previous);
     let bundle_changed = previous

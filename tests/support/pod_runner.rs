@@ -25,13 +25,15 @@ use super::nodes::FakeNode;
 
 pub const NODE: &str = "standin";
 
+/// A Secret volume: local directory, Secret name, and its items (key → path) or every key.
+type SecretVolume = (PathBuf, String, Option<Vec<(String, String)>>);
+
 struct Running {
     child: Child,
     name: String,
     namespace: String,
     dir: PathBuf,
-    /// Secret volumes: local directory → (secret name, items or all keys).
-    volumes: Vec<(PathBuf, String, Option<Vec<(String, String)>>)>,
+    volumes: Vec<SecretVolume>,
     probe: Option<(String, u16, String)>,
     ready: Option<bool>,
     terminating_since: Option<Instant>,
@@ -485,7 +487,7 @@ impl Ctx {
         &self,
         namespace: &str,
         _dir: &Path,
-        volumes: &[(PathBuf, String, Option<Vec<(String, String)>>)],
+        volumes: &[SecretVolume],
     ) -> anyhow::Result<()> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         for (local, secret_name, items) in volumes {

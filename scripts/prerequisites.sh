@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 log() { echo "[prerequisites] $*" >&2; }
 
 missing=()
-for tool in openssl curl unzip npm; do
+for tool in openssl curl python3 unzip npm; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 if ((${#missing[@]})); then

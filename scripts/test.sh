@@ -10,8 +10,9 @@ echo "== format and lint"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-echo "== unit, integration and end-to-end tests"
-cargo test --workspace
+echo "== unit, integration and end-to-end tests (test binaries side by side: TEST_JOBS, default 3)"
+python3 scripts/run_tests.py
+cargo test --workspace --doc --quiet
 
 echo "== fuzz smoke (${FUZZ_SECONDS:-30}s)"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-30}"

@@ -7,10 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::Args;
+use clap::{Args, Subcommand};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use runpod_kubelet::controller::context::Settings;
+use runpod_kubelet::controller::drain::DrainConfig;
+use runpod_kubelet::controller::leader::{self, ElectionConfig};
 use runpod_kubelet::controller::metrics::ControllerMetrics;
 use runpod_kubelet::controller::node::NodeConfig;
 use runpod_kubelet::controller::runpod_provider::RunPodProvider;
@@ -39,8 +41,40 @@ fn positive_duration(value: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// `controller` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ControllerCommand {
+    /// Terminate every RunPod pod of this cluster and node, wait until none bills, and remove
+    /// the virtual node (for uninstalling; a running controller is told to create nothing more).
+    Drain(DrainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    /// Name of the virtual node.
+    #[arg(
+        long,
+        default_value = "virtual-runpod",
+        env = "RUNPOD_KUBELET_NODENAME"
+    )]
+    pub nodename: String,
+    #[command(flatten)]
+    pub runpod: RunPodArgs,
+    /// Tag of this cluster (as given to the controller); default: the UID of kube-system.
+    #[arg(long, env = "RUNPOD_KUBELET_CLUSTER_ID")]
+    pub cluster_id: Option<String>,
+    /// Give up (exit non-zero, naming what still bills) after this long.
+    #[arg(long, default_value = "5m", value_parser = positive_duration, env = "RUNPOD_KUBELET_TIMEOUT")]
+    pub timeout: Duration,
+    /// Seed compatibility: the kubeconfig (same as KUBECONFIG).
+    #[arg(long, env = "RUNPOD_KUBELET_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
 #[derive(Debug, Args)]
 pub struct ControllerArgs {
+    #[command(subcommand)]
+    pub command: Option<ControllerCommand>,
     /// Name of the virtual node (shared with the webhook).
     #[arg(
         long,
@@ -117,6 +151,32 @@ pub struct ControllerArgs {
     /// Pods reconciled at once.
     #[arg(long, default_value_t = 16, env = "RUNPOD_KUBELET_CONCURRENCY")]
     pub concurrency: u16,
+    /// Elect one leader among the replicas (Lease); `--leader-elect=false` for a single local
+    /// run.
+    #[arg(
+        long,
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        env = "RUNPOD_KUBELET_LEADER_ELECT"
+    )]
+    pub leader_elect: bool,
+    /// How long a leader's lease lasts without renewal (a standby takes over after it).
+    #[arg(long, default_value = "15s", value_parser = positive_duration, env = "RUNPOD_KUBELET_LEADER_ELECT_LEASE_DURATION")]
+    pub leader_elect_lease_duration: Duration,
+    /// A leader that has not renewed for this long stops all work and exits.
+    #[arg(long, default_value = "10s", value_parser = positive_duration, env = "RUNPOD_KUBELET_LEADER_ELECT_RENEW_DEADLINE")]
+    pub leader_elect_renew_deadline: Duration,
+    /// How often the lease is renewed or tried.
+    #[arg(long, default_value = "2s", value_parser = positive_duration, env = "RUNPOD_KUBELET_LEADER_ELECT_RETRY_PERIOD")]
+    pub leader_elect_retry_period: Duration,
+    /// Name of the election Lease; default `runpod-kubelet-<nodename>`.
+    #[arg(long, env = "RUNPOD_KUBELET_LEADER_ELECT_RESOURCE_NAME")]
+    pub leader_elect_resource_name: Option<String>,
+    /// Namespace of the election Lease; default `POD_NAMESPACE`, else `default`.
+    #[arg(long, env = "RUNPOD_KUBELET_LEADER_ELECT_RESOURCE_NAMESPACE")]
+    pub leader_elect_resource_namespace: Option<String>,
     /// Seed compatibility: the seed's kubeconfig flag (same as KUBECONFIG).
     #[arg(long, env = "RUNPOD_KUBELET_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
@@ -131,8 +191,8 @@ pub struct ControllerArgs {
     pub provider_config: Option<PathBuf>,
 }
 
-async fn kube_client(args: &ControllerArgs) -> anyhow::Result<(kube::Client, kube::Config)> {
-    let config = match &args.kubeconfig {
+async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<(kube::Client, kube::Config)> {
+    let config = match kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -211,7 +271,98 @@ fn kubelet_identity(
     Ok((certs, key))
 }
 
-pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+/// `--cluster-id`, else the UID of the kube-system namespace.
+async fn cluster_id(client: &kube::Client, flag: Option<&str>) -> anyhow::Result<String> {
+    match flag {
+        Some(id) if !id.trim().is_empty() => Ok(id.trim().to_owned()),
+        _ => Api::<Namespace>::all(client.clone())
+            .get("kube-system")
+            .await
+            .context("reading the kube-system namespace for the default --cluster-id")?
+            .metadata
+            .uid
+            .context("kube-system has no uid"),
+    }
+}
+
+/// The election settings from the flags; `None` with `--leader-elect=false`.
+fn election(args: &ControllerArgs, internal_ip: IpAddr) -> anyhow::Result<Option<ElectionConfig>> {
+    if !args.leader_elect {
+        return Ok(None);
+    }
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "runpod-kubelet".into());
+    let namespace = args
+        .leader_elect_resource_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .filter(|n| !n.trim().is_empty())
+        .unwrap_or_else(|| "default".into());
+    let config = ElectionConfig {
+        lease_name: args
+            .leader_elect_resource_name
+            .clone()
+            .filter(|n| !n.trim().is_empty())
+            .unwrap_or_else(|| format!("runpod-kubelet-{}", args.nodename)),
+        namespace,
+        identity: leader::identity(&host, &internal_ip.to_string()),
+        lease_duration: args.leader_elect_lease_duration,
+        renew_deadline: args.leader_elect_renew_deadline,
+        retry_period: args.leader_elect_retry_period,
+    };
+    config.validate()?;
+    Ok(Some(config))
+}
+
+/// `controller drain`.
+async fn drain(args: DrainArgs) -> anyhow::Result<()> {
+    let (client, _) = kube_client(args.kubeconfig.as_ref()).await?;
+    let cluster_id = cluster_id(&client, args.cluster_id.as_deref()).await?;
+    let runpod_client = args
+        .runpod
+        .client()
+        .context("configuring the RunPod client")?;
+    let provider = RunPodProvider::new(
+        runpod_client,
+        CatalogueCache::new(),
+        ClusterLimits {
+            max_gpu_price: 0.0,
+            data_center_ids: vec![],
+        },
+        cluster_id.clone(),
+        args.nodename.clone(),
+    );
+    tracing::info!(node = %args.nodename, cluster_id = %cluster_id, timeout = ?args.timeout, "draining");
+    let config = DrainConfig {
+        node_name: args.nodename.clone(),
+        cluster_id,
+        timeout: args.timeout,
+        poll_interval: Duration::from_secs(2),
+        ack_wait: Duration::from_secs(60),
+    };
+    let report = controller::drain::drain(client, &provider, &config).await?;
+    tracing::info!(
+        terminated = report.terminated.len(),
+        pods_removed = report.pods_removed,
+        node_removed = report.node_removed,
+        foreign_node = report.foreign_node,
+        "drained: nothing of this cluster and node bills any more"
+    );
+    Ok(())
+}
+
+pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
+    if let Some(ControllerCommand::Drain(drain_args)) = args.command.take() {
+        return drain(drain_args).await;
+    }
     if args.provider_config.is_some() || args.namespace.is_some() || args.os.is_some() {
         tracing::warn!(
             "--provider-config, --namespace and --os are accepted for compatibility and ignored"
@@ -221,17 +372,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         args.max_gpu_price.is_finite() && args.max_gpu_price > 0.0,
         "--max-gpu-price must be a positive number"
     );
-    let (client, config) = kube_client(&args).await?;
-    let cluster_id = match &args.cluster_id {
-        Some(id) if !id.trim().is_empty() => id.trim().to_owned(),
-        _ => Api::<Namespace>::all(client.clone())
-            .get("kube-system")
-            .await
-            .context("reading the kube-system namespace for the default --cluster-id")?
-            .metadata
-            .uid
-            .context("kube-system has no uid")?,
-    };
+    let (client, config) = kube_client(args.kubeconfig.as_ref()).await?;
+    let cluster_id = cluster_id(&client, args.cluster_id.as_deref()).await?;
     let internal_ip = match args.internal_ip {
         Some(ip) => ip,
         None => std::env::var("POD_IP")
@@ -239,6 +381,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             .and_then(|ip| ip.parse().ok())
             .unwrap_or(IpAddr::from([127, 0, 0, 1])),
     };
+    let election = election(&args, internal_ip)?;
 
     let mut registry = prometheus_client::registry::Registry::with_prefix("runpod_kubelet");
     let runpod_metrics = RunPodMetrics::register(&mut registry);
@@ -317,6 +460,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         registry,
         metrics,
         concurrency: args.concurrency.max(1),
+        election,
     };
     controller::run(provider, runtime, crate::shutdown::signal()).await
 }

@@ -13,7 +13,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -33,7 +33,8 @@ fn scenario() -> serde_json::Value {
              "logs": ["epoch 1", "epoch 2"], "exit_code": 0},
             {"match": "failing", "outcome": "EXITED", "after_ms": 2000,
              "logs": ["oops"], "exit_code": 3},
-            {"match": "server", "logs": ["serving on 8888"]}
+            {"match": "server", "logs": ["serving on 8888"]},
+            {"match": "restarter", "outcome": "EXITED", "after_ms": 3000, "logs": ["working"]}
         ]
     })
 }
@@ -227,6 +228,18 @@ async fn scenarios(
         "the finished pod's RunPod pod still bills"
     );
 
+    // The finished pod's RunPod pod is gone, yet `kubectl logs` still shows its output.
+    let finished_logs = Api::<Pod>::namespaced(client.clone(), ns)
+        .logs(
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            &LogParams::default(),
+        )
+        .await?;
+    ensure!(
+        finished_logs.contains("epoch 2") && finished_logs.contains("runpod-kubelet: exit-code=0"),
+        "logs of the finished pod: {finished_logs:?}"
+    );
+
     // 2. A failing command fails the pod with its exit code.
     let failing = job("fail", "e2e/failing:1", &["sh", "-c", "exit 3"]);
     Api::<Job>::namespaced(client.clone(), ns)
@@ -251,6 +264,80 @@ async fn scenarios(
     ensure!(
         entries.len() == 1 && !entries[0]["terminated_at"].is_null(),
         "failed pod's RunPod pod: {entries:?}"
+    );
+
+    // 2b. No command to wrap: RunPod restarts the container, and `restartPolicy: Never` still
+    // ends the pod at the first restart the controller sees (exit code unknown).
+    let restarter: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "restarter", "annotations": {"runpod.io/burst-mode": "always"}},
+        "spec": {"restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "e2e/restarter:1",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    }))?;
+    pods.create(&PostParams::default(), &restarter).await?;
+    let ended = wait::until("unwrapped pod ended", WAIT, || async {
+        let pod = pods.get("restarter").await?;
+        Ok(matches!(phase(&pod), Some("Failed" | "Succeeded")).then_some(pod))
+    })
+    .await?;
+    let terminated = ended
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref())
+        .context("no terminated state")?;
+    ensure!(
+        terminated.reason.as_deref() == Some("ExitCodeUnknown"),
+        "unwrapped pod ended with {terminated:?}"
+    );
+    let entries = ledger_for(simulator, ended.metadata.uid.as_deref().unwrap_or_default()).await?;
+    ensure!(
+        entries.len() == 1
+            && !entries[0]["terminated_at"].is_null()
+            && !entries[0]["args"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("exit-code"),
+        "unwrapped pod's RunPod pod: {entries:?}"
+    );
+
+    // 2c. A controller that died between terminating a finished pod's RunPod pod and writing
+    // its phase left the end recorded on the pod: the pod is finished from the record, never
+    // created again. (Bound directly, opted out of the webhook, which would strip the record.)
+    namespace(client, "e2e-recorded").await?;
+    let recorded: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "recorded", "labels": {"runpod.io/burst": "disabled"}, "annotations": {
+            "runpod.io/create-requested": "2026-01-01T00:00:00Z",
+            "runpod.io/ended": r#"{"exit_code":0,"reason":"Completed","message":"the command exited with code 0"}"#}},
+        "spec": {"nodeName": NODE, "restartPolicy": "Never",
+            "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
+            "containers": [{"name": "main", "image": "e2e/trainer:1", "command": ["train"],
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    }))?;
+    let recorded_pods: Api<Pod> = Api::namespaced(client.clone(), "e2e-recorded");
+    recorded_pods
+        .create(&PostParams::default(), &recorded)
+        .await?;
+    let finished = wait::until("recorded pod finished", WAIT, || async {
+        let pod = recorded_pods.get("recorded").await?;
+        Ok(phase(&pod).is_some_and(|p| p != "Pending").then_some(pod))
+    })
+    .await?;
+    ensure!(
+        phase(&finished) == Some("Succeeded") && exit_code(&finished) == Some(0),
+        "recorded end not replayed: {:?}",
+        finished.status
+    );
+    let again = ledger_for(
+        simulator,
+        finished.metadata.uid.as_deref().unwrap_or_default(),
+    )
+    .await?;
+    ensure!(
+        again.is_empty(),
+        "a finished pod was created again: {again:?}"
     );
 
     // 3. A long-running pod: Running and Ready, annotations, logs through the apiserver,
@@ -442,20 +529,7 @@ async fn node_registers(client: &kube::Client) -> anyhow::Result<()> {
 }
 
 async fn namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(
-                json!({"metadata": {"name": name, "labels": {"runpod.io/burst": "enabled"}}}),
-            )?,
-        )
-        .await?;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
-    wait::until("default ServiceAccount", WAIT, || async {
-        Ok(accounts.get_opt("default").await?.map(|_| ()))
-    })
-    .await
+    support::pods::namespace(client, name, true).await
 }
 
 fn job(name: &str, image: &str, command: &[&str]) -> Job {

@@ -27,7 +27,7 @@ use kube::Api;
 use kube::api::{ListParams, PostParams};
 use runpod_certs::inspect;
 use serde_json::json;
-use support::control_plane::ControlPlane;
+use support::control_plane::{ControlPlane, ExtraFlags};
 use support::controller::{API_KEY, SimulatorProcess};
 use support::pod_runner::PodRunner;
 use support::wait;
@@ -60,7 +60,10 @@ fn main() -> std::process::ExitCode {
         .unwrap();
     // Webhooks behind a Service are dialled at an endpoint (no kube-proxy here).
     let control_plane =
-        match ControlPlane::start_with_apiserver_args(&["--enable-aggregator-routing=true"]) {
+        match ControlPlane::start_with(&ExtraFlags {
+            apiserver: vec!["--enable-aggregator-routing=true".to_owned()],
+            ..ExtraFlags::default()
+        }) {
             Ok(cp) => cp,
             Err(error) => {
                 eprintln!("e2e setup failed: {error:#}");

@@ -68,6 +68,15 @@ impl<P> Shared<P> {
         f(guard.entry(uid.to_owned()).or_default())
     }
 
+    /// Drops the memory of every pod not in `uids` (pods deleted from the cluster).
+    pub fn forget_all_but(&self, uids: &std::collections::HashSet<String>) {
+        let mut guard = match self.memory.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        guard.retain(|uid, _| uids.contains(uid));
+    }
+
     pub fn forget(&self, uid: &str) {
         let mut guard = match self.memory.lock() {
             Ok(guard) => guard,

@@ -23,7 +23,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::context::Shared;
-use super::provider::{LogOptions, Provider};
+use super::provider::{LogEntry, LogOptions, Provider};
 
 /// Whether the TLS peer presented a certificate that the client CA verified.
 #[derive(Clone, Copy)]
@@ -179,6 +179,21 @@ async fn container_logs<P: Provider>(
             .into_response();
     }
     let uid = pod.metadata.uid.clone().unwrap_or_default();
+    // A finished container: its instance is terminated, so serve what was kept of its log.
+    if let Some(kept) = state.shared.remember(&uid, |m| m.final_log.clone()) {
+        let text: String = kept_lines(&kept, &options)
+            .map(|entry| match (&entry.timestamp, timestamps) {
+                (Some(ts), true) => format!("{ts} {}\n", entry.line),
+                _ => format!("{}\n", entry.line),
+            })
+            .collect();
+        return (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            text,
+        )
+            .into_response();
+    }
     let instance_id = state
         .shared
         .latest()
@@ -216,6 +231,32 @@ async fn container_logs<P: Provider>(
         .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
         .body(Body::from_stream(lines))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// The kept lines `options` asks for: newer than `since` (lines without a readable timestamp
+/// are kept), then the last `tail_lines`.
+fn kept_lines<'a>(
+    kept: &'a [LogEntry],
+    options: &LogOptions,
+) -> impl Iterator<Item = &'a LogEntry> + 'a {
+    let since = options.since;
+    let recent: Vec<&LogEntry> = kept
+        .iter()
+        .filter(move |entry| {
+            let stamp = entry
+                .timestamp
+                .as_deref()
+                .and_then(|ts| ts.parse::<Timestamp>().ok());
+            match (since, stamp) {
+                (Some(since), Some(stamp)) => stamp >= since,
+                _ => true,
+            }
+        })
+        .collect();
+    let skip = options
+        .tail_lines
+        .map_or(0, |tail| recent.len().saturating_sub(tail as usize));
+    recent.into_iter().skip(skip)
 }
 
 /// Serves the kubelet API until the task is dropped.
@@ -316,5 +357,38 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    fn entry(ts: &str, line: &str) -> LogEntry {
+        LogEntry {
+            timestamp: Some(ts.to_owned()),
+            line: line.to_owned(),
+        }
+    }
+
+    #[test]
+    fn kept_lines_honour_since_and_tail() {
+        let kept = [
+            entry("2026-11-23T10:00:00Z", "one"),
+            entry("2026-11-23T10:00:10Z", "two"),
+            entry("2026-11-23T10:00:20Z", "three"),
+        ];
+        let lines = |options: LogOptions| -> Vec<String> {
+            kept_lines(&kept, &options)
+                .map(|e| e.line.clone())
+                .collect()
+        };
+        assert_eq!(lines(LogOptions::default()), ["one", "two", "three"]);
+        let tail = LogOptions {
+            tail_lines: Some(2),
+            ..LogOptions::default()
+        };
+        assert_eq!(lines(tail), ["two", "three"]);
+        let since = LogOptions {
+            since: Some("2026-11-23T10:00:05Z".parse().unwrap()),
+            tail_lines: Some(5),
+            ..LogOptions::default()
+        };
+        assert_eq!(lines(since), ["two", "three"]);
     }
 }

@@ -6,6 +6,8 @@ use std::collections::{HashMap, HashSet};
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::provider::LogEntry;
+
 /// Per Kubernetes pod (by UID).
 #[derive(Debug, Default, Clone)]
 pub struct PodMemory {
@@ -30,6 +32,9 @@ pub struct PodMemory {
     pub restarts: i32,
     /// The exit code read from the log, once read (`Some(None)`: read, none found).
     pub exit_code: Option<Option<i32>>,
+    /// The end of the finished container's log, served by `kubectl logs` once the instance is
+    /// gone (lost with this leader's memory).
+    pub final_log: Option<std::sync::Arc<Vec<LogEntry>>>,
     /// Events already published (reason and message), so a reconcile loop does not repeat them.
     pub events: HashSet<String>,
     /// First time this pod was seen without any instance while we believed it running.

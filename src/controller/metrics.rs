@@ -32,6 +32,8 @@ pub struct ControllerMetrics {
     pub garbage_collected: Counter,
     pub pod_writes: Counter,
     pub lists: Family<OutcomeLabel, Counter>,
+    /// 1 while this replica leads (or runs without election), 0 as a standby.
+    pub leader: Gauge,
 }
 
 impl ControllerMetrics {
@@ -82,6 +84,11 @@ impl ControllerMetrics {
             "runpod_lists",
             "Complete lists of RunPod pods by outcome",
             metrics.lists.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica is the elected leader (or runs without election), 0 as a standby",
+            metrics.leader.clone(),
         );
         Arc::new(metrics)
     }

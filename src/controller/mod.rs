@@ -3,8 +3,11 @@
 //! behind the `provider::Provider` seam; RunPod is `runpod_provider`.
 
 pub mod context;
+pub mod drain;
 pub mod env;
+pub mod gate;
 pub mod kubelet_api;
+pub mod leader;
 pub mod lease;
 pub mod memory;
 pub mod metrics;
@@ -32,6 +35,8 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use context::{Settings, Shared};
+use gate::{Gate, Gated};
+use leader::{ElectionConfig, Fence};
 use metrics::{ControllerMetrics, OutcomeLabel};
 use node::{ApiHealth, NodeConfig, TransitionTimes};
 use provider::Provider;
@@ -50,9 +55,25 @@ pub struct Runtime {
     pub registry: prometheus_client::registry::Registry,
     pub metrics: Arc<ControllerMetrics>,
     pub concurrency: u16,
+    /// `None`: no election (`--leader-elect=false`), this process leads at once.
+    pub election: Option<ElectionConfig>,
 }
 
-/// Runs the controller until `shutdown` resolves.
+/// What the leader runs with.
+struct Leading {
+    client: kube::Client,
+    node: NodeConfig,
+    settings: Settings,
+    kubelet_listener: TcpListener,
+    kubelet_tls: Arc<rustls::ServerConfig>,
+    metrics: Arc<ControllerMetrics>,
+    concurrency: u16,
+    readiness: watch::Sender<ops::LeaderReadiness>,
+}
+
+/// Runs the controller until `shutdown` resolves: `/healthz`, `/readyz` and `/metrics` on every
+/// replica, everything else only while this replica leads. Returns an error when leadership is
+/// lost (every leader task has been stopped by then; the process should exit non-zero).
 pub async fn run<P: Provider>(
     provider: Arc<P>,
     runtime: Runtime,
@@ -68,7 +89,66 @@ pub async fn run<P: Provider>(
         registry,
         metrics,
         concurrency,
+        election,
     } = runtime;
+    let (readiness, readiness_rx) = watch::channel(None);
+    let ops = metrics_listener
+        .map(|listener| tokio::spawn(ops::serve(listener, Arc::new(registry), readiness_rx)));
+    let leading = Leading {
+        client: client.clone(),
+        node,
+        settings,
+        kubelet_listener,
+        kubelet_tls,
+        metrics: metrics.clone(),
+        concurrency,
+        readiness,
+    };
+    let result = match election {
+        None => {
+            metrics.leader.set(1);
+            lead(provider, leading, Fence::open(), shutdown).await
+        }
+        Some(config) => leader::run_elected(
+            client,
+            config,
+            metrics.leader.clone(),
+            shutdown,
+            move |fence, stop| {
+                lead(provider, leading, fence, async move {
+                    let _ = stop.await;
+                })
+            },
+        )
+        .await
+        .map_err(anyhow::Error::from),
+    };
+    if let Some(ops) = ops {
+        ops.abort();
+    }
+    result
+}
+
+/// The leader's work: the node, its Lease, the RunPod list loop and GC, the pods and the
+/// kubelet API. Every cloud call passes the gate (fence and drain marker).
+async fn lead<P: Provider>(
+    provider: Arc<P>,
+    leading: Leading,
+    fence: Fence,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let Leading {
+        client,
+        node,
+        settings,
+        kubelet_listener,
+        kubelet_tls,
+        metrics,
+        concurrency,
+        readiness,
+    } = leading;
+    let gate = Gate::new(fence.clone());
+    let provider = Arc::new(Gated::new(provider, gate.clone()));
     let nodes: Api<Node> = Api::all(client.clone());
     node::register(&nodes, &node).await?;
     let node_uid = nodes.get(&node.name).await?.metadata.uid;
@@ -98,6 +178,7 @@ pub async fn run<P: Provider>(
         shutdown.await;
         let _ = stop_tx.send(());
     });
+    tasks.spawn(gate::watch_node(nodes.clone(), node.name.clone(), gate));
     tasks.spawn(lease_loop(
         client.clone(),
         node.name.clone(),
@@ -128,13 +209,11 @@ pub async fn run<P: Provider>(
     let store = controller.store();
 
     tasks.spawn(poller::run(
-        provider.clone(),
-        settings.clone(),
+        shared.clone(),
         store.clone(),
         snapshot_tx,
         health_tx,
         tick_tx,
-        metrics.clone(),
     ));
     tasks.spawn(kubelet_api::serve(
         kubelet_listener,
@@ -142,19 +221,21 @@ pub async fn run<P: Provider>(
         shared.clone(),
         store.clone(),
     ));
-    if let Some(listener) = metrics_listener {
-        tasks.spawn(ops::serve(
-            listener,
-            Arc::new(registry),
-            store.clone(),
-            shared.clone(),
-        ));
-    }
+    readiness.send_replace(Some(ops::leader_ready(store.clone(), shared.clone())));
 
     let errors = metrics.clone();
     controller
         .run(
-            pods::reconcile,
+            move |pod, ctx| {
+                let fence = fence.clone();
+                async move {
+                    // No pod write starts once the lease may be someone else's.
+                    if !fence.is_valid() {
+                        return Ok(Action::await_change());
+                    }
+                    pods::reconcile(pod, ctx).await
+                }
+            },
             move |_pod, error: &pods::ReconcileError, _ctx| {
                 warn!(error = %error, "reconcile failed; retrying");
                 errors.reconcile_errors.inc();

@@ -1,5 +1,8 @@
-//! `/healthz`, `/readyz` (pod cache synced and the cloud's API answering) and `/metrics`, over
-//! plain HTTP on `--metrics-listen`.
+//! `/healthz`, `/readyz` and `/metrics`, over plain HTTP on `--metrics-listen`, on every
+//! replica. `/readyz` on the leader: pod cache synced and the cloud's API answering. A standby is
+//! ready (200, body `standby`), as Kubernetes controllers report their standbys: it is healthy
+//! and waiting, and nothing routes requests to it (the apiserver reaches the kubelet API through
+//! the node's address, which is the leader's).
 
 use std::sync::Arc;
 
@@ -12,53 +15,70 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::Store;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use super::context::Shared;
 use super::node::ApiHealth;
 
-struct OpsState<P> {
+/// Readiness of the leader's work; `None` while this replica is a standby.
+pub type LeaderReadiness = Option<Arc<dyn Fn() -> Result<(), String> + Send + Sync>>;
+
+struct OpsState {
     registry: Arc<Registry>,
-    pods: Store<Pod>,
-    shared: Arc<Shared<P>>,
+    readiness: watch::Receiver<LeaderReadiness>,
 }
 
-pub async fn serve<P: Send + Sync + 'static>(
+pub async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
-    pods: Store<Pod>,
-    shared: Arc<Shared<P>>,
+    readiness: watch::Receiver<LeaderReadiness>,
 ) {
     let state = Arc::new(OpsState {
         registry,
-        pods,
-        shared,
+        readiness,
     });
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(ready::<P>))
-        .route("/metrics", get(metrics::<P>))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
         .with_state(state);
     if let Err(error) = axum::serve(listener, app).await {
         tracing::error!(%error, "the metrics server stopped");
     }
 }
 
-async fn ready<P>(State(state): State<Arc<OpsState<P>>>) -> Response {
-    let synced = futures_util::FutureExt::now_or_never(state.pods.wait_until_ready())
-        .is_some_and(|ready| ready.is_ok());
-    let listed = state.shared.latest().is_some();
-    let reachable = matches!(*state.shared.health.borrow(), ApiHealth::Available);
-    if synced && listed && reachable {
-        (StatusCode::OK, "ok").into_response()
-    } else {
-        let reason = format!(
-            "pod cache synced: {synced}, RunPod listed: {listed}, RunPod reachable: {reachable}"
-        );
-        (StatusCode::SERVICE_UNAVAILABLE, reason).into_response()
+/// The leader's readiness: pod cache synced, RunPod listed and reachable.
+pub fn leader_ready<P: Send + Sync + 'static>(
+    pods: Store<Pod>,
+    shared: Arc<Shared<P>>,
+) -> Arc<dyn Fn() -> Result<(), String> + Send + Sync> {
+    Arc::new(move || {
+        let synced = futures_util::FutureExt::now_or_never(pods.wait_until_ready())
+            .is_some_and(|ready| ready.is_ok());
+        let listed = shared.latest().is_some();
+        let reachable = matches!(*shared.health.borrow(), ApiHealth::Available);
+        if synced && listed && reachable {
+            Ok(())
+        } else {
+            Err(format!(
+                "pod cache synced: {synced}, RunPod listed: {listed}, RunPod reachable: {reachable}"
+            ))
+        }
+    })
+}
+
+async fn ready(State(state): State<Arc<OpsState>>) -> Response {
+    let check = state.readiness.borrow().clone();
+    match check {
+        None => (StatusCode::OK, "standby").into_response(),
+        Some(check) => match check() {
+            Ok(()) => (StatusCode::OK, "ok").into_response(),
+            Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason).into_response(),
+        },
     }
 }
 
-async fn metrics<P>(State(state): State<Arc<OpsState<P>>>) -> Response {
+async fn metrics(State(state): State<Arc<OpsState>>) -> Response {
     let mut text = String::new();
     match prometheus_client::encoding::text::encode(&mut text, &state.registry) {
         Ok(()) => (

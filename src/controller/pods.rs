@@ -11,18 +11,19 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use runpod_webhook::contract::{
-    self, COST_PER_HR, CREATE_REQUESTED, DATACENTER, ENDPOINTS, GPU_TYPE, POD_ID,
+    self, COST_PER_HR, CREATE_REQUESTED, DATACENTER, ENDED, ENDPOINTS, GPU_TYPE, POD_ID,
 };
 use serde_json::json;
 use tracing::{info, instrument, warn};
 
 use super::context::{Shared, Snapshot, elapsed};
 use super::env::{self, ClusterEnvSource};
+use super::memory::PodMemory;
 use super::node::ApiHealth;
 use super::provider::{
     Instance, InstanceState, Provider, ProviderError, ProvisionError, ProvisionRequest,
 };
-use super::status::{self, View};
+use super::status::{self, RecordedEnd, View};
 use super::volumes;
 
 /// Why a reconcile failed; it is retried.
@@ -32,6 +33,8 @@ pub enum ReconcileError {
     Kube(#[from] kube::Error),
     #[error("cloud API: {0}")]
     Provider(#[from] ProviderError),
+    #[error("recording how the pod ended: {0}")]
+    Record(#[from] serde_json::Error),
 }
 
 const SHORT: Duration = Duration::from_secs(2);
@@ -217,7 +220,13 @@ pub async fn reconcile<P: Provider>(
             terminate(&ctx, &pod, &uid, instance, "the pod has finished").await?;
         }
         if live.is_empty() {
-            ctx.forget(&uid);
+            // Only the kept log outlives the instance, for `kubectl logs` of a finished pod.
+            ctx.remember(&uid, |m| {
+                *m = PodMemory {
+                    final_log: m.final_log.take(),
+                    ..PodMemory::default()
+                }
+            });
             return Ok(Action::await_change());
         }
         return Ok(Action::requeue(SHORT));
@@ -255,6 +264,11 @@ pub async fn reconcile<P: Provider>(
                 vanished(&pod, &uid, &id, &ctx).await
             }
             _ => {
+                if let Some(record) = RecordedEnd::on(&pod) {
+                    // Ended and terminated by a controller that died before writing the phase.
+                    write_status(&ctx, &pod, &record.view()).await?;
+                    return Ok(Action::await_change());
+                }
                 let was_running =
                     pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
                 let started = pod
@@ -413,10 +427,7 @@ async fn create<P: Provider>(
 
     // Record the attempt before sending it: a leader that dies after the create sees this
     // and searches instead of creating a second pod.
-    let patch =
-        json!({"metadata": {"annotations": {CREATE_REQUESTED: Timestamp::now().to_string()}}});
-    pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    mark_create_requested(&pods, &name).await?;
     ctx.remember(uid, |m| m.nothing_created = false);
     write_waiting(ctx, pod, "ContainerCreating", "creating the RunPod pod").await?;
 
@@ -427,7 +438,7 @@ async fn create<P: Provider>(
         excluded_gpu_types: &excluded,
     };
     ctx.metrics.creates.inc();
-    match ctx.provider.provision(request).await {
+    match provision_marked(ctx, &pods, &name, request).await {
         Ok(provisioned) => {
             let instance = provisioned.instance;
             info!(instance = %instance.id, summary = %provisioned.summary, "RunPod pod for the pod");
@@ -488,7 +499,14 @@ async fn create<P: Provider>(
                     });
                     ctx.event(pod, true, "NoGpuCapacity", message.clone()).await;
                     write_waiting(ctx, pod, "NoGpuCapacity", message).await?;
-                    Ok(Action::requeue(backoff))
+                    // Back at the provisioning deadline at the latest, to fail the pod on time.
+                    let until_deadline = bound_at(pod).map_or(backoff, |bound| {
+                        settings
+                            .provision_timeout
+                            .saturating_sub(elapsed(bound, Timestamp::now()))
+                            + Duration::from_secs(1)
+                    });
+                    Ok(Action::requeue(backoff.min(until_deadline)))
                 }
                 ProvisionError::Rejected(message) => {
                     ctx.remember(uid, |m| m.nothing_created = true);
@@ -525,6 +543,54 @@ async fn create<P: Provider>(
                     .await;
                     Ok(Action::requeue(settings.create_settle))
                 }
+            }
+        }
+    }
+}
+
+/// Writes `runpod.io/create-requested` with the current time.
+async fn mark_create_requested(pods: &Api<Pod>, name: &str) -> Result<(), kube::Error> {
+    let patch =
+        json!({"metadata": {"annotations": {CREATE_REQUESTED: Timestamp::now().to_string()}}});
+    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// How often the create marker is moved on while a provision is in flight.
+pub fn marker_refresh(create_settle: Duration) -> Duration {
+    (create_settle / 4).max(Duration::from_millis(250))
+}
+
+/// Provisions while keeping the create marker fresh. A provision can send its creates long
+/// after the marker was written (the rate limiter holds them, 429s and 5xx are retried, the
+/// catalogue is slow): a successor that waited only `--create-settle` after an old marker could
+/// then miss a pod sent just before this process died, and create a second one. So the marker
+/// is rewritten every quarter of the settle time: every create is sent at most that long after
+/// the last marker, and the list a successor waits for (taken `--create-settle` after it)
+/// shows it. If the marker cannot be written, the provision is abandoned (nothing more is sent)
+/// and its outcome is treated as unknown.
+async fn provision_marked<P: Provider>(
+    ctx: &Shared<P>,
+    pods: &Api<Pod>,
+    name: &str,
+    request: ProvisionRequest<'_>,
+) -> Result<super::provider::Provisioned, ProvisionError> {
+    let every = marker_refresh(ctx.settings.create_settle);
+    let provision = ctx.provider.provision(request);
+    tokio::pin!(provision);
+    let mut next = tokio::time::Instant::now() + every;
+    loop {
+        tokio::select! {
+            outcome = &mut provision => return outcome,
+            () = tokio::time::sleep_until(next) => {
+                if let Err(error) = mark_create_requested(pods, name).await {
+                    warn!(error = %error, "cannot move the create marker on; abandoning the create");
+                    return Err(ProvisionError::Unsettled(format!(
+                        "the create was abandoned (its marker could not be written: {error})"
+                    )));
+                }
+                next = tokio::time::Instant::now() + every;
             }
         }
     }
@@ -693,8 +759,12 @@ async fn exit_code<P: Provider>(
     if let Some(code) = ctx.remember(uid, |m| m.exit_code) {
         return Ok(code);
     }
-    let code = ctx.provider.exit_code(&instance.id).await?;
-    ctx.remember(uid, |m| m.exit_code = Some(code));
+    let log = ctx.provider.final_log(&instance.id).await?;
+    let code = log.exit_code;
+    ctx.remember(uid, |m| {
+        m.exit_code = Some(code);
+        m.final_log = Some(std::sync::Arc::new(log.lines));
+    });
     Ok(code)
 }
 
@@ -707,6 +777,22 @@ async fn finish<P: Provider>(
     instance: &Instance,
     view: View<'_>,
 ) -> Result<Action, ReconcileError> {
+    // Record the end first: a controller that dies after the terminate finds it here, and
+    // finishes the pod the same way instead of failing it or creating it again.
+    if let Some(record) = RecordedEnd::of(&view)
+        && RecordedEnd::on(pod).as_ref() != Some(&record)
+    {
+        let value = serde_json::to_string(&record)?;
+        let patch = json!({"metadata": {"annotations": {ENDED: value}}});
+        pods_in_namespace_of(&ctx.client, pod)
+            .patch(
+                pod.metadata.name.as_deref().unwrap_or_default(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        ctx.metrics.pod_writes.inc();
+    }
     terminate(ctx, pod, uid, instance, "the pod finished").await?;
     write_status(ctx, pod, &view).await?;
     Ok(Action::await_change())
@@ -901,6 +987,20 @@ mod tests {
         assert_eq!(added.len(), 2);
         assert_eq!(added[0].toleration_seconds, None);
         assert_eq!(added[1].toleration_seconds, Some(3600));
+    }
+
+    #[test]
+    fn the_create_marker_moves_on_four_times_per_settle_window() {
+        // A create is sent at most this long after the last marker; the list a successor
+        // waits for is taken a whole settle window after it, leaving 3/4 for the list lag.
+        assert_eq!(
+            marker_refresh(Duration::from_secs(30)),
+            Duration::from_millis(7500)
+        );
+        assert_eq!(
+            marker_refresh(Duration::from_millis(400)),
+            Duration::from_millis(250)
+        );
     }
 
     fn instance(id: &str, created: &str) -> Instance {

@@ -13,7 +13,7 @@ use kube::runtime::reflector::Store;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
-use super::context::{Settings, Snapshot, elapsed};
+use super::context::{Settings, Shared, Snapshot, elapsed};
 use super::metrics::{ControllerMetrics, StateLabel};
 use super::node::ApiHealth;
 use super::provider::{Instance, InstanceState, Provider, ProviderError};
@@ -62,14 +62,15 @@ pub fn orphans<'a>(
 /// Runs the list loop until the process stops. `ticks` is told after every complete list so
 /// that every pod is reconciled against it.
 pub async fn run<P: Provider>(
-    provider: Arc<P>,
-    settings: Settings,
+    shared: Arc<Shared<P>>,
     store: Store<Pod>,
     snapshot_tx: watch::Sender<Option<Arc<Snapshot>>>,
     health: watch::Sender<ApiHealth>,
     ticks: mpsc::Sender<()>,
-    metrics: Arc<ControllerMetrics>,
 ) {
+    let provider = shared.provider.clone();
+    let settings = shared.settings.clone();
+    let metrics = shared.metrics.clone();
     let mut failures = 0u32;
     let mut first_seen: HashMap<String, Timestamp> = HashMap::new();
     let mut interval = tokio::time::interval(settings.reconcile_interval);
@@ -150,6 +151,8 @@ pub async fn run<P: Provider>(
                 .iter()
                 .filter_map(|pod| pod.metadata.uid.clone())
                 .collect();
+            // Memory of pods that are gone (a finished pod's kept log lives until then).
+            shared.forget_all_but(&uids);
             for orphan in orphans(&snapshot, &uids, &first_seen, settings.create_settle) {
                 info!(instance = %orphan.id, pod_uid = ?orphan.tags.pod_uid, "terminating a RunPod pod whose Kubernetes pod is gone");
                 match provider.terminate(&orphan.id).await {

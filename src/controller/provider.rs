@@ -201,6 +201,33 @@ pub struct LogEntry {
     pub line: String,
 }
 
+/// What is kept of a finished container's log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FinalLog {
+    pub exit_code: Option<i32>,
+    /// The last lines, bounded by [`FINAL_LOG_BYTES`].
+    pub lines: Vec<LogEntry>,
+}
+
+/// At most this much of a finished container's log is kept in memory per pod.
+pub const FINAL_LOG_BYTES: usize = 32 * 1024;
+
+impl FinalLog {
+    /// Keeps the newest lines that fit in [`FINAL_LOG_BYTES`].
+    pub fn bounded(exit_code: Option<i32>, mut lines: Vec<LogEntry>) -> FinalLog {
+        let mut total = 0usize;
+        let keep_from = lines
+            .iter()
+            .rposition(|entry| {
+                total += entry.line.len() + entry.timestamp.as_ref().map_or(0, String::len) + 1;
+                total > FINAL_LOG_BYTES
+            })
+            .map_or(0, |index| index + 1);
+        lines.drain(..keep_from);
+        FinalLog { exit_code, lines }
+    }
+}
+
 pub type LogEntries = Pin<Box<dyn Stream<Item = Result<LogEntry, ProviderError>> + Send>>;
 
 /// Cheapest price per GPU per hour for each offer class (e.g. `SECURE`, `COMMUNITY`).
@@ -229,15 +256,35 @@ pub trait Provider: Send + Sync + 'static {
     /// Terminates and releases the instance; an instance already gone counts as done.
     fn terminate(&self, id: &str) -> impl Future<Output = Result<(), ProviderError>> + Send;
 
-    /// The exit code the instance's container reported, read from its log after it ended.
-    fn exit_code(
-        &self,
-        id: &str,
-    ) -> impl Future<Output = Result<Option<i32>, ProviderError>> + Send;
+    /// The end of the instance's log, read once after its container ended: the exit code it
+    /// reported, and the last lines, kept so `kubectl logs` works after the instance is gone.
+    fn final_log(&self, id: &str) -> impl Future<Output = Result<FinalLog, ProviderError>> + Send;
 
     /// The instance's container log.
     fn logs(&self, id: &str, options: LogOptions) -> LogEntries;
 
     /// The cheapest price per GPU per offer class, from the provider's cached catalogue.
     fn cheapest_prices(&self) -> CheapestPrices;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_final_log_keeps_the_newest_lines_within_its_bound() {
+        let lines: Vec<LogEntry> = (0..10_000)
+            .map(|i| LogEntry {
+                timestamp: None,
+                line: format!("line {i:05}"),
+            })
+            .collect();
+        let kept = FinalLog::bounded(Some(0), lines);
+        let bytes: usize = kept.lines.iter().map(|e| e.line.len() + 1).sum();
+        assert!(bytes <= FINAL_LOG_BYTES, "{bytes}");
+        assert!(bytes > FINAL_LOG_BYTES - 20, "fills the bound: {bytes}");
+        assert_eq!(kept.lines.last().unwrap().line, "line 09999");
+        let few = FinalLog::bounded(None, kept.lines[..3].to_vec());
+        assert_eq!(few.lines.len(), 3);
+    }
 }

@@ -14,7 +14,7 @@ use tracing::warn;
 
 use super::env::ResolvedEnv;
 use super::provider::{
-    CheapestPrices, Constraints, Endpoint, Instance, InstanceState, LogEntries, LogEntry,
+    CheapestPrices, Constraints, Endpoint, FinalLog, Instance, InstanceState, LogEntries, LogEntry,
     LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned, Tags,
 };
 use crate::runpod::catalogue_cache::CatalogueCache;
@@ -164,6 +164,9 @@ fn to_translate_env(env: &ResolvedEnv) -> translate::ResolvedEnv {
         value_from: env.value_from.clone(),
     }
 }
+
+/// Lines read from a finished pod's log (the exit code is the last of them).
+const FINAL_LOG_LINES: u32 = 500;
 
 /// A RunPod pod in the provider's common terms.
 pub fn to_instance(pod: &model::Pod) -> Instance {
@@ -382,20 +385,21 @@ impl Provider for RunPodProvider {
             .map_err(provider_error)
     }
 
-    async fn exit_code(&self, id: &str) -> Result<Option<i32>, ProviderError> {
+    async fn final_log(&self, id: &str) -> Result<FinalLog, ProviderError> {
         let mut lines = self.logs(
             id,
             LogOptions {
                 follow: false,
-                tail_lines: Some(200),
+                tail_lines: Some(FINAL_LOG_LINES),
                 since: None,
             },
         );
         let mut seen = Vec::new();
         while let Some(line) = lines.next().await {
-            seen.push(line?.line);
+            seen.push(line?);
         }
-        Ok(wrapper::exit_code(seen.iter().map(String::as_str)))
+        let code = wrapper::exit_code(seen.iter().map(|entry| entry.line.as_str()));
+        Ok(FinalLog::bounded(code, seen))
     }
 
     fn logs(&self, id: &str, options: LogOptions) -> LogEntries {

@@ -259,6 +259,79 @@ pub fn is_terminal(pod: &Pod) -> bool {
     )
 }
 
+/// How a pod ended, as recorded on the pod (annotation `runpod.io/ended`) before its instance
+/// is terminated.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RecordedEnd {
+    /// `true`: the pod failed outside its container ([`View::Failed`]).
+    #[serde(default)]
+    pub failed: bool,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub restarts: i32,
+}
+
+impl RecordedEnd {
+    /// The record of a terminal view; `None` for views that are not terminal.
+    pub fn of(view: &View<'_>) -> Option<RecordedEnd> {
+        match view {
+            View::Ended {
+                exit_code,
+                reason,
+                message,
+                restarts,
+                ..
+            } => Some(RecordedEnd {
+                failed: false,
+                exit_code: *exit_code,
+                reason: (*reason).to_owned(),
+                message: message.clone(),
+                restarts: *restarts,
+            }),
+            View::Failed { reason, message } => Some(RecordedEnd {
+                failed: true,
+                exit_code: None,
+                reason: (*reason).to_owned(),
+                message: message.clone(),
+                restarts: 0,
+            }),
+            View::Waiting { .. } | View::Instance { .. } => None,
+        }
+    }
+
+    /// The record on `pod`, if any (a malformed one counts as none).
+    pub fn on(pod: &Pod) -> Option<RecordedEnd> {
+        let text = pod
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(runpod_webhook::contract::ENDED)?;
+        serde_json::from_str(text).ok()
+    }
+
+    /// The view that writes the recorded end.
+    pub fn view(&self) -> View<'_> {
+        if self.failed {
+            View::Failed {
+                reason: &self.reason,
+                message: self.message.clone(),
+            }
+        } else {
+            View::Ended {
+                exit_code: self.exit_code,
+                reason: &self.reason,
+                message: self.message.clone(),
+                started_at: None,
+                restarts: self.restarts,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,5 +476,48 @@ mod tests {
             !differs(&pod, &second),
             "a later identical view rewrote the status"
         );
+    }
+
+    #[test]
+    fn a_recorded_end_writes_the_same_terminal_status() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {"containers": [{"name": "main", "image": "img"}]}
+        }))
+        .unwrap();
+        for view in [
+            View::Ended {
+                exit_code: Some(0),
+                reason: "Completed",
+                message: "the command exited with code 0".into(),
+                started_at: None,
+                restarts: 1,
+            },
+            View::Failed {
+                reason: "ProvisioningTimeout",
+                message: "no GPU".into(),
+            },
+        ] {
+            let record = RecordedEnd::of(&view).unwrap();
+            let mut annotated = pod.clone();
+            annotated.metadata.annotations = Some(
+                [(
+                    runpod_webhook::contract::ENDED.to_owned(),
+                    serde_json::to_string(&record).unwrap(),
+                )]
+                .into(),
+            );
+            let read = RecordedEnd::on(&annotated).unwrap();
+            let at = now();
+            let direct = desired(&pod, &view, "h", at);
+            let replayed = desired(&pod, &read.view(), "h", at);
+            assert_eq!(direct.phase, replayed.phase);
+            assert_eq!(direct.reason, replayed.reason);
+            assert_eq!(
+                serde_json::to_value(&direct.container_statuses).unwrap()[0]["state"],
+                serde_json::to_value(&replayed.container_statuses).unwrap()[0]["state"]
+            );
+        }
+        assert_eq!(RecordedEnd::on(&pod), None);
     }
 }

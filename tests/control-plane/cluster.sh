@@ -8,10 +8,12 @@
 #   cluster.sh start DIR            start a fresh cluster living in DIR; prints DIR/admin.kubeconfig
 #   cluster.sh stop DIR [--purge]   stop it (idempotent); --purge also deletes DIR
 #   cluster.sh status DIR           exit 0 iff the cluster's apiserver answers /readyz
+#   cluster.sh kubectl              build/cache a kubectl of the same version; prints its path
 #
 # Environment: RUNPOD_KUBELET_CACHE (default ~/.cache/runpod-kubelet),
 #              CLUSTER_START_TIMEOUT (seconds, default 90),
-#              CLUSTER_APISERVER_EXTRA_ARGS (more kube-apiserver flags, word-split).
+#              EXTRA_APISERVER_FLAGS, EXTRA_CONTROLLER_MANAGER_FLAGS (whitespace-separated flags
+#              appended to that component's command line, e.g. shorter eviction timeouts).
 # Progress and errors go to stderr; stdout carries only the final line.
 set -euo pipefail
 
@@ -70,11 +72,15 @@ ensure_deb_src() {
   apt_update
 }
 
+# build_binaries [OUT_DIR REV COMPONENT...]: defaults to the control plane into $BIN.
 build_binaries() {
+  local out="${1:-$BIN}" rev="${2:-$BUILD_REV}"
+  local components=("${@:3}")
+  ((${#components[@]})) || components=("${COMPONENTS[@]}")
   ensure_pkgs golang-1.19-go rsync dpkg-dev make golang-github-modern-go-reflect2-dev
   ensure_deb_src
 
-  local scratch="$CACHE/build" src_dir="$CACHE/src"
+  local scratch="$CACHE/build-$(basename "$out")" src_dir="$CACHE/src"
   mkdir -p "$scratch" "$src_dir"
 
   # The 34 MB source download is kept in the cache so a failed build does not redo it.
@@ -110,19 +116,33 @@ build_binaries() {
 
   local v=k8s.io/kubernetes/vendor/k8s.io/component-base/version
   local ldflags="-s -w -X $v.gitVersion=v$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=20 -X $v.gitTreeState=clean"
-  local tmp="$CACHE/bin.tmp.$$"
+  local tmp="$out.tmp.$$"
   rm -rf "$tmp"
   mkdir -p "$tmp"
-  log "go build ${COMPONENTS[*]} (several minutes on 2 cores)"
-  (cd "$tree" && go build -ldflags "$ldflags" -o "$tmp/" "${COMPONENTS[@]/#/./cmd/}") >>"$buildlog" 2>&1 \
+  log "go build ${components[*]} (several minutes on 2 cores)"
+  (cd "$tree" && go build -ldflags "$ldflags" -o "$tmp/" "${components[@]/#/./cmd/}") >>"$buildlog" 2>&1 \
     || { rm -rf "$tmp"; tail -n 30 "$buildlog" >&2; die "go build failed"; }
 
   # Directory rename: other processes see either no bin dir or a complete one.
-  echo "$BUILD_REV" >"$tmp/BUILD_REV"
-  rm -rf "$BIN"
-  mv "$tmp" "$BIN"
+  echo "$rev" >"$tmp/BUILD_REV"
+  rm -rf "$out"
+  mv "$tmp" "$out"
   rm -rf "$scratch"
-  log "built: $("$BIN/kube-apiserver" --version)"
+  log "built: $("$out/${components[0]}" --version 2>&1 | head -n1)"
+}
+
+# kubectl for the demo, built from the same source (not needed by the tests).
+KUBECTL_DIR="$CACHE/kubectl"
+cmd_kubectl() {
+  if [[ ! -x $KUBECTL_DIR/kubectl || $(cat "$KUBECTL_DIR/BUILD_REV" 2>/dev/null) != "$BUILD_REV" ]]; then
+    mkdir -p "$CACHE"
+    exec 8>"$CACHE/.kubectl.lock"
+    flock 8
+    if [[ ! -x $KUBECTL_DIR/kubectl || $(cat "$KUBECTL_DIR/BUILD_REV" 2>/dev/null) != "$BUILD_REV" ]]; then
+      build_binaries "$KUBECTL_DIR" "$BUILD_REV" kubectl
+    fi
+  fi
+  echo "$KUBECTL_DIR/kubectl"
 }
 
 cmd_install() {
@@ -361,8 +381,9 @@ EOF
     --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" --initial-cluster "default=$peer"
   wait_for "etcd /health" curl -sf --max-time 2 "$client/health"
 
-  local pki="$DIR/pki" extra_apiserver_args=()
-  read -ra extra_apiserver_args <<<"${CLUSTER_APISERVER_EXTRA_ARGS:-}"
+  local pki="$DIR/pki" extra_apiserver=() extra_controller_manager=()
+  read -r -a extra_apiserver <<<"${EXTRA_APISERVER_FLAGS:-}"
+  read -r -a extra_controller_manager <<<"${EXTRA_CONTROLLER_MANAGER_FLAGS:-}"
   spawn kube-apiserver "$BIN/kube-apiserver" \
     --etcd-servers="$client" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
@@ -374,7 +395,7 @@ EOF
     --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
     --service-account-issuer=https://kubernetes.default.svc \
     --authorization-mode=Node,RBAC --service-cluster-ip-range=10.96.0.0/16 \
-    --allow-privileged=true "${extra_apiserver_args[@]}"
+    --allow-privileged=true ${extra_apiserver[@]+"${extra_apiserver[@]}"}
   wait_for "kube-apiserver /readyz" readyz_ok
 
   # --port=0 turns off the insecure 10251/10252 ports, which would clash between clusters.
@@ -388,7 +409,8 @@ EOF
     --secure-port="$CONTROLLER_MANAGER_PORT" --cert-dir="$pki/controller-manager" \
     --controllers='*,-nodeipam' --use-service-account-credentials=true \
     --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
-    --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key"
+    --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
+    ${extra_controller_manager[@]+"${extra_controller_manager[@]}"}
 
   wait_for "kube-scheduler /healthz" healthz_ok "$SCHEDULER_PORT"
   wait_for "kube-controller-manager /healthz" healthz_ok "$CONTROLLER_MANAGER_PORT"
@@ -452,7 +474,8 @@ main() {
     start) cmd_start ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
-    *) sed -n '6,11s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+    kubectl) cmd_kubectl ;;
+    *) sed -n '6,12s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
   esac
 }
 

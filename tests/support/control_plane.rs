@@ -6,6 +6,13 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
+/// Flags appended to a component's command line (no spaces inside one flag).
+#[derive(Debug, Clone, Default)]
+pub struct ExtraFlags {
+    pub apiserver: Vec<String>,
+    pub controller_manager: Vec<String>,
+}
+
 pub struct ControlPlane {
     dir: tempfile::TempDir,
     pub kubeconfig: PathBuf,
@@ -18,17 +25,22 @@ fn script() -> PathBuf {
 impl ControlPlane {
     /// Builds the binaries if they are not cached yet, then starts a fresh cluster.
     pub fn start() -> anyhow::Result<Self> {
-        Self::start_with_apiserver_args(&[])
+        Self::start_with(&ExtraFlags::default())
     }
 
-    /// Like `start`, with more kube-apiserver flags.
-    pub fn start_with_apiserver_args(extra: &[&str]) -> anyhow::Result<Self> {
+    /// Like [`ControlPlane::start`], with extra flags for some components (e.g. shorter
+    /// eviction timeouts for outage tests); the defaults other tests use stay as they are.
+    pub fn start_with(extra: &ExtraFlags) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("runpod-e2e-").tempdir()?;
         let output = Command::new("bash")
-            .env("CLUSTER_APISERVER_EXTRA_ARGS", extra.join(" "))
             .arg(script())
             .arg("start")
             .arg(dir.path())
+            .env("EXTRA_APISERVER_FLAGS", extra.apiserver.join(" "))
+            .env(
+                "EXTRA_CONTROLLER_MANAGER_FLAGS",
+                extra.controller_manager.join(" "),
+            )
             .output()
             .context("running cluster.sh")?;
         if !output.status.success() {
@@ -47,6 +59,7 @@ impl ControlPlane {
         Ok(kube::Client::try_from(config)?)
     }
 
+    /// The cluster's CA (it signs the apiserver's client certificate towards kubelets).
     /// The apiserver's URL.
     pub fn server_url(&self) -> anyhow::Result<String> {
         let env = std::fs::read_to_string(self.dir.path().join("env"))?;
@@ -56,7 +69,6 @@ impl ControlPlane {
             .context("no APISERVER_URL in the cluster's env file")
     }
 
-    /// The cluster's CA (it signs the apiserver's client certificate towards kubelets).
     pub fn ca_file(&self) -> PathBuf {
         self.dir.path().join("pki").join("ca.crt")
     }

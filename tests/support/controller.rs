@@ -56,6 +56,52 @@ impl SimulatorProcess {
     }
 }
 
+impl SimulatorProcess {
+    /// Adds a fault rule (`runpod_simulator::Fault` as JSON).
+    pub async fn inject(&self, fault: &serde_json::Value) -> anyhow::Result<()> {
+        reqwest::Client::new()
+            .post(format!("{}/_sim/faults", self.url))
+            .json(fault)
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    /// Removes every fault rule.
+    pub async fn clear_faults(&self) -> anyhow::Result<()> {
+        reqwest::Client::new()
+            .delete(format!("{}/_sim/faults", self.url))
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    /// Creates a RunPod pod directly through the API, as someone else using the account would.
+    pub async fn create_pod(&self, body: &serde_json::Value) -> anyhow::Result<serde_json::Value> {
+        let pod = reqwest::Client::new()
+            .post(format!("{}/v2/pods", self.url))
+            .bearer_auth(API_KEY)
+            .json(body)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        Ok(pod)
+    }
+
+    /// Every recorded exchange (method, path, status, ...).
+    pub async fn exchanges(&self) -> anyhow::Result<Vec<serde_json::Value>> {
+        Ok(reqwest::get(format!("{}/_sim/exchanges", self.url))
+            .await?
+            .error_for_status()?
+            .json()
+            .await?)
+    }
+}
+
 impl Drop for SimulatorProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -67,9 +113,22 @@ impl Drop for SimulatorProcess {
 pub struct ControllerProcess {
     child: Child,
     pub kubelet_port: u16,
+    args: Vec<std::ffi::OsString>,
+    kubeconfig: std::path::PathBuf,
     log: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
+
+/// Defaults every e2e controller gets unless `extra` names the flag itself.
+/// One replica without election unless a test asks for it (`--leader-elect true`): a restarted
+/// process then leads at once instead of waiting for its predecessor's lease to run out.
+const DEFAULTS: [(&str, &str); 5] = [
+    ("--leader-elect", "false"),
+    ("--reconcile-interval", "1s"),
+    ("--create-settle", "3s"),
+    ("--datacenter-ids", "EU-RO-1,US-TX-3"),
+    ("--max-gpu-price", "2"),
+];
 
 impl ControllerProcess {
     pub fn start(
@@ -78,52 +137,144 @@ impl ControllerProcess {
         simulator: &SimulatorProcess,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_via(kubeconfig, client_ca, &simulator.url, "127.0.0.1", extra)
+    }
+
+    /// A controller advertising `internal_ip` (any 127.0.0.x reaches it: it listens on all
+    /// addresses) and reaching RunPod at `runpod_url` (the simulator or a counting proxy).
+    pub fn start_via(
+        kubeconfig: &Path,
+        client_ca: &Path,
+        runpod_url: &str,
+        internal_ip: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let log = dir.path().join("controller.log");
-        let kubelet_port = super::webhook::free_port()?.port();
-        let child = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
-            .arg("controller")
-            .args(["--runpod-api-url", &simulator.url])
-            .args(["--kubelet-port", &kubelet_port.to_string()])
-            .arg("--kubelet-client-ca")
-            .arg(client_ca)
-            .args(["--internal-ip", "127.0.0.1"])
-            .args(["--reconcile-interval", "1s", "--create-settle", "3s"])
-            .args([
-                "--datacenter-ids",
-                "EU-RO-1,US-TX-3",
-                "--max-gpu-price",
-                "2",
-            ])
-            .args(extra)
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUNPOD_API_KEY", API_KEY)
-            .env("RUNPOD_KUBELET_LOG_LEVEL", "info,runpod_kubelet=debug")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("starting the controller")?;
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "controller".into(),
+            "--runpod-api-url".into(),
+            runpod_url.into(),
+            "--kubelet-client-ca".into(),
+            client_ca.into(),
+            "--internal-ip".into(),
+            internal_ip.into(),
+        ];
+        for (flag, value) in DEFAULTS {
+            if !extra.contains(&flag) {
+                args.push(flag.into());
+                args.push(value.into());
+            }
+        }
+        args.extend(extra.iter().map(Into::into));
+        let (child, kubelet_port) = spawn(&args, kubeconfig, &log)?;
         Ok(Self {
             child,
             kubelet_port,
+            args,
+            kubeconfig: kubeconfig.to_owned(),
             log,
             _dir: dir,
         })
     }
 
+    /// The whole log of every run of this controller (restarts append).
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last `lines` lines of the log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     /// Whether the process is still running.
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
+
+    /// SIGKILL: no shutdown code runs, as when a node dies or the OOM killer strikes.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM: a clean shutdown.
+    pub fn terminate(&self) -> anyhow::Result<()> {
+        self.signal("TERM")
+    }
+
+    /// Sends a signal by name (`STOP` freezes the process, `CONT` resumes it).
+    pub fn signal(&self, name: &str) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -{name} failed");
+        Ok(())
+    }
+
+    /// The exit status once the process has ended.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Starts the controller again with the same flags (a new kubelet port).
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        let (child, port) = spawn(&self.args, &self.kubeconfig, &self.log)?;
+        self.child = child;
+        self.kubelet_port = port;
+        Ok(())
+    }
+}
+
+fn spawn(
+    args: &[std::ffi::OsString],
+    kubeconfig: &Path,
+    log: &Path,
+) -> anyhow::Result<(Child, u16)> {
+    let kubelet_port = super::webhook::free_port()?.port();
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    let child = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+        .args(args)
+        .args(["--kubelet-port", &kubelet_port.to_string()])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUNPOD_API_KEY", API_KEY)
+        .env("RUNPOD_KUBELET_LOG_LEVEL", "info,runpod_kubelet=debug")
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .context("starting the controller")?;
+    Ok((child, kubelet_port))
+}
+
+/// Runs `runpod-kubelet <args>` to completion against the simulator; its status and stderr.
+pub fn run_command(
+    kubeconfig: &Path,
+    simulator: &SimulatorProcess,
+    args: &[&str],
+) -> anyhow::Result<(std::process::ExitStatus, String)> {
+    let output = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+        .args(args)
+        .args(["--runpod-api-url", &simulator.url])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUNPOD_API_KEY", API_KEY)
+        .output()
+        .context("running runpod-kubelet")?;
+    Ok((
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
 }
 
 impl Drop for ControllerProcess {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }

@@ -68,6 +68,16 @@ impl FakeNode {
         self,
         client: kube::Client,
     ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+        self.register_every(client, Duration::from_secs(10)).await
+    }
+
+    /// Like [`FakeNode::register`], renewing the Lease and heartbeat every `period` (a
+    /// shortened `--node-monitor-grace-period` needs a faster beat).
+    pub async fn register_every(
+        self,
+        client: kube::Client,
+        period: Duration,
+    ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
         let nodes: Api<Node> = Api::all(client.clone());
         let capacity: BTreeMap<String, Quantity> = self
             .allocatable
@@ -100,7 +110,7 @@ impl FakeNode {
         let name = self.name.clone();
         Ok(tokio::spawn(async move {
             loop {
-                tokio::time::sleep(Duration::from_secs(10)).await;
+                tokio::time::sleep(period).await;
                 if let Err(error) = heartbeat(&client, &name).await {
                     eprintln!("heartbeat of node {name} failed: {error}");
                 }

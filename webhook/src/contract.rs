@@ -50,14 +50,20 @@ pub const ENDPOINTS: &str = "runpod.io/endpoints";
 /// searches for the pod instead of creating another until a later complete list shows none.
 pub const CREATE_REQUESTED: &str = "runpod.io/create-requested";
 
+/// The controller's record of how the container ended (JSON), written before its instance is
+/// terminated: a controller that crashes in between finishes the pod the same way instead of
+/// failing it, or creating it again.
+pub const ENDED: &str = "runpod.io/ended";
+
 /// Annotations only the controller writes; the webhook removes them from new pods.
-pub const CONTROLLER_ANNOTATIONS: [&str; 6] = [
+pub const CONTROLLER_ANNOTATIONS: [&str; 7] = [
     POD_ID,
     COST_PER_HR,
     GPU_TYPE,
     DATACENTER,
     ENDPOINTS,
     CREATE_REQUESTED,
+    ENDED,
 ];
 
 /// Node annotation where the controller publishes the cheapest GPU price per cloud type, in

@@ -3,7 +3,8 @@
 //!
 //! Placement walks the request's `dataCenterIds` in order (all catalogue data centres when it
 //! names none) and takes the first one that exists, has stock of the GPU type (not NONE) and
-//! is not taken out by a `Capacity` fault. Nothing placeable → the capacity 400.
+//! is not taken out by a `Capacity` fault. Nothing placeable → the capacity 400. A `Misplace`
+//! fault then moves the pod to a data centre the request did not name.
 //! Defaults where the spec is silent: `disk` 50 GB (v1's default), `ports` [], `args` "".
 
 use std::collections::BTreeMap;
@@ -200,12 +201,30 @@ pub(crate) fn plan(
         chosen = Some(id);
         break;
     }
-    let Some(data_center_id) = chosen else {
+    let Some(mut data_center_id) = chosen else {
         return Err(Refusal {
             reply: Reply::capacity(),
             fired,
         });
     };
+    let requested = req.data_center_ids.as_deref().unwrap_or_default();
+    if !requested.is_empty()
+        && let Some((fault, wanted)) = faults.misplace(&ctx)
+    {
+        // RunPod treats `dataCenterIds` as a preference: put the pod somewhere else.
+        let elsewhere = scenario
+            .data_centers
+            .iter()
+            .filter(|dc| !requested.contains(&dc.id))
+            .filter(|dc| wanted.is_none_or(|w| w == dc.id))
+            .find(|dc| {
+                (!global_networking || dc.global_network) && stock(&dc.id) != Availability::None
+            });
+        if let Some(dc) = elsewhere {
+            data_center_id = dc.id.clone();
+            fired.push(fault);
+        }
+    }
     let plan = Plan {
         name: req.name.clone(),
         image,

@@ -1,5 +1,6 @@
 //! Fault injection: rules that make the simulator misbehave the way RunPod does (402, 403, 5xx
-//! after a real create, stock-outs the catalogue did not predict, slow answers).
+//! after a real create, stock-outs the catalogue did not predict, slow answers, pods placed
+//! outside the requested data centres).
 //!
 //! Rules are checked in insertion order after authentication and rate limiting. A rule with
 //! `times: Some(n)` is removed once it has fired `n` times.
@@ -31,7 +32,8 @@ pub struct Fault {
 /// - `data_center_id`: for `createPod` the data centre placement picks (so a rule for
 ///   `EU-RO-1` fires when the pod would land there); for pod operations the pod's data centre;
 ///   for `getDataCenter` the id in the path. For [`Effect::Capacity`] it names the data centre
-///   to take out of placement instead.
+///   to take out of placement instead; for [`Effect::Misplace`] the data centre to put the pod
+///   in (any other one with stock when unset).
 /// - `pod_name`: the create body's `name`, or the existing pod's name.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -46,7 +48,7 @@ pub struct Match {
 ///
 /// JSON form (internally tagged): `{"kind":"status","status":402,"detail":"…"}`,
 /// `{"kind":"create_then_fail","status":500}`, `{"kind":"delay","millis":2000}`,
-/// `{"kind":"capacity"}`.
+/// `{"kind":"capacity"}`, `{"kind":"misplace"}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Effect {
@@ -67,6 +69,10 @@ pub enum Effect {
     /// createPod only: no capacity for the matching GPU type (in `data_center_id`, or
     /// everywhere when unset); create answers the capacity 400 if nothing else can be placed.
     Capacity,
+    /// createPod only: the pod is placed in a data centre the request's `dataCenterIds` did not
+    /// name (RunPod treats the list as a preference), one with stock of the GPU type. A request
+    /// naming no data centres allows all of them, and is placed normally.
+    Misplace,
 }
 
 impl Fault {
@@ -234,6 +240,29 @@ impl FaultSet {
         })
     }
 
+    /// The first `Misplace` rule that applies to this create, and the data centre it names.
+    /// Read-only, like [`FaultSet::capacity_block`].
+    pub fn misplace(&self, ctx: &MatchContext<'_>) -> Option<(usize, Option<&str>)> {
+        self.rules.iter().enumerate().find_map(|(index, rule)| {
+            let applies = matches!(rule.effect, Effect::Misplace)
+                && rule
+                    .when
+                    .operation
+                    .is_none_or(|op| op == Operation::CreatePod)
+                && rule
+                    .when
+                    .gpu_id
+                    .as_deref()
+                    .is_none_or(|g| ctx.gpu_id == Some(g))
+                && rule
+                    .when
+                    .pod_name
+                    .as_deref()
+                    .is_none_or(|n| ctx.pod_name == Some(n));
+            applies.then_some((index, rule.when.data_center_id.as_deref()))
+        })
+    }
+
     /// Counts one firing for each rule index (duplicates count once) and drops exhausted rules.
     pub fn consume(&mut self, indices: &[usize]) {
         let mut index = 0;
@@ -265,9 +294,33 @@ mod tests {
         assert_eq!(back, fault);
         let capacity: Fault = serde_json::from_str(r#"{"effect":{"kind":"capacity"}}"#).unwrap();
         assert_eq!(capacity.effect, Effect::Capacity);
+        let misplace: Fault = serde_json::from_str(r#"{"effect":{"kind":"misplace"}}"#).unwrap();
+        assert_eq!(misplace.effect, Effect::Misplace);
         assert!(
             serde_json::from_str::<Fault>(r#"{"effect":{"kind":"capacity"},"bogus":1}"#).is_err()
         );
+    }
+
+    #[test]
+    fn misplace_matches_creates_of_its_gpu_only() {
+        let set = FaultSet::new(vec![Fault::new(
+            Match::operation(Operation::CreatePod)
+                .gpu("NVIDIA L40S")
+                .data_center("EU-SE-1"),
+            Effect::Misplace,
+        )]);
+        let create = |gpu| MatchContext {
+            operation: Some(Operation::CreatePod),
+            gpu_id: Some(gpu),
+            ..MatchContext::default()
+        };
+        assert_eq!(
+            set.misplace(&create("NVIDIA L40S")),
+            Some((0, Some("EU-SE-1")))
+        );
+        assert_eq!(set.misplace(&create("NVIDIA A100")), None);
+        // It never answers on its own.
+        assert!(set.response_faults(&create("NVIDIA L40S")).effect.is_none());
     }
 
     #[test]

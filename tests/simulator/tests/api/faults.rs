@@ -188,3 +188,54 @@ async fn pod_faults_match_the_pods_name_and_delays_compose_with_the_answer() {
     assert_eq!(api.delete(&format!("/v2/pods/{id}")).await.status, 404);
     api.assert_contract();
 }
+
+#[tokio::test]
+async fn misplace_puts_the_pod_outside_the_requested_data_centres() {
+    let api = Api::start(Scenario::default()).await;
+    api.sim
+        .inject(Fault::new(Match::operation(Operation::CreatePod), Effect::Misplace).times(1));
+    let wanted = json!(["EU-RO-1", "US-TX-3"]);
+    let misplaced = api
+        .post(
+            "/v2/pods",
+            &json!({"name": "m", "image": "i", "gpu": {"id": RTX_4090, "count": 1}, "dataCenterIds": wanted}),
+        )
+        .await;
+    assert_eq!(misplaced.status, 201);
+    let dc = misplaced.body["dataCenterId"].as_str().unwrap().to_owned();
+    assert!(
+        !["EU-RO-1", "US-TX-3"].contains(&dc.as_str()),
+        "placed in {dc}, a requested data centre"
+    );
+    let ledger = api.sim.ledger();
+    assert_eq!(ledger[0].data_center_id, dc);
+    // `times: 1`: the next create lands where it asked.
+    let placed = api
+        .post(
+            "/v2/pods",
+            &json!({"name": "m2", "image": "i", "gpu": {"id": RTX_4090, "count": 1}, "dataCenterIds": wanted}),
+        )
+        .await;
+    assert_eq!(placed.body["dataCenterId"], "EU-RO-1");
+
+    // A named target data centre; a request naming none is placed normally.
+    api.sim.inject(Fault::new(
+        Match::operation(Operation::CreatePod).data_center("EU-SE-1"),
+        Effect::Misplace,
+    ));
+    let named = api
+        .post(
+            "/v2/pods",
+            &json!({"name": "m3", "image": "i", "gpu": {"id": RTX_4090, "count": 1}, "dataCenterIds": ["EU-RO-1"]}),
+        )
+        .await;
+    assert_eq!(named.body["dataCenterId"], "EU-SE-1");
+    let anywhere = api
+        .post(
+            "/v2/pods",
+            &json!({"name": "m4", "image": "i", "gpu": {"id": RTX_4090, "count": 1}}),
+        )
+        .await;
+    assert_eq!(anywhere.body["dataCenterId"], "EU-RO-1");
+    api.assert_contract();
+}

@@ -1,0 +1,290 @@
+//! `cargo bench --bench controller_scale`: many pods bound to the virtual node at once, against
+//! the RunPod simulator with a per-minute quota, on the real control plane. It prints figures;
+//! it never fails on timing, only when something does not work.
+//!
+//! Figures: time from binding to the create request (p50/p99), RunPod calls per minute (all,
+//! and without creates), creates per minute against what the quota leaves, 429s, apiserver pod
+//! writes per pod, and the controller's peak RSS.
+//!
+//! Environment:
+//! - `CONTROLLER_BENCH_PODS` (default 1000): pods bound to the node (`--max-pods` follows);
+//! - `CONTROLLER_BENCH_QUOTA` (default 60): the simulator's requests per minute;
+//! - `CONTROLLER_BENCH_MINUTES` (default 25): stop measuring after this long even if not every
+//!   pod has its RunPod pod (the figures say how many did).
+//!
+//! At 60 requests per minute, 1000 creates take at least 17 minutes: that is the quota, not the
+//! controller. `CONTROLLER_BENCH_PODS=200` gives the same per-minute figures in 4 minutes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context as _, ensure};
+use futures_util::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::json;
+use support::control_plane::ControlPlane;
+use support::controller::{API_KEY, SimulatorProcess};
+
+const NODE: &str = "virtual-runpod";
+const NAMESPACE: &str = "bench";
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() -> ExitCode {
+    // `cargo bench` passes `--bench`; a filter that names another bench skips this one.
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    if !filters.is_empty()
+        && !filters
+            .iter()
+            .any(|f| "controller_scale".contains(f.as_str()))
+    {
+        return ExitCode::SUCCESS;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    match runtime.block_on(bench()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("controller_scale failed: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn bench() -> anyhow::Result<()> {
+    let pods_wanted: usize = env_or("CONTROLLER_BENCH_PODS", 1000);
+    let quota: u32 = env_or("CONTROLLER_BENCH_QUOTA", 60);
+    let minutes: u64 = env_or("CONTROLLER_BENCH_MINUTES", 25);
+    println!("controller_scale: {pods_wanted} pods, quota {quota}/min, at most {minutes} min");
+
+    let control_plane = ControlPlane::start()?;
+    let client = control_plane.client().await?;
+    let simulator = SimulatorProcess::start(&json!({
+        "provisioning_ms": 1000, "starting_ms": 1000, "ports_ms": 1000,
+        "rate_limits": [{"name": "minute", "quota": quota, "window_secs": 60}],
+        "images": [{"match": "bench", "logs": ["ready"]}]
+    }))?;
+    let metrics_port = support::webhook::free_port()?.port();
+    let kubelet_port = support::webhook::free_port()?.port();
+    let log = tempfile::NamedTempFile::new()?;
+    let mut controller = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+        .arg("controller")
+        .args(["--nodename", NODE, "--runpod-api-url", &simulator.url])
+        .args(["--kubelet-port", &kubelet_port.to_string()])
+        .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
+        .args(["--max-pods", &pods_wanted.to_string()])
+        .args(["--max-gpus", &pods_wanted.to_string()])
+        .args(["--max-gpu-price", "2", "--reconcile-interval", "10s"])
+        .env("KUBECONFIG", &control_plane.kubeconfig)
+        .env("RUNPOD_API_KEY", API_KEY)
+        .env("RUNPOD_KUBELET_LOG_LEVEL", "warn")
+        .stdout(Stdio::null())
+        .stderr(log.reopen()?)
+        .spawn()
+        .context("starting the controller")?;
+    let result = measure(
+        &client,
+        &simulator,
+        metrics_port,
+        controller.id(),
+        pods_wanted,
+        quota,
+        minutes,
+    )
+    .await;
+    let _ = controller.kill();
+    let _ = controller.wait();
+    if result.is_err() {
+        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        eprintln!(
+            "--- controller log tail ---\n{}",
+            lines[lines.len().saturating_sub(30)..].join("\n")
+        );
+    }
+    result
+}
+
+async fn measure(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+    metrics_port: u16,
+    controller_pid: u32,
+    pods_wanted: usize,
+    quota: u32,
+    minutes: u64,
+) -> anyhow::Result<()> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    support::wait::until("virtual node", Duration::from_secs(120), || async {
+        Ok(nodes.get_opt(NODE).await?.map(|_| ()))
+    })
+    .await?;
+    support::pods::namespace(client, NAMESPACE, false).await?;
+
+    // Bind every pod at once (nodeName set: the scheduler's binding, without its pace).
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let bound_started = Instant::now();
+    let bound: Vec<(String, SystemTime)> = futures_util::stream::iter(0..pods_wanted)
+        .map(|i| {
+            let pods = pods.clone();
+            async move {
+                let pod: Pod = serde_json::from_value(json!({
+                    "metadata": {"name": format!("bench-{i:04}")},
+                    "spec": {"nodeName": NODE, "restartPolicy": "Always",
+                        "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
+                        "containers": [{"name": "main", "image": "bench/server:1",
+                            "command": ["serve"],
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+                }))?;
+                let created = pods.create(&PostParams::default(), &pod).await?;
+                anyhow::Ok((created.metadata.uid.unwrap_or_default(), SystemTime::now()))
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect()
+        .await?;
+    println!(
+        "bound {} pods in {:.1}s",
+        bound.len(),
+        bound_started.elapsed().as_secs_f64()
+    );
+    let bound_at: HashMap<String, SystemTime> = bound.into_iter().collect();
+
+    // Wait until every pod has its RunPod pod, or the time is up.
+    let deadline = Instant::now() + Duration::from_secs(minutes * 60);
+    let started = Instant::now();
+    let mut created_at: HashMap<String, SystemTime> = HashMap::new();
+    while created_at.len() < pods_wanted && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        for entry in simulator.ledger().await? {
+            let uid = entry["env"]["RUNPOD_KUBELET_POD_UID"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if !bound_at.contains_key(&uid) || created_at.contains_key(&uid) {
+                continue;
+            }
+            let at: k8s_openapi::jiff::Timestamp = entry["created_at"]
+                .as_str()
+                .context("created_at")?
+                .parse()?;
+            created_at.insert(uid, SystemTime::from(at));
+        }
+        print!(
+            "\r{} of {pods_wanted} created after {:.0}s   ",
+            created_at.len(),
+            started.elapsed().as_secs_f64()
+        );
+        use std::io::Write as _;
+        std::io::stdout().flush()?;
+    }
+    println!();
+    let elapsed_minutes = started.elapsed().as_secs_f64() / 60.0;
+
+    let mut latencies: Vec<f64> = created_at
+        .iter()
+        .filter_map(|(uid, created)| {
+            created
+                .duration_since(*bound_at.get(uid)?)
+                .ok()
+                .map(|d| d.as_secs_f64())
+        })
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    let percentile = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 - 1.0) * p).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+
+    let exchanges: Vec<serde_json::Value> =
+        reqwest::get(format!("{}/_sim/exchanges", simulator.url))
+            .await?
+            .json()
+            .await?;
+    let refused = exchanges.iter().filter(|e| e["status"] == 429).count();
+    let creates = exchanges
+        .iter()
+        .filter(|e| e["operation"] == "createPod" && e["status"] != 429)
+        .count();
+    let calls = exchanges.len();
+    let minutes_total = elapsed_minutes.max(1.0 / 60.0);
+    let other_per_minute = (calls - creates) as f64 / minutes_total;
+    let creates_per_minute = creates as f64 / minutes_total;
+    let left_for_creates = (f64::from(quota) - other_per_minute).max(1.0);
+
+    let metrics = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .await?
+        .text()
+        .await?;
+    let pod_writes = metric(&metrics, "runpod_kubelet_pod_writes_total").unwrap_or(f64::NAN);
+    let rss_kib = std::fs::read_to_string(format!("/proc/{controller_pid}/status"))?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(f64::NAN);
+
+    println!("\n== controller_scale: {pods_wanted} pods, quota {quota}/min");
+    println!(
+        "created          {} of {pods_wanted} in {:.1} min",
+        created_at.len(),
+        elapsed_minutes
+    );
+    println!(
+        "bind -> create   p50 {:.1}s  p99 {:.1}s",
+        percentile(0.5),
+        percentile(0.99)
+    );
+    println!(
+        "RunPod calls     {:.1}/min in all, {:.1}/min besides creates (lists, catalogue)",
+        calls as f64 / minutes_total,
+        other_per_minute
+    );
+    println!(
+        "creates          {:.1}/min = {:.0}% of the {:.1}/min the quota leaves (target >= 95%)",
+        creates_per_minute,
+        100.0 * creates_per_minute / left_for_creates,
+        left_for_creates
+    );
+    println!(
+        "                 (creates take {:.0}% of the whole quota)",
+        100.0 * creates_per_minute / f64::from(quota)
+    );
+    println!("429s             {refused} (target 0)");
+    println!(
+        "pod writes       {:.1} per pod ({pod_writes} in all)",
+        pod_writes / pods_wanted as f64
+    );
+    println!(
+        "controller RSS   {:.1} MiB peak (target < 64)",
+        rss_kib / 1024.0
+    );
+    ensure!(!created_at.is_empty(), "no pod got a RunPod pod");
+    Ok(())
+}
+
+/// The value of an unlabelled metric in a Prometheus text exposition.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+}

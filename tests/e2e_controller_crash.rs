@@ -1,0 +1,419 @@
+//! The crash test: the controller is killed with SIGKILL at random moments (seeded; the seed is
+//! printed, `CRASH_SEED=N` replays it) across more than 50 pod lifecycles, while the simulator
+//! answers creates with 5xx after really creating, answers 429, lags its list and answers
+//! slowly. The controller is restarted after each kill. Once the faults stop and everything has
+//! converged, the ledger must show, for every Kubernetes pod, at most one RunPod pod ever created
+//! (zero duplicates, not even short-lived ones) and no RunPod pod alive for a deleted or
+//! finished pod; every batch pod must have Succeeded with its exit code.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::json;
+use support::control_plane::{ControlPlane, ExtraFlags};
+use support::controller::{ControllerProcess, SimulatorProcess};
+use support::pods::{bound_gpu_pod, exit_code, live, namespace, node_ready, phase, uid};
+use support::wait;
+use tokio::sync::Mutex;
+
+const CLUSTER: &str = "e2e-crash";
+const NS: &str = "crash";
+const LIFECYCLES: usize = 60;
+const CONCURRENT: usize = 8;
+/// Every wait for a pod is this generous: the controller may be down or settling.
+const POD_WAIT: Duration = Duration::from_secs(300);
+
+fn scenario() -> serde_json::Value {
+    json!({
+        "provisioning_ms": 800, "starting_ms": 400, "ports_ms": 200, "list_lag_ms": 1500,
+        "rate_limits": [{"name": "minute", "quota": 100000, "window_secs": 60}],
+        "images": [
+            {"match": "batch", "outcome": "EXITED", "after_ms": 2500, "logs": ["working"], "exit_code": 0},
+            {"match": "server", "logs": ["serving"]}
+        ]
+    })
+}
+
+fn main() -> std::process::ExitCode {
+    support::harness::main("e2e_controller_crash", &ExtraFlags::default(), |cp| {
+        Box::pin(run(cp))
+    })
+}
+
+/// What the test does with a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Runs to completion (EXITED, exit code from the log) and must end Succeeded.
+    Batch,
+    /// Runs until the test deletes it once it is Running.
+    DeletedRunning,
+    /// Deleted soon after creation, often before or during its create.
+    DeletedEarly,
+}
+
+struct Lifecycle {
+    name: String,
+    uid: String,
+    kind: Kind,
+}
+
+async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
+    let seed = std::env::var("CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("e2e_controller_crash: seed {seed} (CRASH_SEED={seed} replays the schedule)");
+    let client = control_plane.client().await?;
+    let simulator = Arc::new(SimulatorProcess::start(&scenario())?);
+    let controller = Arc::new(Mutex::new(ControllerProcess::start(
+        &control_plane.kubeconfig,
+        &control_plane.ca_file(),
+        &simulator,
+        &["--cluster-id", CLUSTER, "--create-settle", "5s"],
+    )?));
+    let outcome = crash_run(&client, &simulator, &controller, seed).await;
+    if outcome.is_err() {
+        eprintln!(
+            "--- controller log tail (seed {seed}) ---\n{}",
+            controller.lock().await.log_tail(120)
+        );
+    }
+    outcome
+}
+
+async fn crash_run(
+    client: &kube::Client,
+    simulator: &Arc<SimulatorProcess>,
+    controller: &Arc<Mutex<ControllerProcess>>,
+    seed: u64,
+) -> anyhow::Result<()> {
+    node_ready(client).await?;
+    namespace(client, NS, false).await?;
+    let late = late_create_then_kill(client, simulator, controller)
+        .await
+        .context("a create sent late, then SIGKILL")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let kills = Arc::new(AtomicU32::new(0));
+    let killer = tokio::spawn(killer(
+        controller.clone(),
+        stop.clone(),
+        kills.clone(),
+        seed ^ 0x5eed,
+    ));
+    let injector = tokio::spawn(injector(simulator.clone(), stop.clone(), seed ^ 0xfa17));
+
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut done: Vec<Lifecycle> = vec![late];
+    for index in 0..LIFECYCLES {
+        while tasks.len() >= CONCURRENT {
+            done.push(tasks.join_next().await.context("no task")???);
+        }
+        let kind = match rng.u8(0..10) {
+            0..=3 => Kind::Batch,
+            4..=6 => Kind::DeletedRunning,
+            _ => Kind::DeletedEarly,
+        };
+        let early_delay = Duration::from_millis(rng.u64(0..4000));
+        let running_for = Duration::from_millis(rng.u64(0..3000));
+        let client = client.clone();
+        tasks.spawn(async move {
+            tokio::time::timeout(
+                POD_WAIT,
+                lifecycle(&client, index, kind, early_delay, running_for),
+            )
+            .await
+            .with_context(|| format!("lifecycle {index} ({kind:?}) did not end"))?
+        });
+        tokio::time::sleep(Duration::from_millis(rng.u64(100..800))).await;
+    }
+    while let Some(result) = tasks.join_next().await {
+        done.push(result??);
+    }
+    stop.store(true, Ordering::SeqCst);
+    killer.await?;
+    injector.await?;
+    simulator.clear_faults().await?;
+    {
+        let mut controller = controller.lock().await;
+        if !controller.alive() {
+            controller.restart()?;
+        }
+    }
+    println!(
+        "e2e_controller_crash: {} lifecycles, {} SIGKILLs",
+        done.len(),
+        kills.load(Ordering::SeqCst)
+    );
+    ensure!(
+        kills.load(Ordering::SeqCst) >= 8,
+        "too few kills to mean anything"
+    );
+    converge_and_check(client, simulator, &done).await
+}
+
+/// The deterministic worst case: RunPod holds the create back with 429s, so it is sent well
+/// after the create marker was written; the controller dies right after sending it, and the
+/// new one starts while the list still lags behind the create. It must find that pod, not
+/// create a second.
+async fn late_create_then_kill(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+    controller: &Mutex<ControllerProcess>,
+) -> anyhow::Result<Lifecycle> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    simulator
+        .inject(&json!({"when": {"operation": "createPod"},
+                        "effect": {"kind": "status", "status": 429, "retry_after": 3}, "times": 2}))
+        .await?;
+    let name = "late".to_owned();
+    let created = pods
+        .create(
+            &PostParams::default(),
+            &bound_gpu_pod(&name, "e2e/server:1", "Always"),
+        )
+        .await?;
+    let uid = uid(&created);
+    let mut ledger_polls = tokio::time::interval(Duration::from_millis(50));
+    let deadline = tokio::time::Instant::now() + POD_WAIT;
+    loop {
+        ledger_polls.tick().await;
+        let ledger = simulator.ledger().await?;
+        if ledger
+            .iter()
+            .any(|e| e["env"]["RUNPOD_KUBELET_POD_UID"] == uid.as_str())
+        {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the late create never came"
+        );
+    }
+    controller.lock().await.restart()?;
+    wait::until("late pod Running", POD_WAIT, || async {
+        let pod = pods.get(&name).await?;
+        Ok((phase(&pod) == Some("Running")).then_some(()))
+    })
+    .await?;
+    // Some more lists after the restart.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let entries: Vec<_> = simulator
+        .ledger()
+        .await?
+        .into_iter()
+        .filter(|e| e["env"]["RUNPOD_KUBELET_POD_UID"] == uid.as_str())
+        .map(|e| e["id"].clone())
+        .collect();
+    ensure!(
+        entries.len() == 1,
+        "RunPod pods for the late create: {entries:?}"
+    );
+    pods.delete(&name, &DeleteParams::default()).await?;
+    Ok(Lifecycle {
+        name,
+        uid,
+        kind: Kind::DeletedRunning,
+    })
+}
+
+/// One pod's life, as the test drives it.
+async fn lifecycle(
+    client: &kube::Client,
+    index: usize,
+    kind: Kind,
+    early_delay: Duration,
+    running_for: Duration,
+) -> anyhow::Result<Lifecycle> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let name = format!("p{index:03}");
+    let image = match kind {
+        Kind::Batch => "e2e/batch:1",
+        _ => "e2e/server:1",
+    };
+    let restart = match kind {
+        Kind::Batch => "Never",
+        _ => "Always",
+    };
+    let created = pods
+        .create(
+            &PostParams::default(),
+            &bound_gpu_pod(&name, image, restart),
+        )
+        .await?;
+    let uid = uid(&created);
+    let delete = DeleteParams {
+        grace_period_seconds: Some(3),
+        ..DeleteParams::default()
+    };
+    match kind {
+        Kind::Batch => {
+            wait::until(&format!("{name} finished"), POD_WAIT, || async {
+                let pod = pods.get(&name).await?;
+                Ok(matches!(phase(&pod), Some("Succeeded" | "Failed")).then_some(()))
+            })
+            .await?;
+        }
+        Kind::DeletedRunning => {
+            wait::until(&format!("{name} Running"), POD_WAIT, || async {
+                let pod = pods.get(&name).await?;
+                Ok((phase(&pod) == Some("Running")).then_some(()))
+            })
+            .await?;
+            tokio::time::sleep(running_for).await;
+            pods.delete(&name, &delete).await?;
+        }
+        Kind::DeletedEarly => {
+            tokio::time::sleep(early_delay).await;
+            pods.delete(&name, &delete).await?;
+        }
+    }
+    Ok(Lifecycle { name, uid, kind })
+}
+
+/// Kills the controller with SIGKILL at random moments and starts it again.
+async fn killer(
+    controller: Arc<Mutex<ControllerProcess>>,
+    stop: Arc<AtomicBool>,
+    kills: Arc<AtomicU32>,
+    seed: u64,
+) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    while !stop.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(rng.u64(1000..5000))).await;
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let mut process = controller.lock().await;
+        process.kill();
+        kills.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(rng.u64(0..1000))).await;
+        if let Err(error) = process.restart() {
+            eprintln!("restarting the controller failed: {error:#}");
+        }
+    }
+}
+
+/// Keeps RunPod misbehaving: creates that fail after creating, 429s, slow answers.
+async fn injector(simulator: Arc<SimulatorProcess>, stop: Arc<AtomicBool>, seed: u64) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let faults = [
+        json!({"when": {"operation": "createPod"}, "effect": {"kind": "create_then_fail", "status": 500}, "times": 1}),
+        json!({"when": {"operation": "createPod"}, "effect": {"kind": "create_then_fail", "status": 502}, "times": 1}),
+        json!({"when": {"operation": "createPod"}, "effect": {"kind": "status", "status": 503}, "times": 1}),
+        json!({"when": {"operation": "createPod"}, "effect": {"kind": "status", "status": 429, "retry_after": 1}, "times": 2}),
+        json!({"when": {"operation": "listPods"}, "effect": {"kind": "status", "status": 429, "retry_after": 1}, "times": 2}),
+        json!({"when": {"operation": "listPods"}, "effect": {"kind": "delay", "millis": 2500}, "times": 2}),
+        json!({"when": {"operation": "createPod"}, "effect": {"kind": "delay", "millis": 2000}, "times": 1}),
+        json!({"when": {"operation": "deletePod"}, "effect": {"kind": "status", "status": 503}, "times": 1}),
+        json!({"effect": {"kind": "delay", "millis": 800}, "times": 5}),
+    ];
+    while !stop.load(Ordering::SeqCst) {
+        let fault = &faults[rng.usize(..faults.len())];
+        if let Err(error) = simulator.inject(fault).await {
+            eprintln!("injecting a fault failed: {error:#}");
+        }
+        tokio::time::sleep(Duration::from_millis(rng.u64(500..2500))).await;
+    }
+}
+
+/// Waits until every pod has converged, then checks the ledger.
+async fn converge_and_check(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+    done: &[Lifecycle],
+) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    for lifecycle in done {
+        let name = &lifecycle.name;
+        match lifecycle.kind {
+            Kind::Batch => {
+                let pod = pods.get(name).await?;
+                ensure!(
+                    phase(&pod) == Some("Succeeded") && exit_code(&pod) == Some(0),
+                    "batch pod {name} ended {:?} with code {:?}: {:?}",
+                    phase(&pod),
+                    exit_code(&pod),
+                    pod.status.as_ref().and_then(|s| s.message.clone())
+                );
+            }
+            _ => {
+                wait::until(&format!("{name} removed"), POD_WAIT, || async {
+                    Ok(pods.get_opt(name).await?.is_none().then_some(()))
+                })
+                .await?;
+            }
+        }
+    }
+    // Every pod is finished or deleted: nothing of this cluster may bill any more.
+    let ledger = wait::until("no RunPod pod of this cluster alive", POD_WAIT, || async {
+        let ledger = simulator.ledger().await?;
+        let alive = ledger
+            .iter()
+            .any(|e| e["env"]["RUNPOD_KUBELET_CLUSTER"] == CLUSTER && live(e));
+        Ok((!alive).then_some(ledger))
+    })
+    .await;
+    let ledger = match ledger {
+        Ok(ledger) => ledger,
+        Err(error) => {
+            let alive: Vec<_> = simulator
+                .ledger()
+                .await?
+                .into_iter()
+                .filter(|e| e["env"]["RUNPOD_KUBELET_CLUSTER"] == CLUSTER && live(e))
+                .map(|e| (e["id"].clone(), e["env"]["RUNPOD_KUBELET_POD_NAME"].clone()))
+                .collect();
+            return Err(error.context(format!("still alive: {alive:?}")));
+        }
+    };
+    let mut per_uid: BTreeMap<String, Vec<&serde_json::Value>> = BTreeMap::new();
+    for entry in &ledger {
+        if let Some(uid) = entry["env"]["RUNPOD_KUBELET_POD_UID"].as_str() {
+            per_uid.entry(uid.to_owned()).or_default().push(entry);
+        }
+    }
+    let ambiguous = ledger.iter().filter(|e| e["create_status"] != 201).count();
+    let duplicates: Vec<String> = done
+        .iter()
+        .filter_map(|l| {
+            let entries = per_uid.get(&l.uid)?;
+            (entries.len() > 1).then(|| {
+                let ids: Vec<String> = entries
+                    .iter()
+                    .map(|e| format!("{} (create {})", e["id"], e["create_status"]))
+                    .collect();
+                format!("{} ({:?}): {}", l.name, l.kind, ids.join(", "))
+            })
+        })
+        .collect();
+    println!(
+        "e2e_controller_crash: {} RunPod pods created, {} of them answered with an error after creating",
+        ledger.len(),
+        ambiguous
+    );
+    ensure!(
+        duplicates.is_empty(),
+        "duplicate RunPod pods:\n  {}",
+        duplicates.join("\n  ")
+    );
+    let batch_created = done
+        .iter()
+        .filter(|l| l.kind != Kind::DeletedEarly)
+        .all(|l| per_uid.contains_key(&l.uid));
+    ensure!(
+        batch_created,
+        "a pod that ran has no RunPod pod in the ledger"
+    );
+    Ok(())
+}

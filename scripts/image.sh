@@ -19,7 +19,7 @@ echo "[image] cargo build --release (static glibc)" >&2
 RUSTFLAGS="-C target-feature=+crt-static" \
   cargo build --quiet --release --target "$target" --bin runpod-kubelet
 binary="target/$target/release/runpod-kubelet"
-if ldd "$binary" >/dev/null 2>&1; then
+if ! ldd "$binary" 2>&1 | grep -qE "statically linked|not a dynamic executable"; then
   echo "[image] $binary is not static" >&2
   exit 1
 fi

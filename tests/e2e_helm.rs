@@ -59,17 +59,16 @@ fn main() -> std::process::ExitCode {
         .build()
         .unwrap();
     // Webhooks behind a Service are dialled at an endpoint (no kube-proxy here).
-    let control_plane =
-        match ControlPlane::start_with(&ExtraFlags {
-            apiserver: vec!["--enable-aggregator-routing=true".to_owned()],
-            ..ExtraFlags::default()
-        }) {
-            Ok(cp) => cp,
-            Err(error) => {
-                eprintln!("e2e setup failed: {error:#}");
-                return std::process::ExitCode::FAILURE;
-            }
-        };
+    let control_plane = match ControlPlane::start_with(&ExtraFlags {
+        apiserver: vec!["--enable-aggregator-routing=true".to_owned()],
+        ..ExtraFlags::default()
+    }) {
+        Ok(cp) => cp,
+        Err(error) => {
+            eprintln!("e2e setup failed: {error:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     match runtime.block_on(run(&control_plane)) {
         Ok(()) => {
             println!("e2e_helm helm_install_upgrade_uninstall ... ok");
@@ -318,6 +317,33 @@ async fn scenario(
         "the webhook did not mutate the burst pod"
     );
     running_on_virtual_node(client, "team", "burst").await?;
+    // The release namespace is excluded. On 1.20 the `kubernetes.io/metadata.name` label the
+    // configuration's NotIn selector relies on does not exist yet (1.21), so an opted-in pod
+    // there does reach the webhook: its own exclusion (POD_NAMESPACE) must leave it untouched.
+    let mut own = gpu_pod(
+        "own-namespace",
+        json!({"runpod.io/burst-mode": "always"}),
+        None,
+    );
+    own.metadata.labels = Some([("runpod.io/burst".to_owned(), "enabled".to_owned())].into());
+    let own = Api::<Pod>::namespaced(client.clone(), NS)
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            },
+            &own,
+        )
+        .await?;
+    ensure!(
+        own.spec
+            .as_ref()
+            .and_then(|s| s.tolerations.as_ref())
+            .is_none_or(|t| t
+                .iter()
+                .all(|t| t.key.as_deref() != Some("virtual-kubelet.io/provider"))),
+        "a pod in the release namespace was mutated"
+    );
 
     // 3. RBAC: the components' own tokens are refused what they do not need.
     let controller_client = token_client(client, kubeconfig, &format!("{FULL}-controller")).await?;

@@ -80,8 +80,14 @@ fn the_image_runs_its_static_binary_as_non_root() {
     let binary = rootfs.join("runpod-kubelet");
     // Static: nothing for a dynamic loader to do, so it runs without any library in the image.
     let ldd = Command::new("ldd").arg(&binary).output().unwrap();
+    let ldd = format!(
+        "{}{}",
+        String::from_utf8_lossy(&ldd.stdout),
+        String::from_utf8_lossy(&ldd.stderr)
+    );
     assert!(
-        !ldd.status.success() || String::from_utf8_lossy(&ldd.stdout).contains("not a dynamic")
+        ldd.contains("statically linked") || ldd.contains("not a dynamic executable"),
+        "not static: {ldd}"
     );
     let version = Command::new(&binary).arg("--version").output().unwrap();
     assert!(version.status.success());

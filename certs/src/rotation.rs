@@ -91,15 +91,17 @@ pub enum CaAction {
     Rotate,
 }
 
-/// Why the serving certificate changes.
+/// What happens to the serving certificate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServingAction {
     Keep,
+    /// A new certificate from the current CA.
     Issue(IssueReason),
     /// The certificate stays; only the bundle stored next to it changes.
     RefreshBundle,
 }
 
+/// Why a new serving certificate is issued (logged, and in the run's summary).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IssueReason {
     Missing,

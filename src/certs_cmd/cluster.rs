@@ -128,6 +128,7 @@ fn policy(args: &CertsArgs) -> RotationPolicy {
     }
 }
 
+#[tracing::instrument(skip_all, fields(namespace = %target.namespace, secret = %target.tls_secret))]
 async fn rotate(target: &Target, args: &CertsArgs) -> anyhow::Result<()> {
     let policy = policy(args);
     let mut force = match args.rotate {
@@ -463,6 +464,7 @@ async fn sync_ca_bundle(target: &Target, bundle: &str) -> Result<BundleSync, kub
 }
 
 /// `provided`: the user's Secret is only read; its `ca.crt` goes into the configuration.
+#[tracing::instrument(skip_all, fields(namespace = %target.namespace, secret = %target.tls_secret))]
 async fn provided(target: &Target) -> anyhow::Result<()> {
     let secret = target
         .secrets

@@ -414,7 +414,9 @@ async fn write_secret(
 
 async fn stored_bundle(target: &Target) -> anyhow::Result<String> {
     let secret = target.secrets.get_opt(&target.ca_secret).await?;
+    // A CA Secret written by hand may lack the bundle: then the CA alone is the bundle.
     data_text(secret.as_ref(), CA_BUNDLE)
+        .or_else(|| data_text(secret.as_ref(), CA_CERT))
         .with_context(|| format!("Secret {} holds no {CA_BUNDLE}", target.ca_secret))
 }
 

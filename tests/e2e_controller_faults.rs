@@ -84,6 +84,9 @@ async fn scenarios(client: &kube::Client, simulator: &SimulatorProcess) -> anyho
     let running = forged_pod_id_names_another_pod(client, simulator)
         .await
         .context("forged pod id")?;
+    empty_list_is_not_a_disappearance(client, simulator, &running)
+        .await
+        .context("empty list")?;
     refused_account_marks_the_node(client, simulator, &running)
         .await
         .context("401/402")?;
@@ -376,6 +379,49 @@ async fn forged_pod_id_names_another_pod(
 
 /// RunPod answering 402 (no funds), then 401 (key revoked): the node says so (condition with
 /// the reason, NoSchedule taint) and recovers when RunPod does; running pods are untouched.
+/// A list that comes back empty once (a glitch) while the pods still run: nothing is failed,
+/// created or terminated because of it.
+async fn empty_list_is_not_a_disappearance(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+    running_pods: &[(String, String, String)],
+) -> anyhow::Result<()> {
+    let lists = || async {
+        let exchanges = simulator.exchanges().await?;
+        anyhow::Ok(
+            exchanges
+                .iter()
+                .filter(|e| e["operation"] == "listPods" && e["status"] == 200)
+                .count(),
+        )
+    };
+    let before = lists().await?;
+    simulator
+        .inject(&json!({"when": {"operation": "listPods"}, "effect": {"kind": "empty_list"}, "times": 1}))
+        .await?;
+    // The empty answer, then a few real lists after it.
+    wait::until("lists after the empty one", WAIT, || async {
+        Ok((lists().await? >= before + 5).then_some(()))
+    })
+    .await?;
+    for (ns, name, id) in running_pods {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let pod = pods.get(name).await?;
+        ensure!(
+            phase(&pod) == Some("Running")
+                && annotation(&pod, "runpod.io/pod-id") == Some(id.as_str()),
+            "{name} disturbed by one empty list: {:?}",
+            pod.status
+        );
+        let entries = ledger_for(simulator, &uid(&pod)).await?;
+        ensure!(
+            entries.len() == 1 && ledger_live(simulator, id).await?,
+            "{name} after one empty list: {entries:?}"
+        );
+    }
+    Ok(())
+}
+
 async fn refused_account_marks_the_node(
     client: &kube::Client,
     simulator: &SimulatorProcess,

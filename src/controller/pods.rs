@@ -257,7 +257,9 @@ pub async fn reconcile<P: Provider>(
         None => match remembered {
             Some((id, created)) if !terminated.contains(&id) => {
                 // Created by us but not in this list. Young: the list lags. Old: it is gone.
-                let listed_after = elapsed(created, snapshot.taken_at);
+                let listed_after = snapshot
+                    .confirmed_at
+                    .map_or(Duration::ZERO, |confirmed| elapsed(created, confirmed));
                 if listed_after < settings.create_settle {
                     return Ok(Action::requeue(SHORT));
                 }
@@ -279,7 +281,9 @@ pub async fn reconcile<P: Provider>(
                 match started {
                     Some(started)
                         if was_running
-                            && elapsed(started, snapshot.taken_at) > settings.create_settle =>
+                            && snapshot.confirmed_at.is_some_and(|confirmed| {
+                                elapsed(started, confirmed) > settings.create_settle
+                            }) =>
                     {
                         let id = annotation(&pod, POD_ID).unwrap_or("unknown").to_owned();
                         vanished(&pod, &uid, &id, &ctx).await
@@ -370,7 +374,11 @@ async fn create<P: Provider>(
         let settled_by = marker
             .checked_add(SignedDuration::try_from(settings.create_settle).unwrap_or_default())
             .unwrap_or(marker);
-        if snapshot.taken_at < settled_by {
+        // Two lists in a row without it, both taken after the settle time.
+        if snapshot
+            .confirmed_at
+            .is_none_or(|confirmed| confirmed < settled_by)
+        {
             return Ok(Action::requeue(SHORT));
         }
     }

@@ -59,6 +59,29 @@ pub fn orphans<'a>(
         .collect()
 }
 
+/// Instances missing from one list are carried forward from the previous one, once: a list that
+/// comes back empty or partial (a glitch, a lagging replica of RunPod's database) must not make
+/// a running pod look gone. Only an instance missing from two lists in a row is dropped.
+/// Returns the instances to publish and the ids carried this time.
+pub fn carry_forward(
+    previous: &[Instance],
+    listed: Vec<Instance>,
+    carried_last_time: &HashSet<String>,
+) -> (Vec<Instance>, HashSet<String>) {
+    let listed_ids: HashSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
+    let missing: Vec<Instance> = previous
+        .iter()
+        .filter(|i| i.state.is_live())
+        .filter(|i| !listed_ids.contains(i.id.as_str()))
+        .filter(|i| !carried_last_time.contains(&i.id))
+        .cloned()
+        .collect();
+    let carried = missing.iter().map(|i| i.id.clone()).collect();
+    let mut instances = listed;
+    instances.extend(missing);
+    (instances, carried)
+}
+
 /// Runs the list loop until the process stops. `ticks` is told after every complete list so
 /// that every pod is reconciled against it.
 pub async fn run<P: Provider>(
@@ -73,6 +96,9 @@ pub async fn run<P: Provider>(
     let metrics = shared.metrics.clone();
     let mut failures = 0u32;
     let mut first_seen: HashMap<String, Timestamp> = HashMap::new();
+    let mut previous: Vec<Instance> = Vec::new();
+    let mut previous_taken_at: Option<Timestamp> = None;
+    let mut carried: HashSet<String> = HashSet::new();
     let mut interval = tokio::time::interval(settings.reconcile_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -128,10 +154,18 @@ pub async fn run<P: Provider>(
             *current = ApiHealth::Available;
             changed
         });
+        let listed: Vec<Instance> = ours(&instances, &settings).cloned().collect();
+        let (instances, carried_now) = carry_forward(&previous, listed, &carried);
+        if !carried_now.is_empty() {
+            debug!(missing = ?carried_now, "instances missing from this list kept for one more list");
+        }
+        carried = carried_now;
+        previous.clone_from(&instances);
         // The list is as of when it was asked for, not when it arrived.
         let snapshot = Arc::new(Snapshot {
             taken_at: started,
-            instances: ours(&instances, &settings).cloned().collect(),
+            instances,
+            confirmed_at: previous_taken_at.replace(started),
         });
         record(&snapshot, &metrics);
         for instance in &snapshot.instances {
@@ -261,6 +295,7 @@ mod tests {
         let t1: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
         let snapshot = Snapshot {
             taken_at: t1,
+            confirmed_at: None,
             instances: vec![
                 instance("alive", "c1", "vr", Some("u-alive")),
                 instance("orphan", "c1", "vr", Some("u-gone")),
@@ -281,5 +316,30 @@ mod tests {
             .map(|i| i.id.as_str())
             .collect();
         assert_eq!(found, ["orphan"]);
+    }
+
+    #[test]
+    fn an_instance_must_be_missing_from_two_lists_in_a_row_to_be_gone() {
+        let a = instance("a", "c1", "n1", Some("u1"));
+        let b = instance("b", "c1", "n1", Some("u2"));
+        // Both listed.
+        let (now, carried) = carry_forward(&[], vec![a.clone(), b.clone()], &HashSet::new());
+        assert_eq!(now.len(), 2);
+        assert!(carried.is_empty());
+        // An empty list: both kept once.
+        let (now, carried) = carry_forward(&now, Vec::new(), &carried);
+        let ids: HashSet<&str> = now.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(ids, HashSet::from(["a", "b"]));
+        assert_eq!(carried.len(), 2);
+        // Still missing: gone. `a` came back.
+        let ids = |list: &[Instance]| list.iter().map(|i| i.id.clone()).collect::<Vec<_>>();
+        let (now, carried) = carry_forward(&now, vec![a.clone()], &carried);
+        assert_eq!(ids(&now), ["a"]);
+        assert!(carried.is_empty());
+        // Terminated instances are not carried.
+        let mut done = b.clone();
+        done.state = InstanceState::Terminated;
+        let (now, _) = carry_forward(&[a.clone(), done], vec![a], &HashSet::new());
+        assert_eq!(ids(&now), ["a"]);
     }
 }

@@ -73,6 +73,9 @@ pub enum Effect {
     /// name (RunPod treats the list as a preference), one with stock of the GPU type. A request
     /// naming no data centres allows all of them, and is placed normally.
     Misplace,
+    /// listPods only: answer 200 with an empty list, as a glitch or a lagging read replica
+    /// might, while the pods still exist and bill.
+    EmptyList,
 }
 
 impl Fault {
@@ -203,7 +206,9 @@ impl FaultSet {
                     fired.delay = fired.delay.saturating_add(Duration::from_millis(*millis));
                     fired.used.push(index);
                 }
-                Effect::Status { .. } | Effect::CreateThenFail { .. } if fired.effect.is_none() => {
+                Effect::Status { .. } | Effect::CreateThenFail { .. } | Effect::EmptyList
+                    if fired.effect.is_none() =>
+                {
                     fired.effect = Some(rule.effect.clone());
                     fired.used.push(index);
                 }

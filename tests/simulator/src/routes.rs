@@ -319,6 +319,12 @@ fn handle(
             fired.delay,
         );
     }
+    if matches!(fired.effect, Some(Effect::EmptyList)) && *route == Route::ListPods {
+        return (
+            Reply::json(200, serde_json::Value::Array(Vec::new())).injected(),
+            fired.delay,
+        );
+    }
     let query = match Query::parse(uri) {
         Ok(query) => query,
         Err(reply) => return (reply, fired.delay),

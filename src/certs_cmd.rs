@@ -1,32 +1,48 @@
-//! `runpod-kubelet certs`: a CA and a serving certificate as PEM files (demo and manual
-//! installs; rotation inside the cluster builds on the same generator).
+//! `runpod-kubelet certs`: a CA and a serving certificate, either as PEM files (demo and manual
+//! installs) or, in the cluster, as Secrets that are renewed when due and whose CA bundle is
+//! kept in the webhook configuration (`cluster`).
 
+mod cluster;
+
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 
 use anyhow::Context as _;
 use runpod_certs::CertificateAuthority;
 
-use crate::cli::CertsArgs;
+use crate::cli::{CertsArgs, CertsMode};
 
-pub fn run(args: &CertsArgs) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.out_dir)
-        .with_context(|| format!("creating {}", args.out_dir.display()))?;
+pub async fn run(args: &CertsArgs) -> anyhow::Result<()> {
+    let mode = args.mode.unwrap_or(if args.out_dir.is_some() {
+        CertsMode::Files
+    } else {
+        CertsMode::Helm
+    });
+    match mode {
+        CertsMode::Files => write_files(args),
+        CertsMode::Helm | CertsMode::Provided => cluster::run(args, mode).await,
+    }
+}
+
+fn write_files(args: &CertsArgs) -> anyhow::Result<()> {
+    let out_dir = args
+        .out_dir
+        .as_ref()
+        .context("--mode files needs --out-dir")?;
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let ca = CertificateAuthority::generate("runpod-kubelet-webhook-ca", args.validity * 10)?;
-    let dns: Vec<&str> = args.dns_names.iter().map(String::as_str).collect();
-    let serving = ca.issue_serving(&dns, &args.ip_addresses, args.validity)?;
-    write(
-        &args.out_dir.join("ca.crt"),
-        &ca.certificate().cert_pem,
-        false,
-    )?;
-    write(
-        &args.out_dir.join("ca.key"),
-        &ca.certificate().key_pem,
-        true,
-    )?;
-    write(&args.out_dir.join("tls.crt"), &serving.cert_pem, false)?;
-    write(&args.out_dir.join("tls.key"), &serving.key_pem, true)?;
-    tracing::info!(dir = %args.out_dir.display(), "certificates written");
+    let mut dns: Vec<&str> = args.dns_names.iter().map(String::as_str).collect();
+    let mut ips = args.ip_addresses.clone();
+    if dns.is_empty() && ips.is_empty() {
+        dns.push("localhost");
+        ips.push(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+    let serving = ca.issue_serving(&dns, &ips, args.validity)?;
+    write(&out_dir.join("ca.crt"), &ca.certificate().cert_pem, false)?;
+    write(&out_dir.join("ca.key"), &ca.certificate().key_pem, true)?;
+    write(&out_dir.join("tls.crt"), &serving.cert_pem, false)?;
+    write(&out_dir.join("tls.key"), &serving.key_pem, true)?;
+    tracing::info!(dir = %out_dir.display(), "certificates written");
     Ok(())
 }
 

@@ -64,30 +64,88 @@ pub struct SimulatorArgs {
     pub scenario: Option<PathBuf>,
 }
 
+/// Where `certs` keeps the webhook's certificates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CertsMode {
+    /// PEM files in `--out-dir` (demo, manual installs); the default when `--out-dir` is given.
+    Files,
+    /// In the cluster: a CA Secret and a serving Secret, renewed when due, the CA bundle patched
+    /// into the webhook configuration (the chart's hook Job and CronJob).
+    Helm,
+    /// A Secret the user provides (`tls.crt`, `tls.key`, `ca.crt`): never written; only its
+    /// `ca.crt` is patched into the webhook configuration.
+    Provided,
+}
+
+/// A rotation an operator asks for, due or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RotateNow {
+    /// A new serving certificate.
+    Serving,
+    /// A new CA and serving certificate; the old CA stays in the bundle until it expires.
+    Ca,
+}
+
 #[derive(Debug, Args)]
 pub struct CertsArgs {
-    /// Directory for ca.crt, ca.key, tls.crt and tls.key.
+    /// `files`, `helm` or `provided`; default `files` with `--out-dir`, else `helm`.
+    #[arg(long, value_enum, env = "RUNPOD_KUBELET_MODE")]
+    pub mode: Option<CertsMode>,
+    /// Directory for ca.crt, ca.key, tls.crt and tls.key (files mode).
     #[arg(long, env = "RUNPOD_KUBELET_OUT_DIR")]
-    pub out_dir: PathBuf,
-    /// DNS names of the serving certificate.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "localhost",
-        env = "RUNPOD_KUBELET_DNS_NAMES"
-    )]
+    pub out_dir: Option<PathBuf>,
+    /// DNS names of the serving certificate (files mode default: localhost; in the cluster these
+    /// come in addition to the Service's names).
+    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_DNS_NAMES")]
     pub dns_names: Vec<String>,
-    /// IP addresses of the serving certificate.
+    /// IP addresses of the serving certificate (files mode default: 127.0.0.1).
+    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_IP_ADDRESSES")]
+    pub ip_addresses: Vec<std::net::IpAddr>,
+    /// Validity of the serving certificate (files mode: the CA gets ten times as long).
+    #[arg(long, default_value = "90d", value_parser = positive_duration, env = "RUNPOD_KUBELET_VALIDITY")]
+    pub validity: Duration,
+    /// The serving certificate is renewed once less than this is left.
+    #[arg(long, default_value = "30d", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_RENEW_BEFORE")]
+    pub renew_before: Duration,
+    /// Validity of the CA (cluster modes).
+    #[arg(long, default_value = "730d", value_parser = positive_duration, env = "RUNPOD_KUBELET_CA_VALIDITY")]
+    pub ca_validity: Duration,
+    /// The CA is replaced once less than this is left; the old CA stays in the bundle until it
+    /// expires, so certificates it signed keep verifying meanwhile.
+    #[arg(long, default_value = "90d", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_CA_RENEW_BEFORE")]
+    pub ca_renew_before: Duration,
+    /// Rotate now, whether due or not.
+    #[arg(long, value_enum, env = "RUNPOD_KUBELET_ROTATE")]
+    pub rotate: Option<RotateNow>,
+    /// Namespace of the Secrets and the Service; default `POD_NAMESPACE`, else `default`.
+    #[arg(long, env = "RUNPOD_KUBELET_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// The serving Secret (`tls.crt`, `tls.key`, `ca.crt`), mounted by the webhook.
     #[arg(
         long,
-        value_delimiter = ',',
-        default_value = "127.0.0.1",
-        env = "RUNPOD_KUBELET_IP_ADDRESSES"
+        default_value = "runpod-kubelet-webhook-tls",
+        env = "RUNPOD_KUBELET_SECRET_NAME"
     )]
-    pub ip_addresses: Vec<std::net::IpAddr>,
-    /// Validity of the serving certificate (the CA gets ten times as long).
-    #[arg(long, default_value = "90d", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_VALIDITY")]
-    pub validity: Duration,
+    pub secret_name: String,
+    /// The CA Secret (`ca.crt`, `ca.key`, `ca-bundle.crt`); default `<secret-name>-ca`. Only
+    /// the certs Job reads it: the webhook never holds the CA key.
+    #[arg(long, env = "RUNPOD_KUBELET_CA_SECRET_NAME")]
+    pub ca_secret_name: Option<String>,
+    /// The webhook's Service; its in-cluster DNS names go into the serving certificate.
+    #[arg(
+        long,
+        default_value = "runpod-kubelet-webhook",
+        env = "RUNPOD_KUBELET_SERVICE_NAME"
+    )]
+    pub service_name: String,
+    /// The MutatingWebhookConfiguration whose `caBundle` is kept in step (absent: skipped, as
+    /// before the chart's resources exist on a first install).
+    #[arg(
+        long,
+        default_value = "burst.runpod.io",
+        env = "RUNPOD_KUBELET_WEBHOOK_CONFIGURATION"
+    )]
+    pub webhook_configuration: String,
 }
 
 #[derive(Debug, Args)]
@@ -106,9 +164,13 @@ pub struct RegistrationArgs {
     /// In-cluster Service as NAMESPACE/NAME:PORT.
     #[arg(long, env = "RUNPOD_KUBELET_SERVICE")]
     pub service: Option<String>,
-    /// PEM CA bundle the apiserver uses to verify the webhook.
+    /// PEM CA bundle the apiserver uses to verify the webhook; without it `caBundle` is left
+    /// out, for `runpod-kubelet certs` to patch in (the chart).
     #[arg(long, env = "RUNPOD_KUBELET_CA_BUNDLE")]
-    pub ca_bundle: PathBuf,
+    pub ca_bundle: Option<PathBuf>,
+    /// What the apiserver does when the webhook cannot be reached: `Fail` or `Ignore`.
+    #[arg(long, default_value = "Fail", value_parser = ["Fail", "Ignore"], env = "RUNPOD_KUBELET_FAILURE_POLICY")]
+    pub failure_policy: String,
     /// More namespaces never sent to the webhook (comma-separated); `kube-system` and the
     /// `--service` namespace always are.
     #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]

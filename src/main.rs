@@ -34,7 +34,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             cli::Command::Webhook(args) => webhook_cmd::run(args).await,
-            cli::Command::Certs(args) => certs_cmd::run(&args),
+            cli::Command::Certs(args) => certs_cmd::run(&args).await,
             cli::Command::WebhookConfiguration(args) => registration_cmd::run(&args),
             cli::Command::Simulator(args) => simulator_cmd::run(args).await,
             cli::Command::Gpus(args) => gpus_cmd::run(args).await,

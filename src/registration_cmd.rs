@@ -11,12 +11,16 @@ pub fn run(args: &RegistrationArgs) -> anyhow::Result<()> {
         (None, Some(service)) => parse_service(service)?,
         (None, None) => bail!("give --url or --service"),
     };
-    let ca_bundle_pem = std::fs::read(&args.ca_bundle)
-        .with_context(|| format!("reading {}", args.ca_bundle.display()))?;
+    let ca_bundle_pem = args
+        .ca_bundle
+        .as_ref()
+        .map(|path| std::fs::read(path).with_context(|| format!("reading {}", path.display())))
+        .transpose()?;
     let configuration = mutating_webhook_configuration(&Registration {
         name: args.name.clone(),
         endpoint,
         ca_bundle_pem,
+        failure_policy: args.failure_policy.clone(),
         excluded_namespaces: args.exclude_namespaces.clone(),
         timeout_seconds: args.timeout_seconds,
     });

@@ -2,7 +2,9 @@
 //! certificate resolver that picks up rotated files without a restart or a failed handshake.
 
 mod generate;
+pub mod inspect;
 mod reload;
+pub mod rotation;
 mod tls;
 
 pub use generate::{CertificateAuthority, IssuedCertificate};
@@ -34,6 +36,8 @@ pub enum CertError {
     KeyMismatch(rustls::Error),
     #[error("TLS configuration: {0}")]
     Tls(#[from] rustls::Error),
+    #[error("cannot parse the certificate: {0}")]
+    Parse(String),
     #[error("the certificate reload interval must be longer than zero")]
     ZeroReloadInterval,
 }

@@ -60,6 +60,15 @@ impl ControlPlane {
     }
 
     /// The cluster's CA (it signs the apiserver's client certificate towards kubelets).
+    /// The apiserver's URL.
+    pub fn server_url(&self) -> anyhow::Result<String> {
+        let env = std::fs::read_to_string(self.dir.path().join("env"))?;
+        env.lines()
+            .find_map(|l| l.strip_prefix("APISERVER_URL="))
+            .map(str::to_owned)
+            .context("no APISERVER_URL in the cluster's env file")
+    }
+
     pub fn ca_file(&self) -> PathBuf {
         self.dir.path().join("pki").join("ca.crt")
     }

@@ -7,6 +7,7 @@ pub mod control_plane;
 pub mod controller;
 pub mod harness;
 pub mod nodes;
+pub mod pod_runner;
 pub mod pods;
 pub mod proxy;
 pub mod wait;

@@ -42,6 +42,18 @@ impl WebhookProcess {
         let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
         std::fs::write(&cert, &serving.cert_pem)?;
         std::fs::write(&key, &serving.key_pem)?;
+        Self::start_with_files(kubeconfig, dir, &ca.certificate().cert_pem, extra_args).await
+    }
+
+    /// Starts the webhook serving `dir/tls.crt` and `dir/tls.key` (re-read when they change),
+    /// trusting `ca_pem` for its own readiness probe.
+    pub async fn start_with_files(
+        kubeconfig: &Path,
+        dir: tempfile::TempDir,
+        ca_pem: &str,
+        extra_args: &[&str],
+    ) -> anyhow::Result<Self> {
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
         let addr = free_port()?;
         let log = std::fs::File::create(dir.path().join("webhook.log"))?;
         let child = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
@@ -62,7 +74,7 @@ impl WebhookProcess {
         let process = Self {
             child,
             addr,
-            ca_pem: ca.certificate().cert_pem.clone(),
+            ca_pem: ca_pem.to_owned(),
             _dir: dir,
         };
         wait::until("webhook readiness", Duration::from_secs(30), || {
@@ -75,6 +87,11 @@ impl WebhookProcess {
     async fn ready(&self) -> anyhow::Result<Option<()>> {
         let reply = https_get(self.addr, &self.ca_pem, "/readyz").await?;
         Ok(reply.starts_with("HTTP/1.1 200").then_some(()))
+    }
+
+    /// The directory holding the served `tls.crt` and `tls.key`.
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
     }
 
     pub fn log(&self) -> String {
@@ -96,7 +113,8 @@ impl WebhookProcess {
         let configuration = mutating_webhook_configuration(&Registration {
             name: REGISTRATION_NAME.into(),
             endpoint: Endpoint::Url(format!("https://{}/mutate", self.addr)),
-            ca_bundle_pem: self.ca_pem.clone().into_bytes(),
+            ca_bundle_pem: Some(self.ca_pem.clone().into_bytes()),
+            failure_policy: "Fail".into(),
             excluded_namespaces: excluded_namespaces
                 .iter()
                 .map(|ns| (*ns).to_owned())

@@ -34,7 +34,11 @@ pub enum Endpoint {
 pub struct Registration {
     pub name: String,
     pub endpoint: Endpoint,
-    pub ca_bundle_pem: Vec<u8>,
+    /// `None` leaves `caBundle` out, for a configuration whose bundle another writer owns
+    /// (the chart: `runpod-kubelet certs` patches it with its own field manager).
+    pub ca_bundle_pem: Option<Vec<u8>>,
+    /// `Fail` (the default; safe because only opted-in pods reach the webhook) or `Ignore`.
+    pub failure_policy: String,
     /// Never sent to the webhook; `kube-system` and a Service endpoint's namespace (the
     /// webhook's own) are always added.
     pub excluded_namespaces: Vec<String>,
@@ -47,7 +51,7 @@ const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 pub fn mutating_webhook_configuration(registration: &Registration) -> MutatingWebhookConfiguration {
     let client_config = WebhookClientConfig {
-        ca_bundle: Some(ByteString(registration.ca_bundle_pem.clone())),
+        ca_bundle: registration.ca_bundle_pem.clone().map(ByteString),
         url: match &registration.endpoint {
             Endpoint::Url(url) => Some(url.clone()),
             Endpoint::Service { .. } => None,
@@ -72,7 +76,7 @@ pub fn mutating_webhook_configuration(registration: &Registration) -> MutatingWe
             name: format!("{name}.{}", registration.name),
             admission_review_versions: vec!["v1".to_owned()],
             client_config: client_config.clone(),
-            failure_policy: Some("Fail".to_owned()),
+            failure_policy: Some(registration.failure_policy.clone()),
             match_policy: Some("Equivalent".to_owned()),
             namespace_selector: Some(namespace_selector),
             object_selector: Some(object_selector),
@@ -165,7 +169,8 @@ mod tests {
         let config = mutating_webhook_configuration(&Registration {
             name: "burst.runpod.io".into(),
             endpoint: Endpoint::Url("https://127.0.0.1:8443/mutate".into()),
-            ca_bundle_pem: b"PEM".to_vec(),
+            ca_bundle_pem: Some(b"PEM".to_vec()),
+            failure_policy: "Fail".into(),
             excluded_namespaces: vec!["kube-system".into(), "runpod-system".into()],
             timeout_seconds: 10,
         });

@@ -1,0 +1,315 @@
+//! The Helm chart without a cluster: `helm lint`, values.schema.json refusing bad values with a
+//! clear message, the webhook configuration exactly as `runpod-kubelet webhook-configuration`
+//! prints it (and without a caBundle), least privilege and hardened pods, the certificate modes,
+//! and `deploy/` in step with the chart.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn helm_path() -> PathBuf {
+    let out = Command::new("bash")
+        .arg(root().join("scripts/helm.sh"))
+        .output()
+        .expect("scripts/helm.sh");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+fn helm(args: &[&str]) -> Output {
+    Command::new(helm_path())
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("running helm")
+}
+
+/// `helm template` with these `--set`s, as JSON objects.
+fn render(sets: &[&str]) -> Vec<Value> {
+    let mut args = vec![
+        "template",
+        "r",
+        "charts/runpod-kubelet",
+        "--namespace",
+        "runpod-system",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    let out = helm(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_yaml(&String::from_utf8(out.stdout).unwrap())
+}
+
+fn parse_yaml(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|doc| {
+            let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).unwrap();
+            serde_json::to_value(value).unwrap()
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objects.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+#[test]
+fn helm_lint_passes() {
+    let out = helm(&["lint", "charts/runpod-kubelet", "--set", "runpod.apiKey=k"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn wrong_values_fail_with_a_clear_message() {
+    let cases: [(&[&str], &str); 5] = [
+        (&["controller.replicas=3"], "/controller/replicas"),
+        (
+            &["webhook.failurePolicy=Sometimes"],
+            "/webhook/failurePolicy",
+        ),
+        (&["certs.mode=provided"], "/certs/secretName"),
+        (&["runpod.maxGpuPrice=-1"], "/runpod/maxGpuPrice"),
+        (&["webhook.replica=2"], "replica"),
+    ];
+    for (sets, expected) in cases {
+        let mut args = vec![
+            "template",
+            "r",
+            "charts/runpod-kubelet",
+            "--set",
+            "runpod.apiKey=k",
+        ];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        let out = helm(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{sets:?} was accepted");
+        assert!(stderr.contains(expected), "{sets:?}: {stderr}");
+    }
+    let out = helm(&["template", "r", "charts/runpod-kubelet"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("runpod.existingSecret"));
+}
+
+#[test]
+fn the_webhook_configuration_is_what_the_binary_prints_without_a_ca_bundle() {
+    let objects = render(&[
+        "runpod.apiKey=k",
+        "webhook.failurePolicy=Ignore",
+        "webhook.timeoutSeconds=5",
+        "webhook.excludeNamespaces={team-a,kube-system}",
+    ]);
+    let rendered = of_kind(&objects, "MutatingWebhookConfiguration");
+    assert_eq!(rendered.len(), 1);
+    let printed = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+        .args([
+            "webhook-configuration",
+            "--service",
+            "runpod-system/r-runpod-kubelet-webhook:443",
+        ])
+        .args(["--failure-policy", "Ignore", "--timeout-seconds", "5"])
+        .args(["--exclude-namespaces", "team-a,kube-system"])
+        .output()
+        .unwrap();
+    assert!(printed.status.success());
+    let printed: Value = serde_json::from_slice(&printed.stdout).unwrap();
+    assert_eq!(rendered[0]["webhooks"], printed["webhooks"]);
+    assert_eq!(rendered[0]["metadata"]["name"], printed["metadata"]["name"]);
+    for hook in rendered[0]["webhooks"].as_array().unwrap() {
+        assert!(
+            hook["clientConfig"].get("caBundle").is_none(),
+            "caBundle must not be rendered"
+        );
+    }
+}
+
+#[test]
+fn pods_are_hardened_and_rbac_has_no_wildcards() {
+    let objects = render(&["runpod.apiKey=k"]);
+    let mut containers = 0;
+    for object in &objects {
+        let spec = match object["kind"].as_str().unwrap() {
+            "Deployment" | "Job" => &object["spec"]["template"]["spec"],
+            "CronJob" => &object["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+            _ => continue,
+        };
+        assert_eq!(
+            spec["securityContext"]["runAsNonRoot"], true,
+            "{}",
+            object["metadata"]["name"]
+        );
+        assert_eq!(
+            spec["securityContext"]["seccompProfile"]["type"],
+            "RuntimeDefault"
+        );
+        for container in spec["containers"].as_array().unwrap() {
+            containers += 1;
+            let sc = &container["securityContext"];
+            assert_eq!(sc["readOnlyRootFilesystem"], true);
+            assert_eq!(sc["allowPrivilegeEscalation"], false);
+            assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+            assert!(container["resources"]["requests"].is_object());
+        }
+    }
+    assert_eq!(
+        containers, 6,
+        "webhook, controller, certs pre and post hooks, certs cron, drain"
+    );
+    for role in of_kind(&objects, "ClusterRole")
+        .into_iter()
+        .chain(of_kind(&objects, "Role"))
+    {
+        for rule in role["rules"].as_array().unwrap() {
+            for field in ["verbs", "resources", "apiGroups"] {
+                assert!(
+                    !rule[field].as_array().unwrap().iter().any(|v| v == "*"),
+                    "wildcard in {}",
+                    role["metadata"]["name"]
+                );
+            }
+        }
+    }
+    for binding in of_kind(&objects, "ClusterRoleBinding") {
+        assert_ne!(binding["roleRef"]["name"], "cluster-admin");
+    }
+    // Secrets: the controller may only GET them (for pods' env), never list or watch.
+    let controller = of_kind(&objects, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "r-runpod-kubelet-controller")
+        .unwrap();
+    let secrets = controller["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| {
+            r["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x == "secrets")
+        })
+        .unwrap();
+    assert_eq!(secrets["verbs"], serde_json::json!(["get"]));
+}
+
+#[test]
+fn certificate_modes_render_what_they_need() {
+    let helm_mode = render(&["runpod.apiKey=k"]);
+    let jobs = of_kind(&helm_mode, "Job");
+    for (job, hooks) in [
+        ("r-runpod-kubelet-certs-pre", "pre-install,pre-upgrade"),
+        ("r-runpod-kubelet-certs-post", "post-install,post-upgrade"),
+    ] {
+        let certs_job = jobs.iter().find(|j| j["metadata"]["name"] == job).unwrap();
+        assert_eq!(certs_job["metadata"]["annotations"]["helm.sh/hook"], hooks);
+    }
+    // A forced rotation happens once per upgrade, before the release changes.
+    let forced = render(&["runpod.apiKey=k", "certs.rotate=ca"]);
+    let args_of = |name: &str| {
+        of_kind(&forced, "Job")
+            .into_iter()
+            .find(|j| j["metadata"]["name"] == name)
+            .unwrap()["spec"]["template"]["spec"]["containers"][0]["args"]
+            .clone()
+    };
+    assert!(
+        args_of("r-runpod-kubelet-certs-pre")
+            .to_string()
+            .contains("--rotate")
+    );
+    assert!(
+        !args_of("r-runpod-kubelet-certs-post")
+            .to_string()
+            .contains("--rotate")
+    );
+    let drain = jobs
+        .iter()
+        .find(|j| j["metadata"]["name"] == "r-runpod-kubelet-controller-drain")
+        .unwrap();
+    assert_eq!(
+        drain["metadata"]["annotations"]["helm.sh/hook"],
+        "pre-delete"
+    );
+    let args = &drain["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert_eq!(args[0], "controller");
+    assert!(args.as_array().unwrap().iter().any(|a| a == "drain"));
+    assert_eq!(of_kind(&helm_mode, "CronJob").len(), 1);
+
+    let cert_manager = render(&["runpod.apiKey=k", "certs.mode=cert-manager"]);
+    assert!(of_kind(&cert_manager, "CronJob").is_empty());
+    assert_eq!(of_kind(&cert_manager, "Certificate").len(), 2);
+    let config = of_kind(&cert_manager, "MutatingWebhookConfiguration")[0];
+    assert_eq!(
+        config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "runpod-system/r-runpod-kubelet-webhook"
+    );
+
+    let provided = render(&[
+        "runpod.apiKey=k",
+        "certs.mode=provided",
+        "certs.secretName=mine",
+    ]);
+    for role in of_kind(&provided, "Role") {
+        for rule in role["rules"].as_array().unwrap() {
+            if rule["resources"][0] == "secrets" {
+                assert_eq!(
+                    rule["verbs"],
+                    serde_json::json!(["get"]),
+                    "provided mode never writes"
+                );
+            }
+        }
+    }
+    let deployment = of_kind(&provided, "Deployment")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "r-runpod-kubelet-webhook")
+        .unwrap();
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"],
+        "mine"
+    );
+
+    let existing = render(&["runpod.existingSecret=theirs"]);
+    assert!(of_kind(&existing, "Secret").is_empty());
+}
+
+#[test]
+fn deploy_manifests_match_the_chart() {
+    let out = Command::new("bash")
+        .arg(root().join("scripts/render-deploy.sh"))
+        .arg("--stdout")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let committed = std::fs::read_to_string(root().join("deploy/runpod-kubelet.yaml")).unwrap();
+    assert!(
+        committed == String::from_utf8(out.stdout).unwrap(),
+        "deploy/runpod-kubelet.yaml drifted from the chart: run scripts/render-deploy.sh"
+    );
+}

@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::json;
 use tokio::sync::Notify;
 use tracing::{info, warn};
@@ -229,7 +229,7 @@ impl<P: Provider> Provider for Gated<P> {
 /// Follows the node: closes the create gate when it is drained or removed, and acknowledges a
 /// drain once no create is under way.
 pub async fn watch_node(nodes: Api<Node>, name: String, gate: Arc<Gate>) {
-    let mut stream = Box::pin(watcher::watch_object(nodes.clone(), &name));
+    let mut stream = Box::pin(watcher::watch_object(nodes.clone(), &name).default_backoff());
     let mut acknowledged: Option<String> = None;
     while let Some(event) = stream.next().await {
         let node = match event {

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
@@ -285,7 +285,7 @@ async fn observe(
     renew_deadline: Duration,
     until: watch::Sender<Option<Instant>>,
 ) {
-    let mut stream = Box::pin(watcher::watch_object(api, &name));
+    let mut stream = Box::pin(watcher::watch_object(api, &name).default_backoff());
     while let Some(event) = stream.next().await {
         match event {
             Ok(lease) => {

@@ -10,7 +10,9 @@
 //! - `CONTROLLER_BENCH_PODS` (default 1000): pods bound to the node (`--max-pods` follows);
 //! - `CONTROLLER_BENCH_QUOTA` (default 60): the simulator's requests per minute;
 //! - `CONTROLLER_BENCH_MINUTES` (default 25): stop measuring after this long even if not every
-//!   pod has its RunPod pod (the figures say how many did).
+//!   pod has its RunPod pod (the figures say how many did);
+//! - `CONTROLLER_BENCH_BIN`: the `runpod-kubelet` binary to measure (default: the one cargo
+//!   built with this bench), e.g. a release build for the RSS figure.
 //!
 //! At 60 requests per minute, 1000 creates take at least 17 minutes: that is the quota, not the
 //! controller. `CONTROLLER_BENCH_PODS=200` gives the same per-minute figures in 4 minutes.
@@ -86,7 +88,10 @@ async fn bench() -> anyhow::Result<()> {
     let metrics_port = support::webhook::free_port()?.port();
     let kubelet_port = support::webhook::free_port()?.port();
     let log = tempfile::NamedTempFile::new()?;
-    let mut controller = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+    let binary = std::env::var("CONTROLLER_BENCH_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_runpod-kubelet").to_owned());
+    println!("controller binary: {binary}");
+    let mut controller = Command::new(&binary)
         .arg("controller")
         .args(["--nodename", NODE, "--runpod-api-url", &simulator.url])
         .args(["--kubelet-port", &kubelet_port.to_string()])

@@ -306,7 +306,70 @@ async fn scenarios(
         again.is_empty(),
         "a finished pod was created again: {again:?}"
     );
-
+    // The same, but the terminate never went through and RunPod restarted the container: the
+    // live RunPod pod is found, the pod finishes from the record, and the RunPod pod is
+    // terminated. The pod is bound only once its RunPod pod exists.
+    let mut unbound = recorded.clone();
+    unbound.metadata.name = Some("recorded-live".into());
+    if let Some(spec) = unbound.spec.as_mut() {
+        spec.node_name = None;
+        spec.scheduler_name = Some("none".into());
+    }
+    let unbound = recorded_pods
+        .create(&PostParams::default(), &unbound)
+        .await?;
+    let live_uid = unbound.metadata.uid.clone().unwrap_or_default();
+    let live = simulator
+        .create_pod(&json!({"name": "recorded-live", "image": "e2e/server:1",
+            "gpu": {"id": "NVIDIA GeForce RTX 4090", "count": 1},
+            "env": {"RUNPOD_KUBELET_CLUSTER": "e2e-cluster", "RUNPOD_KUBELET_NODE": NODE,
+                    "RUNPOD_KUBELET_POD_UID": live_uid}}))
+        .await?;
+    let live_id = live["id"].as_str().unwrap_or_default().to_owned();
+    // Bind only once the controller's lists show the RunPod pod (3 more lists, past the lag).
+    let lists = || async {
+        let exchanges = simulator.exchanges().await?;
+        anyhow::Ok(
+            exchanges
+                .iter()
+                .filter(|e| e["operation"] == "listPods" && e["status"] == 200)
+                .count(),
+        )
+    };
+    let seen_before = lists().await?;
+    wait::until("lists after the RunPod pod appeared", WAIT, || async {
+        Ok((lists().await? >= seen_before + 3).then_some(()))
+    })
+    .await?;
+    let binding = json!({"apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "recorded-live"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": NODE}});
+    recorded_pods
+        .create_subresource::<_, serde_json::Value>(
+            "binding",
+            "recorded-live",
+            &PostParams::default(),
+            &binding,
+        )
+        .await?;
+    let finished = wait::until("recorded live pod finished", WAIT, || async {
+        let pod = recorded_pods.get("recorded-live").await?;
+        Ok(phase(&pod).is_some_and(|p| p != "Pending").then_some(pod))
+    })
+    .await?;
+    ensure!(
+        phase(&finished) == Some("Succeeded") && exit_code(&finished) == Some(0),
+        "recorded end with a live RunPod pod: {:?}",
+        finished.status
+    );
+    wait::until("the recorded pod's RunPod pod terminated", WAIT, || async {
+        let entries = ledger_for(simulator, &live_uid).await?;
+        Ok((entries.len() == 1
+            && entries[0]["id"] == live_id.as_str()
+            && !entries[0]["terminated_at"].is_null())
+        .then_some(()))
+    })
+    .await?;
     // 3. A long-running pod: Running and Ready, annotations, logs through the apiserver,
     //    a forged pod id overwritten, anonymous kubelet API refused, deletion terminates.
     let server: Pod = serde_json::from_value(json!({

@@ -612,6 +612,11 @@ async fn track<P: Provider>(
     snapshot: &Snapshot,
     ctx: &Shared<P>,
 ) -> Result<Action, ReconcileError> {
+    // Ended already (recorded by a controller that died before the terminate went through):
+    // finish the same way, whatever the instance does meanwhile (RunPod may have restarted it).
+    if let Some(record) = RecordedEnd::on(pod) {
+        return finish(ctx, pod, uid, instance, record.view()).await;
+    }
     let settings = &ctx.settings;
     ctx.remember(uid, |m| {
         if m.instance.as_ref().map(|(id, _)| id) != Some(&instance.id) {

@@ -13,6 +13,8 @@ use super::provider::LogEntry;
 pub struct PodMemory {
     /// The instance this leader created or adopted, and when; the list may not show it yet.
     pub instance: Option<(String, Timestamp)>,
+    /// When this leader last wrote the create marker (its pod cache may not show it yet).
+    pub create_marked_at: Option<Timestamp>,
     /// The last provision ended knowing that nothing was created (capacity, no candidates):
     /// the next create need not wait for a settling list.
     pub nothing_created: bool,

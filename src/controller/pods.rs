@@ -224,6 +224,7 @@ pub async fn reconcile<P: Provider>(
             ctx.remember(&uid, |m| {
                 *m = PodMemory {
                     final_log: m.final_log.take(),
+                    terminated: std::mem::take(&mut m.terminated),
                     ..PodMemory::default()
                 }
             });
@@ -327,8 +328,38 @@ async fn create<P: Provider>(
 ) -> Result<Action, ReconcileError> {
     let settings = &ctx.settings;
     let now = Timestamp::now();
+    let (nothing_created, next_at, excluded, marked_at) = ctx.remember(uid, |m| {
+        (
+            m.nothing_created,
+            m.next_create_at,
+            m.excluded_gpu_types.clone(),
+            m.create_marked_at,
+        )
+    });
+    // A create was sent (maybe by a previous leader) and its outcome is unknown here: only
+    // two complete lists in a row, both taken long enough after it, may show that nothing
+    // exists. The marker is the later of the pod's and this leader's own record (the pod
+    // cache may lag behind a marker just written).
+    let marker = annotation(pod, CREATE_REQUESTED)
+        .map(|m| m.parse::<Timestamp>().unwrap_or(Timestamp::UNIX_EPOCH))
+        .into_iter()
+        .chain(marked_at)
+        .max()
+        .filter(|_| !nothing_created);
+    let absence_unsettled = marker.is_some_and(|marker| {
+        let settled_by = marker
+            .checked_add(SignedDuration::try_from(settings.create_settle).unwrap_or_default())
+            .unwrap_or(marker);
+        snapshot
+            .confirmed_at
+            .is_none_or(|confirmed| confirmed < settled_by)
+    });
+    let unavailable = matches!(*ctx.health.borrow(), ApiHealth::Unavailable { .. });
+    // The timeout waits for the lists to settle (an instance may be starting), unless RunPod
+    // is down: then it still applies, and an instance that shows up later is terminated.
     if let Some(bound) = bound_at(pod)
         && elapsed(bound, now) > settings.provision_timeout
+        && (!absence_unsettled || unavailable)
     {
         let message = format!(
             "no RunPod pod could be started within {}",
@@ -347,40 +378,18 @@ async fn create<P: Provider>(
         .await?;
         return Ok(Action::requeue(SHORT));
     }
-    let (nothing_created, next_at, excluded) = ctx.remember(uid, |m| {
-        (
-            m.nothing_created,
-            m.next_create_at,
-            m.excluded_gpu_types.clone(),
-        )
-    });
     if let Some(next_at) = next_at
         && next_at > now
     {
         return Ok(Action::requeue(elapsed(now, next_at).max(SHORT)));
     }
-    let unavailable = matches!(*ctx.health.borrow(), ApiHealth::Unavailable { .. });
     if unavailable {
         // The account is refused or the API is down: wait, without a create per pod.
         write_waiting(ctx, pod, "RunPodUnavailable", "waiting for the RunPod API").await?;
         return Ok(Action::requeue(settings.reconcile_interval));
     }
-    if let Some(marker) = annotation(pod, CREATE_REQUESTED)
-        && !nothing_created
-    {
-        // A create was sent (maybe by a previous leader) and its outcome is unknown here:
-        // only a complete list taken long enough after it may show that nothing exists.
-        let marker: Timestamp = marker.parse().unwrap_or(Timestamp::UNIX_EPOCH);
-        let settled_by = marker
-            .checked_add(SignedDuration::try_from(settings.create_settle).unwrap_or_default())
-            .unwrap_or(marker);
-        // Two lists in a row without it, both taken after the settle time.
-        if snapshot
-            .confirmed_at
-            .is_none_or(|confirmed| confirmed < settled_by)
-        {
-            return Ok(Action::requeue(SHORT));
-        }
+    if absence_unsettled {
+        return Ok(Action::requeue(SHORT));
     }
 
     let pods = pods_in_namespace_of(&ctx.client, pod);
@@ -435,7 +444,7 @@ async fn create<P: Provider>(
 
     // Record the attempt before sending it: a leader that dies after the create sees this
     // and searches instead of creating a second pod.
-    mark_create_requested(&pods, &name).await?;
+    mark_create_requested(ctx, uid, &pods, &name).await?;
     ctx.remember(uid, |m| m.nothing_created = false);
     write_waiting(ctx, pod, "ContainerCreating", "creating the RunPod pod").await?;
 
@@ -556,10 +565,17 @@ async fn create<P: Provider>(
     }
 }
 
-/// Writes `runpod.io/create-requested` with the current time.
-async fn mark_create_requested(pods: &Api<Pod>, name: &str) -> Result<(), kube::Error> {
-    let patch =
-        json!({"metadata": {"annotations": {CREATE_REQUESTED: Timestamp::now().to_string()}}});
+/// Writes `runpod.io/create-requested` with the current time, remembering it first: the next
+/// reconcile may see a pod cache that does not show the marker yet.
+async fn mark_create_requested<P>(
+    ctx: &Shared<P>,
+    uid: &str,
+    pods: &Api<Pod>,
+    name: &str,
+) -> Result<(), kube::Error> {
+    let now = Timestamp::now();
+    ctx.remember(uid, |m| m.create_marked_at = Some(now));
+    let patch = json!({"metadata": {"annotations": {CREATE_REQUESTED: now.to_string()}}});
     pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
@@ -585,6 +601,7 @@ async fn provision_marked<P: Provider>(
     request: ProvisionRequest<'_>,
 ) -> Result<super::provider::Provisioned, ProvisionError> {
     let every = marker_refresh(ctx.settings.create_settle);
+    let uid = request.pod.metadata.uid.clone().unwrap_or_default();
     let provision = ctx.provider.provision(request);
     tokio::pin!(provision);
     let mut next = tokio::time::Instant::now() + every;
@@ -592,7 +609,7 @@ async fn provision_marked<P: Provider>(
         tokio::select! {
             outcome = &mut provision => return outcome,
             () = tokio::time::sleep_until(next) => {
-                if let Err(error) = mark_create_requested(pods, name).await {
+                if let Err(error) = mark_create_requested(ctx, &uid, pods, name).await {
                     warn!(error = %error, "cannot move the create marker on; abandoning the create");
                     return Err(ProvisionError::Unsettled(format!(
                         "the create was abandoned (its marker could not be written: {error})"

@@ -18,6 +18,12 @@ use super::env::{self, EnvError, EnvSource, Kind};
 /// Where the kubelet mounts the service-account token; never shipped to the cloud.
 pub const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
+/// Largest mounted file: its base64 form travels in one env var, and Linux refuses to start a
+/// process with an env string over 128 KiB (the container would never start, yet bill).
+pub const MAX_FILE_BYTES: usize = 64 * 1024;
+/// Largest total of mounted files (the whole env must fit too).
+pub const MAX_TOTAL_BYTES: usize = 256 * 1024;
+
 /// The kubelet's default file mode for these volumes (0644).
 const DEFAULT_MODE: i32 = 0o644;
 
@@ -73,6 +79,11 @@ pub enum VolumeError {
     Unsupported { volume: String, kind: String },
     #[error("path {0:?} in a volume is not a plain relative path")]
     BadPath(String),
+    #[error(
+        "mounted files are too large for RunPod ({what}); the limit is {MAX_FILE_BYTES} bytes \
+         per file and {MAX_TOTAL_BYTES} in all, because they travel in env vars"
+    )]
+    TooLarge { what: String },
 }
 
 /// Resolves every mount of `container` (which must belong to `pod`).
@@ -116,7 +127,23 @@ pub async fn resolve(
         }
         place(&mut out, mount, mount_path, contents)?;
     }
+    check_sizes(&out.files)?;
     Ok(out)
+}
+
+fn check_sizes(files: &[MountedFile]) -> Result<(), VolumeError> {
+    if let Some(big) = files.iter().find(|f| f.content.len() > MAX_FILE_BYTES) {
+        return Err(VolumeError::TooLarge {
+            what: format!("{} has {} bytes", big.path, big.content.len()),
+        });
+    }
+    let total: usize = files.iter().map(|f| f.content.len()).sum();
+    if total > MAX_TOTAL_BYTES {
+        return Err(VolumeError::TooLarge {
+            what: format!("{} files with {total} bytes", files.len()),
+        });
+    }
+    Ok(())
 }
 
 /// Maps a volume's files (relative paths) onto the mount, honouring `subPath`.
@@ -534,5 +561,23 @@ mod tests {
             json!([{"name": "cfg", "mountPath": "/cfg"}]),
         );
         assert!(matches!(run(&escape).await, Err(VolumeError::BadPath(_))));
+    }
+
+    #[tokio::test]
+    async fn files_too_large_for_env_are_refused_before_any_create() {
+        let mut source = source();
+        source.config_maps.insert(
+            "big".into(),
+            [("model.bin".to_owned(), vec![0u8; MAX_FILE_BYTES + 1])].into(),
+        );
+        let pod = pod(
+            json!([{"name": "big", "configMap": {"name": "big"}}]),
+            json!([{"name": "big", "mountPath": "/big"}]),
+        );
+        let error = resolve(&source, &pod, &pod.spec.as_ref().unwrap().containers[0])
+            .await
+            .unwrap_err();
+        assert!(matches!(error, VolumeError::TooLarge { .. }), "{error}");
+        assert!(error.to_string().contains("/big/model.bin"), "{error}");
     }
 }

@@ -99,6 +99,8 @@ async fn bench() -> anyhow::Result<()> {
         .args(["--max-pods", &pods_wanted.to_string()])
         .args(["--max-gpus", &pods_wanted.to_string()])
         .args(["--max-gpu-price", "2", "--reconcile-interval", "10s"])
+        // At 60 creates a minute, 1000 pods outlast the default 15 minutes.
+        .args(["--provision-timeout", "2h"])
         .env("KUBECONFIG", &control_plane.kubeconfig)
         .env("RUNPOD_API_KEY", API_KEY)
         .env("RUNPOD_KUBELET_LOG_LEVEL", "warn")

@@ -19,7 +19,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use runpod_certs::inspect;
 use serde_json::json;
-use support::control_plane::ControlPlane;
+use support::control_plane::{ControlPlane, ExtraFlags};
 use support::wait;
 use support::webhook::{WebhookProcess, https_get};
 
@@ -29,44 +29,11 @@ const SECRET: &str = "runpod-kubelet-webhook-tls";
 const CA_SECRET: &str = "runpod-kubelet-webhook-tls-ca";
 
 fn main() -> std::process::ExitCode {
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    if !filters.is_empty()
-        && !filters
-            .iter()
-            .any(|f| "certs_rotate_in_the_cluster".contains(f.as_str()))
-    {
-        println!("no e2e_certs scenario matches {filters:?}");
-        return std::process::ExitCode::SUCCESS;
-    }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let control_plane = match ControlPlane::start() {
-        Ok(cp) => cp,
-        Err(error) => {
-            eprintln!("e2e setup failed: {error:#}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(&control_plane)) {
-        Ok(()) => {
-            println!("e2e_certs certs_rotate_in_the_cluster ... ok");
-            std::process::ExitCode::SUCCESS
-        }
-        Err(error) => {
-            println!("e2e_certs certs_rotate_in_the_cluster ... FAILED\n  {error:#}");
-            eprintln!(
-                "--- kube-apiserver log tail ---\n{}",
-                control_plane.log_tail("kube-apiserver", 30)
-            );
-            std::process::ExitCode::FAILURE
-        }
-    }
+    support::harness::main(
+        "e2e_certs certs_rotate_in_the_cluster",
+        &ExtraFlags::default(),
+        |cp| Box::pin(run(cp)),
+    )
 }
 
 /// Runs `runpod-kubelet certs ARGS` and returns its summary line.

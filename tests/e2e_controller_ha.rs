@@ -29,7 +29,7 @@ use kube::api::{ListParams, LogParams, PostParams};
 use runpod_kubelet::runpod::client::{ApiKey, ClientConfig, RunPodClient};
 use runpod_kubelet::runpod::model::{CreatePodRequest, GpuSpec};
 use serde_json::json;
-use support::control_plane::ControlPlane;
+use support::control_plane::{ControlPlane, ExtraFlags};
 use support::controller::{API_KEY, ControllerProcess, SimulatorProcess, run_command};
 use support::proxy::CountingProxy;
 use support::wait;
@@ -48,41 +48,11 @@ fn scenario() -> serde_json::Value {
 }
 
 fn main() -> std::process::ExitCode {
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let name = "controller_fails_over_and_drains";
-    if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
-        println!("no e2e_controller_ha scenario matches {filters:?}");
-        return std::process::ExitCode::SUCCESS;
-    }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let control_plane = match ControlPlane::start() {
-        Ok(cp) => cp,
-        Err(error) => {
-            eprintln!("e2e setup failed: {error:#}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(&control_plane)) {
-        Ok(()) => {
-            println!("e2e_controller_ha {name} ... ok");
-            std::process::ExitCode::SUCCESS
-        }
-        Err(error) => {
-            println!("e2e_controller_ha {name} ... FAILED\n  {error:#}");
-            eprintln!(
-                "--- kube-apiserver log tail ---\n{}",
-                control_plane.log_tail("kube-apiserver", 30)
-            );
-            std::process::ExitCode::FAILURE
-        }
-    }
+    support::harness::main(
+        "e2e_controller_ha controller_fails_over_and_drains",
+        &ExtraFlags::default(),
+        |cp| Box::pin(run(cp)),
+    )
 }
 
 /// One replica: the controller process and its metrics address.

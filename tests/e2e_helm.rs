@@ -41,48 +41,14 @@ const NODE: &str = "virtual-runpod";
 const WAIT: Duration = Duration::from_secs(120);
 
 fn main() -> std::process::ExitCode {
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    if !filters.is_empty()
-        && !filters
-            .iter()
-            .any(|f| "helm_install_upgrade_uninstall".contains(f.as_str()))
-    {
-        println!("no e2e_helm scenario matches {filters:?}");
-        return std::process::ExitCode::SUCCESS;
-    }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     // Webhooks behind a Service are dialled at an endpoint (no kube-proxy here).
-    let control_plane = match ControlPlane::start_with(&ExtraFlags {
+    let extra = ExtraFlags {
         apiserver: vec!["--enable-aggregator-routing=true".to_owned()],
         ..ExtraFlags::default()
-    }) {
-        Ok(cp) => cp,
-        Err(error) => {
-            eprintln!("e2e setup failed: {error:#}");
-            return std::process::ExitCode::FAILURE;
-        }
     };
-    match runtime.block_on(run(&control_plane)) {
-        Ok(()) => {
-            println!("e2e_helm helm_install_upgrade_uninstall ... ok");
-            std::process::ExitCode::SUCCESS
-        }
-        Err(error) => {
-            println!("e2e_helm helm_install_upgrade_uninstall ... FAILED\n  {error:#}");
-            eprintln!(
-                "--- kube-apiserver log tail ---\n{}",
-                control_plane.log_tail("kube-apiserver", 20)
-            );
-            std::process::ExitCode::FAILURE
-        }
-    }
+    support::harness::main("e2e_helm helm_install_upgrade_uninstall", &extra, |cp| {
+        Box::pin(run(cp))
+    })
 }
 
 fn root() -> &'static Path {

@@ -327,18 +327,9 @@ async fn scenarios(
         .await?;
     let live_id = live["id"].as_str().unwrap_or_default().to_owned();
     // Bind only once the controller's lists show the RunPod pod (3 more lists, past the lag).
-    let lists = || async {
-        let exchanges = simulator.exchanges().await?;
-        anyhow::Ok(
-            exchanges
-                .iter()
-                .filter(|e| e["operation"] == "listPods" && e["status"] == 200)
-                .count(),
-        )
-    };
-    let seen_before = lists().await?;
+    let seen_before = simulator.successful_lists().await?;
     wait::until("lists after the RunPod pod appeared", WAIT, || async {
-        Ok((lists().await? >= seen_before + 3).then_some(()))
+        Ok((simulator.successful_lists().await? >= seen_before + 3).then_some(()))
     })
     .await?;
     let binding = json!({"apiVersion": "v1", "kind": "Binding",

@@ -386,22 +386,13 @@ async fn empty_list_is_not_a_disappearance(
     simulator: &SimulatorProcess,
     running_pods: &[(String, String, String)],
 ) -> anyhow::Result<()> {
-    let lists = || async {
-        let exchanges = simulator.exchanges().await?;
-        anyhow::Ok(
-            exchanges
-                .iter()
-                .filter(|e| e["operation"] == "listPods" && e["status"] == 200)
-                .count(),
-        )
-    };
-    let before = lists().await?;
+    let before = simulator.successful_lists().await?;
     simulator
         .inject(&json!({"when": {"operation": "listPods"}, "effect": {"kind": "empty_list"}, "times": 1}))
         .await?;
     // The empty answer, then a few real lists after it.
     wait::until("lists after the empty one", WAIT, || async {
-        Ok((lists().await? >= before + 5).then_some(()))
+        Ok((simulator.successful_lists().await? >= before + 5).then_some(()))
     })
     .await?;
     for (ns, name, id) in running_pods {

@@ -182,10 +182,7 @@ async fn container_logs<P: Provider>(
     // A finished container: its instance is terminated, so serve what was kept of its log.
     if let Some(kept) = state.shared.remember(&uid, |m| m.final_log.clone()) {
         let text: String = kept_lines(&kept, &options)
-            .map(|entry| match (&entry.timestamp, timestamps) {
-                (Some(ts), true) => format!("{ts} {}\n", entry.line),
-                _ => format!("{}\n", entry.line),
-            })
+            .map(|entry| log_line(entry, timestamps))
             .collect();
         return (
             StatusCode::OK,
@@ -218,10 +215,7 @@ async fn container_logs<P: Provider>(
         .logs(&instance_id, options)
         .map(move |item| match item {
             Ok(entry) => {
-                let text = match (&entry.timestamp, timestamps) {
-                    (Some(ts), true) => format!("{ts} {}\n", entry.line),
-                    _ => format!("{}\n", entry.line),
-                };
+                let text = log_line(&entry, timestamps);
                 Ok::<_, std::io::Error>(text)
             }
             Err(error) => Err(std::io::Error::other(error.to_string())),
@@ -231,6 +225,14 @@ async fn container_logs<P: Provider>(
         .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
         .body(Body::from_stream(lines))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// One line as `kubectl logs` shows it, with its timestamp first when asked for.
+fn log_line(entry: &LogEntry, timestamps: bool) -> String {
+    match (&entry.timestamp, timestamps) {
+        (Some(ts), true) => format!("{ts} {}\n", entry.line),
+        _ => format!("{}\n", entry.line),
+    }
 }
 
 /// The kept lines `options` asks for: newer than `since` (lines without a readable timestamp

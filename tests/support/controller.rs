@@ -92,6 +92,17 @@ impl SimulatorProcess {
         Ok(pod)
     }
 
+    /// How many lists have been answered with 200 so far: tests wait for "N more lists" to
+    /// know the controller has seen the simulator's current state.
+    pub async fn successful_lists(&self) -> anyhow::Result<usize> {
+        Ok(self
+            .exchanges()
+            .await?
+            .iter()
+            .filter(|e| e["operation"] == "listPods" && e["status"] == 200)
+            .count())
+    }
+
     /// Every recorded exchange (method, path, status, ...).
     pub async fn exchanges(&self) -> anyhow::Result<Vec<serde_json::Value>> {
         Ok(reqwest::get(format!("{}/_sim/exchanges", self.url))

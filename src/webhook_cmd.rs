@@ -71,6 +71,7 @@ fn serve_options(args: &WebhookArgs) -> ServeOptions {
         idle_timeout: args.idle_timeout,
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         max_concurrent_streams: args.max_concurrent_streams,
+        ..ServeOptions::default()
     }
 }
 

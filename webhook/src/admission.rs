@@ -65,10 +65,10 @@ async fn lookup_context<C: ClusterView>(
 fn log_verdict(creation: &review::PodCreation, verdict: &Verdict) {
     let name = creation
         .pod
-        .metadata
+        .meta()
         .name
         .as_deref()
-        .or(creation.pod.metadata.generate_name.as_deref())
+        .or(creation.pod.meta().generate_name.as_deref())
         .unwrap_or_default();
     match verdict {
         Verdict::Deny { code, message, .. } => {

@@ -83,6 +83,7 @@ impl KubeCluster {
             )),
         )
         .default_backoff()
+        .modify(forget_managed_fields)
         .reflect(node_writer)
         .applied_objects();
         let namespace_stream = watcher(
@@ -90,6 +91,7 @@ impl KubeCluster {
             watcher::Config::default(),
         )
         .default_backoff()
+        .modify(forget_managed_fields)
         .reflect(namespace_writer)
         .applied_objects();
         let job_stream = watcher(
@@ -97,6 +99,7 @@ impl KubeCluster {
             watcher::Config::default(),
         )
         .default_backoff()
+        .modify(forget_managed_fields)
         .reflect(job_writer)
         .applied_objects();
         let tasks = vec![
@@ -163,8 +166,11 @@ impl ClusterView for KubeCluster {
         uid: &str,
     ) -> Result<Option<OwningJob>, LookupError> {
         let cached = self.jobs.get(&ObjectRef::new(name).within(namespace));
-        let metadata = match cached {
-            Some(job) if job.metadata.uid.as_deref() == Some(uid) => Some(job.metadata.clone()),
+        // Only the annotations are copied out of the cache, once per review.
+        let annotations = match cached {
+            Some(job) if job.metadata.uid.as_deref() == Some(uid) => {
+                Some(job.metadata.annotations.clone().unwrap_or_default())
+            }
             _ => {
                 let api = Api::<Job>::namespaced(self.client.clone(), namespace);
                 direct_get(api.get_metadata_opt(name), || {
@@ -173,11 +179,12 @@ impl ClusterView for KubeCluster {
                 .await?
                 .map(|job| job.metadata)
                 .filter(|metadata| metadata.uid.as_deref() == Some(uid))
+                .map(|metadata| metadata.annotations.unwrap_or_default())
             }
         };
-        Ok(metadata.map(|metadata| OwningJob {
+        Ok(annotations.map(|annotations| OwningJob {
             name: name.to_owned(),
-            annotations: metadata.annotations.unwrap_or_default(),
+            annotations,
         }))
     }
 
@@ -194,6 +201,12 @@ impl ClusterView for KubeCluster {
                 .map(|value| crate::contract::parse_cheapest_prices(value))
         }))
     }
+}
+
+/// The caches keep metadata only for labels and annotations; managedFields (often the largest
+/// part of an object's metadata) would only cost memory.
+fn forget_managed_fields<K: kube::Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
 }
 
 /// The lowest price per cloud type across nodes.

@@ -5,6 +5,7 @@ pub mod admission;
 pub mod cluster;
 pub mod contract;
 pub mod metrics;
+pub mod pod;
 pub mod policy;
 pub mod registration;
 pub mod review;

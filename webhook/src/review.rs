@@ -1,12 +1,13 @@
-//! AdmissionReview in and out. The body is parsed once into a borrowed envelope and the pod once
-//! into its API type; the response is written directly, with the patch in base64 as the
-//! apiserver expects. Anything malformed is a [`BadReview`] (HTTP 400), never a panic.
+//! AdmissionReview in and out. The body is parsed in one pass into the envelope and request, with
+//! the object kept as borrowed raw JSON, and the object once into the [`PodView`] the policy
+//! reads; the response is written directly, with the patch in base64 as the apiserver expects.
+//! Anything malformed is a [`BadReview`] (HTTP 400), never a panic.
 
 use base64::Engine;
-use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::pod::PodView;
 use crate::policy::Verdict;
 
 /// Largest review accepted; the apiserver's own request limit is 3 MiB.
@@ -36,6 +37,17 @@ pub enum BadReview {
     NoObject(String),
     #[error("request.object is not a valid Pod: {0}")]
     BadPod(serde_json::Error),
+}
+
+/// The review in one pass; [`Envelope`] then tells what is wrong with one that does not parse.
+#[derive(Deserialize)]
+struct Review<'a> {
+    #[serde(default, rename = "apiVersion")]
+    api_version: &'a str,
+    #[serde(default)]
+    kind: &'a str,
+    #[serde(default, borrow)]
+    request: Option<AdmissionRequest<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -75,7 +87,7 @@ pub struct GroupVersionKind {
 /// A pod creation to judge.
 #[derive(Debug)]
 pub struct PodCreation {
-    pub pod: Pod,
+    pub pod: PodView,
     pub namespace: String,
 }
 
@@ -84,6 +96,18 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest<'_>, BadReview> {
     if body.len() > MAX_REVIEW_BYTES {
         return Err(BadReview::TooLarge);
     }
+    // A string with escapes cannot be borrowed, so `apiVersion: "admission.k8s.io\/v1"` fails
+    // here too and is judged by the two-pass parse below, which owns its strings.
+    match serde_json::from_slice::<Review<'_>>(body) {
+        Ok(review) if review.api_version == API_VERSION && review.kind == KIND => {
+            review.request.ok_or(BadReview::NoRequest)
+        }
+        _ => parse_precisely(body),
+    }
+}
+
+/// Parses in two passes (envelope, then request) to tell which part of a review is malformed.
+fn parse_precisely(body: &[u8]) -> Result<AdmissionRequest<'_>, BadReview> {
     let envelope: Envelope<'_> = serde_json::from_slice(body).map_err(BadReview::NotJson)?;
     if envelope.api_version != API_VERSION || envelope.kind != KIND {
         return Err(BadReview::WrongType {
@@ -114,11 +138,11 @@ pub fn pod_creation(request: &AdmissionRequest<'_>) -> Result<Option<PodCreation
         .object
         .filter(|raw| raw.get() != "null")
         .ok_or_else(|| BadReview::NoObject(request.operation.clone()))?;
-    let pod: Pod = serde_json::from_str(object.get()).map_err(BadReview::BadPod)?;
+    let pod: PodView = serde_json::from_str(object.get()).map_err(BadReview::BadPod)?;
     let namespace = request
         .namespace
         .clone()
-        .or_else(|| pod.metadata.namespace.clone())
+        .or_else(|| pod.meta().namespace.clone())
         .unwrap_or_else(|| "default".to_owned());
     Ok(Some(PodCreation { pod, namespace }))
 }

@@ -3,6 +3,7 @@
 //! timeouts, an idle timeout, h2 keep-alive, and limits on connections and h2 streams.
 
 mod connection;
+mod header_deadline;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -19,7 +20,6 @@ use crate::cluster::ClusterView;
 use crate::server::{AppState, router};
 use connection::{Builders, Connection};
 
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// h2 PING interval while a connection is open; a peer that does not answer within
 /// [`KEEP_ALIVE_TIMEOUT`] is dropped.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
@@ -40,6 +40,9 @@ pub struct ServeOptions {
     pub max_connections: usize,
     /// At most this many concurrent h2 streams (reviews in flight) per connection.
     pub max_concurrent_streams: u32,
+    /// HTTP/1.1: a request whose headers take longer than this from its first byte closes the
+    /// connection (slowloris); waiting between requests is the idle timeout's business.
+    pub header_read_timeout: Duration,
 }
 
 impl Default for ServeOptions {
@@ -49,6 +52,7 @@ impl Default for ServeOptions {
             idle_timeout: Duration::from_secs(60),
             max_connections: 256,
             max_concurrent_streams: 32,
+            header_read_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -73,6 +77,7 @@ pub async fn serve_tls<C: ClusterView>(
             router: router(Arc::clone(&state)),
             closing: closing_rx,
             idle_timeout: options.idle_timeout,
+            header_read_timeout: options.header_read_timeout,
         },
     };
     server.accept_until(shutdown).await;
@@ -91,10 +96,10 @@ pub async fn serve_tls<C: ClusterView>(
 // matching builder instead of sniffing its first bytes (auto::Builder wraps the stream for that,
 // on every read).
 fn builders(options: &ServeOptions) -> Builders {
+    // No timer for HTTP/1.1: hyper's header timeout would cost one per request; the connection
+    // applies its own (`header_deadline`).
     let mut http1 = http1::Builder::new();
-    http1
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+    http1.header_read_timeout(None);
     let mut http2 = http2::Builder::new(TokioExecutor::new());
     http2
         .timer(TokioTimer::new())

@@ -1,6 +1,7 @@
 //! Connection limits over real TLS: idle connections are closed (h2 included, which is what the
 //! apiserver speaks), concurrent connections and h2 streams are bounded, and a review in flight
-//! is never cut as idle.
+//! is never cut as idle; HTTP/1.1 headers that take too long from their first byte (slowloris)
+//! close the connection, while waiting between requests does not.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -150,4 +151,146 @@ async fn connections_beyond_the_bound_wait_for_a_free_slot() {
         .expect("the third connection still waits after a slot was freed")
         .unwrap();
     assert!(third.is_ok(), "{:?}", third.err());
+}
+
+/// A raw HTTP/1.1 review request, as bytes a client may send in any pieces.
+fn raw_review_request() -> Vec<u8> {
+    let body = serde_json::to_vec(&review(gpu_pod())).unwrap();
+    let mut request = format!(
+        "POST /mutate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&body);
+    request
+}
+
+/// Reads one HTTP/1.1 response (headers and a content-length body); returns its status line.
+async fn read_response<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> String {
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        let read = stream.read(&mut buffer).await.unwrap();
+        assert!(read > 0, "the connection closed before a whole response");
+        received.extend_from_slice(&buffer[..read]);
+        let text = String::from_utf8_lossy(&received).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length: usize = head
+                .lines()
+                .find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().unwrap())
+                })
+                .unwrap();
+            if body.len() >= length {
+                return head.lines().next().unwrap().to_owned();
+            }
+        }
+    }
+}
+
+async fn server_with_header_timeout(header_read_timeout: Duration) -> TestServer {
+    let options = ServeOptions {
+        header_read_timeout,
+        ..ServeOptions::default()
+    };
+    start_with(
+        opted_in_cluster(),
+        policy(),
+        Duration::from_secs(60),
+        options,
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_client_sending_headers_one_byte_per_second_is_disconnected() {
+    let header_read_timeout = Duration::from_secs(3);
+    let server = server_with_header_timeout(header_read_timeout).await;
+    let tls = tls_connect(server.addr, &server.ca_pem, &[b"http/1.1"])
+        .await
+        .unwrap();
+    let (mut reader, mut writer) = tokio::io::split(tls);
+    let request = raw_review_request();
+    let started = std::time::Instant::now();
+    let trickle = tokio::spawn(async move {
+        let mut sent = 0;
+        for byte in request {
+            if tokio::io::AsyncWriteExt::write_all(&mut writer, &[byte])
+                .await
+                .is_err()
+            {
+                break;
+            }
+            sent += 1;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        sent
+    });
+    // Well under the idle timeout (60 s) and the ~80 s the headers take at this pace.
+    let closed = tokio::time::timeout(BOUND, async {
+        let mut buffer = [0u8; 1024];
+        while let Ok(read) = reader.read(&mut buffer).await {
+            if read == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+    let elapsed = started.elapsed();
+    trickle.abort();
+    assert!(
+        closed.is_ok(),
+        "a client sending its headers at one byte per second still holds its connection \
+         after {BOUND:?}"
+    );
+    assert!(
+        elapsed >= header_read_timeout - Duration::from_millis(500),
+        "closed after {elapsed:?}, before the header timeout"
+    );
+}
+
+#[tokio::test]
+async fn headers_in_pieces_within_the_timeout_are_served_and_the_clock_restarts() {
+    let server = server_with_header_timeout(Duration::from_secs(2)).await;
+    let mut tls = tls_connect(server.addr, &server.ca_pem, &[b"http/1.1"])
+        .await
+        .unwrap();
+    // Three requests on one connection, each in pieces 400 ms apart: 1.2 s per request, 3.6 s
+    // in all. Each request's clock starts at its own first byte, so none is cut.
+    for _ in 0..3 {
+        let request = raw_review_request();
+        for piece in request.chunks(request.len().div_ceil(3)) {
+            tokio::io::AsyncWriteExt::write_all(&mut tls, piece)
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        let status = tokio::time::timeout(BOUND, read_response(&mut tls))
+            .await
+            .unwrap();
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    }
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_outlives_the_header_timeout() {
+    let header_read_timeout = Duration::from_millis(500);
+    let server = server_with_header_timeout(header_read_timeout).await;
+    let mut tls = tls_connect(server.addr, &server.ca_pem, &[b"http/1.1"])
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        tokio::io::AsyncWriteExt::write_all(&mut tls, &raw_review_request())
+            .await
+            .unwrap();
+        let status = tokio::time::timeout(BOUND, read_response(&mut tls))
+            .await
+            .unwrap();
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        // Waiting for the next request is idle time (60 s here), not header time.
+        tokio::time::sleep(header_read_timeout * 3).await;
+    }
 }

@@ -3,11 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod, Volume};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::Pod;
 
 use super::{OwningJob, PolicyConfig};
 use crate::contract::{self, CloudType, PortSpec};
+use crate::pod::{ContainerView, PodView, VolumeView};
 
 /// An effective annotation value and where it came from.
 #[derive(Debug, Clone, Copy)]
@@ -102,7 +102,7 @@ pub fn validate_annotations(effective: &Effective<'_>) -> Vec<String> {
 
 /// What RunPod cannot run: it runs exactly one container, no init containers, and only volumes
 /// whose content the controller can reproduce.
-pub fn unsupported_shape(pod: &Pod) -> Vec<String> {
+pub fn unsupported_shape(pod: &PodView) -> Vec<String> {
     let mut problems = Vec::new();
     let Some(spec) = pod.spec.as_ref() else {
         return vec!["the pod has no spec".to_owned()];
@@ -148,7 +148,7 @@ const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccou
 
 /// The controller writes mounted files from a wrapper around the container's command; a
 /// container that only runs its image's CMD cannot be wrapped, so its files would be lost.
-fn mounts_without_command(container: &Container) -> Option<String> {
+fn mounts_without_command(container: &ContainerView) -> Option<String> {
     let has_command = container.command.as_ref().is_some_and(|c| !c.is_empty())
         || container.args.as_ref().is_some_and(|a| !a.is_empty());
     if has_command {
@@ -172,12 +172,8 @@ fn mounts_without_command(container: &Container) -> Option<String> {
     })
 }
 
-fn unsupported_volume_kind(volume: &Volume) -> Option<String> {
-    if volume.config_map.is_some()
-        || volume.secret.is_some()
-        || volume.empty_dir.is_some()
-        || volume.downward_api.is_some()
-    {
+fn unsupported_volume_kind(volume: &VolumeView) -> Option<String> {
+    if volume.simple_source {
         return None;
     }
     if let Some(projected) = &volume.projected {
@@ -189,16 +185,13 @@ fn unsupported_volume_kind(volume: &Volume) -> Option<String> {
         });
         return (!supported).then(|| "projected (with unsupported sources)".to_owned());
     }
-    // Name the type as the user wrote it: the one key besides `name`.
-    let kind = serde_json::to_value(volume)
-        .ok()
-        .and_then(|value| {
-            value
-                .as_object()
-                .and_then(|fields| fields.keys().find(|key| *key != "name").cloned())
-        })
-        .unwrap_or_else(|| "unknown".to_owned());
-    Some(kind)
+    // Name the type as the user wrote it.
+    Some(
+        volume
+            .other_source
+            .clone()
+            .unwrap_or_else(|| "unknown".to_owned()),
+    )
 }
 
 /// Well-formed values this cluster does not allow: datacenters outside the allowed list, a price
@@ -288,36 +281,62 @@ pub fn cap_below_market(
     })
 }
 
-/// GPUs the pod asks for, with Kubernetes' rule for init containers (the larger of their maximum
-/// and the sum over the regular containers).
+/// GPUs a (typed) pod asks for: the controller's reading of the same rule as [`view_gpu_count`].
 pub fn gpu_count(pod: &Pod) -> u32 {
     let Some(spec) = pod.spec.as_ref() else {
         return 0;
     };
-    let per_container = |container: &k8s_openapi::api::core::v1::Container| -> u32 {
-        let resources = container.resources.as_ref();
-        let limit = resources.and_then(|r| r.limits.as_ref()?.get(contract::GPU_RESOURCE));
-        let request = resources.and_then(|r| r.requests.as_ref()?.get(contract::GPU_RESOURCE));
-        limit.or(request).map(quantity_count).unwrap_or(0)
+    fn gpu(container: &k8s_openapi::api::core::v1::Container) -> Option<&str> {
+        let resources = container.resources.as_ref()?;
+        let limit = resources
+            .limits
+            .as_ref()
+            .and_then(|l| l.get(contract::GPU_RESOURCE));
+        let request = resources
+            .requests
+            .as_ref()
+            .and_then(|r| r.get(contract::GPU_RESOURCE));
+        limit.or(request).map(|quantity| quantity.0.as_str())
+    }
+    count_gpus(
+        spec.containers.iter().map(gpu),
+        spec.init_containers.iter().flatten().map(gpu),
+    )
+}
+
+/// GPUs the pod under review asks for.
+pub(crate) fn view_gpu_count(pod: &PodView) -> u32 {
+    let Some(spec) = pod.spec.as_ref() else {
+        return 0;
     };
-    let regular: u32 = spec
-        .containers
-        .iter()
-        .map(per_container)
+    fn gpu(container: &ContainerView) -> Option<&str> {
+        container.resources.as_ref()?.gpu()
+    }
+    count_gpus(
+        spec.containers.iter().map(gpu),
+        spec.init_containers.iter().flatten().map(gpu),
+    )
+}
+
+/// Kubernetes' rule for init containers: the larger of their maximum and the sum over the
+/// regular containers (each a GPU quantity, if the container asks for any).
+fn count_gpus<'a>(
+    regular: impl Iterator<Item = Option<&'a str>>,
+    init: impl Iterator<Item = Option<&'a str>>,
+) -> u32 {
+    let regular: u32 = regular
+        .map(|quantity| quantity.map_or(0, quantity_count))
         .fold(0, u32::saturating_add);
-    let init = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .map(per_container)
+    let init = init
+        .map(|quantity| quantity.map_or(0, quantity_count))
         .max()
         .unwrap_or(0);
     regular.max(init)
 }
 
 /// Extended resources are whole numbers; anything else non-zero still counts as one GPU.
-fn quantity_count(quantity: &Quantity) -> u32 {
-    let text = quantity.0.trim();
+fn quantity_count(quantity: &str) -> u32 {
+    let text = quantity.trim();
     match text.parse::<u32>() {
         Ok(count) => count,
         Err(_) if text.is_empty() || text.chars().all(|c| c == '0' || c == '.') => 0,
@@ -325,22 +344,60 @@ fn quantity_count(quantity: &Quantity) -> u32 {
     }
 }
 
-/// The `runpod.io/ports` value auto-detected from the container ports; `None` when the pod
-/// declares no port RunPod can expose.
+/// A declared container port, from either reading of a pod.
+struct DeclaredPort<'a> {
+    number: i32,
+    name: Option<&'a str>,
+    protocol: Option<&'a str>,
+}
+
+/// The `runpod.io/ports` value auto-detected from a (typed) pod's container ports: the
+/// controller's reading of the same rule as [`view_detect_ports`].
 pub fn detect_ports(pod: &Pod, warnings: &mut Vec<String>) -> Result<Option<String>, String> {
-    let mut ports: Vec<PortSpec> = Vec::new();
     let containers = pod.spec.iter().flat_map(|spec| spec.containers.iter());
-    for port in containers.flat_map(|c| c.ports.iter().flatten()) {
-        let protocol = port.protocol.as_deref().unwrap_or("TCP");
+    let ports = containers
+        .flat_map(|c| c.ports.iter().flatten())
+        .map(|port| DeclaredPort {
+            number: port.container_port,
+            name: port.name.as_deref(),
+            protocol: port.protocol.as_deref(),
+        });
+    ports_annotation(ports, warnings)
+}
+
+/// The `runpod.io/ports` value auto-detected from the container ports of the pod under review;
+/// `None` when it declares no port RunPod can expose.
+pub(crate) fn view_detect_ports(
+    pod: &PodView,
+    warnings: &mut Vec<String>,
+) -> Result<Option<String>, String> {
+    let containers = pod.spec.iter().flat_map(|spec| spec.containers.iter());
+    let ports = containers
+        .flat_map(|c| c.ports.iter().flatten())
+        .map(|port| DeclaredPort {
+            number: port.container_port,
+            name: port.name.as_deref(),
+            protocol: port.protocol.as_deref(),
+        });
+    ports_annotation(ports, warnings)
+}
+
+fn ports_annotation<'a>(
+    declared: impl Iterator<Item = DeclaredPort<'a>>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<String>, String> {
+    let mut ports: Vec<PortSpec> = Vec::new();
+    for port in declared {
+        let protocol = port.protocol.unwrap_or("TCP");
         if protocol != "TCP" {
             warnings.push(format!(
                 "runpod-kubelet: container port {}/{protocol} is not exposed; RunPod forwards \
                  only TCP and HTTP",
-                port.container_port
+                port.number
             ));
             continue;
         }
-        let Some(number) = u16::try_from(port.container_port).ok().filter(|p| *p > 0) else {
+        let Some(number) = u16::try_from(port.number).ok().filter(|p| *p > 0) else {
             continue;
         };
         if ports.iter().any(|known| known.port == number) {
@@ -348,7 +405,7 @@ pub fn detect_ports(pod: &Pod, warnings: &mut Vec<String>) -> Result<Option<Stri
         }
         ports.push(PortSpec {
             port: number,
-            protocol: contract::detected_protocol(number, port.name.as_deref()),
+            protocol: contract::detected_protocol(number, port.name),
         });
     }
     if ports.is_empty() {

@@ -8,9 +8,8 @@ mod retract;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::Pod;
-
 use crate::contract::{self, BurstMode};
+use crate::pod::PodView;
 pub use checks::{detect_ports, gpu_count};
 pub use mutation::Mutation;
 
@@ -75,8 +74,8 @@ pub enum Verdict {
 }
 
 /// The owning Job of a pod, if any (ownerReference of kind Job in group batch).
-pub fn owning_job(pod: &Pod) -> Option<(String, String)> {
-    pod.metadata
+pub fn owning_job(pod: &PodView) -> Option<(String, String)> {
+    pod.meta()
         .owner_references
         .as_ref()?
         .iter()
@@ -86,7 +85,7 @@ pub fn owning_job(pod: &Pod) -> Option<(String, String)> {
 
 /// Reasons to leave a pod alone that need no lookup; checked first so that opted-out pods and
 /// excluded namespaces never depend on the cluster being reachable.
-pub fn screen(pod: &Pod, namespace: &str, config: &PolicyConfig) -> Option<Untouched> {
+pub fn screen(pod: &PodView, namespace: &str, config: &PolicyConfig) -> Option<Untouched> {
     if label(pod, contract::BURST_LABEL) == Some(contract::BURST_DISABLED) {
         return Some(Untouched::OptedOut);
     }
@@ -97,7 +96,7 @@ pub fn screen(pod: &Pod, namespace: &str, config: &PolicyConfig) -> Option<Untou
 }
 
 /// Decides what happens to a pod at creation.
-pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConfig) -> Verdict {
+pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &PolicyConfig) -> Verdict {
     if let Some(reason) = screen(pod, namespace, config) {
         return untouched(Mutation::default(), Vec::new(), reason);
     }
@@ -113,18 +112,19 @@ pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConf
 
     // From here on the pod is ours to judge; controller-owned annotations never get through.
     let mut mutation = Mutation::default();
-    let pod_annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let no_annotations = BTreeMap::new();
+    let pod_annotations = pod.meta().annotations.as_ref().unwrap_or(&no_annotations);
     mutation.remove_annotations = contract::CONTROLLER_ANNOTATIONS
         .iter()
         .filter(|key| pod_annotations.contains_key(**key))
         .map(|key| (*key).to_owned())
         .collect();
 
-    let effective = checks::Effective::resolve(&pod_annotations, context.job.as_ref());
+    let effective = checks::Effective::resolve(pod_annotations, context.job.as_ref());
     let explicit_mode = effective.get(contract::BURST_MODE);
     // Before the namespace default is read: a typo there must not block the namespace's
     // CPU pods, which are no candidates anyway.
-    let gpus = checks::gpu_count(pod);
+    let gpus = checks::view_gpu_count(pod);
     if gpus == 0 && explicit_mode.is_none() {
         return untouched(mutation, Vec::new(), Untouched::NotGpu);
     }
@@ -147,7 +147,7 @@ pub fn decide(pod: &Pod, namespace: &str, context: &Context, config: &PolicyConf
     let mut port_warnings = Vec::new();
     let mut detected_ports = None;
     if effective.get(contract::PORTS).is_none() {
-        match checks::detect_ports(pod, &mut port_warnings) {
+        match checks::view_detect_ports(pod, &mut port_warnings) {
             Ok(ports) => detected_ports = ports,
             Err(problem) => unsupported.push(problem),
         }
@@ -242,8 +242,8 @@ fn resolve_mode(
     }
 }
 
-fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
+fn label<'a>(pod: &'a PodView, key: &str) -> Option<&'a str> {
+    pod.meta().labels.as_ref()?.get(key).map(String::as_str)
 }
 
 fn untouched(mutation: Mutation, warnings: Vec<String>, reason: Untouched) -> Verdict {
@@ -254,7 +254,7 @@ fn untouched(mutation: Mutation, warnings: Vec<String>, reason: Untouched) -> Ve
     }
 }
 
-fn deny_invalid(pod: &Pod, namespace: &str, problems: Vec<String>) -> Verdict {
+fn deny_invalid(pod: &PodView, namespace: &str, problems: Vec<String>) -> Verdict {
     Verdict::Deny {
         code: 422,
         reason: "Invalid".to_owned(),
@@ -262,12 +262,12 @@ fn deny_invalid(pod: &Pod, namespace: &str, problems: Vec<String>) -> Verdict {
     }
 }
 
-fn rejection(pod: &Pod, namespace: &str, problems: &[String]) -> String {
+fn rejection(pod: &PodView, namespace: &str, problems: &[String]) -> String {
     let name = pod
-        .metadata
+        .meta()
         .name
         .clone()
-        .or_else(|| pod.metadata.generate_name.as_ref().map(|g| format!("{g}*")))
+        .or_else(|| pod.meta().generate_name.as_ref().map(|g| format!("{g}*")))
         .unwrap_or_else(|| "<unnamed>".to_owned());
     format!(
         "runpod-kubelet rejected pod {namespace}/{name}: {}",

@@ -3,11 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Pod, PreferredSchedulingTerm, Toleration};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
 use crate::contract::{self, BurstMode};
+use crate::pod::{NodeSelectorTermView, PodView, PreferredTermView, TolerationView};
 
 /// Changes to make to a pod; the default changes nothing.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -29,15 +28,15 @@ impl Mutation {
     /// The JSON Patch operations for this mutation of `pod`. Built from the typed pod, so a
     /// missing (or null) parent gets one `add` of the whole parent and existing ones get `add`s
     /// of their members; keys are escaped as JSON Pointer tokens.
-    pub fn patch(&self, pod: &Pod) -> Vec<Value> {
+    pub fn patch(&self, pod: &PodView) -> Vec<Value> {
         let mut ops = Vec::new();
-        let annotations = pod.metadata.annotations.as_ref();
+        let annotations = pod.meta().annotations.as_ref();
         for key in &self.remove_annotations {
             ops.push(remove(&["metadata", "annotations", key]));
         }
         if !self.set_annotations.is_empty() {
-            if pod.metadata == ObjectMeta::default() {
-                // No metadata at all (or an empty one): `/metadata` may not exist to add into.
+            if pod.metadata.is_none() {
+                // No metadata object (or a null one): there is no `/metadata` to add into.
                 ops.push(add(
                     &["metadata"],
                     json!({"annotations": self.set_annotations}),
@@ -136,7 +135,7 @@ const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
 
 /// Adds what makes the scheduler place the pod per its mode, skipping what is already there.
 pub(super) fn schedule_onto_runpod(
-    pod: &Pod,
+    pod: &PodView,
     mode: BurstMode,
     mutation: &mut Mutation,
     warnings: &mut Vec<String>,
@@ -174,25 +173,43 @@ pub(super) fn schedule_onto_runpod(
                     n.preferred_during_scheduling_ignored_during_execution
                         .as_ref()
                 });
-            let wanted = local_preference_json();
-            let present = preferred.into_iter().flatten().any(|term| {
-                serde_json::to_value(term)
-                    .is_ok_and(|value| value["preference"] == wanted["preference"])
-            });
+            let present = preferred
+                .into_iter()
+                .flatten()
+                .any(|term| is_our_preference_term(&term.preference));
             mutation.prefer_local_nodes = !present;
         }
         BurstMode::Never => {}
     }
 }
 
-/// The toleration exactly as this webhook adds it.
-pub(super) fn is_our_toleration(toleration: &Toleration) -> bool {
-    serde_json::to_value(toleration).is_ok_and(|value| value == provider_toleration_json())
+/// The toleration exactly as this webhook adds it ([`provider_toleration_json`]): these four
+/// fields and no `tolerationSeconds`.
+pub(super) fn is_our_toleration(toleration: &TolerationView) -> bool {
+    toleration.key.as_deref() == Some(contract::PROVIDER_TAINT_KEY)
+        && toleration.operator.as_deref() == Some("Equal")
+        && toleration.value.as_deref() == Some(contract::PROVIDER_TAINT_VALUE)
+        && toleration.effect.as_deref() == Some("NoSchedule")
+        && toleration.toleration_seconds.is_none()
 }
 
-/// The preferred node-affinity term exactly as this webhook adds it.
-pub(super) fn is_our_preference(term: &PreferredSchedulingTerm) -> bool {
-    serde_json::to_value(term).is_ok_and(|value| value == local_preference_json())
+/// The preferred node-affinity term exactly as this webhook adds it ([`local_preference_json`]).
+pub(super) fn is_our_preference(term: &PreferredTermView) -> bool {
+    term.weight == LOCAL_PREFERENCE_WEIGHT && is_our_preference_term(&term.preference)
+}
+
+/// The `preference` of [`local_preference_json`]: one `NotIn` expression on the node type.
+fn is_our_preference_term(term: &NodeSelectorTermView) -> bool {
+    let [expression] = term.match_expressions.as_deref().unwrap_or_default() else {
+        return false;
+    };
+    term.match_fields.is_none()
+        && expression.key == contract::NODE_TYPE_LABEL
+        && expression.operator == "NotIn"
+        && expression
+            .values
+            .as_deref()
+            .is_some_and(|values| values == [contract::NODE_TYPE_VALUE])
 }
 
 /// The node selector entries `always` mode adds.
@@ -202,7 +219,7 @@ pub(super) const OUR_NODE_SELECTOR: [(&str, &str); 2] = [
 ];
 
 /// Kubernetes' toleration matching, for the provider's NoSchedule taint.
-fn tolerates_provider_taint(toleration: &Toleration) -> bool {
+fn tolerates_provider_taint(toleration: &TolerationView) -> bool {
     let effect_matches = toleration
         .effect
         .as_deref()
@@ -230,10 +247,12 @@ fn provider_toleration_json() -> Value {
     })
 }
 
+const LOCAL_PREFERENCE_WEIGHT: i32 = 100;
+
 /// Prefer nodes that are not virtual-kubelet nodes.
 fn local_preference_json() -> Value {
     json!({
-        "weight": 100,
+        "weight": LOCAL_PREFERENCE_WEIGHT,
         "preference": {
             "matchExpressions": [{
                 "key": contract::NODE_TYPE_LABEL,

@@ -3,7 +3,7 @@
 //! review and have us called again; if the pod is then one RunPod cannot run, the toleration and
 //! node selection we added would still let it onto the virtual node.
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::pod::PodView;
 
 use super::mutation::{self, Mutation};
 
@@ -18,7 +18,7 @@ pub(super) struct EarlierReview {
 /// Our earlier changes, when the pod carries our toleration together with our preferred node
 /// affinity (fallback) or our whole node selector (always). The pair is the signature of our
 /// review: a user's own toleration alone is left alone.
-pub(super) fn earlier_review(pod: &Pod) -> Option<EarlierReview> {
+pub(super) fn earlier_review(pod: &PodView) -> Option<EarlierReview> {
     let spec = pod.spec.as_ref()?;
     let tolerations: Vec<usize> = spec
         .tolerations

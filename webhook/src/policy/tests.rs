@@ -1,5 +1,6 @@
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -58,7 +59,7 @@ fn annotate(pod: Value, key: &str, value: &str) -> Value {
     )
 }
 
-fn typed(raw: &Value) -> Pod {
+fn typed(raw: &Value) -> PodView {
     serde_json::from_value(raw.clone()).unwrap()
 }
 
@@ -286,13 +287,54 @@ fn non_gpu_pods_pass_unless_the_mode_is_explicit() {
     assert_eq!(patched["spec"]["nodeSelector"]["type"], "virtual-kubelet");
 }
 
+/// GPUs as the webhook counts them, checked against the controller's reading of the typed pod.
+fn gpus(raw: &Value) -> u32 {
+    let count = checks::view_gpu_count(&typed(raw));
+    let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
+    assert_eq!(
+        checks::gpu_count(&pod),
+        count,
+        "the two readings differ on {raw}"
+    );
+    count
+}
+
 #[test]
 fn gpu_requests_count_as_well_as_limits() {
     let mut pod = gpu_pod();
     pod["spec"]["containers"][0]["resources"] = json!({"requests": {"nvidia.com/gpu": "2"}});
-    assert_eq!(checks::gpu_count(&typed(&pod)), 2);
+    assert_eq!(gpus(&pod), 2);
     pod["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "0"}});
-    assert_eq!(checks::gpu_count(&typed(&pod)), 0);
+    assert_eq!(gpus(&pod), 0);
+    pod["spec"]["containers"][0]["resources"] =
+        json!({"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "3"}});
+    assert_eq!(gpus(&pod), 1, "the limit wins");
+    pod["spec"]["initContainers"] =
+        json!([{"name": "prep", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]);
+    assert_eq!(gpus(&pod), 4, "an init container's larger count wins");
+    pod["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "500m"}});
+    pod["spec"]["initContainers"] = json!([]);
+    assert_eq!(gpus(&pod), 1, "a fraction still counts as one GPU");
+}
+
+#[test]
+fn both_readings_detect_the_same_ports() {
+    let mut pod = gpu_pod();
+    pod["spec"]["containers"][0]["ports"] = json!([
+        {"containerPort": 8888, "name": "jupyter"},
+        {"containerPort": 22},
+        {"containerPort": 53, "protocol": "UDP"},
+        {"containerPort": 22, "protocol": "TCP"},
+        {"containerPort": 0}
+    ]);
+    let (mut view_warnings, mut typed_warnings) = (Vec::new(), Vec::new());
+    let view = checks::view_detect_ports(&typed(&pod), &mut view_warnings);
+    let typed_pod: Pod = serde_json::from_value(pod).unwrap();
+    let typed = checks::detect_ports(&typed_pod, &mut typed_warnings);
+    assert_eq!(view, typed);
+    assert_eq!(view_warnings, typed_warnings);
+    assert_eq!(view.unwrap().as_deref(), Some("8888/http,22/tcp"));
+    assert_eq!(view_warnings.len(), 1, "{view_warnings:?}");
 }
 
 #[test]

@@ -21,6 +21,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
+use super::header_deadline::HeaderDeadline;
+
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a closing connection may take to finish its requests (reviews are bounded well
 /// below this by the body read and lookup timeouts).
@@ -44,6 +46,8 @@ pub(super) struct Connection {
     /// Becomes true when the server closes its connections.
     pub closing: watch::Receiver<bool>,
     pub idle_timeout: Duration,
+    /// HTTP/1.1: longest time from a request's first bytes to its complete headers.
+    pub header_read_timeout: Duration,
 }
 
 impl Connection {
@@ -60,7 +64,6 @@ impl Connection {
             }
         };
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
-        let io = TokioIo::new(tls);
         let activity = Arc::new(Activity::new());
         let service = Tracked {
             inner: TowerToHyperService::new(self.router.clone()),
@@ -68,7 +71,7 @@ impl Connection {
         };
         let builders = Arc::clone(&self.builders);
         let result = if h2 {
-            let connection = builders.http2.serve_connection(io, service);
+            let connection = builders.http2.serve_connection(TokioIo::new(tls), service);
             self.drive(
                 connection,
                 http2::Connection::graceful_shutdown,
@@ -77,7 +80,8 @@ impl Connection {
             )
             .await
         } else {
-            let connection = builders.http1.serve_connection(io, service);
+            let io = HeaderDeadline::new(tls, Arc::clone(&activity), self.header_read_timeout);
+            let connection = builders.http1.serve_connection(TokioIo::new(io), service);
             self.drive(
                 connection,
                 http1::Connection::graceful_shutdown,
@@ -136,10 +140,12 @@ impl Connection {
     }
 }
 
-/// Requests in flight on one connection, and when the last one started or ended.
-struct Activity {
+/// Requests in flight on one connection, how many have started, and when the last one started
+/// or ended.
+pub(super) struct Activity {
     started: Instant,
     in_flight: AtomicUsize,
+    requests_started: AtomicU64,
     /// Milliseconds after `started`.
     last_change_ms: AtomicU64,
 }
@@ -149,8 +155,18 @@ impl Activity {
         Self {
             started: Instant::now(),
             in_flight: AtomicUsize::new(0),
+            requests_started: AtomicU64::new(0),
             last_change_ms: AtomicU64::new(0),
         }
+    }
+
+    pub(super) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Requests whose headers were complete and handed to the service.
+    pub(super) fn requests_started(&self) -> u64 {
+        self.requests_started.load(Ordering::Acquire)
     }
 
     fn touch(&self) {
@@ -160,7 +176,7 @@ impl Activity {
 
     /// How long nothing has been in flight; zero while something is.
     fn idle_for(&self) -> Duration {
-        if self.in_flight.load(Ordering::Acquire) > 0 {
+        if self.in_flight() > 0 {
             return Duration::ZERO;
         }
         let last = Duration::from_millis(self.last_change_ms.load(Ordering::Acquire));
@@ -197,6 +213,9 @@ impl hyper::service::Service<http::Request<Incoming>> for Tracked {
 
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
         self.activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.activity
+            .requests_started
+            .fetch_add(1, Ordering::AcqRel);
         self.activity.touch();
         let in_flight = InFlight(Arc::clone(&self.activity));
         let handled = self.inner.call(request);

@@ -1,0 +1,373 @@
+//! The parts of a pod the admission policy reads, deserialised straight from the review.
+//!
+//! A full `k8s_openapi` `Pod` costs an allocation for every string, map and list of the pod (its
+//! env, image, resources, status...), most of which the policy never looks at; this view keeps
+//! only what the rules and the patch need. Field names and `Option`s follow the Kubernetes API,
+//! so absent and `null` members read as `None` exactly as they do in the typed pod, and the
+//! patch can tell a missing parent (added whole) from an existing one (added into).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, IgnoredAny, MapAccess, Visitor};
+
+/// A pod under review.
+#[derive(Debug, Default, Deserialize)]
+pub struct PodView {
+    /// `None` when the pod has no `metadata` object at all.
+    #[serde(default)]
+    pub metadata: Option<MetaView>,
+    #[serde(default)]
+    pub spec: Option<SpecView>,
+}
+
+/// `metadata` of a pod.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MetaView {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub generate_name: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub annotations: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub owner_references: Option<Vec<OwnerView>>,
+}
+
+const NO_METADATA: MetaView = MetaView {
+    name: None,
+    generate_name: None,
+    namespace: None,
+    labels: None,
+    annotations: None,
+    owner_references: None,
+};
+
+impl PodView {
+    /// The metadata, empty when the pod has none.
+    pub fn meta(&self) -> &MetaView {
+        self.metadata.as_ref().unwrap_or(&NO_METADATA)
+    }
+}
+
+/// An `ownerReferences` entry.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OwnerView {
+    #[serde(default)]
+    pub api_version: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub uid: String,
+}
+
+/// `spec` of a pod.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpecView {
+    #[serde(default)]
+    pub containers: Vec<ContainerView>,
+    #[serde(default)]
+    pub init_containers: Option<Vec<ContainerView>>,
+    #[serde(default)]
+    pub volumes: Option<Vec<VolumeView>>,
+    #[serde(default)]
+    pub tolerations: Option<Vec<TolerationView>>,
+    #[serde(default)]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub affinity: Option<AffinityView>,
+}
+
+/// A container (regular or init).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerView {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    #[serde(default)]
+    pub args: Option<Vec<String>>,
+    #[serde(default)]
+    pub ports: Option<Vec<PortView>>,
+    #[serde(default)]
+    pub resources: Option<ResourcesView>,
+    #[serde(default)]
+    pub volume_mounts: Option<Vec<MountView>>,
+}
+
+/// A `containerPort` entry.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortView {
+    #[serde(default)]
+    pub container_port: i32,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub protocol: Option<String>,
+}
+
+/// A `volumeMounts` entry.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MountView {
+    #[serde(default)]
+    pub mount_path: String,
+}
+
+/// `resources`: only the GPU quantity ([`crate::contract::GPU_RESOURCE`]) is read.
+#[derive(Debug, Default, Deserialize)]
+pub struct ResourcesView {
+    #[serde(default)]
+    pub limits: Option<GpuQuantity>,
+    #[serde(default)]
+    pub requests: Option<GpuQuantity>,
+}
+
+/// The GPU entry of a `limits` or `requests` map; other resources are skipped unread.
+#[derive(Debug, Default, Deserialize)]
+pub struct GpuQuantity {
+    /// Must equal [`crate::contract::GPU_RESOURCE`] (serde needs the literal; a test checks it).
+    #[serde(default, rename = "nvidia.com/gpu")]
+    pub gpu: Option<String>,
+}
+
+impl ResourcesView {
+    /// The GPU limit, else the GPU request, as Kubernetes reads extended resources.
+    pub fn gpu(&self) -> Option<&str> {
+        let limit = self.limits.as_ref().and_then(|l| l.gpu.as_deref());
+        limit.or_else(|| self.requests.as_ref().and_then(|r| r.gpu.as_deref()))
+    }
+}
+
+/// A toleration: all of its fields, so that one can be compared with ours exactly.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TolerationView {
+    #[serde(default)]
+    pub key: Option<String>,
+    #[serde(default)]
+    pub operator: Option<String>,
+    #[serde(default)]
+    pub value: Option<String>,
+    #[serde(default)]
+    pub effect: Option<String>,
+    #[serde(default)]
+    pub toleration_seconds: Option<i64>,
+}
+
+/// `affinity`: only node affinity's preferred terms are read.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AffinityView {
+    #[serde(default)]
+    pub node_affinity: Option<NodeAffinityView>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAffinityView {
+    #[serde(default)]
+    pub preferred_during_scheduling_ignored_during_execution: Option<Vec<PreferredTermView>>,
+}
+
+/// A preferred scheduling term: all of its fields, so that one can be compared with ours.
+#[derive(Debug, Default, Deserialize)]
+pub struct PreferredTermView {
+    #[serde(default)]
+    pub weight: i32,
+    #[serde(default)]
+    pub preference: NodeSelectorTermView,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSelectorTermView {
+    #[serde(default)]
+    pub match_expressions: Option<Vec<RequirementView>>,
+    /// Only whether there are any (and how many) matters.
+    #[serde(default)]
+    pub match_fields: Option<Vec<IgnoredAny>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct RequirementView {
+    #[serde(default)]
+    pub key: String,
+    #[serde(default)]
+    pub operator: String,
+    #[serde(default)]
+    pub values: Option<Vec<String>>,
+}
+
+/// A volume: its name and what kind of source it has.
+#[derive(Debug, Default)]
+pub struct VolumeView {
+    pub name: String,
+    /// It has a configMap, secret, emptyDir or downwardAPI source.
+    pub simple_source: bool,
+    /// Its projected source, if any.
+    pub projected: Option<ProjectedView>,
+    /// The first other source, by its key as the user wrote it (`hostPath`, `nfs`...).
+    pub other_source: Option<String>,
+}
+
+/// A projected volume's sources.
+#[derive(Debug, Default, Deserialize)]
+pub struct ProjectedView {
+    #[serde(default)]
+    pub sources: Option<Vec<ProjectionView>>,
+}
+
+/// One projected source: which kind it is.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProjectionView {
+    #[serde(default)]
+    pub service_account_token: Option<IgnoredAny>,
+    #[serde(default)]
+    pub config_map: Option<IgnoredAny>,
+    #[serde(default)]
+    pub secret: Option<IgnoredAny>,
+    #[serde(default, rename = "downwardAPI")]
+    pub downward_api: Option<IgnoredAny>,
+}
+
+// A volume has `name` and one source among thirty-odd kinds; only a few are told apart, the
+// others are named by their key, so a derive with every kind is not needed.
+impl<'de> Deserialize<'de> for VolumeView {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(VolumeVisitor)
+    }
+}
+
+struct VolumeVisitor;
+
+impl<'de> Visitor<'de> for VolumeVisitor {
+    type Value = VolumeView;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a volume object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<VolumeView, A::Error> {
+        let mut volume = VolumeView::default();
+        while let Some(key) = map.next_key::<VolumeKey>()? {
+            match key {
+                VolumeKey::Name => volume.name = map.next_value()?,
+                VolumeKey::Simple => {
+                    volume.simple_source |= map.next_value::<Option<IgnoredAny>>()?.is_some();
+                }
+                VolumeKey::Projected => {
+                    if let Some(projected) = map.next_value::<Option<ProjectedView>>()? {
+                        volume.projected = Some(projected);
+                    }
+                }
+                VolumeKey::Other(kind) => {
+                    if map.next_value::<Option<IgnoredAny>>()?.is_some() {
+                        volume.other_source.get_or_insert(kind);
+                    }
+                }
+            }
+        }
+        Ok(volume)
+    }
+}
+
+enum VolumeKey {
+    Name,
+    Simple,
+    Projected,
+    Other(String),
+}
+
+impl<'de> Deserialize<'de> for VolumeKey {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_identifier(VolumeKeyVisitor)
+    }
+}
+
+struct VolumeKeyVisitor;
+
+impl Visitor<'_> for VolumeKeyVisitor {
+    type Value = VolumeKey;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a volume field name")
+    }
+
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<VolumeKey, E> {
+        Ok(match key {
+            "name" => VolumeKey::Name,
+            "configMap" | "secret" | "emptyDir" | "downwardAPI" => VolumeKey::Simple,
+            "projected" => VolumeKey::Projected,
+            other => VolumeKey::Other(other.to_owned()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_gpu_field_is_the_contracts_resource() {
+        let resources: ResourcesView = serde_json::from_value(
+            json!({"limits": {crate::contract::GPU_RESOURCE: "2", "cpu": "4"}}),
+        )
+        .unwrap();
+        assert_eq!(resources.gpu(), Some("2"));
+    }
+
+    #[test]
+    fn null_and_absent_members_are_none() {
+        let pod: PodView = serde_json::from_value(json!({
+            "metadata": null,
+            "spec": {"tolerations": null, "affinity": {"nodeAffinity": null}}
+        }))
+        .unwrap();
+        assert!(pod.metadata.is_none());
+        let spec = pod.spec.unwrap();
+        assert!(spec.tolerations.is_none() && spec.node_selector.is_none());
+        assert!(spec.affinity.unwrap().node_affinity.is_none());
+    }
+
+    #[test]
+    fn volumes_are_told_apart_by_source() {
+        let volumes: Vec<VolumeView> = serde_json::from_value(json!([
+            {"name": "a", "secret": {"secretName": "s"}},
+            {"name": "b", "hostPath": {"path": "/"}},
+            {"name": "c", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}},
+            {"name": "d", "secret": null, "nfs": {"server": "x"}},
+            {"name": "e"}
+        ]))
+        .unwrap();
+        assert!(volumes[0].simple_source && volumes[0].other_source.is_none());
+        assert_eq!(volumes[1].other_source.as_deref(), Some("hostPath"));
+        assert!(volumes[2].projected.is_some() && !volumes[2].simple_source);
+        assert!(!volumes[3].simple_source);
+        assert_eq!(volumes[3].other_source.as_deref(), Some("nfs"));
+        assert_eq!(volumes[4].name, "e");
+        assert!(volumes[4].other_source.is_none() && volumes[4].projected.is_none());
+    }
+
+    #[test]
+    fn a_volume_that_is_not_an_object_is_an_error() {
+        assert!(serde_json::from_value::<VolumeView>(json!("hostPath")).is_err());
+        assert!(serde_json::from_value::<VolumeView>(json!({"name": 5})).is_err());
+    }
+}

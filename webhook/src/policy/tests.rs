@@ -692,6 +692,35 @@ fn a_fallback_pod_pinned_by_an_earlier_review_is_unpinned() {
 }
 
 #[test]
+fn only_exact_copies_of_our_toleration_and_preference_are_taken_back() {
+    // Near misses are the user's own: a tolerationSeconds, another weight, an extra matchFields.
+    let ours = json!({"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "runpod", "effect": "NoSchedule"});
+    let mut timed = ours.clone();
+    timed["tolerationSeconds"] = json!(60);
+    let term = |weight: i64, extra: Option<Value>| {
+        let mut preference = json!({"matchExpressions": [
+            {"key": "type", "operator": "NotIn", "values": ["virtual-kubelet"]}
+        ]});
+        if let Some(fields) = extra {
+            preference["matchFields"] = fields;
+        }
+        json!({"weight": weight, "preference": preference})
+    };
+    let mut pod = inject_sidecar(gpu_pod());
+    pod["spec"]["tolerations"] = json!([timed, ours]);
+    pod["spec"]["affinity"] = json!({"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution":
+            [term(50, None), term(100, Some(json!([]))), term(100, None)]
+    }});
+    let (_, local) = admit(&pod, &labelled_namespace());
+    assert_eq!(local["spec"]["tolerations"], json!([timed]));
+    assert_eq!(
+        local["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"],
+        json!([term(50, None), term(100, Some(json!([])))])
+    );
+}
+
+#[test]
 fn an_always_pod_changed_by_an_injector_after_our_review_is_refused_saying_so() {
     let pod = annotate(gpu_pod(), contract::BURST_MODE, "always");
     let (verdict, patched) = admit(&pod, &labelled_namespace());

@@ -289,10 +289,15 @@ class Servers:
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def whole_seconds(seconds):
+    """wrk takes whole seconds."""
+    return max(1, round(seconds))
+
+
 def run_wrk(url, connections, seconds, threads, review, lua):
     threads = max(1, min(threads, connections))
     command = ["wrk", "--latency", "-t", str(threads), "-c", str(connections),
-               "-d", f"{max(1, round(seconds))}s", "-s", str(lua), url]
+               "-d", f"{whole_seconds(seconds)}s", "-s", str(lua), url]
     result = subprocess.run(command, capture_output=True, text=True,
                             env=dict(os.environ, WRK_REVIEW=str(review)))
     if result.returncode != 0:
@@ -307,7 +312,7 @@ def measure(name, url, pids, connections, args, review, lua):
     figures = run_wrk(url, connections, args.seconds, args.threads, review, lua)
     used = cpu_seconds(pids) - before
     figures["cpu_us"] = 1e6 * used / figures["requests"] if figures["requests"] else float("nan")
-    figures["cores"] = used / args.seconds
+    figures["cores"] = used / whole_seconds(args.seconds)
     if figures["failures"]:
         raise RuntimeError(f"{name} at {connections} connections: "
                            f"{figures['failures']} failed requests")
@@ -336,6 +341,11 @@ def main():
     args = parse_args()
     connections = [int(n) for n in args.connections.split(",") if n.strip()]
     ensure_tools(args.profile)
+    if shutil.which("kubectl") is None:
+        log("building kubectl (once; cached)")
+        built = subprocess.run(["bash", str(CLUSTER), "kubectl"], check=True, capture_output=True,
+                               text=True).stdout.strip().splitlines()[-1]
+        os.environ["PATH"] = f"{Path(built).parent}{os.pathsep}{os.environ['PATH']}"
     program = binary(args)
     work = Path(tempfile.mkdtemp(prefix="wrk-compare-"))
     servers = Servers(work)

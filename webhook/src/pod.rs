@@ -9,16 +9,19 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use std::marker::PhantomData;
+
 use serde::Deserialize;
+use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, IgnoredAny, MapAccess, Visitor};
 
 /// A pod under review.
 #[derive(Debug, Default, Deserialize)]
 pub struct PodView {
     /// `None` when the pod has no `metadata` object at all.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub metadata: Option<MetaView>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub spec: Option<SpecView>,
 }
 
@@ -84,7 +87,7 @@ pub struct SpecView {
     pub tolerations: Option<Vec<TolerationView>>,
     #[serde(default)]
     pub node_selector: Option<BTreeMap<String, String>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub affinity: Option<AffinityView>,
 }
 
@@ -100,7 +103,7 @@ pub struct ContainerView {
     pub args: Option<Vec<String>>,
     #[serde(default)]
     pub ports: Option<Vec<PortView>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub resources: Option<ResourcesView>,
     #[serde(default)]
     pub volume_mounts: Option<Vec<MountView>>,
@@ -129,9 +132,9 @@ pub struct MountView {
 /// `resources`: only the GPU quantity ([`crate::contract::GPU_RESOURCE`]) is read.
 #[derive(Debug, Default, Deserialize)]
 pub struct ResourcesView {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub limits: Option<GpuQuantity>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub requests: Option<GpuQuantity>,
 }
 
@@ -171,7 +174,7 @@ pub struct TolerationView {
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AffinityView {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub node_affinity: Option<NodeAffinityView>,
 }
 
@@ -242,6 +245,54 @@ pub struct ProjectionView {
     pub secret: Option<IgnoredAny>,
     #[serde(default, rename = "downwardAPI")]
     pub downward_api: Option<IgnoredAny>,
+}
+
+/// An optional member that must be a JSON object (or null). Derived structs also accept an
+/// array of their fields; the typed pod does not, and the patch adds members into these.
+fn object<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: de::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    deserializer.deserialize_option(OptionalObject(PhantomData))
+}
+
+struct OptionalObject<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for OptionalObject<T> {
+    type Value = Option<T>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("an object or null")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Option<T>, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Option<T>, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Option<T>, D::Error> {
+        deserializer
+            .deserialize_map(ObjectOnly(PhantomData))
+            .map(Some)
+    }
+}
+
+struct ObjectOnly<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectOnly<T> {
+    type Value = T;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::deserialize(MapAccessDeserializer::new(map))
+    }
 }
 
 // A volume has `name` and one source among thirty-odd kinds; only a few are told apart, the
@@ -363,6 +414,24 @@ mod tests {
         assert_eq!(volumes[3].other_source.as_deref(), Some("nfs"));
         assert_eq!(volumes[4].name, "e");
         assert!(volumes[4].other_source.is_none() && volumes[4].projected.is_none());
+    }
+
+    #[test]
+    fn members_the_patch_adds_into_must_be_objects() {
+        for pod in [
+            json!({"metadata": []}),
+            json!({"spec": ["x"]}),
+            json!({"spec": {"affinity": []}}),
+            json!({"spec": {"affinity": {"nodeAffinity": [null]}}}),
+            json!({"spec": {"containers": [{"resources": {"limits": ["1"]}}]}}),
+        ] {
+            assert!(
+                serde_json::from_value::<PodView>(pod.clone()).is_err(),
+                "{pod}"
+            );
+        }
+        let pod: PodView = serde_json::from_value(json!({"metadata": {}, "spec": null})).unwrap();
+        assert!(pod.metadata.is_some() && pod.spec.is_none());
     }
 
     #[test]

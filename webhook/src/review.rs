@@ -4,6 +4,8 @@
 //! Anything malformed is a [`BadReview`] (HTTP 400), never a panic.
 
 use base64::Engine;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -138,13 +140,31 @@ pub fn pod_creation(request: &AdmissionRequest<'_>) -> Result<Option<PodCreation
         .object
         .filter(|raw| raw.get() != "null")
         .ok_or_else(|| BadReview::NoObject(request.operation.clone()))?;
-    let pod: PodView = serde_json::from_str(object.get()).map_err(BadReview::BadPod)?;
+    let pod = pod_view(object.get())?;
     let namespace = request
         .namespace
         .clone()
         .or_else(|| pod.meta().namespace.clone())
         .unwrap_or_else(|| "default".to_owned());
     Ok(Some(PodCreation { pod, namespace }))
+}
+
+/// The view of a pod object. A pod the view does not read but the full API type does (a `null`
+/// where a list belongs, a quantity as a number, a repeated key) is read through the API type,
+/// so the view accepts every pod the API type accepts, and a rejected one gets its error.
+fn pod_view(object: &str) -> Result<PodView, BadReview> {
+    if let Ok(pod) = serde_json::from_str::<PodView>(object) {
+        return Ok(pod);
+    }
+    let typed: Pod = serde_json::from_str(object).map_err(BadReview::BadPod)?;
+    let metadata_absent = typed.metadata == ObjectMeta::default();
+    let normalised = serde_json::to_value(&typed).map_err(BadReview::BadPod)?;
+    let mut pod: PodView = serde_json::from_value(normalised).map_err(BadReview::BadPod)?;
+    if metadata_absent {
+        // The API type has no "no metadata"; treat an empty one as absent, as before.
+        pod.metadata = None;
+    }
+    Ok(pod)
 }
 
 /// An AdmissionResponse, as sent back.
@@ -269,4 +289,63 @@ pub fn encode(response: &AdmissionResponse) -> Vec<u8> {
     };
     // Plain data types always serialise; an empty body would be answered as a 500 upstream.
     serde_json::to_vec(&review).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn creation(object: serde_json::Value) -> Result<Option<PodCreation>, BadReview> {
+        let body = serde_json::to_vec(&json!({
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "request": {
+                "uid": "u",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "namespace": "ml",
+                "operation": "CREATE",
+                "object": object
+            }
+        }))
+        .unwrap();
+        let request = parse(&body)?;
+        pod_creation(&request)
+    }
+
+    #[test]
+    fn pods_the_api_type_accepts_are_read_even_where_the_view_is_stricter() {
+        // `null` for the container list, a GPU quantity as a number: the API type reads both.
+        let pod = creation(json!({
+            "spec": {
+                "containers": null,
+                "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": 2}}}]
+            }
+        }))
+        .unwrap()
+        .unwrap()
+        .pod;
+        assert!(pod.metadata.is_none(), "an empty metadata reads as absent");
+        let init = &pod.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0];
+        assert_eq!(init.resources.as_ref().unwrap().gpu(), Some("2"));
+        assert_eq!(crate::policy::view_gpu_count(&pod), 2);
+        // A repeated key: the last one counts, as in the API type.
+        let body = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","kind":{"group":"","version":"v1","kind":"Pod"},"operation":"CREATE","object":{"metadata":{"name":"a","name":"b"}}}}"#;
+        let request = parse(body).unwrap();
+        let pod = pod_creation(&request).unwrap().unwrap().pod;
+        assert_eq!(pod.meta().name.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn a_pod_neither_reading_accepts_is_a_bad_pod() {
+        for object in [json!({"metadata": []}), json!({"spec": {"containers": 5}})] {
+            assert!(
+                matches!(creation(object.clone()), Err(BadReview::BadPod(_))),
+                "{object}"
+            );
+        }
+    }
 }

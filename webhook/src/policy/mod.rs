@@ -10,6 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::contract::{self, BurstMode};
 use crate::pod::PodView;
+#[cfg(test)]
+pub(crate) use checks::view_gpu_count;
 pub use checks::{detect_ports, gpu_count};
 pub use mutation::Mutation;
 

@@ -25,9 +25,9 @@ pub struct Mutation {
 }
 
 impl Mutation {
-    /// The JSON Patch operations for this mutation of `pod`. Built from the typed pod, so a
-    /// missing (or null) parent gets one `add` of the whole parent and existing ones get `add`s
-    /// of their members; keys are escaped as JSON Pointer tokens.
+    /// The JSON Patch operations for this mutation of `pod`. Built from the pod as reviewed, so
+    /// a missing (or null) parent gets one `add` of the whole parent and existing ones get
+    /// `add`s of their members; keys are escaped as JSON Pointer tokens.
     pub fn patch(&self, pod: &PodView) -> Vec<Value> {
         let mut ops = Vec::new();
         let annotations = pod.meta().annotations.as_ref();

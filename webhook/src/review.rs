@@ -25,6 +25,8 @@ pub enum BadReview {
     TooLarge,
     #[error("the body could not be read: {0}")]
     Unreadable(String),
+    #[error("the body is not UTF-8, so not JSON: {0}")]
+    NotUtf8(std::str::Utf8Error),
     #[error("the body is not JSON: {0}")]
     NotJson(serde_json::Error),
     #[error(
@@ -98,9 +100,12 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest<'_>, BadReview> {
     if body.len() > MAX_REVIEW_BYTES {
         return Err(BadReview::TooLarge);
     }
+    // serde_json skips the fields a struct ignores without checking their UTF-8, so the whole
+    // body is checked once here; JSON is UTF-8 (RFC 8259), and the apiserver sends nothing else.
+    let body = std::str::from_utf8(body).map_err(BadReview::NotUtf8)?;
     // A string with escapes cannot be borrowed, so `apiVersion: "admission.k8s.io\/v1"` fails
     // here too and is judged by the two-pass parse below, which owns its strings.
-    match serde_json::from_slice::<Review<'_>>(body) {
+    match serde_json::from_str::<Review<'_>>(body) {
         Ok(review) if review.api_version == API_VERSION && review.kind == KIND => {
             review.request.ok_or(BadReview::NoRequest)
         }
@@ -109,8 +114,8 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest<'_>, BadReview> {
 }
 
 /// Parses in two passes (envelope, then request) to tell which part of a review is malformed.
-fn parse_precisely(body: &[u8]) -> Result<AdmissionRequest<'_>, BadReview> {
-    let envelope: Envelope<'_> = serde_json::from_slice(body).map_err(BadReview::NotJson)?;
+fn parse_precisely(body: &str) -> Result<AdmissionRequest<'_>, BadReview> {
+    let envelope: Envelope<'_> = serde_json::from_str(body).map_err(BadReview::NotJson)?;
     if envelope.api_version != API_VERSION || envelope.kind != KIND {
         return Err(BadReview::WrongType {
             api_version: envelope.api_version,
@@ -347,5 +352,18 @@ mod tests {
                 "{object}"
             );
         }
+    }
+
+    #[test]
+    fn a_body_that_is_not_utf8_is_rejected_even_inside_a_field_nobody_reads() {
+        // `request.resource` is skipped by the parse, and serde_json skips unread strings
+        // without checking them; found by the cargo-fuzz smoke.
+        let body = b"{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\",\"request\":{\"uid\":\"u\",\"kind\":{\"group\":\"\",\"version\":\"v1\",\"kind\":\"Pod\"},\"resource\":{\"resource\":\"p\x96ds\"},\"operation\":\"CREATE\",\"object\":{}}}";
+        assert!(matches!(parse(body), Err(BadReview::NotUtf8(_))));
+        let valid = String::from_utf8_lossy(body).into_owned();
+        assert!(
+            parse(valid.as_bytes()).is_ok(),
+            "the same review in UTF-8 parses"
+        );
     }
 }

@@ -110,4 +110,19 @@ proptest! {
         let body = serde_json::to_vec(&damage(seed(), &path, replacement)).unwrap();
         check(&body)?;
     }
+
+    #[test]
+    fn a_review_with_a_byte_that_is_not_utf8_is_refused(
+        at in any::<prop::sample::Index>(),
+        byte in 0x80u8..=0xff,
+    ) {
+        // Wherever the byte lands, even in a field the webhook never reads, the body is not
+        // JSON, so it gets a 400 and never a verdict.
+        let mut body = serde_json::to_vec(&seed()).unwrap();
+        let at = at.index(body.len());
+        body[at] = byte;
+        prop_assume!(std::str::from_utf8(&body).is_err());
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        prop_assert!(runtime.block_on(admit(&body, &cluster(), &config())).is_err());
+    }
 }

@@ -1,7 +1,10 @@
 //! One client-wide rate limiter for the per-user RunPod quota. It starts from a configured
 //! per-minute quota, then follows the `RateLimit-Policy` / `RateLimit` headers of every response,
 //! so it never sends a request it already knows will be refused with 429. Creates and deletes
-//! (money) go before status polling (information). The accounting of each window lives in
+//! (money) go before status polling (information), but a poll that has waited
+//! [`ROUTINE_MAX_WAIT`] goes before them: a finished pod is only seen through a poll, and its
+//! billing only stopped after that, so a long queue of creates must not starve polling. The
+//! accounting of each window lives in
 //! `window.rs`; this file orders the waiting requests and hands out permits.
 
 mod headers;
@@ -27,6 +30,17 @@ pub enum Priority {
     Routine,
 }
 
+/// Longest a routine request waits behind urgent ones; after that it goes first.
+pub const ROUTINE_MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// A request's place in line: an overdue routine request, then urgent, then routine ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    Overdue,
+    Urgent,
+    Routine,
+}
+
 /// Resets are assumed this much later than announced, and requests sent this long before a
 /// reset may count after it: a request reaches the server a moment after it is sent, and `t`
 /// may be rounded either way.
@@ -46,6 +60,7 @@ struct State {
     sent: VecDeque<(u64, Instant)>,
     next_seq: u64,
     urgent_waiting: u32,
+    overdue_waiting: u32,
     blocked_until: Option<Instant>,
 }
 
@@ -90,13 +105,22 @@ impl State {
     }
 
     /// Takes one slot from every window, or says until when to wait (`None`: until notified).
-    fn try_take(&mut self, priority: Priority, now: Instant) -> Result<u64, Option<Instant>> {
+    fn try_take(&mut self, turn: Turn, now: Instant) -> Result<u64, Option<Instant>> {
         if let Some(until) = self.blocked_until {
             return Err(Some(until));
         }
-        if priority == Priority::Routine && self.urgent_waiting > 0 {
+        let ahead = match turn {
+            Turn::Overdue => 0,
+            Turn::Urgent => self.overdue_waiting,
+            Turn::Routine => self.overdue_waiting + self.urgent_waiting,
+        };
+        if ahead > 0 {
             return Err(None);
         }
+        let priority = match turn {
+            Turn::Overdue | Turn::Urgent => Priority::Urgent,
+            Turn::Routine => Priority::Routine,
+        };
         let wait_until = self
             .windows
             .iter()
@@ -212,6 +236,7 @@ impl RateLimiter {
                 sent: VecDeque::new(),
                 next_seq: 0,
                 urgent_waiting: 0,
+                overdue_waiting: 0,
                 blocked_until: None,
             }),
             changed: Notify::new(),
@@ -228,16 +253,26 @@ impl RateLimiter {
 
     /// Waits until a request may be sent without a 429, then reserves its slot.
     pub async fn acquire(self: &Arc<Self>, priority: Priority) -> Permit {
-        let _urgent = (priority == Priority::Urgent).then(|| UrgentWaiter::new(self));
+        let _urgent = (priority == Priority::Urgent).then(|| Waiter::urgent(self));
+        let overdue_at = (priority == Priority::Routine).then(|| Instant::now() + ROUTINE_MAX_WAIT);
+        let mut overdue: Option<Waiter<'_>> = None;
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            if overdue.is_none() && overdue_at.is_some_and(|at| Instant::now() >= at) {
+                overdue = Some(Waiter::overdue(self));
+            }
+            let turn = match (priority, &overdue) {
+                (Priority::Urgent, _) => Turn::Urgent,
+                (Priority::Routine, Some(_)) => Turn::Overdue,
+                (Priority::Routine, None) => Turn::Routine,
+            };
             let wait_until = {
                 let mut state = self.lock();
                 let now = Instant::now();
                 state.refresh(now);
-                match state.try_take(priority, now) {
+                match state.try_take(turn, now) {
                     Ok(seq) => {
                         return Permit {
                             limiter: Arc::clone(self),
@@ -248,7 +283,12 @@ impl RateLimiter {
                     Err(until) => until,
                 }
             };
-            match wait_until {
+            // A routine request also wakes when it becomes overdue.
+            let wake_at = match (turn, overdue_at) {
+                (Turn::Routine, Some(at)) => Some(wait_until.map_or(at, |until| until.min(at))),
+                _ => wait_until,
+            };
+            match wake_at {
                 Some(until) => {
                     tokio::select! {
                         () = tokio::time::sleep_until(until) => {}
@@ -285,22 +325,35 @@ impl RateLimiter {
     }
 }
 
-/// Counts an urgent request as waiting for as long as its `acquire` future lives.
-struct UrgentWaiter<'a>(&'a RateLimiter);
+/// Counts a request as waiting ahead of others for as long as it lives (an urgent request from
+/// its `acquire` on, a routine one once overdue); its end lets those behind it try again.
+struct Waiter<'a> {
+    limiter: &'a RateLimiter,
+    count: fn(&mut State) -> &mut u32,
+}
 
-impl<'a> UrgentWaiter<'a> {
-    fn new(limiter: &'a RateLimiter) -> Self {
-        limiter.lock().urgent_waiting += 1;
-        UrgentWaiter(limiter)
+impl<'a> Waiter<'a> {
+    fn urgent(limiter: &'a RateLimiter) -> Self {
+        Self::new(limiter, |state| &mut state.urgent_waiting)
+    }
+
+    fn overdue(limiter: &'a RateLimiter) -> Self {
+        Self::new(limiter, |state| &mut state.overdue_waiting)
+    }
+
+    fn new(limiter: &'a RateLimiter, count: fn(&mut State) -> &mut u32) -> Self {
+        *count(&mut limiter.lock()) += 1;
+        Waiter { limiter, count }
     }
 }
 
-impl Drop for UrgentWaiter<'_> {
+impl Drop for Waiter<'_> {
     fn drop(&mut self) {
-        let mut state = self.0.lock();
-        state.urgent_waiting = state.urgent_waiting.saturating_sub(1);
+        let mut state = self.limiter.lock();
+        let count = (self.count)(&mut state);
+        *count = count.saturating_sub(1);
         drop(state);
-        self.0.changed.notify_waiters();
+        self.limiter.changed.notify_waiters();
     }
 }
 

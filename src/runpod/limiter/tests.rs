@@ -132,12 +132,28 @@ async fn unused_reserve_is_released_near_the_end_of_the_window() {
     let start = Instant::now();
     let permit = limiter.acquire(Priority::Routine).await;
     permit.observe(
+        &headers(r#""minute";r=2;t=20"#, r#""minute";q=20;w=60"#),
+        None,
+    );
+    drop(limiter.acquire(Priority::Routine).await);
+    // Two reserved slots left; in the last twelfth of the window (before the poll has waited
+    // `ROUTINE_MAX_WAIT`) a poll may take them.
+    assert_eq!(start.elapsed(), Duration::from_secs(15) + RESET_MARGIN);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_overdue_poll_may_take_the_reserve() {
+    let limiter = RateLimiter::new(20);
+    let start = Instant::now();
+    let permit = limiter.acquire(Priority::Routine).await;
+    permit.observe(
         &headers(r#""minute";r=2;t=60"#, r#""minute";q=20;w=60"#),
         None,
     );
     drop(limiter.acquire(Priority::Routine).await);
-    // Two reserved slots left; in the last twelfth of the window a poll may take them.
-    assert_eq!(start.elapsed(), Duration::from_secs(55) + RESET_MARGIN);
+    // Released at 56 s otherwise; an overdue poll goes before urgent requests, so it may take
+    // the slots kept for them.
+    assert_eq!(start.elapsed(), ROUTINE_MAX_WAIT);
 }
 
 #[tokio::test(start_paused = true)]
@@ -164,6 +180,56 @@ async fn urgent_requests_overtake_routine_ones_queued_before_them() {
         order
             .iter()
             .all(|(_, at)| *at - start == Duration::from_secs(10) + RESET_MARGIN)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_poll_that_waited_too_long_goes_before_a_queue_of_creates() {
+    let limiter = RateLimiter::new(20);
+    let start = Instant::now();
+    let permit = limiter.acquire(Priority::Routine).await;
+    permit.observe(
+        &headers(r#""minute";r=0;t=60"#, r#""minute";q=20;w=60"#),
+        None,
+    );
+    // Two windows' worth of creates are queued with the poll: without a limit on its wait, it
+    // would go out after all of them, two minutes later.
+    let mut contenders = vec![("poll", Priority::Routine)];
+    contenders.extend(std::iter::repeat_n(("create", Priority::Urgent), 40));
+    let order = race(&limiter, &contenders).await;
+    let reset = start + Duration::from_secs(60) + RESET_MARGIN;
+    assert_eq!(order[0], ("poll", reset), "the overdue poll goes first");
+    assert!(
+        order[1..]
+            .iter()
+            .all(|(label, at)| *label == "create" && *at >= reset)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_poll_becomes_overdue_while_creates_wait_for_a_far_reset() {
+    let limiter = RateLimiter::new(20);
+    let start = Instant::now();
+    let permit = limiter.acquire(Priority::Routine).await;
+    permit.observe(
+        &headers(r#""minute";r=0;t=60"#, r#""minute";q=20;w=60"#),
+        None,
+    );
+    let order = race(
+        &limiter,
+        &[
+            ("create 1", Priority::Urgent),
+            ("poll", Priority::Routine),
+            ("create 2", Priority::Urgent),
+        ],
+    )
+    .await;
+    let labels: Vec<_> = order.iter().map(|(label, _)| *label).collect();
+    assert_eq!(labels[0], "poll");
+    assert!(
+        order
+            .iter()
+            .all(|(_, at)| *at - start == Duration::from_secs(60) + RESET_MARGIN)
     );
 }
 

@@ -12,7 +12,9 @@
 //! - `CONTROLLER_BENCH_MINUTES` (default 25): stop measuring after this long even if not every
 //!   pod has its RunPod pod (the figures say how many did);
 //! - `CONTROLLER_BENCH_BIN`: the `runpod-kubelet` binary to measure (default: the one cargo
-//!   built with this bench), e.g. a release build for the RSS figure.
+//!   built with this bench), e.g. a release build for the RSS figure;
+//! - `CONTROLLER_BENCH_LOG`: keep the controller's log in this file, at
+//!   `CONTROLLER_BENCH_LOG_LEVEL` (default `warn`; `debug` says why each pod write was made).
 //!
 //! At 60 requests per minute, 1000 creates take at least 17 minutes: that is the quota, not the
 //! controller. `CONTROLLER_BENCH_PODS=200` gives the same per-minute figures in 4 minutes.
@@ -87,7 +89,10 @@ async fn bench() -> anyhow::Result<()> {
     }))?;
     let metrics_port = support::webhook::free_port()?.port();
     let kubelet_port = support::webhook::free_port()?.port();
-    let log = tempfile::NamedTempFile::new()?;
+    let temporary_log = tempfile::NamedTempFile::new()?.into_temp_path();
+    let log = std::env::var_os("CONTROLLER_BENCH_LOG")
+        .map_or_else(|| temporary_log.to_path_buf(), std::path::PathBuf::from);
+    let log_level = std::env::var("CONTROLLER_BENCH_LOG_LEVEL").unwrap_or_else(|_| "warn".into());
     let binary = std::env::var("CONTROLLER_BENCH_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_runpod-kubelet").to_owned());
     println!("controller binary: {binary}");
@@ -103,9 +108,9 @@ async fn bench() -> anyhow::Result<()> {
         .args(["--provision-timeout", "2h"])
         .env("KUBECONFIG", &control_plane.kubeconfig)
         .env("RUNPOD_API_KEY", API_KEY)
-        .env("RUNPOD_KUBELET_LOG_LEVEL", "warn")
+        .env("RUNPOD_KUBELET_LOG_LEVEL", &log_level)
         .stdout(Stdio::null())
-        .stderr(log.reopen()?)
+        .stderr(std::fs::File::create(&log)?)
         .spawn()
         .context("starting the controller")?;
     let result = measure(
@@ -121,7 +126,7 @@ async fn bench() -> anyhow::Result<()> {
     let _ = controller.kill();
     let _ = controller.wait();
     if result.is_err() {
-        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         eprintln!(
             "--- controller log tail ---\n{}",

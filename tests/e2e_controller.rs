@@ -62,13 +62,14 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
     )
     .await?;
     webhook.register(&client, &["kube-system"]).await?;
+    let metrics = support::webhook::free_port()?.to_string();
     let mut controller = ControllerProcess::start(
         &control_plane.kubeconfig,
         &control_plane.ca_file(),
         &simulator,
-        &["--cluster-id", "e2e-cluster"],
+        &["--cluster-id", "e2e-cluster", "--metrics-listen", &metrics],
     )?;
-    let outcome = scenarios(&client, &simulator, &controller).await;
+    let outcome = scenarios(&client, &simulator, &controller, &metrics).await;
     if outcome.is_err() {
         let log = controller.log();
         let lines: Vec<&str> = log.lines().collect();
@@ -85,6 +86,7 @@ async fn scenarios(
     client: &kube::Client,
     simulator: &SimulatorProcess,
     controller: &ControllerProcess,
+    metrics: &str,
 ) -> anyhow::Result<()> {
     node_registers(client).await.context("node registration")?;
     let ns = "e2e-burst";
@@ -438,6 +440,16 @@ async fn scenarios(
         Ok((annotation(&pod, "runpod.io/pod-id") == Some(pod_id.as_str())).then_some(()))
     })
     .await?;
+    // Nothing changes any more, so five reconcile intervals send no write (the apiserver's
+    // `lastState: {}` once read as a change, and every reconcile patched the status again).
+    const WRITES: &str = "runpod_kubelet_pod_writes_total";
+    let settled = support::controller::metric(metrics, WRITES).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let later = support::controller::metric(metrics, WRITES).await?;
+    ensure!(
+        settled.is_some() && settled == later,
+        "pod writes went from {settled:?} to {later:?} with nothing changed"
+    );
     pods.delete("server", &DeleteParams::default()).await?;
     wait::until("server pod removed", WAIT, || async {
         Ok(pods.get_opt("server").await?.is_none().then_some(()))

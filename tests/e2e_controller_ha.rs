@@ -103,11 +103,7 @@ impl Replica {
 
     /// A sample of this replica's metrics, by exact series name.
     async fn metric(&self, series: &str) -> anyhow::Result<Option<f64>> {
-        let (_, text) = self.get("/metrics").await?;
-        Ok(text.lines().find_map(|line| {
-            let (name, value) = line.rsplit_once(' ')?;
-            (name == series).then(|| value.parse().ok()).flatten()
-        }))
+        support::controller::metric(&self.metrics, series).await
     }
 
     fn log_tail(&self) -> String {

@@ -14,7 +14,7 @@ use runpod_webhook::contract::{
     self, COST_PER_HR, CREATE_REQUESTED, DATACENTER, ENDED, ENDPOINTS, GPU_TYPE, POD_ID,
 };
 use serde_json::json;
-use tracing::{info, instrument, warn};
+use tracing::{debug, info, instrument, warn};
 
 use super::context::{Shared, Snapshot, elapsed};
 use super::env::{self, ClusterEnvSource};
@@ -940,11 +940,13 @@ async fn write_status<P>(
     view: &View<'_>,
 ) -> Result<(), ReconcileError> {
     let desired = status::desired(pod, view, &ctx.settings.host_ip, Timestamp::now());
-    if !status::differs(pod, &desired) {
+    let changed = status::changes(pod, &desired);
+    if changed.is_empty() {
         return Ok(());
     }
+    debug!(?changed, "writing the pod status");
     let pods = pods_in_namespace_of(&ctx.client, pod);
-    let patch = json!({"status": desired});
+    let patch = json!({"status": status::owned_members(&desired)});
     ctx.metrics.pod_writes.inc();
     pods.patch_status(
         pod.metadata.name.as_deref().unwrap_or_default(),
@@ -974,6 +976,7 @@ async fn write_annotations<P>(
     if patch.is_empty() {
         return Ok(());
     }
+    debug!(changed = ?patch.keys().collect::<Vec<_>>(), "writing the instance annotations");
     let pods = pods_in_namespace_of(&ctx.client, pod);
     ctx.metrics.pod_writes.inc();
     pods.patch(

@@ -233,22 +233,65 @@ fn condition(
     }
 }
 
-/// Whether writing `desired` would change what the apiserver has.
-pub fn differs(pod: &Pod, desired: &PodStatus) -> bool {
-    let current = pod.status.clone().unwrap_or_default();
-    let project = |status: &PodStatus| {
-        serde_json::json!({
-            "phase": status.phase,
-            "conditions": status.conditions,
-            "containerStatuses": status.container_statuses,
-            "hostIP": status.host_ip,
-            "podIP": status.pod_ip,
-            "startTime": status.start_time,
-            "reason": status.reason,
-            "message": status.message,
-        })
+/// The status members the controller owns: [`changes`] compares them and a status write sets
+/// each one (`null` removes it).
+const OWNED: [&str; 8] = [
+    "phase",
+    "conditions",
+    "containerStatuses",
+    "hostIP",
+    "podIP",
+    "startTime",
+    "reason",
+    "message",
+];
+
+/// The owned members of `status`, each one present (`null` when unset), with empty objects
+/// and nulls inside them dropped: the apiserver returns an unset struct as `{}` (a container's
+/// `lastState`), which must read as equal to leaving it out, or every reconcile would write.
+pub fn owned_members(status: &PodStatus) -> serde_json::Map<String, serde_json::Value> {
+    let mut all = match serde_json::to_value(status) {
+        Ok(serde_json::Value::Object(all)) => all,
+        _ => serde_json::Map::new(),
     };
-    project(&current) != project(desired)
+    OWNED
+        .iter()
+        .map(|&name| {
+            let value = all
+                .remove(name)
+                .map(pruned)
+                .unwrap_or(serde_json::Value::Null);
+            (name.to_owned(), value)
+        })
+        .collect()
+}
+
+fn pruned(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(members) => Value::Object(
+            members
+                .into_iter()
+                .map(|(name, value)| (name, pruned(value)))
+                .filter(|(_, value)| {
+                    !value.is_null() && value.as_object().is_none_or(|o| !o.is_empty())
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(pruned).collect()),
+        other => other,
+    }
+}
+
+/// The owned members that writing `desired` would change (empty: no write is needed); named
+/// so a write can say why it was made.
+pub fn changes(pod: &Pod, desired: &PodStatus) -> Vec<&'static str> {
+    let current = owned_members(&pod.status.clone().unwrap_or_default());
+    let wanted = owned_members(desired);
+    OWNED
+        .into_iter()
+        .filter(|name| current.get(*name) != wanted.get(*name))
+        .collect()
 }
 
 /// Whether the pod has reached a phase it never leaves.
@@ -468,14 +511,67 @@ mod tests {
             restarts: 0,
         };
         let first = desired(&pod, &view, "h", now());
-        assert!(differs(&pod, &first));
+        assert_eq!(
+            changes(&pod, &first),
+            [
+                "phase",
+                "conditions",
+                "containerStatuses",
+                "hostIP",
+                "podIP",
+                "startTime"
+            ]
+        );
         pod.status = Some(first);
         let later: Timestamp = "2026-01-01T00:20:00Z".parse().unwrap();
         let second = desired(&pod, &view, "h", later);
         assert!(
-            !differs(&pod, &second),
+            changes(&pod, &second).is_empty(),
             "a later identical view rewrote the status"
         );
+    }
+
+    #[test]
+    fn a_status_as_the_apiserver_returns_it_needs_no_write() {
+        let mut pod = pod();
+        for state in [
+            InstanceState::Running,
+            InstanceState::Starting,
+            InstanceState::Provisioning,
+        ] {
+            let running = instance(state, true);
+            let view = View::Instance {
+                instance: &running,
+                restarts: 0,
+            };
+            let written = desired(&pod, &view, "h", now());
+            // What the apiserver sends back: an unset `lastState` as `{}`, what is unset
+            // left out.
+            let mut stored = serde_json::to_value(&written).unwrap();
+            for status in stored["containerStatuses"].as_array_mut().unwrap() {
+                status["lastState"] = serde_json::json!({});
+            }
+            pod.status = Some(serde_json::from_value(stored).unwrap());
+            let later: Timestamp = "2026-01-01T00:20:00Z".parse().unwrap();
+            let again = desired(&pod, &view, "h", later);
+            assert!(changes(&pod, &again).is_empty(), "{state:?} rewritten");
+        }
+    }
+
+    #[test]
+    fn members_the_controller_owns_are_cleared_when_unset() {
+        let mut pod = pod();
+        let running = instance(InstanceState::Running, true);
+        let view = View::Instance {
+            instance: &running,
+            restarts: 0,
+        };
+        let mut written = desired(&pod, &view, "h", now());
+        written.reason = Some("NodeLost".into());
+        pod.status = Some(written);
+        let again = desired(&pod, &view, "h", now());
+        assert_eq!(changes(&pod, &again), ["reason"]);
+        assert_eq!(owned_members(&again)["reason"], serde_json::Value::Null);
     }
 
     #[test]

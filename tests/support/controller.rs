@@ -120,6 +120,19 @@ impl Drop for SimulatorProcess {
     }
 }
 
+/// One sample of a controller's `/metrics` at `address` (host:port), by exact series name.
+pub async fn metric(address: &str, series: &str) -> anyhow::Result<Option<f64>> {
+    let text = reqwest::get(format!("http://{address}/metrics"))
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
+    Ok(text.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok()).flatten()
+    }))
+}
+
 /// `runpod-kubelet controller` against the simulator.
 pub struct ControllerProcess {
     child: Child,

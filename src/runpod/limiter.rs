@@ -2,9 +2,9 @@
 //! per-minute quota, then follows the `RateLimit-Policy` / `RateLimit` headers of every response,
 //! so it never sends a request it already knows will be refused with 429. Creates and deletes
 //! (money) go before status polling (information), but a poll that has waited
-//! [`ROUTINE_MAX_WAIT`] goes before them: a finished pod is only seen through a poll, and its
-//! billing only stopped after that, so a long queue of creates must not starve polling. The
-//! accounting of each window lives in
+//! [`ROUTINE_MAX_WAIT`] takes every other slot with them: a finished pod is only seen through a
+//! poll, and its billing only stopped after that, so a long queue of creates must not starve
+//! polling, nor a stream of overdue log reads hold back deletes. The accounting of each window lives in
 //! `window.rs`; this file orders the waiting requests and hands out permits.
 
 mod headers;
@@ -30,10 +30,11 @@ pub enum Priority {
     Routine,
 }
 
-/// Longest a routine request waits behind urgent ones; after that it goes first.
+/// Longest a routine request waits behind urgent ones; after that it takes turns with them.
 pub const ROUTINE_MAX_WAIT: Duration = Duration::from_secs(30);
 
-/// A request's place in line: an overdue routine request, then urgent, then routine ones.
+/// A request's place in line: overdue routine requests and urgent ones take turns, routine
+/// ones come after both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Turn {
     Overdue,
@@ -61,6 +62,9 @@ struct State {
     next_seq: u64,
     urgent_waiting: u32,
     overdue_waiting: u32,
+    /// The last slot went to an overdue request: while both kinds wait they take turns, so
+    /// neither polls nor deletes can be held back by a stream of the other.
+    last_was_overdue: bool,
     blocked_until: Option<Instant>,
 }
 
@@ -110,7 +114,9 @@ impl State {
             return Err(Some(until));
         }
         let ahead = match turn {
+            Turn::Overdue if self.last_was_overdue => self.urgent_waiting,
             Turn::Overdue => 0,
+            Turn::Urgent if self.last_was_overdue => 0,
             Turn::Urgent => self.overdue_waiting,
             Turn::Routine => self.overdue_waiting + self.urgent_waiting,
         };
@@ -132,6 +138,7 @@ impl State {
         for window in &mut self.windows {
             window.take(now);
         }
+        self.last_was_overdue = turn == Turn::Overdue;
         let seq = self.next_seq;
         self.next_seq += 1;
         self.in_flight.insert(seq, now);
@@ -237,6 +244,7 @@ impl RateLimiter {
                 next_seq: 0,
                 urgent_waiting: 0,
                 overdue_waiting: 0,
+                last_was_overdue: false,
                 blocked_until: None,
             }),
             changed: Notify::new(),

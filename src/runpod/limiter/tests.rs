@@ -207,6 +207,55 @@ async fn a_poll_that_waited_too_long_goes_before_a_queue_of_creates() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn overdue_reads_and_deletes_take_turns() {
+    let limiter = RateLimiter::new(20);
+    let start = Instant::now();
+    let permit = limiter.acquire(Priority::Routine).await;
+    permit.observe(
+        &headers(r#""minute";r=0;t=60"#, r#""minute";q=20;w=60"#),
+        None,
+    );
+    // Thirty log reads are overdue at the reset; the deletes are not held back behind them.
+    let mut contenders = vec![("read", Priority::Routine); 30];
+    contenders.extend([("delete", Priority::Urgent); 3]);
+    let order = race(&limiter, &contenders).await;
+    let labels: Vec<_> = order.iter().take(6).map(|(label, _)| *label).collect();
+    assert_eq!(
+        labels,
+        ["read", "delete", "read", "delete", "read", "delete"]
+    );
+    assert!(
+        order[..6]
+            .iter()
+            .all(|(_, at)| *at - start == Duration::from_secs(60) + RESET_MARGIN)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_overdue_poll_does_not_hold_back_deletes() {
+    let limiter = RateLimiter::new(20);
+    let start = Instant::now();
+    let permit = limiter.acquire(Priority::Routine).await;
+    permit.observe(
+        &headers(r#""minute";r=0;t=60"#, r#""minute";q=20;w=60"#),
+        None,
+    );
+    let poll = tokio::spawn({
+        let limiter = Arc::clone(&limiter);
+        async move { drop(limiter.acquire(Priority::Routine).await) }
+    });
+    tokio::time::sleep(ROUTINE_MAX_WAIT + Duration::from_secs(5)).await;
+    poll.abort();
+    let _ = poll.await;
+    let delete = tokio::time::timeout(Duration::from_secs(120), limiter.acquire(Priority::Urgent));
+    assert!(
+        delete.await.is_ok(),
+        "the delete waited for a poll that is gone"
+    );
+    assert_eq!(start.elapsed(), Duration::from_secs(60) + RESET_MARGIN);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_poll_becomes_overdue_while_creates_wait_for_a_far_reset() {
     let limiter = RateLimiter::new(20);
     let start = Instant::now();

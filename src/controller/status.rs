@@ -37,6 +37,13 @@ pub enum View<'a> {
 /// unchanged state gives an identical status (no write).
 pub fn desired(pod: &Pod, view: &View<'_>, host_ip: &str, now: Timestamp) -> PodStatus {
     let current = pod.status.clone().unwrap_or_default();
+    // RunPod may leave `startedAt` unset: the time first seen running is kept, not renewed.
+    let seen_running_at = current
+        .container_statuses
+        .as_ref()
+        .and_then(|list| list.first())
+        .and_then(|status| status.state.as_ref()?.running.as_ref()?.started_at.as_ref())
+        .map(|time| time.0);
     let container = pod.spec.as_ref().and_then(|spec| spec.containers.first());
     let container_name = container.map(|c| c.name.clone()).unwrap_or_default();
     let image = container.and_then(|c| c.image.clone()).unwrap_or_default();
@@ -59,7 +66,9 @@ pub fn desired(pod: &Pod, view: &View<'_>, host_ip: &str, now: Timestamp) -> Pod
                     "Running",
                     ContainerState {
                         running: Some(ContainerStateRunning {
-                            started_at: Some(Time(instance.started_at.unwrap_or(now))),
+                            started_at: Some(Time(
+                                instance.started_at.or(seen_running_at).unwrap_or(now),
+                            )),
                         }),
                         ..Default::default()
                     },
@@ -556,6 +565,20 @@ mod tests {
             let again = desired(&pod, &view, "h", later);
             assert!(changes(&pod, &again).is_empty(), "{state:?} rewritten");
         }
+    }
+
+    #[test]
+    fn a_running_pod_without_a_start_time_keeps_the_first_one_seen() {
+        let mut pod = pod();
+        let mut running = instance(InstanceState::Running, true);
+        running.started_at = None;
+        let view = View::Instance {
+            instance: &running,
+            restarts: 0,
+        };
+        pod.status = Some(desired(&pod, &view, "h", now()));
+        let later: Timestamp = "2026-01-01T00:20:00Z".parse().unwrap();
+        assert!(changes(&pod, &desired(&pod, &view, "h", later)).is_empty());
     }
 
     #[test]

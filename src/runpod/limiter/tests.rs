@@ -75,6 +75,15 @@ async fn retry_after_blocks_everyone() {
     assert_eq!(start.elapsed(), Duration::from_secs(12));
 }
 
+/// A 20-per-minute limiter after one poll whose answer reported `live`, and when it started.
+async fn after_a_poll(live: &str) -> (Arc<RateLimiter>, Instant) {
+    let limiter = RateLimiter::new(20);
+    let start = Instant::now();
+    let permit = limiter.acquire(Priority::Routine).await;
+    permit.observe(&headers(live, r#""minute";q=20;w=60"#), None);
+    (limiter, start)
+}
+
 /// Runs the labelled acquisitions (spawned in this order) and returns (label, time) in the
 /// order they got their slot.
 async fn race(
@@ -101,14 +110,8 @@ async fn race(
 
 #[tokio::test(start_paused = true)]
 async fn routine_requests_leave_a_reserve_for_urgent_ones_until_the_window_ends() {
-    let limiter = RateLimiter::new(20);
     // 20 per minute: routine requests leave the last 2 slots to urgent ones.
-    let start = Instant::now();
-    let permit = limiter.acquire(Priority::Routine).await;
-    permit.observe(
-        &headers(r#""minute";r=3;t=30"#, r#""minute";q=20;w=60"#),
-        None,
-    );
+    let (limiter, start) = after_a_poll(r#""minute";r=3;t=30"#).await;
     drop(limiter.acquire(Priority::Routine).await);
     let order = race(
         &limiter,
@@ -128,13 +131,7 @@ async fn routine_requests_leave_a_reserve_for_urgent_ones_until_the_window_ends(
 
 #[tokio::test(start_paused = true)]
 async fn unused_reserve_is_released_near_the_end_of_the_window() {
-    let limiter = RateLimiter::new(20);
-    let start = Instant::now();
-    let permit = limiter.acquire(Priority::Routine).await;
-    permit.observe(
-        &headers(r#""minute";r=2;t=20"#, r#""minute";q=20;w=60"#),
-        None,
-    );
+    let (limiter, start) = after_a_poll(r#""minute";r=2;t=20"#).await;
     drop(limiter.acquire(Priority::Routine).await);
     // Two reserved slots left; in the last twelfth of the window (before the poll has waited
     // `ROUTINE_MAX_WAIT`) a poll may take them.
@@ -143,13 +140,7 @@ async fn unused_reserve_is_released_near_the_end_of_the_window() {
 
 #[tokio::test(start_paused = true)]
 async fn an_overdue_poll_may_take_the_reserve() {
-    let limiter = RateLimiter::new(20);
-    let start = Instant::now();
-    let permit = limiter.acquire(Priority::Routine).await;
-    permit.observe(
-        &headers(r#""minute";r=2;t=60"#, r#""minute";q=20;w=60"#),
-        None,
-    );
+    let (limiter, start) = after_a_poll(r#""minute";r=2;t=60"#).await;
     drop(limiter.acquire(Priority::Routine).await);
     // Released at 56 s otherwise; an overdue poll goes before urgent requests, so it may take
     // the slots kept for them.
@@ -158,13 +149,7 @@ async fn an_overdue_poll_may_take_the_reserve() {
 
 #[tokio::test(start_paused = true)]
 async fn urgent_requests_overtake_routine_ones_queued_before_them() {
-    let limiter = RateLimiter::new(20);
-    let start = Instant::now();
-    let permit = limiter.acquire(Priority::Routine).await;
-    permit.observe(
-        &headers(r#""minute";r=0;t=10"#, r#""minute";q=20;w=60"#),
-        None,
-    );
+    let (limiter, start) = after_a_poll(r#""minute";r=0;t=10"#).await;
     let order = race(
         &limiter,
         &[
@@ -185,13 +170,7 @@ async fn urgent_requests_overtake_routine_ones_queued_before_them() {
 
 #[tokio::test(start_paused = true)]
 async fn a_poll_that_waited_too_long_goes_before_a_queue_of_creates() {
-    let limiter = RateLimiter::new(20);
-    let start = Instant::now();
-    let permit = limiter.acquire(Priority::Routine).await;
-    permit.observe(
-        &headers(r#""minute";r=0;t=60"#, r#""minute";q=20;w=60"#),
-        None,
-    );
+    let (limiter, start) = after_a_poll(r#""minute";r=0;t=60"#).await;
     // Two windows' worth of creates are queued with the poll: without a limit on its wait, it
     // would go out after all of them, two minutes later.
     let mut contenders = vec![("poll", Priority::Routine)];
@@ -208,13 +187,7 @@ async fn a_poll_that_waited_too_long_goes_before_a_queue_of_creates() {
 
 #[tokio::test(start_paused = true)]
 async fn overdue_reads_and_deletes_take_turns() {
-    let limiter = RateLimiter::new(20);
-    let start = Instant::now();
-    let permit = limiter.acquire(Priority::Routine).await;
-    permit.observe(
-        &headers(r#""minute";r=0;t=60"#, r#""minute";q=20;w=60"#),
-        None,
-    );
+    let (limiter, start) = after_a_poll(r#""minute";r=0;t=60"#).await;
     // Thirty log reads are overdue at the reset; the deletes are not held back behind them.
     let mut contenders = vec![("read", Priority::Routine); 30];
     contenders.extend([("delete", Priority::Urgent); 3]);
@@ -233,13 +206,7 @@ async fn overdue_reads_and_deletes_take_turns() {
 
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_overdue_poll_does_not_hold_back_deletes() {
-    let limiter = RateLimiter::new(20);
-    let start = Instant::now();
-    let permit = limiter.acquire(Priority::Routine).await;
-    permit.observe(
-        &headers(r#""minute";r=0;t=60"#, r#""minute";q=20;w=60"#),
-        None,
-    );
+    let (limiter, start) = after_a_poll(r#""minute";r=0;t=60"#).await;
     let poll = tokio::spawn({
         let limiter = Arc::clone(&limiter);
         async move { drop(limiter.acquire(Priority::Routine).await) }
@@ -257,13 +224,7 @@ async fn a_cancelled_overdue_poll_does_not_hold_back_deletes() {
 
 #[tokio::test(start_paused = true)]
 async fn a_poll_becomes_overdue_while_creates_wait_for_a_far_reset() {
-    let limiter = RateLimiter::new(20);
-    let start = Instant::now();
-    let permit = limiter.acquire(Priority::Routine).await;
-    permit.observe(
-        &headers(r#""minute";r=0;t=60"#, r#""minute";q=20;w=60"#),
-        None,
-    );
+    let (limiter, start) = after_a_poll(r#""minute";r=0;t=60"#).await;
     let order = race(
         &limiter,
         &[

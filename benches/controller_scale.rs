@@ -160,7 +160,8 @@ async fn measure(
             let pods = pods.clone();
             async move {
                 let pod: Pod = serde_json::from_value(json!({
-                    "metadata": {"name": format!("bench-{i:04}")},
+                    "metadata": {"name": format!("bench-{i:04}"),
+                        "labels": {"runpod.io/burst": "enabled"}},
                     "spec": {"nodeName": NODE, "restartPolicy": "Always",
                         "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
                         "containers": [{"name": "main", "image": "bench/server:1",

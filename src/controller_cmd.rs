@@ -145,6 +145,10 @@ pub struct ControllerArgs {
     /// GPUs the node advertises.
     #[arg(long, default_value_t = 64, env = "RUNPOD_KUBELET_MAX_GPUS")]
     pub max_gpus: u32,
+    /// More namespaces whose pods are never run (comma-separated), as the webhook's flag;
+    /// `kube-system` and the controller's own namespace (`POD_NAMESPACE`) always are.
+    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
+    pub exclude_namespaces: Vec<String>,
     /// How long burst pods tolerate an unreachable or not-ready virtual node.
     #[arg(long, default_value = "1h", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_OUTAGE_GRACE")]
     pub outage_grace: Duration,
@@ -453,6 +457,12 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
             provision_timeout: args.provision_timeout,
             create_settle: args.create_settle,
             outage_grace: args.outage_grace,
+            admission: runpod_webhook::policy::PolicyConfig::from_flags(
+                &args.exclude_namespaces,
+                &args.datacenter_ids,
+                args.max_gpu_price,
+                std::env::var("POD_NAMESPACE").ok(),
+            ),
         },
         kubelet_listener,
         kubelet_tls,

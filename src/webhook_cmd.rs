@@ -1,6 +1,5 @@
 //! `runpod-kubelet webhook`: wires flags, the cluster caches, certificate reload and the server.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -76,23 +75,12 @@ fn serve_options(args: &WebhookArgs) -> ServeOptions {
 }
 
 fn policy_config(args: &WebhookArgs, own_namespace: Option<String>) -> PolicyConfig {
-    let mut excluded: BTreeSet<String> = args
-        .exclude_namespaces
-        .iter()
-        .map(|ns| ns.trim().to_owned())
-        .filter(|ns| !ns.is_empty())
-        .collect();
-    excluded.extend(own_namespace.filter(|ns| !ns.is_empty()));
-    PolicyConfig {
-        allowed_datacenters: args
-            .datacenter_ids
-            .iter()
-            .map(|id| id.trim().to_owned())
-            .filter(|id| !id.is_empty())
-            .collect(),
-        max_gpu_price: Some(args.max_gpu_price),
-        excluded_namespaces: excluded,
-    }
+    PolicyConfig::from_flags(
+        &args.exclude_namespaces,
+        &args.datacenter_ids,
+        args.max_gpu_price,
+        own_namespace,
+    )
 }
 
 #[cfg(test)]

@@ -461,7 +461,7 @@ async fn exited(process: &mut ControllerProcess) -> anyhow::Result<std::process:
 
 fn gpu_pod(name: &str) -> Pod {
     serde_json::from_value(json!({
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": {"runpod.io/burst": "enabled"}},
         "spec": {
             "nodeName": NODE,
             "restartPolicy": "Always",

@@ -146,6 +146,40 @@ async fn a_create_known_absent_sends_no_lookup_but_still_settles_an_ambiguous_cr
 }
 
 #[tokio::test]
+async fn a_create_known_absent_never_sends_an_unsettled_create_again() {
+    // The list hides the new pod longer than the lookups after the 500 last: the controller's
+    // create must not POST again (a second billed pod) but answer "unsettled", so that only a
+    // settled list decides.
+    let (sim, client) = start(Scenario {
+        list_lag_ms: 3_000,
+        ..fast_scenario()
+    })
+    .await;
+    sim.inject(
+        Fault::new(
+            Match::operation(Operation::CreatePod),
+            Effect::CreateThenFail { status: 500 },
+        )
+        .times(1),
+    );
+    let candidates = [candidate(RTX_4090, &[]), candidate(A4000, &[])];
+    let error = client
+        .create_known_absent("ns-u-known", &candidates, request_for("ns-u-known"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            PlacementError::Unsettled(ApiError::Server { status: 500, .. })
+        ),
+        "{error:?}"
+    );
+    assert_eq!(creates(&sim), 1, "one create, never sent again");
+    assert_eq!(sim.ledger().len(), 1);
+    assert_contract(&sim);
+}
+
+#[tokio::test]
 async fn capacity_moves_to_the_next_candidate() {
     let (sim, client) = start(fast_scenario()).await;
     sim.inject(Fault::new(Match::any().gpu(RTX_4090), Effect::Capacity));

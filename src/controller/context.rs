@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder};
+use runpod_webhook::policy::PolicyConfig;
 use tokio::sync::watch;
 use tracing::warn;
 
@@ -28,6 +29,8 @@ pub struct Settings {
     /// second create is allowed; also how young an instance may be and still be missing.
     pub create_settle: Duration,
     pub outage_grace: Duration,
+    /// The webhook's opt-in rule and the policy it enforces, re-checked before any create.
+    pub admission: PolicyConfig,
 }
 
 /// One complete, successful list of the cloud's instances, reduced to this cluster and node.

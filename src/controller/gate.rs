@@ -186,6 +186,11 @@ impl<P: Provider> Provider for Gated<P> {
         self.inner.list().await
     }
 
+    async fn lookup(&self, id: &str) -> Result<Option<Instance>, ProviderError> {
+        self.gate.check_fence()?;
+        self.inner.lookup(id).await
+    }
+
     fn constraints(&self, pod: &Pod) -> Result<Constraints, String> {
         self.inner.constraints(pod)
     }

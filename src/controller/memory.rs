@@ -6,7 +6,8 @@ use std::collections::{HashMap, HashSet};
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::provider::LogEntry;
+use super::eligibility::Refusal;
+use super::provider::{Instance, LogEntry};
 
 /// Per Kubernetes pod (by UID).
 #[derive(Debug, Default, Clone)]
@@ -39,6 +40,12 @@ pub struct PodMemory {
     pub final_log: Option<std::sync::Arc<Vec<LogEntry>>>,
     /// Events already published (reason and message), so a reconcile loop does not repeat them.
     pub events: HashSet<String>,
-    /// First time this pod was seen without any instance while we believed it running.
-    pub missing_since: Option<Timestamp>,
+    /// Failed reads of the finished container's log, counted while the API answers.
+    pub log_read_failures: u32,
+    /// The instance RunPod returned when asked by id while the lists omitted it, and when.
+    pub looked_up: Option<(Timestamp, Instance)>,
+    /// When this leader began replacing an instance that vanished (the provisioning clock).
+    pub replacing_since: Option<Timestamp>,
+    /// Whether this pod may get an instance, judged once (`Some(None)`: it may).
+    pub refusal: Option<Option<Refusal>>,
 }

@@ -30,6 +30,9 @@ pub struct ControllerMetrics {
     pub creates: Counter,
     pub terminations: Counter,
     pub garbage_collected: Counter,
+    /// Live cloud instances tagged with this node's name but another cluster id: reported,
+    /// never touched (a cloned cluster, or a changed `--cluster-id`).
+    pub foreign_instances: Gauge,
     pub pod_writes: Counter,
     pub lists: Family<OutcomeLabel, Counter>,
     /// 1 while this replica leads (or runs without election), 0 as a standby.
@@ -74,6 +77,11 @@ impl ControllerMetrics {
             "garbage_collected",
             "Tagged RunPod pods terminated because no Kubernetes pod matches them",
             metrics.garbage_collected.clone(),
+        );
+        registry.register(
+            "foreign_instances",
+            "Live RunPod pods tagged with this node's name but another cluster id (never touched: check --cluster-id)",
+            metrics.foreign_instances.clone(),
         );
         registry.register(
             "pod_writes",

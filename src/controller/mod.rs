@@ -4,6 +4,7 @@
 
 pub mod context;
 pub mod drain;
+pub mod eligibility;
 pub mod env;
 pub mod gate;
 pub mod kubelet_api;

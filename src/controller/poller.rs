@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::ListParams;
 use kube::runtime::reflector::Store;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
@@ -32,6 +34,36 @@ pub fn ours<'a>(
     instances.iter().filter(|i| {
         i.tags.cluster_id.as_deref() == Some(settings.cluster_id.as_str())
             && i.tags.node_name.as_deref() == Some(settings.node_name.as_str())
+    })
+}
+
+/// Live instances of this cluster tagged with another node's name (the node was renamed, or
+/// another virtual node of this cluster made them): candidates for garbage collection when
+/// their pod exists nowhere in the cluster.
+pub fn other_nodes<'a>(
+    instances: &'a [Instance],
+    settings: &'a Settings,
+) -> impl Iterator<Item = &'a Instance> + 'a {
+    instances.iter().filter(|i| {
+        i.state.is_live()
+            && i.tags.pod_uid.is_some()
+            && i.tags.cluster_id.as_deref() == Some(settings.cluster_id.as_str())
+            && i.tags.node_name.as_deref() != Some(settings.node_name.as_str())
+    })
+}
+
+/// Live instances tagged with this node's name but another cluster id: two clusters restored
+/// from one backup share the kube-system UID and the node name, or `--cluster-id` changed.
+/// They are reported, never touched: they may be another cluster's running work.
+pub fn foreign<'a>(
+    instances: &'a [Instance],
+    settings: &'a Settings,
+) -> impl Iterator<Item = &'a Instance> + 'a {
+    instances.iter().filter(|i| {
+        i.state.is_live()
+            && i.tags.node_name.as_deref() == Some(settings.node_name.as_str())
+            && i.tags.cluster_id.is_some()
+            && i.tags.cluster_id.as_deref() != Some(settings.cluster_id.as_str())
     })
 }
 
@@ -99,6 +131,7 @@ pub async fn run<P: Provider>(
     let mut previous: Vec<Instance> = Vec::new();
     let mut previous_taken_at: Option<Timestamp> = None;
     let mut carried: HashSet<String> = HashSet::new();
+    let mut reported_foreign: HashSet<String> = HashSet::new();
     let mut interval = tokio::time::interval(settings.reconcile_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -154,6 +187,8 @@ pub async fn run<P: Provider>(
             *current = ApiHealth::Available;
             changed
         });
+        report_foreign(&shared, &instances, &mut reported_foreign).await;
+        let elsewhere: Vec<Instance> = other_nodes(&instances, &settings).cloned().collect();
         let listed: Vec<Instance> = ours(&instances, &settings).cloned().collect();
         let (instances, carried_now) = carry_forward(&previous, listed, &carried);
         if !carried_now.is_empty() {
@@ -168,10 +203,16 @@ pub async fn run<P: Provider>(
             confirmed_at: previous_taken_at.replace(started),
         });
         record(&snapshot, &metrics);
-        for instance in &snapshot.instances {
+        for instance in snapshot.instances.iter().chain(&elsewhere) {
             first_seen.entry(instance.id.clone()).or_insert(started);
         }
-        first_seen.retain(|id, _| snapshot.instances.iter().any(|i| &i.id == id));
+        first_seen.retain(|id, _| {
+            snapshot
+                .instances
+                .iter()
+                .chain(&elsewhere)
+                .any(|i| &i.id == id)
+        });
         snapshot_tx.send_replace(Some(snapshot.clone()));
         let _ = ticks.try_send(());
         debug!(instances = snapshot.instances.len(), "snapshot published");
@@ -187,8 +228,36 @@ pub async fn run<P: Provider>(
                 .collect();
             // Memory of pods that are gone (a finished pod's kept log lives until then).
             shared.forget_all_but(&uids);
-            for orphan in orphans(&snapshot, &uids, &first_seen, settings.create_settle) {
-                info!(instance = %orphan.id, pod_uid = ?orphan.tags.pod_uid, "terminating a RunPod pod whose Kubernetes pod is gone");
+            let mut collect: Vec<&Instance> =
+                orphans(&snapshot, &uids, &first_seen, settings.create_settle);
+            // Another node's tag: its pod may be bound anywhere in the cluster, so the whole
+            // cluster's pods are listed (only when such an instance has settled).
+            let elsewhere_snapshot = Snapshot {
+                taken_at: snapshot.taken_at,
+                instances: elsewhere,
+                confirmed_at: None,
+            };
+            let settled_elsewhere = orphans(
+                &elsewhere_snapshot,
+                &HashSet::new(),
+                &first_seen,
+                settings.create_settle,
+            );
+            if !settled_elsewhere.is_empty() {
+                match cluster_pod_uids(&shared.client).await {
+                    Ok(cluster_uids) => collect.extend(settled_elsewhere.into_iter().filter(|i| {
+                        i.tags
+                            .pod_uid
+                            .as_ref()
+                            .is_some_and(|uid| !cluster_uids.contains(uid))
+                    })),
+                    Err(error) => {
+                        warn!(error = %error, "listing the cluster's pods failed; other nodes' RunPod pods are not collected this time")
+                    }
+                }
+            }
+            for orphan in collect {
+                info!(instance = %orphan.id, pod_uid = ?orphan.tags.pod_uid, node = ?orphan.tags.node_name, "terminating a RunPod pod whose Kubernetes pod is gone");
                 match provider.terminate(&orphan.id).await {
                     Ok(()) => {
                         metrics.garbage_collected.inc();
@@ -200,6 +269,70 @@ pub async fn run<P: Provider>(
             }
         }
     }
+}
+
+/// Every pod UID in the cluster, on any node.
+async fn cluster_pod_uids(client: &kube::Client) -> Result<HashSet<String>, kube::Error> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let list = pods.list_metadata(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|pod| pod.metadata.uid)
+        .collect())
+}
+
+/// Logs, counts and (when the set changes) puts an Event on the node for instances tagged
+/// with this node's name but another cluster id.
+async fn report_foreign<P>(
+    shared: &Shared<P>,
+    instances: &[Instance],
+    reported: &mut HashSet<String>,
+) {
+    let found: Vec<&Instance> = foreign(instances, &shared.settings).collect();
+    shared
+        .metrics
+        .foreign_instances
+        .set(i64::try_from(found.len()).unwrap_or(i64::MAX));
+    let ids: HashSet<String> = found.iter().map(|i| i.id.clone()).collect();
+    if ids.is_empty() || ids == *reported {
+        *reported = ids;
+        return;
+    }
+    let listed: Vec<String> = found
+        .iter()
+        .map(|i| {
+            format!(
+                "{} (cluster {})",
+                i.id,
+                i.tags.cluster_id.as_deref().unwrap_or("?")
+            )
+        })
+        .collect();
+    let message = format!(
+        "RunPod pods tagged with this node's name but another cluster id are left alone: {}. \
+         If this cluster was cloned from another, or --cluster-id changed, set an explicit \
+         --cluster-id and terminate these in RunPod's console if nothing owns them",
+        listed.join(", ")
+    );
+    warn!(instances = ?ids, "RunPod pods of another cluster carry this node's name");
+    let node = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(shared.settings.node_name.clone()),
+        ..Default::default()
+    };
+    let event = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Warning,
+        reason: "ForeignRunPodPods".into(),
+        note: Some(message),
+        action: "ForeignRunPodPods".into(),
+        secondary: None,
+    };
+    if let Err(error) = shared.recorder.publish(&event, &node).await {
+        warn!(error = %error, "could not publish an Event on the node");
+    }
+    *reported = ids;
 }
 
 fn record(snapshot: &Snapshot, metrics: &ControllerMetrics) {
@@ -270,6 +403,7 @@ mod tests {
             provision_timeout: Duration::from_secs(900),
             create_settle: Duration::from_secs(30),
             outage_grace: Duration::from_secs(3600),
+            admission: Default::default(),
         }
     }
 
@@ -287,6 +421,24 @@ mod tests {
         let settings = settings();
         let ids: Vec<_> = ours(&all, &settings).map(|i| i.id.as_str()).collect();
         assert_eq!(ids, ["mine"]);
+    }
+
+    #[test]
+    fn another_nodes_instances_are_candidates_and_another_clusters_are_foreign() {
+        let mut gone = instance("done", "c1", "old-name", Some("u9"));
+        gone.state = InstanceState::Terminated;
+        let all = vec![
+            instance("mine", "c1", "vr", Some("u1")),
+            instance("renamed", "c1", "old-name", Some("u2")),
+            gone,
+            instance("untagged-pod", "c1", "old-name", None),
+            instance("cloned", "c2", "vr", Some("u3")),
+            instance("stranger", "c2", "elsewhere", Some("u4")),
+        ];
+        let settings = settings();
+        let ids = |it: Vec<&Instance>| it.iter().map(|i| i.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(other_nodes(&all, &settings).collect()), ["renamed"]);
+        assert_eq!(ids(foreign(&all, &settings).collect()), ["cloned"]);
     }
 
     #[test]

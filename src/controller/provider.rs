@@ -241,6 +241,13 @@ pub trait Provider: Send + Sync + 'static {
     /// Every instance of the account in one call. Only a successful answer is a complete list.
     fn list(&self) -> impl Future<Output = Result<Vec<Instance>, ProviderError>> + Send;
 
+    /// One instance by id, asked directly: `None` only when the cloud says it does not exist
+    /// (404). A list that omits an instance is no evidence that it is gone; this answer is.
+    fn lookup(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<Instance>, ProviderError>> + Send;
+
     /// Where `pod` may run and what it may cost, from its annotations and the cluster's limits.
     fn constraints(&self, pod: &Pod) -> Result<Constraints, String>;
 

@@ -237,6 +237,11 @@ impl Provider for RunPodProvider {
         Ok(pods.iter().map(to_instance).collect())
     }
 
+    async fn lookup(&self, id: &str) -> Result<Option<Instance>, ProviderError> {
+        let pod = self.client.get_pod(id).await.map_err(provider_error)?;
+        Ok(pod.as_ref().map(to_instance))
+    }
+
     fn constraints(&self, pod: &Pod) -> Result<Constraints, String> {
         let requirements = select::requirements(pod, &self.limits).map_err(|e| e.to_string())?;
         let cluster_cap = self.limits.max_gpu_price * f64::from(requirements.gpu_count.max(1));

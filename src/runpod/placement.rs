@@ -11,6 +11,15 @@ use super::limiter::Priority;
 use super::model::{CreatePodRequest, Pod, PodStatus};
 use super::select::Candidate;
 
+/// What a create whose outcome stayed unknown after the lookups leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterAmbiguous {
+    /// Send it again (a stand-alone caller with nothing else to settle it).
+    RetryAfterLookups,
+    /// Stop: the caller waits for a settled list before any new create (the controller).
+    GiveUpUnsettled,
+}
+
 /// One refused create, for events and the final error.
 #[derive(Debug, Clone)]
 pub struct Attempt {
@@ -86,20 +95,35 @@ impl RunPodClient {
         if let Some(placement) = self.adopt(name, Vec::new()).await.map_err(unsettled)? {
             return Ok(placement);
         }
-        self.create_known_absent(name, candidates, build).await
+        self.walk(name, candidates, build, AfterAmbiguous::RetryAfterLookups)
+            .await
     }
 
     /// [`RunPodClient::create_idempotent`] without its first lookup, for a caller that has
     /// already established that no pod of this name exists (the controller: from complete
     /// lists taken after every earlier attempt settled). Saves one list call per create, which
     /// under a per-minute quota doubles the creates. Ambiguous failures are still settled by
-    /// lookups, as in `create_idempotent`.
+    /// lookups, as in `create_idempotent`, but a create whose outcome stays unknown after them
+    /// is never sent again here: the list may lag far longer than the lookups last, so the
+    /// answer is `Unsettled` and the caller creates again only once a complete list taken
+    /// `--create-settle` after this attempt shows no pod.
     #[instrument(skip(self, candidates, build), fields(candidates = candidates.len()))]
     pub async fn create_known_absent(
         &self,
         name: &str,
         candidates: &[Candidate],
         build: impl Fn(&Candidate) -> CreatePodRequest,
+    ) -> Result<Placement, PlacementError> {
+        self.walk(name, candidates, build, AfterAmbiguous::GiveUpUnsettled)
+            .await
+    }
+
+    async fn walk(
+        &self,
+        name: &str,
+        candidates: &[Candidate],
+        build: impl Fn(&Candidate) -> CreatePodRequest,
+        after_ambiguous: AfterAmbiguous,
     ) -> Result<Placement, PlacementError> {
         if candidates.is_empty() {
             return Err(PlacementError::NoCandidates);
@@ -140,6 +164,9 @@ impl RunPodClient {
                     ambiguous_creates += 1;
                     if let Some(placement) = self.settle(name, &attempts).await? {
                         return Ok(flag_unseen(placement, ambiguous_creates));
+                    }
+                    if after_ambiguous == AfterAmbiguous::GiveUpUnsettled {
+                        return Err(PlacementError::Unsettled(error));
                     }
                     maybe_created = Some(error.clone());
                 }

@@ -52,9 +52,11 @@ pub fn gpu_pod(name: &str, image: &str, restart_policy: &str) -> Pod {
     .unwrap_or_default()
 }
 
-/// A one-GPU pod bound straight to the virtual node (no scheduler, no webhook).
+/// A one-GPU pod bound straight to the virtual node (no scheduler, no webhook). It opts in
+/// with its own label: the controller runs only pods that opted in, however they got there.
 pub fn bound_gpu_pod(name: &str, image: &str, restart_policy: &str) -> Pod {
     let mut pod = gpu_pod(name, image, restart_policy);
+    pod.metadata.labels = Some([("runpod.io/burst".to_owned(), "enabled".to_owned())].into());
     if let Some(spec) = pod.spec.as_mut() {
         spec.node_name = Some(NODE.into());
         spec.tolerations = Some(vec![provider_toleration()]);

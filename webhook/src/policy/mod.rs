@@ -26,6 +26,32 @@ pub struct PolicyConfig {
     pub excluded_namespaces: BTreeSet<String>,
 }
 
+impl PolicyConfig {
+    /// From the flags the webhook and the controller share: `kube-system` is excluded by
+    /// [`screen`] itself, the component's own namespace (`POD_NAMESPACE`) here.
+    pub fn from_flags(
+        exclude_namespaces: &[String],
+        datacenter_ids: &[String],
+        max_gpu_price: f64,
+        own_namespace: Option<String>,
+    ) -> PolicyConfig {
+        let trimmed = |items: &[String]| -> Vec<String> {
+            items
+                .iter()
+                .map(|item| item.trim().to_owned())
+                .filter(|item| !item.is_empty())
+                .collect()
+        };
+        let mut excluded: BTreeSet<String> = trimmed(exclude_namespaces).into_iter().collect();
+        excluded.extend(own_namespace.filter(|ns| !ns.is_empty()));
+        PolicyConfig {
+            allowed_datacenters: trimmed(datacenter_ids),
+            max_gpu_price: Some(max_gpu_price),
+            excluded_namespaces: excluded,
+        }
+    }
+}
+
 /// What the cluster knows about the pod's surroundings, looked up by the caller.
 #[derive(Debug, Clone, Default)]
 pub struct Context {
@@ -97,19 +123,51 @@ pub fn screen(pod: &PodView, namespace: &str, config: &PolicyConfig) -> Option<U
     None
 }
 
-/// Decides what happens to a pod at creation.
-pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &PolicyConfig) -> Verdict {
+/// Whether a pod opted in to bursting, and if not why: the pod label disables it, its
+/// namespace is excluded, or neither the pod nor its namespace carries the opt-in label. The
+/// webhook and the controller apply this one rule (a pod can reach the virtual node without
+/// the webhook: `nodeName`, a RuntimeClass, a toleration of every taint).
+pub fn opt_in(
+    pod: &PodView,
+    namespace: &str,
+    namespace_labels: &BTreeMap<String, String>,
+    config: &PolicyConfig,
+) -> Result<(), Untouched> {
     if let Some(reason) = screen(pod, namespace, config) {
-        return untouched(Mutation::default(), Vec::new(), reason);
+        return Err(reason);
     }
     let pod_opted_in = label(pod, contract::BURST_LABEL) == Some(contract::BURST_ENABLED);
-    let namespace_opted_in = context
-        .namespace_labels
+    let namespace_opted_in = namespace_labels
         .get(contract::BURST_LABEL)
         .map(String::as_str)
         == Some(contract::BURST_ENABLED);
-    if !pod_opted_in && !namespace_opted_in {
-        return untouched(Mutation::default(), Vec::new(), Untouched::NotOptedIn);
+    if pod_opted_in || namespace_opted_in {
+        Ok(())
+    } else {
+        Err(Untouched::NotOptedIn)
+    }
+}
+
+/// What stops RunPod from running the pod as admitted (its own annotations, no Job lookup):
+/// its shape (containers, init containers, volumes) and this cluster's policy (datacenters,
+/// price cap). The controller re-checks these for pods that reached its node without admission.
+pub fn cannot_run(pod: &PodView, config: &PolicyConfig) -> Vec<String> {
+    let mut problems = checks::unsupported_shape(pod);
+    let no_annotations = BTreeMap::new();
+    let annotations = pod.meta().annotations.as_ref().unwrap_or(&no_annotations);
+    let effective = checks::Effective::resolve(annotations, None);
+    problems.extend(checks::policy_violations(
+        &effective,
+        checks::view_gpu_count(pod),
+        config,
+    ));
+    problems
+}
+
+/// Decides what happens to a pod at creation.
+pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &PolicyConfig) -> Verdict {
+    if let Err(reason) = opt_in(pod, namespace, &context.namespace_labels, config) {
+        return untouched(Mutation::default(), Vec::new(), reason);
     }
 
     // From here on the pod is ours to judge; controller-owned annotations never get through.
@@ -136,6 +194,21 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     };
     if mode == BurstMode::Never {
         return untouched(mutation, Vec::new(), Untouched::ModeNever);
+    }
+    if gpus == 0 && mode == BurstMode::Always {
+        // RunPod's v2 CPU pods are not dependable (api-notes: creates answered 501), and the
+        // controller runs GPU pods only: refused here rather than Pending forever.
+        return deny_invalid(
+            pod,
+            namespace,
+            vec![format!(
+                "{} is always but the pod requests no {}; the virtual node runs GPU pods only: \
+                 request a GPU or set {}: never",
+                contract::BURST_MODE,
+                contract::GPU_RESOURCE,
+                contract::BURST_MODE
+            )],
+        );
     }
 
     let mut warnings = Vec::new();

@@ -282,9 +282,64 @@ fn non_gpu_pods_pass_unless_the_mode_is_explicit() {
     ));
     assert_eq!(patched, pod);
 
-    let explicit = annotate(pod, contract::BURST_MODE, "always");
-    let (_, patched) = admit(&explicit, &labelled_namespace());
-    assert_eq!(patched["spec"]["nodeSelector"]["type"], "virtual-kubelet");
+    // An explicit mode makes it a candidate: `fallback` gets the toleration...
+    let explicit = annotate(pod.clone(), contract::BURST_MODE, "fallback");
+    let (verdict, patched) = admit(&explicit, &labelled_namespace());
+    assert_bursts(&verdict);
+    assert!(tolerates_runpod(&patched));
+    // ...but `always` without a GPU would wait forever on a node that runs GPU pods only.
+    let always = annotate(pod, contract::BURST_MODE, "always");
+    let (verdict, _) = admit(&always, &labelled_namespace());
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 422);
+    assert!(message.contains("requests no nvidia.com/gpu"), "{message}");
+}
+
+#[test]
+fn the_controller_shares_the_opt_in_rule_and_the_run_checks() {
+    let config = config();
+    let enabled: BTreeMap<String, String> =
+        [(contract::BURST_LABEL.to_owned(), "enabled".to_owned())].into();
+    let none = BTreeMap::new();
+    let pod = typed(&gpu_pod());
+    assert_eq!(opt_in(&pod, "ml", &enabled, &config), Ok(()));
+    assert_eq!(
+        opt_in(&pod, "ml", &none, &config),
+        Err(Untouched::NotOptedIn)
+    );
+    assert_eq!(
+        opt_in(&pod, "kube-system", &enabled, &config),
+        Err(Untouched::ExcludedNamespace)
+    );
+    let labelled = typed(&with(
+        gpu_pod(),
+        "/metadata/labels",
+        json!({contract::BURST_LABEL: "enabled"}),
+    ));
+    assert_eq!(opt_in(&labelled, "ml", &none, &config), Ok(()));
+    let disabled = typed(&with(
+        gpu_pod(),
+        "/metadata/labels",
+        json!({contract::BURST_LABEL: "disabled"}),
+    ));
+    assert_eq!(
+        opt_in(&disabled, "ml", &enabled, &config),
+        Err(Untouched::OptedOut)
+    );
+
+    assert!(cannot_run(&pod, &config).is_empty());
+    let forbidden = typed(&annotate(gpu_pod(), contract::DATACENTER_IDS, "EU-SE-1"));
+    let problems = cannot_run(&forbidden, &config);
+    assert!(
+        problems.len() == 1 && problems[0].contains("EU-SE-1"),
+        "{problems:?}"
+    );
+    let two = typed(&with(
+        gpu_pod(),
+        "/spec/initContainers",
+        json!([{"name": "init", "image": "busybox"}]),
+    ));
+    assert!(cannot_run(&two, &config)[0].contains("init containers"));
 }
 
 /// GPUs as the webhook counts them, checked against the controller's reading of the typed pod.

@@ -1,0 +1,280 @@
+//! Which pods bound to the virtual node the controller runs. A pod can reach the node without
+//! the webhook (`spec.nodeName`, a RuntimeClass, a toleration of every taint), so money is only
+//! spent on pods that pass the webhook's own opt-in rule and the checks it can repeat here:
+//! what RunPod can run (one container, no init containers, supported volumes) and this
+//! cluster's policy (datacenters, price cap).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use runpod_webhook::contract;
+use runpod_webhook::pod::PodView;
+use runpod_webhook::policy::{self, PolicyConfig, Untouched};
+
+/// Why the controller will not run a pod, for its Event and status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The Event's and the status's reason.
+    pub reason: &'static str,
+    pub message: String,
+    /// Fail the pod (its owner learns at once) rather than leave it Pending with the reason:
+    /// only where no controller would re-create it in a loop.
+    pub fail: bool,
+}
+
+/// Owners that replace a failed pod at once: failing their pods would only churn.
+const RECREATING_OWNERS: [&str; 4] = [
+    "ReplicaSet",
+    "DaemonSet",
+    "StatefulSet",
+    "ReplicationController",
+];
+
+/// Whether the pod needs its namespace's labels to be judged (it does not opt in itself).
+pub fn needs_namespace_labels(pod: &Pod) -> bool {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(contract::BURST_LABEL))
+        .is_none_or(|value| value != contract::BURST_ENABLED)
+}
+
+/// Why the controller must not create anything for `pod`, if it must not.
+pub fn refusal(
+    pod: &Pod,
+    namespace_labels: &BTreeMap<String, String>,
+    policy: &PolicyConfig,
+) -> Option<Refusal> {
+    let owner_kinds: Vec<&str> = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|owner| owner.kind.as_str())
+        .collect();
+    let recreated = owner_kinds
+        .iter()
+        .any(|kind| RECREATING_OWNERS.contains(kind));
+    if owner_kinds.contains(&"DaemonSet") {
+        return Some(Refusal {
+            reason: "NotRunOnRunPod",
+            message: "DaemonSet pods are not run on RunPod".into(),
+            fail: false,
+        });
+    }
+    if policy::gpu_count(pod) == 0 {
+        return Some(Refusal {
+            reason: "NotRunOnRunPod",
+            message: format!(
+                "the pod requests no {}: only GPU pods are run on RunPod",
+                contract::GPU_RESOURCE
+            ),
+            fail: false,
+        });
+    }
+    let view = match serde_json::to_value(pod).and_then(serde_json::from_value::<PodView>) {
+        Ok(view) => view,
+        Err(error) => {
+            return Some(Refusal {
+                reason: "CannotRunOnRunPod",
+                message: format!("the pod could not be read: {error}"),
+                fail: false,
+            });
+        }
+    };
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    if let Err(why) = policy::opt_in(&view, namespace, namespace_labels, policy) {
+        let message = match why {
+            Untouched::OptedOut => format!(
+                "the pod has label {}={}",
+                contract::BURST_LABEL,
+                contract::BURST_DISABLED
+            ),
+            Untouched::ExcludedNamespace => {
+                format!("namespace {namespace} is excluded from bursting")
+            }
+            _ => format!(
+                "neither the pod nor namespace {namespace} has label {}={}",
+                contract::BURST_LABEL,
+                contract::BURST_ENABLED
+            ),
+        };
+        return Some(Refusal {
+            reason: "NotOptedIn",
+            message: format!("not run on RunPod: {message}"),
+            fail: false,
+        });
+    }
+    let problems = policy::cannot_run(&view, policy);
+    if !problems.is_empty() {
+        return Some(Refusal {
+            reason: "CannotRunOnRunPod",
+            message: format!("RunPod cannot run this pod: {}", problems.join("; ")),
+            fail: !recreated,
+        });
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn policy() -> PolicyConfig {
+        PolicyConfig::from_flags(&[], &["EU-RO-1".into()], 0.5, Some("runpod-system".into()))
+    }
+
+    fn pod(extra: serde_json::Value) -> Pod {
+        let mut base = json!({
+            "metadata": {"name": "p", "namespace": "team"},
+            "spec": {"containers": [{"name": "c", "image": "i", "command": ["run"],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+        });
+        merge(&mut base, extra);
+        serde_json::from_value(base).unwrap()
+    }
+
+    fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
+        match (base, extra) {
+            (serde_json::Value::Object(base), serde_json::Value::Object(extra)) => {
+                for (key, value) in extra {
+                    merge(base.entry(key).or_insert(serde_json::Value::Null), value);
+                }
+            }
+            (base, extra) => *base = extra,
+        }
+    }
+
+    fn enabled() -> BTreeMap<String, String> {
+        [("runpod.io/burst".to_owned(), "enabled".to_owned())].into()
+    }
+
+    fn reason(refusal: Option<Refusal>) -> Option<(&'static str, bool)> {
+        refusal.map(|r| (r.reason, r.fail))
+    }
+
+    #[test]
+    fn each_rule_decides_with_its_reason() {
+        let none = BTreeMap::new();
+        let on = enabled();
+        let owned_by = |kind: &str| {
+            json!({"metadata": {"ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": kind, "name": "o", "uid": "u"}]}})
+        };
+        type Case<'a> = (&'a str, Pod, &'a BTreeMap<String, String>, Option<(&'a str, bool)>);
+        let cases: Vec<Case<'_>> = vec![
+            ("opted-in namespace", pod(json!({})), &on, None),
+            (
+                "pod label opts in anywhere",
+                pod(json!({"metadata": {"labels": {"runpod.io/burst": "enabled"}}})),
+                &none,
+                None,
+            ),
+            (
+                "bound by nodeName from a namespace that never opted in",
+                pod(json!({})),
+                &none,
+                Some(("NotOptedIn", false)),
+            ),
+            (
+                "pod opted out in an opted-in namespace",
+                pod(json!({"metadata": {"labels": {"runpod.io/burst": "disabled"}}})),
+                &on,
+                Some(("NotOptedIn", false)),
+            ),
+            (
+                "kube-system, even labelled",
+                pod(json!({"metadata": {"namespace": "kube-system",
+                    "labels": {"runpod.io/burst": "enabled"}}})),
+                &on,
+                Some(("NotOptedIn", false)),
+            ),
+            (
+                "the controller's own namespace",
+                pod(json!({"metadata": {"namespace": "runpod-system"}})),
+                &on,
+                Some(("NotOptedIn", false)),
+            ),
+            (
+                "a CPU pod tolerating every taint",
+                pod(
+                    json!({"spec": {"containers": [{"name": "c", "image": "i", "resources": {}}]}}),
+                ),
+                &on,
+                Some(("NotRunOnRunPod", false)),
+            ),
+            (
+                "a DaemonSet pod",
+                pod(owned_by("DaemonSet")),
+                &on,
+                Some(("NotRunOnRunPod", false)),
+            ),
+            (
+                "init containers: fails fast",
+                pod(json!({"spec": {"initContainers": [{"name": "i", "image": "busybox"}]}})),
+                &on,
+                Some(("CannotRunOnRunPod", true)),
+            ),
+            (
+                "a hostPath volume: fails fast",
+                pod(json!({"spec": {"volumes": [{"name": "v", "hostPath": {"path": "/x"}}]}})),
+                &on,
+                Some(("CannotRunOnRunPod", true)),
+            ),
+            (
+                "a PVC in a ReplicaSet pod: kept Pending, no churn",
+                {
+                    let mut p = pod(json!({"spec": {"volumes": [{"name": "v",
+                        "persistentVolumeClaim": {"claimName": "c"}}]}}));
+                    p.metadata.owner_references =
+                        pod(owned_by("ReplicaSet")).metadata.owner_references;
+                    p
+                },
+                &on,
+                Some(("CannotRunOnRunPod", false)),
+            ),
+            (
+                "a forbidden datacenter",
+                pod(json!({"metadata": {"annotations": {"runpod.io/datacenter-ids": "US-TX-3"}}})),
+                &on,
+                Some(("CannotRunOnRunPod", true)),
+            ),
+            (
+                "a price above the cap",
+                pod(json!({"metadata": {"annotations": {"runpod.io/max-price": "3"}}})),
+                &on,
+                Some(("CannotRunOnRunPod", true)),
+            ),
+        ];
+        for (name, pod, labels, expected) in cases {
+            assert_eq!(reason(refusal(&pod, labels, &policy())), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn messages_say_what_to_change() {
+        let refused = refusal(&pod(json!({})), &BTreeMap::new(), &policy()).unwrap();
+        assert!(
+            refused.message.contains("namespace team")
+                && refused.message.contains("runpod.io/burst=enabled"),
+            "{}",
+            refused.message
+        );
+        let refused = refusal(
+            &pod(json!({"metadata": {"annotations": {"runpod.io/datacenter-ids": "US-TX-3"}}})),
+            &enabled(),
+            &policy(),
+        )
+        .unwrap();
+        assert!(refused.message.contains("US-TX-3") && refused.message.contains("EU-RO-1"));
+    }
+
+    #[test]
+    fn only_pods_without_their_own_opt_in_need_the_namespace() {
+        assert!(needs_namespace_labels(&pod(json!({}))));
+        assert!(!needs_namespace_labels(&pod(
+            json!({"metadata": {"labels": {"runpod.io/burst": "enabled"}}})
+        )));
+    }
+}

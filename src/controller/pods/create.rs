@@ -1,0 +1,464 @@
+//! Creating a pod's one instance: the gates before any create (eligibility, the provisioning
+//! timeout, backoff, an unavailable API, an earlier create whose outcome is not settled), the
+//! create marker that makes a create crash-safe, and the outcome of a provision.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, Toleration};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use runpod_webhook::contract::CREATE_REQUESTED;
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::{ReconcileError, SHORT, annotation, bound_at, finish, pods_in_namespace_of, write};
+use crate::controller::context::{Shared, Snapshot, elapsed};
+use crate::controller::eligibility::{self, Refusal};
+use crate::controller::env::{self, ClusterEnvSource};
+use crate::controller::node::ApiHealth;
+use crate::controller::provider::{Provider, ProvisionError, ProvisionRequest, Provisioned};
+use crate::controller::status::View;
+use crate::controller::volumes;
+
+/// Taints the node lifecycle controller puts on an unhealthy node.
+const OUTAGE_TAINTS: [&str; 2] = [
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+];
+
+/// The tolerations with `not-ready`/`unreachable` NoExecute lengthened to `grace`, or `None`
+/// when they already are: burst pods must outlive a controller outage, which the node
+/// lifecycle controller would otherwise punish by evicting them after 300 s.
+pub fn outage_tolerations(current: &[Toleration], grace: Duration) -> Option<Vec<Toleration>> {
+    let seconds = i64::try_from(grace.as_secs()).unwrap_or(i64::MAX);
+    let mut next = current.to_vec();
+    let mut changed = false;
+    for key in OUTAGE_TAINTS {
+        let existing = next.iter_mut().find(|t| {
+            t.key.as_deref() == Some(key)
+                && t.effect.as_deref().is_none_or(|e| e == "NoExecute")
+                && t.operator.as_deref().is_none_or(|o| o == "Exists")
+        });
+        match existing {
+            Some(toleration) => match toleration.toleration_seconds {
+                // Unbounded already: leave it.
+                None => {}
+                Some(current) if current >= seconds => {}
+                Some(_) => {
+                    toleration.toleration_seconds = Some(seconds);
+                    changed = true;
+                }
+            },
+            None => {
+                next.push(Toleration {
+                    key: Some(key.to_owned()),
+                    operator: Some("Exists".into()),
+                    effect: Some("NoExecute".into()),
+                    toleration_seconds: Some(seconds),
+                    value: None,
+                });
+                changed = true;
+            }
+        }
+    }
+    changed.then_some(next)
+}
+
+/// Creates the pod's instance, once.
+pub(super) async fn create<P: Provider>(
+    pod: &Pod,
+    uid: &str,
+    snapshot: &Snapshot,
+    ctx: &Shared<P>,
+) -> Result<Action, ReconcileError> {
+    let settings = &ctx.settings;
+    if let Some(refusal) = eligibility(ctx, pod, uid).await? {
+        ctx.event(pod, true, refusal.reason, refusal.message.clone())
+            .await;
+        let view = if refusal.fail {
+            View::Failed {
+                reason: refusal.reason,
+                message: refusal.message,
+            }
+        } else {
+            View::Waiting {
+                reason: refusal.reason,
+                message: refusal.message,
+            }
+        };
+        write::status(ctx, pod, &view).await?;
+        return Ok(Action::await_change());
+    }
+    let now = Timestamp::now();
+    let (nothing_created, next_at, excluded, marked_at) = ctx.remember(uid, |m| {
+        (
+            m.nothing_created,
+            m.next_create_at,
+            m.excluded_gpu_types.clone(),
+            m.create_marked_at,
+        )
+    });
+    // A create was sent (maybe by a previous leader) and its outcome is unknown here: only
+    // two complete lists in a row, both taken long enough after it, may show that nothing
+    // exists. The marker is the later of the pod's and this leader's own record (the pod
+    // cache may lag behind a marker just written).
+    let marker = annotation(pod, CREATE_REQUESTED)
+        .map(|m| m.parse::<Timestamp>().unwrap_or(Timestamp::UNIX_EPOCH))
+        .into_iter()
+        .chain(marked_at)
+        .max()
+        .filter(|_| !nothing_created);
+    let absence_unsettled = marker.is_some_and(|marker| {
+        let settled_by = marker
+            .checked_add(SignedDuration::try_from(settings.create_settle).unwrap_or_default())
+            .unwrap_or(marker);
+        snapshot
+            .confirmed_at
+            .is_none_or(|confirmed| confirmed < settled_by)
+    });
+    let unavailable = matches!(*ctx.health.borrow(), ApiHealth::Unavailable { .. });
+    // The timeout waits for the lists to settle (an instance may be starting), unless RunPod
+    // is down: then it still applies, and an instance that shows up later is terminated.
+    // The provisioning clock starts at binding, or when a vanished instance is replaced.
+    let clock_start = ctx
+        .remember(uid, |m| m.replacing_since)
+        .or_else(|| bound_at(pod));
+    if let Some(bound) = clock_start
+        && elapsed(bound, now) > settings.provision_timeout
+        && (!absence_unsettled || unavailable)
+    {
+        let message = format!(
+            "no RunPod pod could be started within {}",
+            humantime::format_duration(settings.provision_timeout)
+        );
+        ctx.event(pod, true, "ProvisioningTimeout", message.clone())
+            .await;
+        write::status(
+            ctx,
+            pod,
+            &View::Failed {
+                reason: "ProvisioningTimeout",
+                message,
+            },
+        )
+        .await?;
+        return Ok(Action::requeue(SHORT));
+    }
+    if let Some(next_at) = next_at
+        && next_at > now
+    {
+        return Ok(Action::requeue(elapsed(now, next_at).max(SHORT)));
+    }
+    if unavailable {
+        // The account is refused or the API is down: wait, without a create per pod.
+        write::waiting(ctx, pod, "RunPodUnavailable", "waiting for the RunPod API").await?;
+        return Ok(Action::requeue(settings.reconcile_interval));
+    }
+    if absence_unsettled {
+        return Ok(Action::requeue(SHORT));
+    }
+
+    let pods = pods_in_namespace_of(&ctx.client, pod);
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    // Outage tolerations first: the node must never be tainted before they are in place.
+    let tolerations = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default();
+    if let Some(longer) = outage_tolerations(&tolerations, settings.outage_grace) {
+        let patch = json!({"spec": {"tolerations": longer}});
+        pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        return Ok(Action::requeue(Duration::from_millis(200)));
+    }
+    let Some(container) = pod.spec.as_ref().and_then(|s| s.containers.first()) else {
+        return Ok(Action::await_change());
+    };
+    let resolved = match env::resolve(&ClusterEnvSource(ctx.client.clone()), pod, container).await {
+        Ok(resolved) => resolved,
+        Err(error) => {
+            ctx.event(pod, true, "CreateContainerConfigError", error.to_string())
+                .await;
+            write::waiting(ctx, pod, "CreateContainerConfigError", &error.to_string()).await?;
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        }
+    };
+    let volumes =
+        match volumes::resolve(&ClusterEnvSource(ctx.client.clone()), pod, container).await {
+            Ok(volumes) => volumes,
+            Err(error) => {
+                ctx.event(pod, true, "CreateContainerConfigError", error.to_string())
+                    .await;
+                write::waiting(ctx, pod, "CreateContainerConfigError", &error.to_string()).await?;
+                return Ok(Action::requeue(Duration::from_secs(10)));
+            }
+        };
+    if !volumes.skipped.is_empty() {
+        ctx.event(
+            pod,
+            false,
+            "ServiceAccountTokenNotMounted",
+            format!(
+                "{} is not mounted on RunPod: RunPod pods cannot reach the cluster's apiserver, \
+                 and a cluster credential is not shipped to the cloud",
+                volumes.skipped.join(", ")
+            ),
+        )
+        .await;
+    }
+
+    // Record the attempt before sending it: a leader that dies after the create sees this
+    // and searches instead of creating a second pod.
+    mark_create_requested(ctx, uid, &pods, &name).await?;
+    ctx.remember(uid, |m| m.nothing_created = false);
+    write::waiting(ctx, pod, "ContainerCreating", "creating the RunPod pod").await?;
+
+    let request = ProvisionRequest {
+        pod,
+        env: &resolved,
+        volumes: &volumes,
+        excluded_gpu_types: &excluded,
+    };
+    ctx.metrics.creates.inc();
+    match provision_marked(ctx, &pods, &name, request).await {
+        Ok(provisioned) => {
+            let instance = provisioned.instance;
+            info!(instance = %instance.id, summary = %provisioned.summary, "RunPod pod for the pod");
+            ctx.remember(uid, |m| {
+                m.instance = Some((instance.id.clone(), Timestamp::now()));
+                m.create_failures = 0;
+                m.next_create_at = None;
+            });
+            if !provisioned.refusals.is_empty() {
+                ctx.event(
+                    pod,
+                    false,
+                    "CapacityRetries",
+                    format!(
+                        "refused before success: {}",
+                        provisioned.refusals.join("; ")
+                    ),
+                )
+                .await;
+            }
+            ctx.event(
+                pod,
+                false,
+                "RunPodPodCreated",
+                format!("RunPod pod {}: {}", instance.id, provisioned.summary),
+            )
+            .await;
+            if provisioned.possibly_duplicated {
+                // Every later list is checked for a second pod with this UID tag, which the
+                // duplicate handling above terminates at once.
+                ctx.event(
+                    pod,
+                    true,
+                    "PossibleDuplicate",
+                    "an earlier create may also have made a RunPod pod; it will be terminated as soon as RunPod lists it".into(),
+                )
+                .await;
+            }
+            for duplicate in &provisioned.duplicates {
+                finish::terminate(ctx, pod, uid, duplicate, "duplicate").await?;
+            }
+            write::annotations(ctx, pod, &instance).await?;
+            Ok(Action::requeue(settings.reconcile_interval))
+        }
+        Err(error) => {
+            let failures = ctx.remember(uid, |m| {
+                m.create_failures += 1;
+                m.create_failures
+            });
+            let backoff = Duration::from_secs(10u64.saturating_mul(1 << failures.min(5)).min(300));
+            match &error {
+                ProvisionError::NoCandidates(message) | ProvisionError::NoCapacity(message) => {
+                    ctx.remember(uid, |m| {
+                        m.nothing_created = true;
+                        m.next_create_at = Timestamp::now()
+                            .checked_add(SignedDuration::try_from(backoff).unwrap_or_default())
+                            .ok();
+                    });
+                    ctx.event(pod, true, "NoGpuCapacity", message.clone()).await;
+                    write::waiting(ctx, pod, "NoGpuCapacity", message).await?;
+                    // Back at the provisioning deadline at the latest, to fail the pod on time.
+                    let until_deadline = clock_start.map_or(backoff, |bound| {
+                        settings
+                            .provision_timeout
+                            .saturating_sub(elapsed(bound, Timestamp::now()))
+                            + Duration::from_secs(1)
+                    });
+                    Ok(Action::requeue(backoff.min(until_deadline)))
+                }
+                ProvisionError::Rejected(message) => {
+                    ctx.remember(uid, |m| m.nothing_created = true);
+                    ctx.event(pod, true, "RunPodRejected", message.clone())
+                        .await;
+                    write::status(
+                        ctx,
+                        pod,
+                        &View::Failed {
+                            reason: "RunPodRejected",
+                            message: message.clone(),
+                        },
+                    )
+                    .await?;
+                    Ok(Action::await_change())
+                }
+                ProvisionError::AccountBlocked(message) => {
+                    ctx.remember(uid, |m| m.nothing_created = true);
+                    ctx.health.send_replace(ApiHealth::Unavailable {
+                        reason: "AccountRefused".into(),
+                        message: message.clone(),
+                    });
+                    ctx.event(pod, true, "RunPodAccountRefused", message.clone())
+                        .await;
+                    Ok(Action::requeue(settings.reconcile_interval))
+                }
+                ProvisionError::Unsettled(message) => {
+                    ctx.event(
+                        pod,
+                        true,
+                        "CreateUnsettled",
+                        format!("{message}; looking for the pod before any new create"),
+                    )
+                    .await;
+                    Ok(Action::requeue(settings.create_settle))
+                }
+            }
+        }
+    }
+}
+
+/// Why this pod must get no instance, judged once per pod by this leader: the webhook's
+/// opt-in rule and the checks it can repeat (see `eligibility`).
+async fn eligibility<P>(
+    ctx: &Shared<P>,
+    pod: &Pod,
+    uid: &str,
+) -> Result<Option<Refusal>, ReconcileError> {
+    if let Some(known) = ctx.remember(uid, |m| m.refusal.clone()) {
+        return Ok(known);
+    }
+    let labels = if eligibility::needs_namespace_labels(pod) {
+        let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+        let name = pod.metadata.namespace.as_deref().unwrap_or("default");
+        namespaces
+            .get_metadata_opt(name)
+            .await?
+            .and_then(|ns| ns.metadata.labels)
+            .unwrap_or_default()
+    } else {
+        Default::default()
+    };
+    let refusal = eligibility::refusal(pod, &labels, &ctx.settings.admission);
+    ctx.remember(uid, |m| m.refusal = Some(refusal.clone()));
+    Ok(refusal)
+}
+
+/// Writes `runpod.io/create-requested` with the current time, remembering it first: the next
+/// reconcile may see a pod cache that does not show the marker yet.
+async fn mark_create_requested<P>(
+    ctx: &Shared<P>,
+    uid: &str,
+    pods: &Api<Pod>,
+    name: &str,
+) -> Result<(), kube::Error> {
+    let now = Timestamp::now();
+    ctx.remember(uid, |m| m.create_marked_at = Some(now));
+    let patch = json!({"metadata": {"annotations": {CREATE_REQUESTED: now.to_string()}}});
+    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// How often the create marker is moved on while a provision is in flight.
+pub fn marker_refresh(create_settle: Duration) -> Duration {
+    (create_settle / 4).max(Duration::from_millis(250))
+}
+
+/// Provisions while keeping the create marker fresh. A provision can send its creates long
+/// after the marker was written (the rate limiter holds them, 429s and 5xx are retried, the
+/// catalogue is slow): a successor that waited only `--create-settle` after an old marker could
+/// then miss a pod sent just before this process died, and create a second one. So the marker
+/// is rewritten every quarter of the settle time: every create is sent at most that long after
+/// the last marker, and the list a successor waits for (taken `--create-settle` after it)
+/// shows it. If the marker cannot be written, the provision is abandoned (nothing more is sent)
+/// and its outcome is treated as unknown.
+async fn provision_marked<P: Provider>(
+    ctx: &Shared<P>,
+    pods: &Api<Pod>,
+    name: &str,
+    request: ProvisionRequest<'_>,
+) -> Result<Provisioned, ProvisionError> {
+    let every = marker_refresh(ctx.settings.create_settle);
+    let uid = request.pod.metadata.uid.clone().unwrap_or_default();
+    let provision = ctx.provider.provision(request);
+    tokio::pin!(provision);
+    let mut next = tokio::time::Instant::now() + every;
+    loop {
+        tokio::select! {
+            outcome = &mut provision => return outcome,
+            () = tokio::time::sleep_until(next) => {
+                if let Err(error) = mark_create_requested(ctx, &uid, pods, name).await {
+                    warn!(error = %error, "cannot move the create marker on; abandoning the create");
+                    return Err(ProvisionError::Unsettled(format!(
+                        "the create was abandoned (its marker could not be written: {error})"
+                    )));
+                }
+                next = tokio::time::Instant::now() + every;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toleration(key: &str, seconds: Option<i64>) -> Toleration {
+        Toleration {
+            key: Some(key.into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoExecute".into()),
+            toleration_seconds: seconds,
+            value: None,
+        }
+    }
+
+    #[test]
+    fn default_outage_tolerations_are_lengthened_once() {
+        let hour = Duration::from_secs(3600);
+        let defaults = vec![
+            toleration("node.kubernetes.io/not-ready", Some(300)),
+            toleration("node.kubernetes.io/unreachable", Some(300)),
+        ];
+        let longer = outage_tolerations(&defaults, hour).unwrap();
+        assert!(longer.iter().all(|t| t.toleration_seconds == Some(3600)));
+        assert_eq!(longer.len(), 2);
+        assert_eq!(outage_tolerations(&longer, hour), None);
+        // Missing ones are added; unbounded ones are left alone.
+        let added =
+            outage_tolerations(&[toleration("node.kubernetes.io/not-ready", None)], hour).unwrap();
+        assert_eq!(added.len(), 2);
+        assert_eq!(added[0].toleration_seconds, None);
+        assert_eq!(added[1].toleration_seconds, Some(3600));
+    }
+
+    #[test]
+    fn the_create_marker_moves_on_four_times_per_settle_window() {
+        // A create is sent at most this long after the last marker; the list a successor
+        // waits for is taken a whole settle window after it, leaving 3/4 for the list lag.
+        assert_eq!(
+            marker_refresh(Duration::from_secs(30)),
+            Duration::from_millis(7500)
+        );
+        assert_eq!(
+            marker_refresh(Duration::from_millis(400)),
+            Duration::from_millis(250)
+        );
+    }
+}

@@ -1,0 +1,135 @@
+//! The ends of a pod's instance: finishing (record the end, terminate, then write the terminal
+//! phase), deletion (stop, terminate once stopped or the grace period passed, then remove the
+//! pod) and terminating one instance exactly once.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::Action;
+use runpod_webhook::contract::ENDED;
+use serde_json::json;
+
+use super::{ReconcileError, SHORT, pods_in_namespace_of, write};
+use crate::controller::context::{Shared, elapsed};
+use crate::controller::provider::{Instance, InstanceState, Provider};
+use crate::controller::status::{RecordedEnd, View};
+
+/// Ends a pod: terminate the instance, confirm, and only then write the terminal phase (a
+/// terminal pod can be removed by anyone at once, taking the record of the instance with it).
+pub(super) async fn finish<P: Provider>(
+    ctx: &Shared<P>,
+    pod: &Pod,
+    uid: &str,
+    instance: &Instance,
+    view: View<'_>,
+) -> Result<Action, ReconcileError> {
+    // Record the end first: a controller that dies after the terminate finds it here, and
+    // finishes the pod the same way instead of failing it or creating it again.
+    if let Some(record) = RecordedEnd::of(&view)
+        && RecordedEnd::on(pod).as_ref() != Some(&record)
+    {
+        let value = serde_json::to_string(&record)?;
+        let patch = json!({"metadata": {"annotations": {ENDED: value}}});
+        pods_in_namespace_of(&ctx.client, pod)
+            .patch(
+                pod.metadata.name.as_deref().unwrap_or_default(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        ctx.metrics.pod_writes.inc();
+    }
+    terminate(ctx, pod, uid, instance, "the pod finished").await?;
+    write::status(ctx, pod, &view).await?;
+    Ok(Action::await_change())
+}
+
+/// Deletion: stop first (the container gets its signal), terminate once stopped or once the
+/// grace period passed, then remove the pod object (UID precondition).
+pub(super) async fn delete<P: Provider>(
+    pod: &Pod,
+    uid: &str,
+    live: &[&Instance],
+    ctx: &Shared<P>,
+) -> Result<Action, ReconcileError> {
+    let grace = Duration::from_secs(
+        pod.metadata
+            .deletion_grace_period_seconds
+            .unwrap_or(30)
+            .max(0) as u64,
+    );
+    let now = Timestamp::now();
+    let remembered = ctx.remember(uid, |m| m.instance.clone());
+    let mut pending = false;
+    for instance in live {
+        let stopped = matches!(instance.state, InstanceState::Exited | InstanceState::Error);
+        let running = matches!(instance.state, InstanceState::Running);
+        let stop_sent = ctx.remember(uid, |m| m.stop_sent.get(&instance.id).copied());
+        let grace_over = stop_sent.is_some_and(|at| elapsed(at, now) >= grace) || grace.is_zero();
+        if stopped || grace_over || !running {
+            terminate(ctx, pod, uid, instance, "the pod was deleted").await?;
+        } else if stop_sent.is_none() {
+            ctx.provider.stop(&instance.id).await?;
+            ctx.remember(uid, |m| m.stop_sent.insert(instance.id.clone(), now));
+            pending = true;
+        } else {
+            pending = true;
+        }
+    }
+    // Created by us but not listed yet: terminate by id.
+    if let Some((id, _)) = remembered
+        && !live.iter().any(|i| i.id == id)
+        && !ctx.remember(uid, |m| m.terminated.contains(&id))
+    {
+        ctx.provider.terminate(&id).await?;
+        ctx.remember(uid, |m| m.terminated.insert(id.clone()));
+        ctx.metrics.terminations.inc();
+    }
+    if pending {
+        return Ok(Action::requeue(SHORT));
+    }
+    let pods = pods_in_namespace_of(&ctx.client, pod);
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match pods
+        .delete(pod.metadata.name.as_deref().unwrap_or_default(), &params)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
+        Err(error) => return Err(error.into()),
+    }
+    ctx.forget(uid);
+    Ok(Action::await_change())
+}
+
+pub(super) async fn terminate<P: Provider>(
+    ctx: &Shared<P>,
+    pod: &Pod,
+    uid: &str,
+    instance: &Instance,
+    why: &str,
+) -> Result<(), ReconcileError> {
+    if ctx.remember(uid, |m| m.terminated.contains(&instance.id)) {
+        return Ok(());
+    }
+    ctx.provider.terminate(&instance.id).await?;
+    ctx.metrics.terminations.inc();
+    ctx.remember(uid, |m| m.terminated.insert(instance.id.clone()));
+    ctx.event(
+        pod,
+        false,
+        "RunPodPodTerminated",
+        format!("RunPod pod {} terminated: {why}", instance.id),
+    )
+    .await;
+    Ok(())
+}

@@ -1,0 +1,143 @@
+//! Reconciling one Kubernetes pod bound to the virtual node against the cloud: create exactly
+//! once, track, finish, delete. Every decision that creates, fails or destroys is taken on a
+//! complete list (the snapshot), never on an error or a missing answer. The decision itself is
+//! pure (`decide`); `create`, `track` and `finish` carry it out.
+
+mod create;
+pub mod decide;
+mod finish;
+mod track;
+mod write;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::runtime::controller::Action;
+use tracing::instrument;
+
+pub use create::{marker_refresh, outage_tolerations};
+pub use track::{endpoints_annotation, instance_annotations};
+
+use super::context::Shared;
+use super::memory::PodMemory;
+use super::provider::{Provider, ProviderError};
+use decide::{Remembered, Step};
+
+/// Why a reconcile failed; it is retried.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("cloud API: {0}")]
+    Provider(#[from] ProviderError),
+    #[error("recording how the pod ended: {0}")]
+    Record(#[from] serde_json::Error),
+}
+
+const SHORT: Duration = Duration::from_secs(2);
+
+/// The pods API of `pod`'s namespace, for writing to it.
+fn pods_in_namespace_of(client: &kube::Client, pod: &Pod) -> Api<Pod> {
+    Api::namespaced(
+        client.clone(),
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+    )
+}
+
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// When the pod was bound to the node (its clock for the provisioning timeout).
+fn bound_at(pod: &Pod) -> Option<Timestamp> {
+    let scheduled = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+        })
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0);
+    scheduled.or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+/// Reconciles one pod.
+#[instrument(skip_all, fields(pod = %format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or(""), pod.metadata.name.as_deref().unwrap_or(""))))]
+pub async fn reconcile<P: Provider>(
+    pod: Arc<Pod>,
+    ctx: Arc<Shared<P>>,
+) -> Result<Action, ReconcileError> {
+    let settings = &ctx.settings;
+    let on_node =
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(settings.node_name.as_str());
+    let Some(uid) = pod.metadata.uid.clone() else {
+        return Ok(Action::await_change());
+    };
+    if !on_node {
+        return Ok(Action::await_change());
+    }
+    let Some(snapshot) = ctx.latest() else {
+        // Nothing is decided before the first complete list.
+        return Ok(Action::requeue(SHORT));
+    };
+    let (instance, terminated) = ctx.remember(&uid, |m| (m.instance.clone(), m.terminated.clone()));
+    let remembered = Remembered {
+        instance: instance.as_ref().map(|(id, at)| (id.as_str(), *at)),
+        terminated: Some(&terminated),
+    };
+    match decide::decide(&pod, &uid, &snapshot, &remembered, settings.create_settle) {
+        Step::Delete { live } => finish::delete(&pod, &uid, &live, &ctx).await,
+        Step::Ended { live } => {
+            for instance in &live {
+                finish::terminate(&ctx, &pod, &uid, instance, "the pod has finished").await?;
+            }
+            if !live.is_empty() {
+                return Ok(Action::requeue(SHORT));
+            }
+            // Only the kept log outlives the instance, for `kubectl logs` of a finished pod.
+            ctx.remember(&uid, |m| {
+                *m = PodMemory {
+                    final_log: m.final_log.take(),
+                    terminated: std::mem::take(&mut m.terminated),
+                    ..PodMemory::default()
+                }
+            });
+            Ok(Action::await_change())
+        }
+        Step::Track {
+            primary,
+            duplicates,
+        } => {
+            for duplicate in duplicates {
+                ctx.event(
+                    &pod,
+                    true,
+                    "DuplicateTerminated",
+                    format!(
+                        "RunPod pod {} is a second pod for this Kubernetes pod; terminating it",
+                        duplicate.id
+                    ),
+                )
+                .await;
+                finish::terminate(&ctx, &pod, &uid, duplicate, "duplicate").await?;
+            }
+            track::track(&pod, &uid, primary, &snapshot, &ctx).await
+        }
+        Step::WaitForList => Ok(Action::requeue(SHORT)),
+        Step::Confirm { id } => track::confirm(&pod, &uid, id, &snapshot, &ctx).await,
+        Step::FinishFromRecord(record) => {
+            write::status(&ctx, &pod, &record.view()).await?;
+            Ok(Action::await_change())
+        }
+        Step::Create => create::create(&pod, &uid, &snapshot, &ctx).await,
+    }
+}

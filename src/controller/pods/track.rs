@@ -1,0 +1,384 @@
+//! Following an existing instance: its placement is verified, its annotations and status
+//! written, and its end (exit, error, a start that never came, a deadline) carried out. An
+//! instance missing from the lists is confirmed by id before the pod is failed for it.
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use runpod_webhook::contract::{COST_PER_HR, DATACENTER, ENDPOINTS, GPU_TYPE, POD_ID};
+use tracing::{info, warn};
+
+use super::decide::{self, TrackStep};
+use super::{ReconcileError, SHORT, finish, write};
+use crate::controller::context::{Shared, Snapshot, elapsed};
+use crate::controller::node::ApiHealth;
+use crate::controller::provider::{Instance, Provider};
+use crate::controller::status::{RecordedEnd, View};
+
+/// Failed reads of a finished container's log (while the API otherwise answers) before the
+/// pod is finished with its exit code unknown: a log endpoint that keeps refusing must not
+/// keep a stopped pod billing storage, nor its Job from completing.
+pub const LOG_READ_ATTEMPTS: u32 = 5;
+
+/// `8080/http=https://…,22/tcp=IP:PORT` for the ports that are published.
+pub fn endpoints_annotation(instance: &Instance) -> String {
+    instance
+        .endpoints
+        .iter()
+        .filter_map(|e| {
+            Some(format!(
+                "{}/{}={}",
+                e.port,
+                e.protocol,
+                e.address.as_deref()?
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The controller-owned annotations that describe `instance`.
+pub fn instance_annotations(instance: &Instance) -> Vec<(&'static str, Option<String>)> {
+    vec![
+        (POD_ID, Some(instance.id.clone())),
+        (
+            COST_PER_HR,
+            instance.cost_per_hour.map(|c| format!("{c:.3}")),
+        ),
+        (GPU_TYPE, instance.gpu_type.clone()),
+        (DATACENTER, instance.datacenter.clone()),
+        (
+            ENDPOINTS,
+            Some(endpoints_annotation(instance)).filter(|e| !e.is_empty()),
+        ),
+    ]
+}
+
+/// An instance that was there is missing from lists that had time to show it: RunPod is asked
+/// for it by id (at most once per settle time); only a 404 (or a terminated answer) means it
+/// is gone. Found, it is tracked from that answer.
+pub(super) async fn confirm<P: Provider>(
+    pod: &Pod,
+    uid: &str,
+    id: Option<String>,
+    snapshot: &Snapshot,
+    ctx: &Shared<P>,
+) -> Result<Action, ReconcileError> {
+    let Some(id) = id else {
+        return vanished(pod, uid, "(unknown)", ctx).await;
+    };
+    let recent = ctx.remember(uid, |m| m.looked_up.clone());
+    let found = match recent {
+        Some((at, instance))
+            if instance.id == id && elapsed(at, Timestamp::now()) < ctx.settings.create_settle =>
+        {
+            Some(instance)
+        }
+        _ => {
+            let found = ctx.provider.lookup(&id).await?;
+            let found = found.filter(|i| i.state.is_live());
+            if let Some(instance) = &found {
+                info!(instance = %id, "missing from RunPod's list but still there");
+                ctx.remember(uid, |m| {
+                    m.looked_up = Some((Timestamp::now(), instance.clone()));
+                });
+            }
+            found
+        }
+    };
+    match found {
+        Some(instance) => track(pod, uid, &instance, snapshot, ctx).await,
+        None => vanished(pod, uid, &id, ctx).await,
+    }
+}
+
+/// The pod's instance is gone (RunPod answered 404 for its id) while the pod was not finished:
+/// it was terminated outside the controller (RunPod's console, a lost host). A pod with
+/// `restartPolicy: Always` gets a new instance, as a kubelet restarts its container; any other
+/// pod fails and is never created again.
+async fn vanished<P: Provider>(
+    pod: &Pod,
+    uid: &str,
+    id: &str,
+    ctx: &Shared<P>,
+) -> Result<Action, ReconcileError> {
+    let message = format!("RunPod pod {id} no longer exists (terminated outside runpod-kubelet)");
+    let always = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.as_deref())
+        .is_none_or(|policy| policy == "Always");
+    if always && id != "(unknown)" {
+        ctx.event(
+            pod,
+            true,
+            "RunPodPodGone",
+            format!("{message}; creating a new one (restartPolicy Always)"),
+        )
+        .await;
+        ctx.remember(uid, |m| {
+            m.terminated.insert(id.to_owned());
+            m.instance = None;
+            m.looked_up = None;
+            m.nothing_created = true;
+            m.restarts += 1;
+            m.replacing_since = Some(Timestamp::now());
+        });
+        return Ok(Action::requeue(SHORT));
+    }
+    ctx.event(pod, true, "RunPodPodGone", message.clone()).await;
+    write::status(
+        ctx,
+        pod,
+        &View::Failed {
+            reason: "RunPodPodGone",
+            message,
+        },
+    )
+    .await?;
+    ctx.remember(uid, |m| m.instance = None);
+    Ok(Action::await_change())
+}
+
+/// Tracks an existing instance: annotations, placement check, status, completion.
+pub(super) async fn track<P: Provider>(
+    pod: &Pod,
+    uid: &str,
+    instance: &Instance,
+    snapshot: &Snapshot,
+    ctx: &Shared<P>,
+) -> Result<Action, ReconcileError> {
+    // Ended already (recorded by a controller that died before the terminate went through):
+    // finish the same way, whatever the instance does meanwhile (RunPod may have restarted it).
+    if let Some(record) = RecordedEnd::on(pod) {
+        return finish::finish(ctx, pod, uid, instance, record.view()).await;
+    }
+    let settings = &ctx.settings;
+    ctx.remember(uid, |m| {
+        if m.instance.as_ref().map(|(id, _)| id) != Some(&instance.id) {
+            m.instance = Some((
+                instance.id.clone(),
+                instance.created_at.unwrap_or(snapshot.taken_at),
+            ));
+        }
+    });
+    if let Some(action) = verify_placement(pod, uid, instance, ctx).await? {
+        return Ok(action);
+    }
+    write::annotations(ctx, pod, instance).await?;
+
+    // A container restart shows as uptime going back.
+    let restarted = ctx.remember(uid, |m| {
+        let previous = instance.uptime_secs.and_then(|now| {
+            let before = m.uptime.insert(instance.id.clone(), now)?;
+            Some(now < before)
+        });
+        if previous == Some(true) {
+            m.restarts += 1;
+        }
+        previous == Some(true)
+    });
+    let restarts = ctx.remember(uid, |m| m.restarts);
+
+    match decide::track_step(
+        pod,
+        instance,
+        restarted,
+        settings.provision_timeout,
+        Timestamp::now(),
+    ) {
+        TrackStep::Exited { restarted } => {
+            let (code, reason, message) = match exit_code(ctx, uid, instance).await? {
+                ExitCode::Read(code) => {
+                    let (reason, message) = ended_reason(code);
+                    (code, reason, message)
+                }
+                ExitCode::Unreadable(error) => (
+                    None,
+                    "ContainerStatusUnknown",
+                    format!(
+                        "the container ended but its exit code could not be read from \
+                         RunPod's log ({LOG_READ_ATTEMPTS} attempts; last: {error})"
+                    ),
+                ),
+            };
+            let view = View::Ended {
+                exit_code: code,
+                reason,
+                message: if restarted {
+                    format!("{message} (the container restarted on RunPod)")
+                } else {
+                    message
+                },
+                started_at: instance.started_at,
+                restarts,
+            };
+            finish::finish(ctx, pod, uid, instance, view).await
+        }
+        TrackStep::Fail { reason, message } => {
+            ctx.event(pod, true, reason, message.clone()).await;
+            finish::finish(ctx, pod, uid, instance, View::Failed { reason, message }).await
+        }
+        TrackStep::Status => {
+            write::status(ctx, pod, &View::Instance { instance, restarts }).await?;
+            Ok(Action::requeue(settings.reconcile_interval))
+        }
+    }
+}
+
+/// Placement is verified: RunPod treats datacenters as a preference only. A misplaced
+/// instance is terminated at once and its GPU type not tried again for this pod.
+async fn verify_placement<P: Provider>(
+    pod: &Pod,
+    uid: &str,
+    instance: &Instance,
+    ctx: &Shared<P>,
+) -> Result<Option<Action>, ReconcileError> {
+    if ctx.remember(uid, |m| m.verified.contains(&instance.id)) {
+        return Ok(None);
+    }
+    let constraints = match ctx.provider.constraints(pod) {
+        Ok(constraints) => constraints,
+        Err(message) => {
+            warn!(%message, "cannot check the placement");
+            return Ok(None);
+        }
+    };
+    match constraints.violation(instance) {
+        Some(violation) => {
+            ctx.event(
+                pod,
+                true,
+                "PlacementRejected",
+                format!(
+                    "RunPod pod {} {violation}; terminating it and trying the next offer",
+                    instance.id
+                ),
+            )
+            .await;
+            finish::terminate(ctx, pod, uid, instance, "placement outside the constraints").await?;
+            ctx.remember(uid, |m| {
+                if let Some(gpu) = &instance.gpu_type {
+                    m.excluded_gpu_types.push(gpu.clone());
+                }
+                m.instance = None;
+                m.nothing_created = true;
+            });
+            Ok(Some(Action::requeue(SHORT)))
+        }
+        None if instance.datacenter.is_some() && instance.cost_per_hour.is_some() => {
+            ctx.remember(uid, |m| m.verified.insert(instance.id.clone()));
+            Ok(None)
+        }
+        None => Ok(None),
+    }
+}
+
+fn ended_reason(code: Option<i32>) -> (&'static str, String) {
+    match code {
+        Some(0) => ("Completed", "the command exited with code 0".to_owned()),
+        Some(code) => ("Error", format!("the command exited with code {code}")),
+        None => (
+            "ExitCodeUnknown",
+            "the container ended without reporting an exit code".to_owned(),
+        ),
+    }
+}
+
+/// The exit code of a finished container, as far as it can be known.
+enum ExitCode {
+    /// Read from the log (`None`: the log names no code).
+    Read(Option<i32>),
+    /// The log could not be read, [`LOG_READ_ATTEMPTS`] times.
+    Unreadable(String),
+}
+
+async fn exit_code<P: Provider>(
+    ctx: &Shared<P>,
+    uid: &str,
+    instance: &Instance,
+) -> Result<ExitCode, ReconcileError> {
+    if let Some(code) = ctx.remember(uid, |m| m.exit_code) {
+        return Ok(ExitCode::Read(code));
+    }
+    match ctx.provider.final_log(&instance.id).await {
+        Ok(log) => {
+            let code = log.exit_code;
+            ctx.remember(uid, |m| {
+                m.exit_code = Some(code);
+                m.final_log = Some(std::sync::Arc::new(log.lines));
+            });
+            Ok(ExitCode::Read(code))
+        }
+        Err(error) => {
+            // Failures while the whole API is down are not the log's: they are not counted.
+            let api_up = matches!(*ctx.health.borrow(), ApiHealth::Available);
+            let failures = ctx.remember(uid, |m| {
+                if api_up {
+                    m.log_read_failures += 1;
+                }
+                m.log_read_failures
+            });
+            warn!(instance = %instance.id, error = %error, failures, "reading the exit code from the log failed");
+            if failures >= LOG_READ_ATTEMPTS {
+                Ok(ExitCode::Unreadable(error.to_string()))
+            } else {
+                Err(ReconcileError::Provider(error))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::provider::{Endpoint, InstanceState, Tags};
+
+    fn instance(id: &str) -> Instance {
+        Instance {
+            id: id.into(),
+            name: "n".into(),
+            tags: Tags::default(),
+            state: InstanceState::Running,
+            uptime_secs: None,
+            cost_per_hour: Some(0.44),
+            gpu_type: Some("RTX".into()),
+            datacenter: Some("EU-RO-1".into()),
+            endpoints: vec![
+                Endpoint {
+                    port: 8888,
+                    protocol: "http".into(),
+                    address: Some("https://x-8888.proxy.runpod.net".into()),
+                },
+                Endpoint {
+                    port: 22,
+                    protocol: "tcp".into(),
+                    address: None,
+                },
+            ],
+            ip: None,
+            created_at: None,
+            started_at: None,
+            message: None,
+        }
+    }
+
+    #[test]
+    fn annotations_describe_the_instance() {
+        let i = instance("abc");
+        let map: std::collections::BTreeMap<_, _> = instance_annotations(&i).into_iter().collect();
+        assert_eq!(map[POD_ID].as_deref(), Some("abc"));
+        assert_eq!(map[COST_PER_HR].as_deref(), Some("0.440"));
+        assert_eq!(
+            map[ENDPOINTS].as_deref(),
+            Some("8888/http=https://x-8888.proxy.runpod.net")
+        );
+    }
+
+    #[test]
+    fn an_unknown_exit_code_never_reads_as_success() {
+        assert_eq!(ended_reason(None).0, "ExitCodeUnknown");
+        assert_eq!(ended_reason(Some(0)).0, "Completed");
+        assert_eq!(ended_reason(Some(3)).0, "Error");
+    }
+}

@@ -1,0 +1,86 @@
+//! The pod writes: status (only when something owned changed) and the controller-owned
+//! annotations that describe the instance.
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use tracing::debug;
+
+use super::track::instance_annotations;
+use super::{ReconcileError, annotation, pods_in_namespace_of};
+use crate::controller::context::Shared;
+use crate::controller::provider::Instance;
+use crate::controller::status::{self, View};
+
+pub(super) async fn waiting<P>(
+    ctx: &Shared<P>,
+    pod: &Pod,
+    reason: &str,
+    message: &str,
+) -> Result<(), ReconcileError> {
+    status(
+        ctx,
+        pod,
+        &View::Waiting {
+            reason,
+            message: message.to_owned(),
+        },
+    )
+    .await
+}
+
+/// Writes the status only when it changes anything.
+pub(super) async fn status<P>(
+    ctx: &Shared<P>,
+    pod: &Pod,
+    view: &View<'_>,
+) -> Result<(), ReconcileError> {
+    let desired = status::desired(pod, view, &ctx.settings.host_ip, Timestamp::now());
+    let changed = status::changes(pod, &desired);
+    if changed.is_empty() {
+        return Ok(());
+    }
+    debug!(?changed, "writing the pod status");
+    let pods = pods_in_namespace_of(&ctx.client, pod);
+    let patch = json!({"status": status::owned_members(&desired)});
+    ctx.metrics.pod_writes.inc();
+    pods.patch_status(
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Writes the controller-owned annotations that describe the instance, when they differ (a
+/// forged value is overwritten).
+pub(super) async fn annotations<P>(
+    ctx: &Shared<P>,
+    pod: &Pod,
+    instance: &Instance,
+) -> Result<(), ReconcileError> {
+    let mut patch = serde_json::Map::new();
+    for (key, value) in instance_annotations(instance) {
+        if annotation(pod, key) != value.as_deref() {
+            patch.insert(
+                key.to_owned(),
+                value.map_or(serde_json::Value::Null, serde_json::Value::String),
+            );
+        }
+    }
+    if patch.is_empty() {
+        return Ok(());
+    }
+    debug!(changed = ?patch.keys().collect::<Vec<_>>(), "writing the instance annotations");
+    let pods = pods_in_namespace_of(&ctx.client, pod);
+    ctx.metrics.pod_writes.inc();
+    pods.patch(
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"metadata": {"annotations": patch}})),
+    )
+    .await?;
+    Ok(())
+}

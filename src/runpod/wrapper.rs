@@ -5,32 +5,103 @@
 //! `$RUNPOD_POD_ID`). The controller sees the pod EXITED in its list and reads the code from the
 //! log. If the self-stop fails, the wrapper just ends: RunPod restarts the container and the
 //! controller, seeing the uptime go back, still finds the code in the log.
+//!
+//! The wrapper's `sh` is the container's PID 1, and the kernel drops a signal to PID 1 that has
+//! no handler, so without help a stop's SIGTERM would never reach the command (it would only be
+//! killed at the end of the grace period). The wrapper therefore runs the command as a
+//! background child, traps TERM and INT, passes them on to the child and waits again until the
+//! child has really ended (a trap cuts a `wait` short). One limit of POSIX sh remains: a
+//! background command starts with INT ignored, so INT reaches only programs that install their
+//! own INT handler (Python's `signal.signal`, Go's `signal.Notify`, Node's `process.on`), not a
+//! plain `sh` or Python's default `KeyboardInterrupt`. TERM is not affected. The command's stdin
+//! is `/dev/null`, as for any background command (Kubernetes `stdin` is not supported anyway).
+//!
+//! Where the self-stop fails, the restarted container must not run the command again: before
+//! reporting, the wrapper writes the code to [`EXIT_MARKER`], and a wrapper that finds that file
+//! at start reports the same code again, tries the self-stop again and exits with it, without
+//! running the command (or writing the volume files).
 
 /// The prefix of the wrapper's last log line; the simulator and the controller look for it.
 pub const EXIT_CODE_PREFIX: &str = "runpod-kubelet: exit-code=";
 
+/// Where the wrapper records the code of a run that ended: on the container disk, not on a
+/// volume. The restart RunPod makes when the container's process exits is taken to keep the
+/// container, as the completion design already assumes for its log (where the controller finds
+/// the code after such a restart), and with it the writable layer that `/tmp` belongs to; were
+/// the layer renewed, the marker would be gone and the command would run again, as without it.
+/// RunPod wipes the container disk when the pod is stopped and started or reset, and the
+/// controller never starts a RunPod pod again for another run, so a marker does not outlive its
+/// run. Not the volume mount (`/workspace`): it may be a network volume that other pods share
+/// and that outlives the pod, where a marker would keep a later pod's command from running.
+/// `/tmp` rather than `/` because an image's non-root user can write there.
+pub const EXIT_MARKER: &str = "/tmp/runpod-kubelet-exit-code";
+
 /// `$0` of the wrapper script, so `ps` shows what runs.
 const SCRIPT_NAME: &str = "runpod-kubelet-wrapper";
 
-/// Run once, report, stop (restartPolicy Never).
-const RUN_ONCE: &str = r#""$@"; code=$?
-echo "runpod-kubelet: exit-code=$code"
-if [ -n "${RUNPOD_POD_ID:-}" ] && command -v runpodctl >/dev/null 2>&1; then
-  runpodctl stop pod "$RUNPOD_POD_ID" >/dev/null 2>&1
+/// The start of every script that reports a code (after `marker=<path>`, before the volume
+/// files are written): the helpers below, and the replay of a code already recorded. Function
+/// names carry a prefix so that a command named like one of them (`"$@"` looks up functions
+/// first) still runs the program.
+///
+/// - `runpod_kubelet_finish CODE` records the code (written aside, then renamed, so a restart
+///   never finds half a file), prints the exit line, stops the pod and exits with the code.
+/// - `runpod_kubelet_run WORDS...` runs the words as a background child until it has ended, its
+///   code in `$rc`. A signal that came while no child ran is passed to the next one as it starts.
+///   A `wait` during which a trap ran is repeated (the trap may have cut it short); should the
+///   child have ended just before the trap, the repeated `wait` returns the same code again in
+///   dash, busybox ash and bash.
+/// - `$signal` is the last signal received, so `OnFailure` does not start another attempt.
+const PRELUDE: &str = r#"runpod_kubelet_stop_self() {
+  if [ -n "${RUNPOD_POD_ID:-}" ] && command -v runpodctl >/dev/null 2>&1; then
+    runpodctl stop pod "$RUNPOD_POD_ID" >/dev/null 2>&1
+  fi
+}
+runpod_kubelet_finish() {
+  { printf '%s\n' "$1" >"$marker.new" && mv -f "$marker.new" "$marker"; } 2>/dev/null
+  echo "runpod-kubelet: exit-code=$1"
+  runpod_kubelet_stop_self
+  exit "$1"
+}
+if [ -f "$marker" ] && read -r code <"$marker"; then
+  runpod_kubelet_finish "$code"
 fi
-exit "$code""#;
+child= pending= signal= caught=
+runpod_kubelet_forward() {
+  signal=$1 caught=1
+  if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null; else pending=$1; fi
+}
+trap 'runpod_kubelet_forward TERM' TERM
+trap 'runpod_kubelet_forward INT' INT
+runpod_kubelet_run() {
+  "$@" &
+  child=$!
+  if [ -n "$pending" ]; then kill -s "$pending" "$child" 2>/dev/null; pending=; fi
+  while :; do
+    caught=
+    wait "$child"; rc=$?
+    [ -n "$caught" ] || break
+  done
+  child=
+}
+"#;
 
-/// Run until it succeeds, reporting every exit, then stop (restartPolicy OnFailure).
+/// Run once, report, stop (restartPolicy Never).
+const RUN_ONCE: &str = r#"runpod_kubelet_run "$@"
+runpod_kubelet_finish "$rc""#;
+
+/// Run until it succeeds, reporting every exit, then stop (restartPolicy OnFailure). A signal
+/// ends the loop: the attempt it stopped is the last, and a signal during the pause between
+/// attempts ends the pause at once.
 const UNTIL_SUCCESS: &str = r#"while :; do
-  "$@"; code=$?
-  echo "runpod-kubelet: exit-code=$code"
+  runpod_kubelet_run "$@"; code=$rc
   [ "$code" -eq 0 ] && break
-  sleep 10
+  [ -n "$signal" ] && break
+  echo "runpod-kubelet: exit-code=$code"
+  runpod_kubelet_run sleep 10
+  [ -n "$signal" ] && break
 done
-if [ -n "${RUNPOD_POD_ID:-}" ] && command -v runpodctl >/dev/null 2>&1; then
-  runpodctl stop pod "$RUNPOD_POD_ID" >/dev/null 2>&1
-fi
-exit 0"#;
+runpod_kubelet_finish "$code""#;
 
 /// How a pod's container ends, from its `restartPolicy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +194,16 @@ pub fn wrapped_args(
     completion: Completion,
     setup: Option<&Setup>,
 ) -> Result<Option<String>, String> {
+    wrapped_args_at(words, completion, setup, EXIT_MARKER)
+}
+
+/// [`wrapped_args`] with the exit marker at `marker` (tests use a directory of their own).
+fn wrapped_args_at(
+    words: &[String],
+    completion: Completion,
+    setup: Option<&Setup>,
+    marker: &str,
+) -> Result<Option<String>, String> {
     let body = match completion {
         Completion::Forever => "exec \"$@\"",
         Completion::RunOnce => RUN_ONCE,
@@ -139,10 +220,17 @@ pub fn wrapped_args(
             ),
         };
     }
+    let prelude = match completion {
+        Completion::Forever => String::new(),
+        Completion::RunOnce | Completion::UntilSuccess => {
+            let marker = shlex::try_quote(marker).map_err(|e| format!("marker {marker:?}: {e}"))?;
+            format!("marker={marker}\n{PRELUDE}")
+        }
+    };
     let script = match (setup, completion) {
         (None, Completion::Forever) => return Ok(None),
-        (None, _) => body.to_owned(),
-        (Some(setup), _) => format!("{}{body}", setup.script),
+        (None, _) => format!("{prelude}{body}"),
+        (Some(setup), _) => format!("{prelude}{}{body}", setup.script),
     };
     let all = ["sh", "-c", script.as_str(), SCRIPT_NAME]
         .into_iter()
@@ -177,6 +265,7 @@ mod tests {
         assert_eq!(split[0..2], ["sh", "-c"]);
         assert!(split[2].contains(EXIT_CODE_PREFIX));
         assert!(split[2].contains("runpodctl stop pod"));
+        assert!(split[2].starts_with(&format!("marker={EXIT_MARKER}\n")));
         assert_eq!(split[3], SCRIPT_NAME);
         assert_eq!(split[4..], original[..]);
     }
@@ -195,14 +284,12 @@ mod tests {
         .unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let args = wrapped_args(
-            &words(&["sh", "-c", "echo hi; exit 3"]),
+        let argv = wrapper_in(
+            dir.path(),
+            &["sh", "-c", "echo hi; exit 3"],
             Completion::RunOnce,
             None,
-        )
-        .unwrap()
-        .unwrap();
-        let argv = shlex::split(&args).unwrap();
+        );
         let output = std::process::Command::new(&argv[0])
             .args(&argv[1..])
             .env("PATH", format!("{}:/usr/bin:/bin", dir.path().display()))
@@ -216,6 +303,10 @@ mod tests {
             std::fs::read_to_string(called).unwrap(),
             "stop pod pod123\n"
         );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("exit-code")).unwrap(),
+            "3\n"
+        );
     }
 
     #[test]
@@ -226,10 +317,11 @@ mod tests {
             "if [ -e {m} ]; then exit 0; else touch {m}; exit 4; fi",
             m = marker.display()
         );
-        let args = wrapped_args(
+        let args = wrapped_args_at(
             &words(&["sh", "-c", &command]),
             Completion::UntilSuccess,
             None,
+            &dir.path().join("exit-code").display().to_string(),
         )
         .unwrap()
         .unwrap()
@@ -245,6 +337,229 @@ mod tests {
             stdout,
             "runpod-kubelet: exit-code=4\nrunpod-kubelet: exit-code=0\n"
         );
+    }
+
+    /// The wrapper's argv for `list`, its exit marker at `dir/exit-code`.
+    fn wrapper_in(
+        dir: &std::path::Path,
+        list: &[&str],
+        completion: Completion,
+        setup: Option<&Setup>,
+    ) -> Vec<String> {
+        let marker = dir.join("exit-code").display().to_string();
+        let args = wrapped_args_at(&words(list), completion, setup, &marker)
+            .unwrap()
+            .unwrap();
+        shlex::split(&args).unwrap()
+    }
+
+    /// The shells the script is run under: `sh` (dash here), and busybox's ash and bash where
+    /// installed, as images' `/bin/sh` is one of these.
+    fn shells() -> Vec<Vec<&'static str>> {
+        let installed = |name: &str| {
+            ["/usr/bin", "/bin"]
+                .iter()
+                .any(|dir| std::path::Path::new(dir).join(name).exists())
+        };
+        let mut shells = vec![vec!["sh"]];
+        if installed("busybox") {
+            shells.push(vec!["busybox", "sh"]);
+        }
+        if installed("bash") {
+            shells.push(vec!["bash", "--posix"]);
+        }
+        shells
+    }
+
+    /// `argv` (a wrapper, `sh` first) run under `shell` instead.
+    fn under(shell: &[&str], argv: &[String]) -> std::process::Command {
+        let mut command = std::process::Command::new(shell[0]);
+        command.args(&shell[1..]).args(&argv[1..]);
+        command
+    }
+
+    /// Starts the wrapper, waits until its command has created `ready`, sends the wrapper
+    /// `signal` (as RunPod's stop sends TERM to PID 1), and returns what it printed.
+    fn signal_the_wrapper(
+        shell: &[&str],
+        argv: &[String],
+        ready: &std::path::Path,
+        signal: &str,
+    ) -> std::process::Output {
+        use std::process::Stdio;
+        let wrapper = under(shell, argv)
+            .env_remove("RUNPOD_POD_ID")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !ready.exists() {
+            assert!(std::time::Instant::now() < deadline, "{shell:?}: no start");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let sent = std::process::Command::new("sh")
+            .args(["-c", r#"kill -s "$1" "$2""#, "sh", signal])
+            .arg(wrapper.id().to_string())
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        wrapper.wait_with_output().unwrap()
+    }
+
+    #[test]
+    fn term_reaches_the_command_and_its_code_is_reported() {
+        // A plain `sh` command that traps TERM; without the wrapper passing it on, the command
+        // would sleep on and end with "not signalled" and code 1.
+        let command = r#"trap 'kill "$s"; echo TERM >"$0"; exit 7' TERM
+            sleep 20 & s=$!; : >"$1"; wait "$s"; echo not signalled; exit 1"#;
+        for shell in shells() {
+            let dir = tempfile::tempdir().unwrap();
+            let (got, ready) = (dir.path().join("got"), dir.path().join("ready"));
+            let (got_arg, ready_arg) = (got.display().to_string(), ready.display().to_string());
+            let argv = wrapper_in(
+                dir.path(),
+                &["sh", "-c", command, &got_arg, &ready_arg],
+                Completion::RunOnce,
+                None,
+            );
+            let output = signal_the_wrapper(&shell, &argv, &ready, "TERM");
+            let stdout = String::from_utf8(output.stdout).unwrap();
+            assert_eq!(stdout, "runpod-kubelet: exit-code=7\n", "{shell:?}");
+            assert_eq!(output.status.code(), Some(7), "{shell:?}");
+            assert_eq!(std::fs::read_to_string(&got).unwrap(), "TERM\n");
+            assert_eq!(
+                std::fs::read_to_string(dir.path().join("exit-code")).unwrap(),
+                "7\n"
+            );
+        }
+    }
+
+    #[test]
+    fn int_reaches_a_command_with_its_own_handler() {
+        // A background command starts with INT ignored (POSIX), which a shell's `trap` cannot
+        // undo; a program that installs its own handler (perl here) gets the INT passed on.
+        let command = r#"$SIG{INT} = sub { open my $f, '>', $ARGV[0] or die; print $f "INT\n";
+            close $f; exit 7 }; open my $r, '>', $ARGV[1] or die; close $r; sleep 20;
+            print "not signalled\n"; exit 1"#;
+        for shell in shells() {
+            let dir = tempfile::tempdir().unwrap();
+            let (got, ready) = (dir.path().join("got"), dir.path().join("ready"));
+            let (got_arg, ready_arg) = (got.display().to_string(), ready.display().to_string());
+            let argv = wrapper_in(
+                dir.path(),
+                &["perl", "-e", command, &got_arg, &ready_arg],
+                Completion::RunOnce,
+                None,
+            );
+            let output = signal_the_wrapper(&shell, &argv, &ready, "INT");
+            let stdout = String::from_utf8(output.stdout).unwrap();
+            assert_eq!(stdout, "runpod-kubelet: exit-code=7\n", "{shell:?}");
+            assert_eq!(output.status.code(), Some(7), "{shell:?}");
+            assert_eq!(std::fs::read_to_string(&got).unwrap(), "INT\n");
+        }
+    }
+
+    #[test]
+    fn a_signal_ends_on_failure_retries_at_once() {
+        // The command fails; TERM comes during the attempt or the 10 s pause after it. Either
+        // way there is no second attempt, and the last line carries the code the wrapper ends with.
+        let command = r#"echo try >>"$0"; : >"$1"; exit 4"#;
+        for shell in shells() {
+            let dir = tempfile::tempdir().unwrap();
+            let (tries, ready) = (dir.path().join("tries"), dir.path().join("ready"));
+            let (tries_arg, ready_arg) = (tries.display().to_string(), ready.display().to_string());
+            let argv = wrapper_in(
+                dir.path(),
+                &["sh", "-c", command, &tries_arg, &ready_arg],
+                Completion::UntilSuccess,
+                None,
+            );
+            let started = std::time::Instant::now();
+            let output = signal_the_wrapper(&shell, &argv, &ready, "TERM");
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(8),
+                "{shell:?}"
+            );
+            let stdout = String::from_utf8(output.stdout).unwrap();
+            assert_eq!(exit_code(stdout.lines()), output.status.code(), "{stdout}");
+            assert!(matches!(output.status.code(), Some(4 | 143)), "{stdout}");
+            assert_eq!(
+                std::fs::read_to_string(&tries).unwrap(),
+                "try\n",
+                "{shell:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_restarted_wrapper_reports_the_recorded_code_without_running_the_command_again() {
+        // No runpodctl, so the self-stop fails and RunPod would restart the container: the
+        // second run, with the first one's marker, must not run the command again.
+        for dir in ["/usr/bin", "/bin"] {
+            assert!(!std::path::Path::new(dir).join("runpodctl").exists());
+        }
+        let command = r#"echo ran >>"$0"; exit "$1""#;
+        for shell in shells() {
+            for (completion, code) in [(Completion::RunOnce, "5"), (Completion::UntilSuccess, "0")]
+            {
+                let dir = tempfile::tempdir().unwrap();
+                let counter = dir.path().join("counter");
+                let counter_arg = counter.display().to_string();
+                let argv = wrapper_in(
+                    dir.path(),
+                    &["sh", "-c", command, &counter_arg, code],
+                    completion,
+                    None,
+                );
+                for run in ["first", "restarted"] {
+                    let output = under(&shell, &argv)
+                        .env("PATH", "/usr/bin:/bin")
+                        .env("RUNPOD_POD_ID", "pod123")
+                        .output()
+                        .unwrap();
+                    let context = format!("{shell:?} {completion:?} {run}");
+                    let stdout = String::from_utf8(output.stdout).unwrap();
+                    assert_eq!(
+                        stdout,
+                        format!("runpod-kubelet: exit-code={code}\n"),
+                        "{context}"
+                    );
+                    assert_eq!(output.status.code(), code.parse().ok(), "{context}");
+                    assert!(output.stderr.is_empty(), "{context}");
+                    assert_eq!(
+                        std::fs::read_to_string(&counter).unwrap(),
+                        "ran\n",
+                        "{context}"
+                    );
+                    assert_eq!(
+                        std::fs::read_to_string(dir.path().join("exit-code")).unwrap(),
+                        format!("{code}\n"),
+                        "{context}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_marker_that_cannot_be_written_only_loses_the_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let argv = wrapper_in(
+            &dir.path().join("missing"),
+            &["sh", "-c", "exit 3"],
+            Completion::RunOnce,
+            None,
+        );
+        for shell in shells() {
+            let output = under(&shell, &argv)
+                .env_remove("RUNPOD_POD_ID")
+                .output()
+                .unwrap();
+            assert_eq!(output.stdout, b"runpod-kubelet: exit-code=3\n", "{shell:?}");
+            assert!(output.stderr.is_empty(), "{shell:?}");
+            assert_eq!(output.status.code(), Some(3), "{shell:?}");
+        }
     }
 
     #[test]
@@ -312,9 +627,15 @@ mod tests {
             let command = format!(
                 "cat {config_path:?}; ls -d {scratch:?}; env | grep -c {FILE_ENV_PREFIX} || true"
             );
-            let args = wrapped_args(&words(&["sh", "-c", &command]), completion, Some(&setup))
-                .unwrap()
-                .unwrap();
+            let marker = dir.path().join(format!("exit-code-{completion:?}"));
+            let args = wrapped_args_at(
+                &words(&["sh", "-c", &command]),
+                completion,
+                Some(&setup),
+                &marker.display().to_string(),
+            )
+            .unwrap()
+            .unwrap();
             assert!(!args.contains("lr: 0.1"), "contents travel in env only");
             let output = run_script(&args, &setup.env);
             let stdout = String::from_utf8(output.stdout).unwrap();
@@ -344,9 +665,16 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        let args = wrapped_args(&words(&["echo", "ran"]), Completion::RunOnce, Some(&setup))
-            .unwrap()
-            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("exit-code").display().to_string();
+        let args = wrapped_args_at(
+            &words(&["echo", "ran"]),
+            Completion::RunOnce,
+            Some(&setup),
+            &marker,
+        )
+        .unwrap()
+        .unwrap();
         let output = run_script(&args, &setup.env);
         let stdout = String::from_utf8(output.stdout).unwrap();
         assert_eq!(stdout, "runpod-kubelet: exit-code=126\n");

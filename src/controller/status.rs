@@ -380,11 +380,11 @@ pub fn changes(pod: &Pod, desired: &PodStatus) -> Vec<&'static str> {
 /// another controller wrote in between; a strategic merge patch merges `conditions` by `type`,
 /// so the body carries only the owned conditions and the server keeps every other one as it
 /// stands at the write, whenever that was written. Each owned condition carries every member
-/// (`null` when unset) because its fields merge too: a stale `message` must go. Kubernetes
-/// 1.20's `containerStatuses` has no patch strategy (nor `listType=map` later), so the list
-/// is replaced whole, as in a merge patch; the other owned members are scalars or `null`
-/// (removed). `metadata.uid` is a precondition: a pod re-created under the same name is not
-/// written with this one's status.
+/// (`null` when unset) because its fields merge too: a stale `message` must go.
+/// `containerStatuses` has no patch strategy, so the list is replaced whole, as in a merge
+/// patch (no old `waiting` left next to a new `running`); the other owned members are scalars
+/// or `null` (removed). `metadata.uid` is a precondition: a pod re-created under the same name
+/// is not written with this one's status. All of this was checked against a 1.20.2 apiserver.
 pub fn patch(pod: &Pod, desired: &PodStatus) -> Patch<serde_json::Value> {
     use serde_json::{Value, json};
     let mut status = owned_members(desired);

@@ -162,7 +162,12 @@ mod tests {
             json!({"metadata": {"ownerReferences": [
                 {"apiVersion": "apps/v1", "kind": kind, "name": "o", "uid": "u"}]}})
         };
-        type Case<'a> = (&'a str, Pod, &'a BTreeMap<String, String>, Option<(&'a str, bool)>);
+        type Case<'a> = (
+            &'a str,
+            Pod,
+            &'a BTreeMap<String, String>,
+            Option<(&'a str, bool)>,
+        );
         let cases: Vec<Case<'_>> = vec![
             ("opted-in namespace", pod(json!({})), &on, None),
             (

@@ -43,12 +43,11 @@ pub(super) async fn status<P>(
     }
     debug!(?changed, "writing the pod status");
     let pods = pods_in_namespace_of(&ctx.client, pod);
-    let patch = json!({"status": status::owned_members(&desired)});
     ctx.metrics.pod_writes.inc();
     pods.patch_status(
         pod.metadata.name.as_deref().unwrap_or_default(),
         &PatchParams::default(),
-        &Patch::Merge(&patch),
+        &status::patch(pod, &desired),
     )
     .await?;
     Ok(())

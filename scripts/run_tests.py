@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 SLOW_FIRST = [
     "e2e_controller_crash",
     "e2e_controller_outage",
+    "e2e_controller_node",
     "e2e_helm",
     "image",
     "e2e",

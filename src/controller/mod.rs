@@ -16,6 +16,7 @@ pub mod node;
 pub mod ops;
 pub mod pods;
 pub mod poller;
+pub mod presence;
 pub mod provider;
 pub mod runpod_provider;
 pub mod status;
@@ -40,6 +41,7 @@ use gate::{Gate, Gated};
 use leader::{ElectionConfig, Fence};
 use metrics::{ControllerMetrics, OutcomeLabel};
 use node::{ApiHealth, NodeConfig, TransitionTimes};
+use presence::{NodeUid, Presence};
 use provider::Provider;
 
 /// How often the node's status is written when nothing changes.
@@ -151,8 +153,8 @@ async fn lead<P: Provider>(
     let gate = Gate::new(fence.clone());
     let provider = Arc::new(Gated::new(provider, gate.clone()));
     let nodes: Api<Node> = Api::all(client.clone());
-    node::register(&nodes, &node).await?;
-    let node_uid = nodes.get(&node.name).await?.metadata.uid;
+    let registered = node::register(&nodes, &node).await?;
+    let presence = Presence::new(registered.metadata.uid);
     info!(node = %node.name, address = %node.internal_ip, port = node.kubelet_port, "virtual node registered");
 
     let (health_tx, health_rx) = watch::channel(ApiHealth::Available);
@@ -180,10 +182,15 @@ async fn lead<P: Provider>(
         let _ = stop_tx.send(());
     });
     tasks.spawn(gate::watch_node(nodes.clone(), node.name.clone(), gate));
+    tasks.spawn(presence::keep(
+        nodes.clone(),
+        node.clone(),
+        presence.clone(),
+    ));
     tasks.spawn(lease_loop(
         client.clone(),
         node.name.clone(),
-        node_uid,
+        presence.subscribe(),
         metrics.clone(),
     ));
     tasks.spawn(node_status_loop(
@@ -191,6 +198,7 @@ async fn lead<P: Provider>(
         node.clone(),
         health_rx.clone(),
         provider.clone(),
+        presence.clone(),
     ));
 
     let pods: Api<Pod> = Api::all(client.clone());
@@ -222,7 +230,11 @@ async fn lead<P: Provider>(
         shared.clone(),
         store.clone(),
     ));
-    readiness.send_replace(Some(ops::leader_ready(store.clone(), shared.clone())));
+    readiness.send_replace(Some(ops::leader_ready(
+        store.clone(),
+        shared.clone(),
+        presence.subscribe(),
+    )));
 
     let errors = metrics.clone();
     controller
@@ -250,16 +262,28 @@ async fn lead<P: Provider>(
     Ok(())
 }
 
+/// Renews the node Lease, owned by the node's current UID: at once when the node is registered
+/// again (the garbage collector deletes a Lease whose owner is gone), not while it is missing.
 async fn lease_loop(
     client: kube::Client,
     node: String,
-    node_uid: Option<String>,
+    mut node_uid: NodeUid,
     metrics: Arc<ControllerMetrics>,
 ) {
     let mut interval = tokio::time::interval(lease::RENEW_INTERVAL);
     loop {
-        interval.tick().await;
-        match lease::renew(&client, &node, node_uid.as_deref()).await {
+        tokio::select! {
+            _ = interval.tick() => {}
+            changed = node_uid.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+        let Some(uid) = node_uid.borrow_and_update().clone() else {
+            continue;
+        };
+        match lease::renew(&client, &node, Some(&uid)).await {
             Ok(()) => {
                 metrics
                     .lease_renewals
@@ -277,24 +301,71 @@ async fn lease_loop(
     }
 }
 
+/// Writes the node's status and taints while our node exists: every 30 s, when the API health
+/// changes, and at once when the node is registered again (a 404 asks for a new look).
 async fn node_status_loop<P: Provider>(
     nodes: Api<Node>,
     config: NodeConfig,
     mut health: watch::Receiver<ApiHealth>,
     provider: Arc<P>,
+    presence: Arc<Presence>,
 ) {
-    let transitions = TransitionTimes::default();
+    let mut node_uid = presence.subscribe();
+    let mut written_uid = None;
+    let mut transitions = TransitionTimes::default();
     loop {
         let current = health.borrow_and_update().clone();
-        if let Err(error) = node::apply_status(&nodes, &config, &current, &transitions).await {
-            warn!(error = %error, "writing the node status failed");
+        let uid = node_uid.borrow_and_update().clone();
+        if uid.is_some() {
+            if uid != written_uid {
+                // A new node object: its conditions start now.
+                if written_uid.is_some() {
+                    transitions = TransitionTimes::default();
+                }
+                written_uid.clone_from(&uid);
+            }
+            write_node(
+                &nodes,
+                &config,
+                &current,
+                &transitions,
+                &*provider,
+                &presence,
+            )
+            .await;
         }
-        let prices = provider.cheapest_prices();
-        let cheapest =
-            (!prices.is_empty()).then(|| runpod_webhook::contract::format_cheapest_prices(&prices));
-        if let Err(error) = node::sync_spec(&nodes, &config, &current, cheapest).await {
-            warn!(error = %error, "updating the node's taints failed");
+        let _ = tokio::time::timeout(NODE_STATUS_INTERVAL, async {
+            tokio::select! {
+                changed = health.changed() => changed,
+                changed = node_uid.changed() => changed,
+            }
+        })
+        .await;
+    }
+}
+
+/// One status apply and one taint/annotation sync.
+async fn write_node<P: Provider>(
+    nodes: &Api<Node>,
+    config: &NodeConfig,
+    health: &ApiHealth,
+    transitions: &TransitionTimes,
+    provider: &P,
+    presence: &Presence,
+) {
+    match node::apply_status(nodes, config, health, transitions).await {
+        Ok(()) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            warn!(node = %config.name, "the virtual node is missing; registering it again");
+            presence.missing();
+            return;
         }
-        let _ = tokio::time::timeout(NODE_STATUS_INTERVAL, health.changed()).await;
+        Err(error) => warn!(error = %error, "writing the node status failed"),
+    }
+    let prices = provider.cheapest_prices();
+    let cheapest =
+        (!prices.is_empty()).then(|| runpod_webhook::contract::format_cheapest_prices(&prices));
+    if let Err(error) = node::sync_spec(nodes, config, health, cheapest).await {
+        warn!(error = %error, "updating the node's taints failed");
     }
 }

@@ -198,8 +198,9 @@ pub enum NodeError {
     Kube(#[from] kube::Error),
 }
 
-/// Creates the node, or adopts it when it carries our provider label.
-pub async fn register(api: &Api<Node>, config: &NodeConfig) -> Result<(), NodeError> {
+/// Creates the node, or adopts it when it carries our provider label; returns it (its UID
+/// owns the node Lease).
+pub async fn register(api: &Api<Node>, config: &NodeConfig) -> Result<Node, NodeError> {
     if let Some(existing) = api.get_opt(&config.name).await? {
         let labels = existing.metadata.labels.unwrap_or_default();
         if labels.get(PROVIDER_TAINT_KEY).map(String::as_str) != Some(config.provider) {
@@ -207,9 +208,10 @@ pub async fn register(api: &Api<Node>, config: &NodeConfig) -> Result<(), NodeEr
         }
         // Ours (from an earlier run or another replica): make sure labels are complete.
         let patch = json!({"metadata": {"labels": config.labels()}});
-        api.patch(&config.name, &PatchParams::default(), &Patch::Merge(&patch))
+        let adopted = api
+            .patch(&config.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
-        return Ok(());
+        return Ok(adopted);
     }
     let node = Node {
         metadata: ObjectMeta {
@@ -224,7 +226,7 @@ pub async fn register(api: &Api<Node>, config: &NodeConfig) -> Result<(), NodeEr
         status: None,
     };
     match api.create(&PostParams::default(), &node).await {
-        Ok(_) => Ok(()),
+        Ok(created) => Ok(created),
         // Created meanwhile by another replica: fine if it is ours.
         Err(kube::Error::Api(status)) if status.code == 409 => {
             Box::pin(register(api, config)).await

@@ -1,7 +1,8 @@
 //! `/healthz`, `/readyz` and `/metrics`, over plain HTTP on `--metrics-listen`, on every
-//! replica. `/readyz` on the leader: pod cache synced and the cloud's API answering. A standby is
-//! ready (200, body `standby`), as Kubernetes controllers report their standbys: it is healthy
-//! and waiting, and nothing routes requests to it (the apiserver reaches the kubelet API through
+//! replica. `/readyz` on the leader: our node exists, pod cache synced and the cloud's API
+//! answering (a deleted node answers 503 until it is registered again). A standby is ready
+//! (200, body `standby`), as Kubernetes controllers report their standbys: it is healthy and
+//! waiting, and nothing routes requests to it (the apiserver reaches the kubelet API through
 //! the node's address, which is the leader's).
 
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use tokio::sync::watch;
 
 use super::context::Shared;
 use super::node::ApiHealth;
+use super::presence::NodeUid;
 
 /// Readiness of the leader's work; `None` while this replica is a standby.
 pub type LeaderReadiness = Option<Arc<dyn Fn() -> Result<(), String> + Send + Sync>>;
@@ -47,21 +49,23 @@ pub async fn serve(
     }
 }
 
-/// The leader's readiness: pod cache synced, RunPod listed and reachable.
+/// The leader's readiness: our node exists, pod cache synced, RunPod listed and reachable.
 pub fn leader_ready<P: Send + Sync + 'static>(
     pods: Store<Pod>,
     shared: Arc<Shared<P>>,
+    node_uid: NodeUid,
 ) -> Arc<dyn Fn() -> Result<(), String> + Send + Sync> {
     Arc::new(move || {
+        let node = node_uid.borrow().is_some();
         let synced = futures_util::FutureExt::now_or_never(pods.wait_until_ready())
             .is_some_and(|ready| ready.is_ok());
         let listed = shared.latest().is_some();
         let reachable = matches!(*shared.health.borrow(), ApiHealth::Available);
-        if synced && listed && reachable {
+        if node && synced && listed && reachable {
             Ok(())
         } else {
             Err(format!(
-                "pod cache synced: {synced}, RunPod listed: {listed}, RunPod reachable: {reachable}"
+                "virtual node exists: {node}, pod cache synced: {synced}, RunPod listed: {listed}, RunPod reachable: {reachable}"
             ))
         }
     })

@@ -7,6 +7,7 @@ pub mod drain;
 pub mod env;
 pub mod gate;
 pub mod kubelet_api;
+pub mod kubelet_authz;
 pub mod leader;
 pub mod lease;
 pub mod memory;

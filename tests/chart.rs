@@ -212,6 +212,18 @@ fn pods_are_hardened_and_rbac_has_no_wildcards() {
         })
         .unwrap();
     assert_eq!(secrets["verbs"], serde_json::json!(["get"]));
+    // The kubelet API's SubjectAccessReviews: create only.
+    let reviews = controller["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["resources"] == serde_json::json!(["subjectaccessreviews"]))
+        .unwrap();
+    assert_eq!(
+        reviews["apiGroups"],
+        serde_json::json!(["authorization.k8s.io"])
+    );
+    assert_eq!(reviews["verbs"], serde_json::json!(["create"]));
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //!
 //! Checked: `helm template | kubectl apply --dry-run=server`; after `helm install --wait` returns,
 //! the caBundle verifies the serving certificate (first install); the node registers and a burst
-//! pod is admitted through the Service and runs; verbs the components do not need are refused;
+//! pod is admitted through the Service, runs and `kubectl logs` reads it; verbs the components do not need are refused;
 //! with the webhook stopped a `runtimeClassName: runpod` pod lands on the virtual node and runs;
 //! `helm upgrade` rotates the CA with an overlapping bundle and changes the controller's flags;
 //! `helm uninstall` drains: no webhook configuration, no node, nothing billing.
@@ -24,7 +24,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, LogParams, PostParams};
 use runpod_certs::inspect;
 use serde_json::json;
 use support::control_plane::{ControlPlane, ExtraFlags};
@@ -283,6 +283,15 @@ async fn scenario(
         "the webhook did not mutate the burst pod"
     );
     running_on_virtual_node(client, "team", "burst").await?;
+    // `kubectl logs`: the kubelet API asks the apiserver (a SubjectAccessReview, under the
+    // controller's own ServiceAccount) whether the apiserver's kubelet client may read them.
+    wait::until("kubectl logs of the burst pod", WAIT, || async {
+        let text = Api::<Pod>::namespaced(client.clone(), "team")
+            .logs("burst", &LogParams::default())
+            .await?;
+        Ok(text.contains("serving").then_some(()))
+    })
+    .await?;
     // The release namespace is excluded. On 1.20 the `kubernetes.io/metadata.name` label the
     // configuration's NotIn selector relies on does not exist yet (1.21), so an opted-in pod
     // there does reach the webhook: its own exclusion (POD_NAMESPACE) must leave it untouched.

@@ -87,6 +87,32 @@ pub fn key_matches(cert_pem: &str, key_pem: &str) -> bool {
         .is_ok()
 }
 
+/// Who a client certificate names, read as the apiserver reads it: the subject's common name is
+/// the user and its organization values are the groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subject {
+    /// The last CN of the subject (as Go's `pkix.Name` keeps it); `None` when there is none.
+    pub common_name: Option<String>,
+    /// Every O of the subject, in order.
+    pub organizations: Vec<String>,
+}
+
+/// The subject of a DER certificate. A CN or O whose value is not a string is an error.
+pub fn subject(der: &[u8]) -> Result<Subject, CertError> {
+    let (_, cert) = X509Certificate::from_der(der).map_err(parse_error)?;
+    let name = cert.subject();
+    let text = |attribute: &x509_parser::x509::AttributeTypeAndValue<'_>| {
+        attribute.as_str().map(str::to_owned).map_err(parse_error)
+    };
+    Ok(Subject {
+        common_name: name.iter_common_name().map(text).last().transpose()?,
+        organizations: name
+            .iter_organization()
+            .map(text)
+            .collect::<Result<_, _>>()?,
+    })
+}
+
 /// A DER certificate as PEM text (bundles are rebuilt from the certificates they keep).
 pub fn pem_of(der: &[u8]) -> String {
     use base64::Engine as _;
@@ -176,5 +202,36 @@ mod tests {
             other.certificate().cert_pem
         );
         assert_eq!(parse_bundle(&bundle).unwrap().len(), 2);
+    }
+
+    fn self_signed(name: rcgen::DistinguishedName) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = name;
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn subject_is_the_common_name_and_every_organization() {
+        use rcgen::{DistinguishedName, DnType};
+        let mut name = DistinguishedName::new();
+        name.push(DnType::OrganizationName, "team-a");
+        // rcgen keeps one value per type: the same OID as a custom type adds a second O.
+        name.push(DnType::CustomDnType(vec![2, 5, 4, 10]), "system:masters");
+        name.push(DnType::CommonName, "alice");
+        assert_eq!(
+            subject(&self_signed(name)).unwrap(),
+            Subject {
+                common_name: Some("alice".to_owned()),
+                organizations: vec!["team-a".to_owned(), "system:masters".to_owned()],
+            }
+        );
+        let mut groups_only = DistinguishedName::new();
+        groups_only.push(DnType::OrganizationName, "team-a");
+        assert_eq!(
+            subject(&self_signed(groups_only)).unwrap().common_name,
+            None
+        );
+        assert!(subject(b"not a certificate").is_err());
     }
 }

@@ -1,7 +1,9 @@
 //! The kubelet API the apiserver calls for `kubectl logs`: container logs streamed from the
-//! cloud, exec/attach/port-forward refused with 501. Callers are authenticated like a kubelet
-//! does it: a client certificate from the cluster CA (or `--kubelet-client-ca`); anonymous
-//! requests get 401, because logs often carry secrets. Nothing here shows env values or keys.
+//! cloud, exec/attach/port-forward refused with 501. Callers are authenticated and authorized
+//! like a kubelet in webhook mode, because logs often carry secrets: a client certificate from
+//! the cluster CA (or `--kubelet-client-ca`), anonymous requests get 401; then a
+//! SubjectAccessReview for `nodes/proxy` (or `log`, `stats`, `metrics`) on this node, denied
+//! requests get 403 (`kubelet_authz`). Nothing here shows env values or keys.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +12,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use futures_util::StreamExt;
@@ -23,11 +26,8 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::context::Shared;
+use super::kubelet_authz::{self, Authorizer, Caller, User};
 use super::provider::{LogEntry, LogOptions, Provider};
-
-/// Whether the TLS peer presented a certificate that the client CA verified.
-#[derive(Clone, Copy)]
-struct Authenticated(bool);
 
 struct ApiState<P> {
     shared: Arc<Shared<P>>,
@@ -54,7 +54,10 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
-fn router<P: Provider>(state: Arc<ApiState<P>>) -> Router {
+fn router<P: Provider>(
+    state: Arc<ApiState<P>>,
+    authorizer: Arc<Authorizer<kube::Client>>,
+) -> Router {
     Router::new()
         .route(
             "/containerLogs/{namespace}/{pod}/{container}",
@@ -65,6 +68,11 @@ fn router<P: Provider>(state: Arc<ApiState<P>>) -> Router {
         .route("/portForward/{*rest}", any(not_implemented))
         .route("/run/{*rest}", any(not_implemented))
         .with_state(state)
+        // Every path, unknown ones included, is authenticated and authorized first.
+        .layer(middleware::from_fn_with_state(
+            authorizer,
+            kubelet_authz::authorize::<kube::Client>,
+        ))
 }
 
 async fn not_implemented() -> Response {
@@ -145,17 +153,9 @@ fn options(query: &LogQuery, now: Timestamp) -> Result<(LogOptions, bool), Strin
 
 async fn container_logs<P: Provider>(
     State(state): State<Arc<ApiState<P>>>,
-    axum::Extension(Authenticated(authenticated)): axum::Extension<Authenticated>,
     Path((namespace, name, container)): Path<(String, String, String)>,
     Query(query): Query<LogQuery>,
 ) -> Response {
-    if !authenticated {
-        return (
-            StatusCode::UNAUTHORIZED,
-            "runpod-kubelet: a client certificate from the cluster CA is required\n",
-        )
-            .into_response();
-    }
     let (options, timestamps) = match options(&query, Timestamp::now()) {
         Ok(parsed) => parsed,
         Err(message) => return bad_request(message),
@@ -269,7 +269,11 @@ pub async fn serve<P: Provider>(
     pods: Store<Pod>,
 ) {
     let acceptor = TlsAcceptor::from(tls);
-    let app = router(Arc::new(ApiState { shared, pods }));
+    let authorizer = Arc::new(Authorizer::new(
+        shared.client.clone(),
+        shared.settings.node_name.clone(),
+    ));
+    let app = router(Arc::new(ApiState { shared, pods }), authorizer);
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -290,13 +294,16 @@ pub async fn serve<P: Provider>(
                         return;
                     }
                 };
-            let authenticated = tls
+            // rustls verified the chain; the leaf names the user.
+            let user = tls
                 .get_ref()
                 .1
                 .peer_certificates()
-                .is_some_and(|certs| !certs.is_empty());
+                .and_then(|certs| certs.first())
+                .and_then(|leaf| User::from_certificate(leaf))
+                .map(Arc::new);
             let service = hyper_util::service::TowerToHyperService::new(
-                app.layer(axum::Extension(Authenticated(authenticated))),
+                app.layer(axum::Extension(Caller(user))),
             );
             let io = hyper_util::rt::TokioIo::new(tls);
             let builder =

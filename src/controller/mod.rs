@@ -8,6 +8,7 @@ pub mod eligibility;
 pub mod env;
 pub mod gate;
 pub mod kubelet_api;
+pub mod kubelet_authz;
 pub mod leader;
 pub mod lease;
 pub mod memory;

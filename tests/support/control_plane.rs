@@ -59,7 +59,6 @@ impl ControlPlane {
         Ok(kube::Client::try_from(config)?)
     }
 
-    /// The cluster's CA (it signs the apiserver's client certificate towards kubelets).
     /// The apiserver's URL.
     pub fn server_url(&self) -> anyhow::Result<String> {
         let env = std::fs::read_to_string(self.dir.path().join("env"))?;
@@ -69,8 +68,15 @@ impl ControlPlane {
             .context("no APISERVER_URL in the cluster's env file")
     }
 
+    /// The cluster's CA (it signs the apiserver's client certificate towards kubelets).
     pub fn ca_file(&self) -> PathBuf {
-        self.dir.path().join("pki").join("ca.crt")
+        self.pki_dir().join("ca.crt")
+    }
+
+    /// The cluster's certificates and keys (`ca.key` included) and the `openssl.cnf` whose
+    /// `client` section they were issued with.
+    pub fn pki_dir(&self) -> PathBuf {
+        self.dir.path().join("pki")
     }
 
     /// The tail of a component's log, for failure reports.

@@ -20,8 +20,8 @@ use serde_json::json;
 use support::control_plane::{ControlPlane, ExtraFlags};
 use support::controller::{ControllerProcess, SimulatorProcess};
 use support::pods::{
-    WAIT, annotation, bound_gpu_pod, event, ledger_for, live, namespace, node_ready, phase, reason,
-    running, uid,
+    WAIT, annotation, bound_gpu_pod, container_state, event, ledger_for, live, namespace,
+    node_ready, phase, reason, running, uid,
 };
 use support::wait;
 
@@ -136,12 +136,7 @@ async fn not_opted_in(client: &kube::Client, simulator: &SimulatorProcess) -> an
             ledger_for(simulator, &uid(&pod)).await?.is_empty(),
             "{name} got a RunPod pod"
         );
-        let waiting = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|c| c.first())
-            .and_then(|c| c.state.as_ref())
+        let waiting = container_state(&pod)
             .and_then(|s| s.waiting.as_ref())
             .and_then(|w| w.reason.clone());
         ensure!(
@@ -370,12 +365,7 @@ async fn unreadable_log(client: &kube::Client, simulator: &SimulatorProcess) -> 
     })
     .await?;
     simulator.clear_faults().await?;
-    let terminated = ended
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|c| c.first())
-        .and_then(|c| c.state.as_ref())
+    let terminated = container_state(&ended)
         .and_then(|s| s.terminated.clone())
         .context("no terminated state")?;
     ensure!(

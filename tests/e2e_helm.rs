@@ -24,7 +24,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
 use kube::Api;
-use kube::api::{ListParams, LogParams, PostParams};
+use kube::api::{ListParams, LogParams, Patch, PatchParams, PostParams};
 use runpod_certs::inspect;
 use serde_json::json;
 use support::control_plane::{ControlPlane, ExtraFlags};
@@ -339,7 +339,10 @@ async fn scenario(
     );
 
     // 4. The webhook stopped: a labelled namespace is blocked (failurePolicy Fail), but a pod
-    //    with runtimeClassName: runpod lands on the virtual node and runs.
+    //    with runtimeClassName: runpod lands on the virtual node and runs. The controller runs
+    //    only pods that opted in (issue 22): in its namespace that never did, the pod is
+    //    refused (`NotOptedIn`, nothing created) until it opts in with its own label, which an
+    //    update can add (the webhook sees creates only).
     ensure!(
         runner.stop(&format!("{FULL}-webhook")) == 1,
         "no webhook pod running"
@@ -362,6 +365,14 @@ async fn scenario(
         selector.is_some_and(|s| s.get("type").map(String::as_str) == Some("virtual-kubelet")),
         "the RuntimeClass's node selector was not merged into the pod"
     );
+    support::pods::event(client, "plain", "by-class", "NotOptedIn").await?;
+    Api::<Pod>::namespaced(client.clone(), "plain")
+        .patch(
+            "by-class",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"runpod.io/burst": "enabled"}}})),
+        )
+        .await?;
     running_on_virtual_node(client, "plain", "by-class").await?;
     runner.resume();
 

@@ -5,8 +5,10 @@
 //! cluster's policy (datacenters, price cap).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use runpod_webhook::contract;
 use runpod_webhook::pod::PodView;
 use runpod_webhook::policy::{self, PolicyConfig, Untouched};
@@ -21,6 +23,39 @@ pub struct Refusal {
     /// only where no controller would re-create it in a loop.
     pub fail: bool,
 }
+
+/// A verdict as this leader took it, with what it depended on that can change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Judged {
+    pub refusal: Option<Refusal>,
+    /// The pod's `runpod.io/burst` label then.
+    pub label: Option<String>,
+    pub at: Timestamp,
+}
+
+/// How long a "not opted in" verdict stands before the namespace's labels are read again
+/// (a pod's own label is compared at every reconcile).
+pub const NOT_OPTED_IN_RECHECK: Duration = Duration::from_secs(60);
+
+impl Judged {
+    /// Whether the verdict still applies: the pod's opt-in label is unchanged and, for a pod
+    /// that did not opt in, its namespace was read recently enough (a user may opt in later;
+    /// what a pod is does not change).
+    pub fn still_holds(&self, label: Option<&str>, now: Timestamp) -> bool {
+        if self.label.as_deref() != label {
+            return false;
+        }
+        match &self.refusal {
+            Some(refusal) if refusal.reason == NOT_OPTED_IN => {
+                Duration::try_from(now.duration_since(self.at))
+                    .is_ok_and(|age| age < NOT_OPTED_IN_RECHECK)
+            }
+            _ => true,
+        }
+    }
+}
+
+const NOT_OPTED_IN: &str = "NotOptedIn";
 
 /// Owners that replace a failed pod at once: failing their pods would only churn.
 const RECREATING_OWNERS: [&str; 4] = [
@@ -100,7 +135,7 @@ pub fn refusal(
             ),
         };
         return Some(Refusal {
-            reason: "NotOptedIn",
+            reason: NOT_OPTED_IN,
             message: format!("not run on RunPod: {message}"),
             fail: false,
         });
@@ -273,6 +308,48 @@ mod tests {
         )
         .unwrap();
         assert!(refused.message.contains("US-TX-3") && refused.message.contains("EU-RO-1"));
+    }
+
+    #[test]
+    fn a_not_opted_in_verdict_is_taken_again_when_the_pod_or_time_says_so() {
+        let at: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let later = |secs: i64| {
+            at.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs))
+                .unwrap()
+        };
+        let not_opted_in = Judged {
+            refusal: refusal(&pod(json!({})), &BTreeMap::new(), &policy()),
+            label: None,
+            at,
+        };
+        assert!(not_opted_in.still_holds(None, later(10)));
+        assert!(
+            !not_opted_in.still_holds(Some("enabled"), later(10)),
+            "the pod opted in"
+        );
+        assert!(
+            !not_opted_in.still_holds(None, later(61)),
+            "the namespace may have"
+        );
+        let cannot = Judged {
+            refusal: refusal(
+                &pod(json!({"spec": {"initContainers": [{"name": "i", "image": "b"}]}})),
+                &enabled(),
+                &policy(),
+            ),
+            label: None,
+            at,
+        };
+        assert!(
+            cannot.still_holds(None, later(3600)),
+            "what a pod is does not change"
+        );
+        let allowed = Judged {
+            refusal: None,
+            label: None,
+            at,
+        };
+        assert!(allowed.still_holds(None, later(3600)));
     }
 
     #[test]

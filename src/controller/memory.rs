@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::eligibility::Refusal;
+use super::eligibility::Judged;
 use super::provider::{Instance, LogEntry};
 
 /// Per Kubernetes pod (by UID).
@@ -46,6 +46,6 @@ pub struct PodMemory {
     pub looked_up: Option<(Timestamp, Instance)>,
     /// When this leader began replacing an instance that vanished (the provisioning clock).
     pub replacing_since: Option<Timestamp>,
-    /// Whether this pod may get an instance, judged once (`Some(None)`: it may).
-    pub refusal: Option<Option<Refusal>>,
+    /// Whether this pod may get an instance, as last judged.
+    pub refusal: Option<Judged>,
 }

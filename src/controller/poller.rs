@@ -23,6 +23,10 @@ use super::provider::{Instance, InstanceState, Provider, ProviderError};
 /// The longest a list may take (the client retries inside it).
 const LIST_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// How old the cluster-wide list of pod UIDs may be before other nodes' instances are checked
+/// against a new one.
+const CLUSTER_PODS_MAX_AGE: Duration = Duration::from_secs(300);
+
 /// Consecutive failed lists before the node says the API is unavailable.
 const FAILURES_BEFORE_UNAVAILABLE: u32 = 3;
 
@@ -52,9 +56,11 @@ pub fn other_nodes<'a>(
     })
 }
 
-/// Live instances tagged with this node's name but another cluster id: two clusters restored
-/// from one backup share the kube-system UID and the node name, or `--cluster-id` changed.
-/// They are reported, never touched: they may be another cluster's running work.
+/// Live instances tagged with this node's name but another cluster id: `--cluster-id` changed,
+/// or another cluster with an explicit id uses the same node name on this account. They are
+/// reported, never touched: they may be another cluster's running work. (Two clusters cloned
+/// from one etcd backup share the default cluster id, the kube-system UID, and cannot be told
+/// apart here: only an explicit `--cluster-id` separates them.)
 pub fn foreign<'a>(
     instances: &'a [Instance],
     settings: &'a Settings,
@@ -132,6 +138,7 @@ pub async fn run<P: Provider>(
     let mut previous_taken_at: Option<Timestamp> = None;
     let mut carried: HashSet<String> = HashSet::new();
     let mut reported_foreign: HashSet<String> = HashSet::new();
+    let mut cluster_uids: Option<(Timestamp, HashSet<String>)> = None;
     let mut interval = tokio::time::interval(settings.reconcile_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -243,18 +250,31 @@ pub async fn run<P: Provider>(
                 &first_seen,
                 settings.create_settle,
             );
-            if !settled_elsewhere.is_empty() {
+            // The cluster's pods are listed again only for an instance whose pod was not
+            // there at the last such list, or once that list is old (several virtual nodes of
+            // one cluster always have instances here).
+            let uid_of = |i: &Instance| i.tags.pod_uid.clone().unwrap_or_default();
+            let stale = cluster_uids.as_ref().is_none_or(|(at, known)| {
+                elapsed(*at, started) >= CLUSTER_PODS_MAX_AGE
+                    || settled_elsewhere
+                        .iter()
+                        .any(|i| !known.contains(&uid_of(i)))
+            });
+            if !settled_elsewhere.is_empty() && stale {
                 match cluster_pod_uids(&shared.client).await {
-                    Ok(cluster_uids) => collect.extend(settled_elsewhere.into_iter().filter(|i| {
-                        i.tags
-                            .pod_uid
-                            .as_ref()
-                            .is_some_and(|uid| !cluster_uids.contains(uid))
-                    })),
+                    Ok(uids) => cluster_uids = Some((started, uids)),
                     Err(error) => {
                         warn!(error = %error, "listing the cluster's pods failed; other nodes' RunPod pods are not collected this time")
                     }
                 }
+            }
+            if let Some((listed_at, known)) = &cluster_uids {
+                // Only against a list taken after the instance was first seen: its pod
+                // existed before it, so a pod missing from that list is really gone.
+                collect.extend(settled_elsewhere.into_iter().filter(|i| {
+                    !known.contains(&uid_of(i))
+                        && first_seen.get(&i.id).is_some_and(|seen| seen <= listed_at)
+                }));
             }
             for orphan in collect {
                 info!(instance = %orphan.id, pod_uid = ?orphan.tags.pod_uid, node = ?orphan.tags.node_name, "terminating a RunPod pod whose Kubernetes pod is gone");

@@ -88,6 +88,17 @@ pub fn ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The state of the pod's first container, as the controller reported it.
+pub fn container_state(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerState> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .first()?
+        .state
+        .as_ref()
+}
+
 pub fn exit_code(pod: &Pod) -> Option<i32> {
     pod.status
         .as_ref()?

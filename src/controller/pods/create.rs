@@ -9,13 +9,13 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use runpod_webhook::contract::CREATE_REQUESTED;
+use runpod_webhook::contract::{self, CREATE_REQUESTED};
 use serde_json::json;
 use tracing::{info, warn};
 
 use super::{ReconcileError, SHORT, annotation, bound_at, finish, pods_in_namespace_of, write};
 use crate::controller::context::{Shared, Snapshot, elapsed};
-use crate::controller::eligibility::{self, Refusal};
+use crate::controller::eligibility::{self, Judged, Refusal};
 use crate::controller::env::{self, ClusterEnvSource};
 use crate::controller::node::ApiHealth;
 use crate::controller::provider::{Provider, ProvisionError, ProvisionRequest, Provisioned};
@@ -340,22 +340,51 @@ async fn eligibility<P>(
     pod: &Pod,
     uid: &str,
 ) -> Result<Option<Refusal>, ReconcileError> {
-    if let Some(known) = ctx.remember(uid, |m| m.refusal.clone()) {
-        return Ok(known);
+    let label = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(contract::BURST_LABEL))
+        .cloned();
+    let now = Timestamp::now();
+    if let Some(judged) = ctx.remember(uid, |m| m.refusal.clone())
+        && judged.still_holds(label.as_deref(), now)
+    {
+        return Ok(judged.refusal);
     }
     let labels = if eligibility::needs_namespace_labels(pod) {
         let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
         let name = pod.metadata.namespace.as_deref().unwrap_or("default");
-        namespaces
-            .get_metadata_opt(name)
-            .await?
-            .and_then(|ns| ns.metadata.labels)
-            .unwrap_or_default()
+        match namespaces.get_metadata_opt(name).await {
+            Ok(namespace) => namespace
+                .and_then(|ns| ns.metadata.labels)
+                .unwrap_or_default(),
+            // Said on the pod rather than retried in silence (manifests from an older chart).
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                return Ok(Some(Refusal {
+                    reason: "NamespaceUnreadable",
+                    message: format!(
+                        "the controller may not read namespace {name} to check its opt-in \
+                         label (RBAC: namespaces get); grant it, or give the pod the label {}={}",
+                        contract::BURST_LABEL,
+                        contract::BURST_ENABLED
+                    ),
+                    fail: false,
+                }));
+            }
+            Err(error) => return Err(error.into()),
+        }
     } else {
         Default::default()
     };
     let refusal = eligibility::refusal(pod, &labels, &ctx.settings.admission);
-    ctx.remember(uid, |m| m.refusal = Some(refusal.clone()));
+    ctx.remember(uid, |m| {
+        m.refusal = Some(Judged {
+            refusal: refusal.clone(),
+            label,
+            at: now,
+        })
+    });
     Ok(refusal)
 }
 

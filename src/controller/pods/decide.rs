@@ -40,8 +40,11 @@ pub enum Step<'a> {
     /// An instance that existed is missing from lists that had time to show it. A list that
     /// omits a pod is no evidence that it is gone: only the cloud's answer for its id is.
     Confirm { id: Option<String> },
-    /// Ended and terminated by a controller that died before writing the phase.
-    FinishFromRecord(RecordedEnd),
+    /// Ended as recorded on the pod: terminate what this leader knows of, write the phase.
+    FinishFromRecord {
+        record: RecordedEnd,
+        terminate: Option<String>,
+    },
     /// Nothing exists and nothing is known to exist: create (subject to the create gate).
     Create,
 }
@@ -96,34 +99,44 @@ pub fn decide<'a>(
             .confirmed_at
             .is_some_and(|confirmed| elapsed(since, confirmed) >= create_settle)
     };
-    match remembered.instance {
-        Some((id, created)) if !terminated(id) => {
-            if listed_since(created) {
-                Step::Confirm {
-                    id: Some(id.to_owned()),
-                }
-            } else {
-                Step::WaitForList
+    // Ended and recorded (by a controller that died before writing the phase, or whose
+    // terminate answer was lost): nothing else decides this pod any more.
+    if let Some(record) = RecordedEnd::on(pod) {
+        return Step::FinishFromRecord {
+            record,
+            terminate: remembered
+                .instance
+                .map(|(id, _)| id)
+                .filter(|id| !terminated(id))
+                .map(str::to_owned),
+        };
+    }
+    if let Some((id, created)) = remembered.instance.filter(|(id, _)| !terminated(id)) {
+        return if listed_since(created) {
+            Step::Confirm {
+                id: Some(id.to_owned()),
             }
-        }
-        _ => {
-            if let Some(record) = RecordedEnd::on(pod) {
-                return Step::FinishFromRecord(record);
-            }
+        } else {
+            Step::WaitForList
+        };
+    }
+    match annotation(pod, POD_ID) {
+        // An instance this pod had (maybe a previous leader's): RunPod is asked for it by id
+        // before anything is created, since lists that omit it prove nothing.
+        Some(id) if !terminated(id) => Step::Confirm {
+            id: Some(id.to_owned()),
+        },
+        // Known gone, and the pod goes on (restartPolicy Always, or it never ran): a new one.
+        Some(_) => Step::Create,
+        None => {
             let status = pod.status.as_ref();
             let was_running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
             let started = status.and_then(|s| s.start_time.as_ref()).map(|t| t.0);
-            match started {
-                Some(started) if was_running && listed_since(started) => {
-                    match annotation(pod, POD_ID) {
-                        // Known gone (and the pod restarts): a new one is made.
-                        Some(id) if terminated(id) => Step::Create,
-                        id => Step::Confirm {
-                            id: id.map(str::to_owned),
-                        },
-                    }
-                }
-                _ => Step::Create,
+            if was_running && started.is_some_and(listed_since) {
+                // Running, yet neither listed nor known by id: gone by the lists alone.
+                Step::Confirm { id: None }
+            } else {
+                Step::Create
             }
         }
     }
@@ -144,11 +157,21 @@ pub enum TrackStep {
     Status,
 }
 
-/// The meaning of `instance` for `pod` now. `restarted`: the container's uptime went back.
+/// Since when the pod has waited for a running container, if it is waiting for one: its
+/// instance is replacing one that vanished (`replacing_since`), or the pod never ran (its
+/// phase never goes back from Running) and waits since it was bound.
+pub fn provisioning_clock(pod: &Pod, replacing_since: Option<Timestamp>) -> Option<Timestamp> {
+    let never_ran = pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running");
+    replacing_since.or_else(|| never_ran.then(|| bound_at(pod)).flatten())
+}
+
+/// The meaning of `instance` for `pod` now. `restarted`: the container's uptime went back;
+/// `waiting_since`: the [`provisioning_clock`].
 pub fn track_step(
     pod: &Pod,
     instance: &Instance,
     restarted: bool,
+    waiting_since: Option<Timestamp>,
     provision_timeout: Duration,
     now: Timestamp,
 ) -> TrackStep {
@@ -184,9 +207,7 @@ pub fn track_step(
         InstanceState::Running => TrackStep::Status,
         // Never started: after the provisioning timeout it is given up, not billed forever (a
         // bad image, a private image without registry auth, a stuck host).
-        _ if never_ran(pod)
-            && bound_at(pod).is_some_and(|bound| elapsed(bound, now) > provision_timeout) =>
-        {
+        _ if waiting_since.is_some_and(|since| elapsed(since, now) > provision_timeout) => {
             let waited = humantime::format_duration(provision_timeout);
             let said = instance.message.as_deref().unwrap_or_default();
             if mentions_image(said) {
@@ -215,11 +236,6 @@ pub fn track_step(
         }
         _ => TrackStep::Status,
     }
-}
-
-/// The pod never had a running container (its phase never goes back from Running).
-fn never_ran(pod: &Pod) -> bool {
-    pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running")
 }
 
 fn mentions_image(message: &str) -> bool {
@@ -297,7 +313,9 @@ mod tests {
             } => format!("track {} dup {}", primary.id, duplicates.len()),
             Step::WaitForList => "wait".into(),
             Step::Confirm { id } => format!("confirm {}", id.as_deref().unwrap_or("?")),
-            Step::FinishFromRecord(_) => "record".into(),
+            Step::FinishFromRecord { terminate, .. } => {
+                format!("record {}", terminate.as_deref().unwrap_or("-"))
+            }
             Step::Create => "create".into(),
         }
     }
@@ -396,6 +414,32 @@ mod tests {
                 "create",
             ),
             (
+                "pending with a pod-id from a previous leader, lists omit it: ask by id, never create",
+                pod(json!({"metadata.annotations": {"runpod.io/pod-id": "a"}})),
+                snapshot(vec![], Some("05:00")),
+                Remembered::default(),
+                "confirm a",
+            ),
+            (
+                "recorded end while this leader's instance is not listed: finish, terminating it",
+                pod(json!({"metadata.annotations": {"runpod.io/ended":
+                    r#"{"exit_code":0,"reason":"Completed"}"#}})),
+                snapshot(vec![], Some("05:00")),
+                Remembered {
+                    instance: Some(("a", at("00:00"))),
+                    terminated: None,
+                },
+                "record a",
+            ),
+            (
+                "running, no pod-id, missing from settled lists",
+                pod(json!({"status.phase": "Running",
+                    "status.startTime": "2026-01-01T00:01:00Z"})),
+                snapshot(vec![], Some("05:00")),
+                Remembered::default(),
+                "confirm ?",
+            ),
+            (
                 "running, its instance known gone (restartPolicy Always): create anew",
                 pod(json!({"status.phase": "Running",
                     "status.startTime": "2026-01-01T00:01:00Z",
@@ -413,7 +457,7 @@ mod tests {
                     r#"{"exit_code":0,"reason":"Completed"}"#}})),
                 snapshot(vec![], Some("09:00")),
                 Remembered::default(),
-                "record",
+                "record -",
             ),
         ];
         for (what, pod, snapshot, remembered, expected) in cases {
@@ -528,9 +572,24 @@ mod tests {
             ),
         ];
         for (what, pod, instance, restarted, expected) in cases {
-            let step = track_step(pod, &instance, restarted, TIMEOUT, now);
+            let clock = provisioning_clock(pod, None);
+            let step = track_step(pod, &instance, restarted, clock, TIMEOUT, now);
             assert_eq!(reason(step), expected, "{what}");
         }
+        // A replacement for a vanished instance has its own clock, even on a Running pod.
+        let stuck = instance("b", "u1", InstanceState::Starting, "00:00");
+        let clock = provisioning_clock(&was_running, Some(at("03:00")));
+        assert_eq!(
+            reason(track_step(&was_running, &stuck, false, clock, TIMEOUT, now)),
+            "ProvisioningTimeout",
+            "a replacement stuck past the timeout"
+        );
+        let clock = provisioning_clock(&was_running, Some(at("04:30")));
+        assert_eq!(
+            reason(track_step(&was_running, &stuck, false, clock, TIMEOUT, now)),
+            "status",
+            "a replacement within the timeout"
+        );
     }
 
     #[test]

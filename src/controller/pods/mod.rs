@@ -134,7 +134,12 @@ pub async fn reconcile<P: Provider>(
         }
         Step::WaitForList => Ok(Action::requeue(SHORT)),
         Step::Confirm { id } => track::confirm(&pod, &uid, id, &snapshot, &ctx).await,
-        Step::FinishFromRecord(record) => {
+        Step::FinishFromRecord { record, terminate } => {
+            if let Some(id) = terminate {
+                // Its terminate answer may have been lost: DELETE again (gone counts as done).
+                ctx.provider.terminate(&id).await?;
+                ctx.remember(&uid, |m| m.terminated.insert(id));
+            }
             write::status(&ctx, &pod, &record.view()).await?;
             Ok(Action::await_change())
         }

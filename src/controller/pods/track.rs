@@ -10,9 +10,9 @@ use tracing::{info, warn};
 
 use super::decide::{self, TrackStep};
 use super::{ReconcileError, SHORT, finish, write};
-use crate::controller::context::{Shared, Snapshot, elapsed};
+use crate::controller::context::{Settings, Shared, Snapshot, elapsed};
 use crate::controller::node::ApiHealth;
-use crate::controller::provider::{Instance, Provider};
+use crate::controller::provider::{Instance, InstanceState, Provider};
 use crate::controller::status::{RecordedEnd, View};
 
 /// Failed reads of a finished container's log (while the API otherwise answers) before the
@@ -55,8 +55,8 @@ pub fn instance_annotations(instance: &Instance) -> Vec<(&'static str, Option<St
 }
 
 /// An instance that was there is missing from lists that had time to show it: RunPod is asked
-/// for it by id (at most once per settle time); only a 404 (or a terminated answer) means it
-/// is gone. Found, it is tracked from that answer.
+/// for it by id (at most once per settle time); only a 404 (or a terminated answer, or one
+/// that is not this pod's) means it is gone. Found, it is tracked from that answer.
 pub(super) async fn confirm<P: Provider>(
     pod: &Pod,
     uid: &str,
@@ -74,22 +74,63 @@ pub(super) async fn confirm<P: Provider>(
         {
             Some(instance)
         }
-        _ => {
-            let found = ctx.provider.lookup(&id).await?;
-            let found = found.filter(|i| i.state.is_live());
-            if let Some(instance) = &found {
-                info!(instance = %id, "missing from RunPod's list but still there");
-                ctx.remember(uid, |m| {
-                    m.looked_up = Some((Timestamp::now(), instance.clone()));
-                });
-            }
-            found
-        }
+        _ => ctx
+            .provider
+            .lookup(&id)
+            .await?
+            .filter(|i| i.state.is_live()),
     };
     match found {
-        Some(instance) => track(pod, uid, &instance, snapshot, ctx).await,
-        None => vanished(pod, uid, &id, ctx).await,
+        Some(instance) if is_for(&instance, uid, &ctx.settings) => {
+            info!(instance = %id, "missing from RunPod's list but still there");
+            ctx.remember(uid, |m| {
+                m.looked_up = Some((Timestamp::now(), instance.clone()));
+            });
+            track(pod, uid, &instance, snapshot, ctx).await
+        }
+        // This pod's instance, but tagged for another cluster id or node name (a flag
+        // changed): it bills, and a second one must not be made; the operator decides.
+        Some(instance) if instance.tags.pod_uid.as_deref() == Some(uid) => {
+            ctx.event(
+                pod,
+                true,
+                "RunPodPodMistagged",
+                format!(
+                    "RunPod pod {id} of this pod is tagged with cluster {} and node {}, not this \
+                     controller's ({} and {}): was --cluster-id or --nodename changed? Nothing \
+                     new is created while it exists",
+                    instance.tags.cluster_id.as_deref().unwrap_or("-"),
+                    instance.tags.node_name.as_deref().unwrap_or("-"),
+                    ctx.settings.cluster_id,
+                    ctx.settings.node_name
+                ),
+            )
+            .await;
+            Ok(Action::requeue(ctx.settings.reconcile_interval))
+        }
+        // Gone, or not this pod's at all (the id may come from an annotation a user can edit):
+        // another pod's instance is never tracked, let alone terminated.
+        _ if pod_ran(pod) => vanished(pod, uid, &id, ctx).await,
+        _ => {
+            // Never ran: its instance went away before starting (terminated by an earlier
+            // leader, say); the create gate decides whether a new one may be made.
+            ctx.remember(uid, |m| {
+                m.terminated.insert(id.clone());
+            });
+            Ok(Action::requeue(SHORT))
+        }
     }
+}
+
+fn pod_ran(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+/// Whether `instance` carries the tags of this cluster, node and pod.
+fn is_for(instance: &Instance, uid: &str, settings: &Settings) -> bool {
+    instance.tags.pod_uid.as_deref() == Some(uid)
+        && instance.tags.cluster_id.as_deref() == Some(settings.cluster_id.as_str())
+        && instance.tags.node_name.as_deref() == Some(settings.node_name.as_str())
 }
 
 /// The pod's instance is gone (RunPod answered 404 for its id) while the pod was not finished:
@@ -180,10 +221,17 @@ pub(super) async fn track<P: Provider>(
     });
     let restarts = ctx.remember(uid, |m| m.restarts);
 
+    let replacing_since = ctx.remember(uid, |m| {
+        if instance.state == InstanceState::Running {
+            m.replacing_since = None;
+        }
+        m.replacing_since
+    });
     match decide::track_step(
         pod,
         instance,
         restarted,
+        decide::provisioning_clock(pod, replacing_since),
         settings.provision_timeout,
         Timestamp::now(),
     ) {
@@ -373,6 +421,34 @@ mod tests {
             map[ENDPOINTS].as_deref(),
             Some("8888/http=https://x-8888.proxy.runpod.net")
         );
+    }
+
+    #[test]
+    fn an_instance_found_by_id_counts_only_with_this_pods_tags() {
+        let settings = Settings {
+            node_name: "vr".into(),
+            cluster_id: "c1".into(),
+            host_ip: "127.0.0.1".into(),
+            reconcile_interval: std::time::Duration::from_secs(10),
+            provision_timeout: std::time::Duration::from_secs(900),
+            create_settle: std::time::Duration::from_secs(30),
+            outage_grace: std::time::Duration::from_secs(3600),
+            admission: Default::default(),
+        };
+        let tagged = |cluster: &str, node: &str, uid: &str| Instance {
+            tags: Tags {
+                cluster_id: Some(cluster.into()),
+                node_name: Some(node.into()),
+                pod_uid: Some(uid.into()),
+            },
+            ..instance("x")
+        };
+        assert!(is_for(&tagged("c1", "vr", "u1"), "u1", &settings));
+        // A forged pod-id annotation naming another pod's, node's or cluster's instance.
+        assert!(!is_for(&tagged("c1", "vr", "u2"), "u1", &settings));
+        assert!(!is_for(&tagged("c1", "other", "u1"), "u1", &settings));
+        assert!(!is_for(&tagged("c2", "vr", "u1"), "u1", &settings));
+        assert!(!is_for(&instance("untagged"), "u1", &settings));
     }
 
     #[test]

@@ -145,6 +145,15 @@ pub struct ControllerArgs {
     /// GPUs the node advertises.
     #[arg(long, default_value_t = 64, env = "RUNPOD_KUBELET_MAX_GPUS")]
     pub max_gpus: u32,
+    /// Job offloading: how long a `delayed` pod waits for a local GPU, from its creation,
+    /// before it moves to the virtual node (a duration, or bare seconds as in the seed; `0`:
+    /// as soon as the scheduler finds no local node). `runpod.io/max-pending-time` overrides.
+    #[arg(long, default_value = "0", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_MAX_PENDING_TIME")]
+    pub max_pending_time: Duration,
+    /// Job offloading: how many `delayed` pods may wait for a local GPU at once; the
+    /// longest-waiting ones above it move to the virtual node.
+    #[arg(long, default_value_t = 1, env = "RUNPOD_KUBELET_PENDING_JOB_THRESHOLD")]
+    pub pending_job_threshold: usize,
     /// More namespaces whose pods are never run (comma-separated), as the webhook's flag;
     /// `kube-system` and the controller's own namespace (`POD_NAMESPACE`) always are.
     #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
@@ -469,6 +478,10 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
         metrics_listener,
         registry,
         metrics,
+        offload: crate::controller::offload::OffloadSettings {
+            max_pending_time: args.max_pending_time,
+            pending_job_threshold: args.pending_job_threshold,
+        },
         concurrency: args.concurrency.max(1),
         election,
     };

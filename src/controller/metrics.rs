@@ -16,6 +16,11 @@ pub struct StateLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: &'static str,
 }
@@ -35,6 +40,12 @@ pub struct ControllerMetrics {
     pub foreign_instances: Gauge,
     pub pod_writes: Counter,
     pub lists: Family<OutcomeLabel, Counter>,
+    /// Waiting `delayed` pods moved to the virtual node, by reason.
+    pub offloaded: Family<ReasonLabel, Counter>,
+    /// `delayed` pods waiting for a local GPU (the scheduler found none) after the last round.
+    pub offload_waiting: Gauge,
+    /// The longest of those waits, seconds.
+    pub offload_longest_wait: Gauge<f64, AtomicU64>,
     /// 1 while this replica leads (or runs without election), 0 as a standby.
     pub leader: Gauge,
 }
@@ -92,6 +103,21 @@ impl ControllerMetrics {
             "runpod_lists",
             "Complete lists of RunPod pods by outcome",
             metrics.lists.clone(),
+        );
+        registry.register(
+            "offloaded",
+            "Waiting delayed pods moved to the virtual node, by reason (max_pending_time, threshold, offload_annotation)",
+            metrics.offloaded.clone(),
+        );
+        registry.register(
+            "offload_waiting_pods",
+            "Delayed pods waiting for a local GPU after the offloader's last round",
+            metrics.offload_waiting.clone(),
+        );
+        registry.register(
+            "offload_longest_wait_seconds",
+            "The longest wait of a delayed pod for a local GPU, seconds",
+            metrics.offload_longest_wait.clone(),
         );
         registry.register(
             "leader",

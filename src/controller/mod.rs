@@ -14,6 +14,8 @@ pub mod lease;
 pub mod memory;
 pub mod metrics;
 pub mod node;
+pub mod offload;
+pub mod offloader;
 pub mod ops;
 pub mod pods;
 pub mod poller;
@@ -59,6 +61,8 @@ pub struct Runtime {
     pub registry: prometheus_client::registry::Registry,
     pub metrics: Arc<ControllerMetrics>,
     pub concurrency: u16,
+    /// Job offloading: when waiting `delayed` pods move to the virtual node.
+    pub offload: offload::OffloadSettings,
     /// `None`: no election (`--leader-elect=false`), this process leads at once.
     pub election: Option<ElectionConfig>,
 }
@@ -72,6 +76,7 @@ struct Leading {
     kubelet_tls: Arc<rustls::ServerConfig>,
     metrics: Arc<ControllerMetrics>,
     concurrency: u16,
+    offload: offload::OffloadSettings,
     readiness: watch::Sender<ops::LeaderReadiness>,
 }
 
@@ -93,6 +98,7 @@ pub async fn run<P: Provider>(
         registry,
         metrics,
         concurrency,
+        offload,
         election,
     } = runtime;
     let (readiness, readiness_rx) = watch::channel(None);
@@ -106,6 +112,7 @@ pub async fn run<P: Provider>(
         kubelet_tls,
         metrics: metrics.clone(),
         concurrency,
+        offload,
         readiness,
     };
     let result = match election {
@@ -149,6 +156,7 @@ async fn lead<P: Provider>(
         kubelet_tls,
         metrics,
         concurrency,
+        offload,
         readiness,
     } = leading;
     let gate = Gate::new(fence.clone());
@@ -231,6 +239,7 @@ async fn lead<P: Provider>(
         shared.clone(),
         store.clone(),
     ));
+    tasks.spawn(offloader::run(shared.clone(), offload));
     readiness.send_replace(Some(ops::leader_ready(
         store.clone(),
         shared.clone(),

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::time::Duration;
 
 /// Label (namespace or pod) that opts pods in (`enabled`) or a pod out (`disabled`).
 pub const BURST_LABEL: &str = "runpod.io/burst";
@@ -25,9 +26,18 @@ pub const TEMPLATE_ID: &str = "runpod.io/templateId";
 pub const REGISTRY_AUTH_ID: &str = "runpod.io/container-registry-auth-id";
 pub const DISK: &str = "runpod.io/disk";
 pub const BURST_MODE: &str = "runpod.io/burst-mode";
+/// The seed job controller's opt-in (`"true"`/`"false"`): selects [`BurstMode::Delayed`] when no
+/// burst mode is given.
+pub const MANAGED: &str = "runpod.io/managed";
+/// `"true"`: go to RunPod now, even with a local GPU free (the webhook pins such pods at
+/// creation; the offloader moves waiting pods whose Job gets it later).
+pub const OFFLOAD: &str = "runpod.io/offload";
+/// How long a `delayed` pod may wait for a local GPU before it is offloaded; see
+/// [`parse_max_pending_time`].
+pub const MAX_PENDING_TIME: &str = "runpod.io/max-pending-time";
 
 /// Annotations a user may set on a pod or its owning Job; pod first, then Job.
-pub const USER_ANNOTATIONS: [&str; 10] = [
+pub const USER_ANNOTATIONS: [&str; 13] = [
     REQUIRED_GPU_MEMORY,
     GPU_TYPES,
     MAX_PRICE,
@@ -38,6 +48,9 @@ pub const USER_ANNOTATIONS: [&str; 10] = [
     REGISTRY_AUTH_ID,
     DISK,
     BURST_MODE,
+    MANAGED,
+    OFFLOAD,
+    MAX_PENDING_TIME,
 ];
 
 pub const POD_ID: &str = "runpod.io/pod-id";
@@ -114,16 +127,25 @@ pub enum BurstMode {
     Always,
     /// Never RunPod.
     Never,
+    /// Local GPU nodes only, until the controller's offloader decides the wait is too long.
+    Delayed,
 }
 
 impl BurstMode {
-    pub const ALL: [BurstMode; 3] = [BurstMode::Fallback, BurstMode::Always, BurstMode::Never];
+    /// In the order messages list them (`delayed` last: it came later).
+    pub const ALL: [BurstMode; 4] = [
+        BurstMode::Fallback,
+        BurstMode::Always,
+        BurstMode::Never,
+        BurstMode::Delayed,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             BurstMode::Fallback => "fallback",
             BurstMode::Always => "always",
             BurstMode::Never => "never",
+            BurstMode::Delayed => "delayed",
         }
     }
 
@@ -294,6 +316,30 @@ pub fn parse_disk(value: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("{value:?} is not a whole number of GB (at least 1)"))
 }
 
+/// Parses [`MANAGED`] and [`OFFLOAD`]: exactly `true` or `false`, so that the webhook and the
+/// controller never read one value two ways.
+pub fn parse_flag(value: &str) -> Result<bool, String> {
+    match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(format!("{value:?} is not \"true\" or \"false\"")),
+    }
+}
+
+/// Parses [`MAX_PENDING_TIME`]: a duration as humantime reads it (`40s`, `5m`, `1h30m`), or
+/// bare whole seconds (`40`) as the seed's job controller accepted them.
+pub fn parse_max_pending_time(value: &str) -> Result<Duration, String> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Ok(Duration::from_secs(seconds));
+    }
+    humantime::parse_duration(value).map_err(|_| {
+        format!(
+            "{value:?} is not a duration such as 40s, 5m or 1h30m, nor whole seconds such as 40"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,5 +411,36 @@ mod tests {
         assert_eq!(BurstMode::parse("sometimes"), None);
         assert_eq!(CloudType::parse("community"), Some(CloudType::Community));
         assert_eq!(CloudType::parse("STANDARD"), None);
+    }
+
+    #[test]
+    fn delayed_is_a_burst_mode() {
+        assert_eq!(BurstMode::parse("Delayed"), Some(BurstMode::Delayed));
+        assert_eq!(BurstMode::Delayed.to_string(), "delayed");
+        assert!(BurstMode::ALL.contains(&BurstMode::Delayed));
+    }
+
+    #[test]
+    fn flags_are_exactly_true_or_false() {
+        assert_eq!(parse_flag("true"), Ok(true));
+        assert_eq!(parse_flag("false"), Ok(false));
+        for bad in ["", "yes", "1", "True", " true"] {
+            assert!(parse_flag(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn max_pending_time_takes_durations_and_bare_seconds() {
+        assert_eq!(parse_max_pending_time("40"), Ok(Duration::from_secs(40)));
+        assert_eq!(parse_max_pending_time("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_max_pending_time("40s"), Ok(Duration::from_secs(40)));
+        assert_eq!(parse_max_pending_time("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(
+            parse_max_pending_time(" 1h30m "),
+            Ok(Duration::from_secs(5400))
+        );
+        for bad in ["", "-5", "1.5", "five minutes", "5 parsecs", "m"] {
+            assert!(parse_max_pending_time(bad).is_err(), "{bad:?}");
+        }
     }
 }

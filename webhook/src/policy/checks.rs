@@ -89,6 +89,8 @@ pub fn validate_annotations(effective: &Effective<'_>) -> Vec<String> {
                     .ok_or_else(|| format!("{value:?} is not SECURE or COMMUNITY")),
                 contract::PORTS => contract::parse_ports(value).map(drop),
                 contract::DISK => contract::parse_disk(value).map(drop),
+                contract::MANAGED | contract::OFFLOAD => contract::parse_flag(value).map(drop),
+                contract::MAX_PENDING_TIME => contract::parse_max_pending_time(value).map(drop),
                 // Burst mode is judged when the mode is resolved; ids only need to be non-empty.
                 _ => Ok(()),
             }

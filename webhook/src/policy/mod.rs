@@ -78,8 +78,9 @@ pub enum Untouched {
     NotOptedIn,
     NotGpu,
     ModeNever,
-    /// `fallback` pod that RunPod cannot run: it stays local (what an earlier review of ours
-    /// added is taken back, so the mutation may not be empty).
+    /// `fallback` or `delayed` pod that RunPod cannot run: it stays local (what an earlier
+    /// review of ours added is taken back, so the mutation may not be empty), and a `delayed`
+    /// one is not marked for the offloader.
     CannotBurst,
 }
 
@@ -182,29 +183,38 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
 
     let effective = checks::Effective::resolve(pod_annotations, context.job.as_ref());
     let explicit_mode = effective.get(contract::BURST_MODE);
+    let managed = is_true(&effective, contract::MANAGED);
     // Before the namespace default is read: a typo there must not block the namespace's
     // CPU pods, which are no candidates anyway.
     let gpus = checks::view_gpu_count(pod);
-    if gpus == 0 && explicit_mode.is_none() {
+    if gpus == 0 && explicit_mode.is_none() && !managed {
         return untouched(mutation, Vec::new(), Untouched::NotGpu);
     }
-    let mode = match resolve_mode(explicit_mode, &context.namespace_labels, namespace) {
+    let mode = match resolve_mode(explicit_mode, managed, &context.namespace_labels, namespace) {
         Ok(mode) => mode,
         Err(problem) => return deny_invalid(pod, namespace, vec![problem]),
     };
     if mode == BurstMode::Never {
         return untouched(mutation, Vec::new(), Untouched::ModeNever);
     }
-    if gpus == 0 && mode == BurstMode::Always {
+    // Pinned at creation: the scheduler would bind the pod to a free local GPU within
+    // milliseconds, long before the offloader could move it.
+    let offload = is_true(&effective, contract::OFFLOAD);
+    let placement = if offload { BurstMode::Always } else { mode };
+    if gpus == 0 && placement == BurstMode::Always {
         // RunPod's v2 CPU pods are not dependable (api-notes: creates answered 501), and the
         // controller runs GPU pods only: refused here rather than Pending forever.
+        let cause = if offload {
+            format!("{} is true", contract::OFFLOAD)
+        } else {
+            format!("{} is always", contract::BURST_MODE)
+        };
         return deny_invalid(
             pod,
             namespace,
             vec![format!(
-                "{} is always but the pod requests no {}; the virtual node runs GPU pods only: \
+                "{cause} but the pod requests no {}; the virtual node runs GPU pods only: \
                  request a GPU or set {}: never",
-                contract::BURST_MODE,
                 contract::GPU_RESOURCE,
                 contract::BURST_MODE
             )],
@@ -232,7 +242,7 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
         if earlier.is_some() {
             unsupported.push(retract::CHANGED_AFTER_REVIEW.to_owned());
         }
-        if mode == BurstMode::Always {
+        if placement == BurstMode::Always {
             return deny_invalid(pod, namespace, unsupported);
         }
         if let Some(earlier) = earlier {
@@ -271,8 +281,15 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
             .set_annotations
             .insert(contract::PORTS.to_owned(), ports);
     }
+    // The offloader reads the mode from the pod alone; what the namespace or `managed` chose is
+    // written there (an explicit mode is on the pod already, or inherited above).
+    if mode == BurstMode::Delayed && explicit_mode.is_none() {
+        mutation
+            .set_annotations
+            .insert(contract::BURST_MODE.to_owned(), mode.as_str().to_owned());
+    }
     warnings.extend(port_warnings);
-    mutation::schedule_onto_runpod(pod, mode, &mut mutation, &mut warnings);
+    mutation::schedule_onto_runpod(pod, placement, &mut mutation, &mut warnings);
     Verdict::Allow {
         mutation,
         warnings,
@@ -280,8 +297,11 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     }
 }
 
+/// An explicit mode (pod, then Job) wins; then `runpod.io/managed: "true"` (the seed job
+/// controller's opt-in) selects `delayed`; then the namespace label; then `fallback`.
 fn resolve_mode(
     explicit: Option<&checks::Sourced<'_>>,
+    managed: bool,
     namespace_labels: &BTreeMap<String, String>,
     namespace: &str,
 ) -> Result<BurstMode, String> {
@@ -303,6 +323,9 @@ fn resolve_mode(
             )
         });
     }
+    if managed {
+        return Ok(BurstMode::Delayed);
+    }
     match namespace_labels.get(contract::NAMESPACE_MODE_LABEL) {
         None => Ok(BurstMode::Fallback),
         Some(value) => BurstMode::parse(value).ok_or_else(|| {
@@ -315,6 +338,14 @@ fn resolve_mode(
             )
         }),
     }
+}
+
+/// Whether a flag annotation is in force; a malformed value is not, and is refused later by
+/// [`checks::validate_annotations`].
+fn is_true(effective: &checks::Effective<'_>, key: &str) -> bool {
+    effective
+        .get(key)
+        .is_some_and(|sourced| contract::parse_flag(sourced.value) == Ok(true))
 }
 
 fn label<'a>(pod: &'a PodView, key: &str) -> Option<&'a str> {

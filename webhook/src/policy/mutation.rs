@@ -144,7 +144,9 @@ pub(super) fn schedule_onto_runpod(
     let tolerations = spec
         .and_then(|s| s.tolerations.as_deref())
         .unwrap_or_default();
-    mutation.add_toleration = !tolerations.iter().any(tolerates_provider_taint);
+    // `delayed` pods wait for a local GPU: the offloader adds the toleration when it moves them.
+    mutation.add_toleration = matches!(mode, BurstMode::Always | BurstMode::Fallback)
+        && !tolerations.iter().any(tolerates_provider_taint);
     match mode {
         BurstMode::Always => {
             let existing = spec.and_then(|s| s.node_selector.as_ref());
@@ -165,7 +167,7 @@ pub(super) fn schedule_onto_runpod(
                 }
             }
         }
-        BurstMode::Fallback => {
+        BurstMode::Fallback | BurstMode::Delayed => {
             let preferred = spec
                 .and_then(|s| s.affinity.as_ref())
                 .and_then(|a| a.node_affinity.as_ref())

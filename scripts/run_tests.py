@@ -23,6 +23,7 @@ SLOW_FIRST = [
     "e2e_controller_outage",
     "e2e_controller_node",
     "e2e_controller_review",
+    "e2e_offload",
     "e2e_helm",
     "image",
     "e2e",

@@ -152,7 +152,11 @@ pub struct ControllerArgs {
     pub max_pending_time: Duration,
     /// Job offloading: how many `delayed` pods may wait for a local GPU at once; the
     /// longest-waiting ones above it move to the virtual node.
-    #[arg(long, default_value_t = 1, env = "RUNPOD_KUBELET_PENDING_JOB_THRESHOLD")]
+    #[arg(
+        long,
+        default_value_t = 1,
+        env = "RUNPOD_KUBELET_PENDING_JOB_THRESHOLD"
+    )]
     pub pending_job_threshold: usize,
     /// More namespaces whose pods are never run (comma-separated), as the webhook's flag;
     /// `kube-system` and the controller's own namespace (`POD_NAMESPACE`) always are.
@@ -478,7 +482,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
         metrics_listener,
         registry,
         metrics,
-        offload: crate::controller::offload::OffloadSettings {
+        offload: runpod_kubelet::controller::offload::OffloadSettings {
             max_pending_time: args.max_pending_time,
             pending_job_threshold: args.pending_job_threshold,
         },

@@ -106,7 +106,8 @@ fn annotation<'a>(map: Option<&'a BTreeMap<String, String>>, key: &str) -> Optio
 
 /// The value of `key` on the pod, else on its Job.
 fn effective<'a>(waiting: &Waiting<'a>, key: &str) -> Option<&'a str> {
-    annotation(waiting.pod.metadata.annotations.as_ref(), key).or_else(|| annotation(waiting.job, key))
+    annotation(waiting.pod.metadata.annotations.as_ref(), key)
+        .or_else(|| annotation(waiting.job, key))
 }
 
 /// Whether the pod is in `delayed` mode: its effective burst mode (the webhook writes it on the
@@ -173,7 +174,10 @@ pub fn plan(pods: &[Waiting<'_>], settings: OffloadSettings, now: Timestamp) -> 
     let mut moves = Vec::new();
     let mut waiting: Vec<(&Waiting<'_>, Duration)> = Vec::new();
     let mut longest_wait = Duration::ZERO;
-    for candidate in pods.iter().filter(|w| is_delayed(w) && unbound_and_pending(w.pod)) {
+    for candidate in pods
+        .iter()
+        .filter(|w| is_delayed(w) && unbound_and_pending(w.pod))
+    {
         let created = candidate
             .pod
             .metadata
@@ -201,7 +205,10 @@ pub fn plan(pods: &[Waiting<'_>], settings: OffloadSettings, now: Timestamp) -> 
     }
     // Too many waiting: the longest-waiting move until at most the threshold wait.
     let total = waiting.len();
-    waiting.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| name_of(a.0.pod).cmp(&name_of(b.0.pod))));
+    waiting.sort_by(|a, b| {
+        b.1.cmp(&a.1)
+            .then_with(|| name_of(a.0.pod).cmp(&name_of(b.0.pod)))
+    });
     let excess = total.saturating_sub(settings.pending_job_threshold);
     for (candidate, _) in waiting.iter().take(excess) {
         moves.push(to_move(
@@ -268,7 +275,12 @@ mod tests {
     }
 
     fn delayed(name: &str, age: i64) -> Pod {
-        pod(name, age, json!({"runpod.io/burst-mode": "delayed"}), Some(false))
+        pod(
+            name,
+            age,
+            json!({"runpod.io/burst-mode": "delayed"}),
+            Some(false),
+        )
     }
 
     fn settings(max_pending: u64, threshold: usize) -> OffloadSettings {
@@ -306,7 +318,12 @@ mod tests {
     fn zero_moves_a_pod_as_soon_as_the_scheduler_says_no() {
         let pods = [
             delayed("refused", 0),
-            pod("not-looked-at", 0, json!({"runpod.io/burst-mode": "delayed"}), None),
+            pod(
+                "not-looked-at",
+                0,
+                json!({"runpod.io/burst-mode": "delayed"}),
+                None,
+            ),
         ];
         let plan = plan(&waiting(&pods), settings(0, 10), now());
         assert_eq!(moved(&plan), [("refused".to_owned(), "max_pending_time")]);
@@ -324,7 +341,10 @@ mod tests {
         let job: BTreeMap<String, String> =
             [("runpod.io/max-pending-time".to_owned(), "60".to_owned())].into();
         let pods = [
-            Waiting { pod: &own, job: None },
+            Waiting {
+                pod: &own,
+                job: None,
+            },
             Waiting {
                 pod: &by_job,
                 job: Some(&job),
@@ -358,8 +378,8 @@ mod tests {
             "4 pods waiting for a local GPU, threshold 1; moved to RunPod (the longest-waiting first)"
         );
         // At the threshold nothing moves.
-        let plan = plan(&waiting(&pods[..1]), settings(3600, 1), now());
-        assert!(plan.moves.is_empty());
+        let at_threshold = super::plan(&waiting(&pods[..1]), settings(3600, 1), now());
+        assert!(at_threshold.moves.is_empty());
     }
 
     #[test]
@@ -395,8 +415,18 @@ mod tests {
 
     #[test]
     fn only_waiting_delayed_pods_are_ever_moved() {
-        let fallback = pod("fallback", 99, json!({"runpod.io/burst-mode": "fallback"}), Some(false));
-        let managed = pod("managed", 99, json!({"runpod.io/managed": "true"}), Some(false));
+        let fallback = pod(
+            "fallback",
+            99,
+            json!({"runpod.io/burst-mode": "fallback"}),
+            Some(false),
+        );
+        let managed = pod(
+            "managed",
+            99,
+            json!({"runpod.io/managed": "true"}),
+            Some(false),
+        );
         let explicit_beats_managed = pod(
             "explicit",
             99,
@@ -410,9 +440,8 @@ mod tests {
         let mut running = delayed("running", 99);
         running.status.as_mut().unwrap().phase = Some("Running".into());
         let mut deleted = delayed("deleted", 99);
-        deleted.metadata.deletion_timestamp = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()),
-        );
+        deleted.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
         let pods = [
             fallback,
             managed,

@@ -14,7 +14,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PartialObjectMeta};
+use kube::api::{PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -137,7 +137,9 @@ async fn round<P>(
                 announce(shared, pod, planned).await;
             }
             Ok(false) => {}
-            Err(error) => warn!(pod = %planned.name, namespace = %planned.namespace, %error, "moving a waiting pod failed; tried again next round"),
+            Err(error) => {
+                warn!(pod = %planned.name, namespace = %planned.namespace, %error, "moving a waiting pod failed; tried again next round")
+            }
         }
     }
 }
@@ -173,9 +175,7 @@ async fn namespace_labels<P>(
     let api: Api<Namespace> = Api::all(shared.client.clone());
     match api.get_metadata_opt(&name).await {
         Ok(found) => {
-            let labels = found
-                .and_then(|ns| ns.metadata.labels)
-                .unwrap_or_default();
+            let labels = found.and_then(|ns| ns.metadata.labels).unwrap_or_default();
             cache.insert(name, (labels.clone(), now));
             labels
         }
@@ -205,7 +205,11 @@ async fn move_pod<P>(shared: &Shared<P>, pod: &Pod, planned: &Move) -> Result<bo
     });
     let api: Api<Pod> = Api::namespaced(shared.client.clone(), &planned.namespace);
     match api
-        .patch(&planned.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            &planned.name,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
     {
         Ok(_) => {
@@ -220,9 +224,7 @@ async fn move_pod<P>(shared: &Shared<P>, pod: &Pod, planned: &Move) -> Result<bo
 /// Events on the pod and on its Job saying why it moved.
 async fn announce<P>(shared: &Shared<P>, pod: &Pod, planned: &Move) {
     let message = planned.reason.message();
-    shared
-        .event(pod, false, "Offloaded", message.clone())
-        .await;
+    shared.event(pod, false, "Offloaded", message.clone()).await;
     let Some(owner) = pod
         .metadata
         .owner_references

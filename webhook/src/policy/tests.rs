@@ -884,6 +884,337 @@ fn patch_escapes_keys_and_creates_missing_parents() {
     assert!(patched["spec"]["affinity"]["nodeAffinity"].is_object());
 }
 
+fn managed_job(annotations: &[(&str, &str)]) -> Context {
+    let mut context = labelled_namespace();
+    context.job = Some(OwningJob {
+        name: "train".into(),
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    });
+    context
+}
+
+fn prefers_local_nodes(pod: &Value) -> bool {
+    pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|term| {
+            term["preference"]["matchExpressions"][0]["values"] == json!(["virtual-kubelet"])
+        })
+}
+
+/// A `delayed` pod: the preference and the burst pod's annotations, no toleration, no selector.
+fn assert_delayed(verdict: &Verdict, patched: &Value) {
+    assert_bursts(verdict);
+    assert!(prefers_local_nodes(patched), "{}", patched["spec"]);
+    assert!(!tolerates_runpod(patched), "{}", patched["spec"]);
+    assert!(patched["spec"].get("nodeSelector").is_none());
+    assert_eq!(annotations(patched)[contract::BURST_MODE], "delayed");
+    assert_eq!(annotations(patched)[contract::PORTS], "8888/http,22/tcp");
+}
+
+#[test]
+fn managed_on_the_pod_selects_delayed() {
+    let pod = annotate(gpu_pod(), contract::MANAGED, "true");
+    let (verdict, patched) = admit(&pod, &labelled_namespace());
+    assert_delayed(&verdict, &patched);
+    assert_idempotent(&patched, &labelled_namespace());
+
+    // `false` is no opt-in: the namespace default (fallback) applies.
+    let unmanaged = annotate(gpu_pod(), contract::MANAGED, "false");
+    let (verdict, patched) = admit(&unmanaged, &labelled_namespace());
+    assert_bursts(&verdict);
+    assert!(tolerates_runpod(&patched));
+}
+
+#[test]
+fn managed_on_the_job_selects_delayed_and_is_written_on_the_pod() {
+    let context = managed_job(&[
+        (contract::MANAGED, "true"),
+        (contract::MAX_PENDING_TIME, "5m"),
+    ]);
+    let (verdict, patched) = admit(&gpu_pod(), &context);
+    assert_delayed(&verdict, &patched);
+    assert_eq!(annotations(&patched)[contract::MANAGED], "true");
+    assert_eq!(annotations(&patched)[contract::MAX_PENDING_TIME], "5m");
+    assert_idempotent(&patched, &context);
+}
+
+#[test]
+fn an_explicit_mode_beats_managed() {
+    let context = managed_job(&[(contract::MANAGED, "true")]);
+    let (verdict, patched) = admit(&gpu_pod(), &context);
+    assert_delayed(&verdict, &patched);
+    let pod = annotate(gpu_pod(), contract::BURST_MODE, "always");
+    let (verdict, patched) = admit(&pod, &context);
+    assert_bursts(&verdict);
+    assert_eq!(patched["spec"]["nodeSelector"]["type"], "virtual-kubelet");
+    assert_eq!(annotations(&patched)[contract::BURST_MODE], "always");
+
+    // The Job's explicit mode beats the pod's managed.
+    let pod = annotate(gpu_pod(), contract::MANAGED, "true");
+    let (verdict, patched) = admit(&pod, &labelled_namespace());
+    assert_delayed(&verdict, &patched);
+    let context = managed_job(&[(contract::BURST_MODE, "fallback")]);
+    let (_, patched) = admit(&pod, &context);
+    assert!(tolerates_runpod(&patched));
+    assert_eq!(annotations(&patched)[contract::BURST_MODE], "fallback");
+}
+
+#[test]
+fn managed_beats_the_namespace_label() {
+    let mut context = managed_job(&[(contract::MANAGED, "true")]);
+    context
+        .namespace_labels
+        .insert(contract::NAMESPACE_MODE_LABEL.into(), "always".into());
+    let (verdict, patched) = admit(&gpu_pod(), &context);
+    assert_delayed(&verdict, &patched);
+}
+
+#[test]
+fn namespace_default_delayed_is_written_on_the_pod() {
+    let mut context = labelled_namespace();
+    context
+        .namespace_labels
+        .insert(contract::NAMESPACE_MODE_LABEL.into(), "delayed".into());
+    let (verdict, patched) = admit(&gpu_pod(), &context);
+    assert_delayed(&verdict, &patched);
+    assert_idempotent(&patched, &context);
+
+    // A CPU pod is no candidate under a namespace default.
+    let mut cpu = gpu_pod();
+    cpu["spec"]["containers"][0]["resources"] = json!({});
+    let (verdict, patched) = admit(&cpu, &context);
+    assert!(
+        matches!(
+            verdict,
+            Verdict::Allow {
+                untouched: Some(Untouched::NotGpu),
+                ..
+            }
+        ),
+        "{verdict:?}"
+    );
+    assert_eq!(patched, cpu);
+}
+
+#[test]
+fn an_explicit_delayed_pod_keeps_its_own_annotation_and_user_tolerations() {
+    let mut pod = annotate(gpu_pod(), contract::BURST_MODE, "Delayed");
+    pod["spec"]["tolerations"] = json!([{"key": "gpu", "operator": "Exists"}]);
+    let (verdict, patched) = admit(&pod, &labelled_namespace());
+    assert_bursts(&verdict);
+    assert_eq!(
+        annotations(&patched)[contract::BURST_MODE],
+        "Delayed",
+        "the user's value is not rewritten"
+    );
+    assert_eq!(
+        patched["spec"]["tolerations"],
+        json!([{"key": "gpu", "operator": "Exists"}])
+    );
+    assert!(prefers_local_nodes(&patched));
+    assert_idempotent(&patched, &labelled_namespace());
+}
+
+#[test]
+fn a_managed_pod_without_a_gpu_is_a_delayed_candidate() {
+    let mut cpu = annotate(gpu_pod(), contract::MANAGED, "true");
+    cpu["spec"]["containers"][0]["resources"] = json!({});
+    let (verdict, patched) = admit(&cpu, &labelled_namespace());
+    assert_bursts(&verdict);
+    assert!(prefers_local_nodes(&patched));
+    assert!(!tolerates_runpod(&patched));
+    assert_eq!(annotations(&patched)[contract::BURST_MODE], "delayed");
+
+    // ...but pinned to RunPod at creation it would wait forever: refused like `always`.
+    let offload = annotate(cpu, contract::OFFLOAD, "true");
+    let (code, message) = {
+        let verdict = admit(&offload, &labelled_namespace()).0;
+        let (code, message) = denial(&verdict);
+        (code, message.to_owned())
+    };
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("runpod.io/offload is true but the pod requests no nvidia.com/gpu"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_delayed_pod_runpod_cannot_run_stays_local_unmarked() {
+    let context = managed_job(&[(contract::MANAGED, "true")]);
+    let pod = inject_sidecar(gpu_pod());
+    let (verdict, patched) = admit(&pod, &context);
+    match &verdict {
+        Verdict::Allow {
+            untouched: Some(Untouched::CannotBurst),
+            warnings,
+            ..
+        } => assert!(
+            warnings[0].contains("stays on local nodes") && warnings[0].contains("2 containers"),
+            "{warnings:?}"
+        ),
+        other => panic!("expected a local pod with a warning, got {other:?}"),
+    }
+    assert_eq!(patched, pod, "not marked delayed, not mutated");
+
+    // Too many detected http ports: the same.
+    let mut ports = gpu_pod();
+    let many: Vec<Value> = (0..11)
+        .map(|i| json!({"containerPort": 7000 + i, "name": format!("http-{i}")}))
+        .collect();
+    ports["spec"]["containers"][0]["ports"] = json!(many);
+    let (verdict, patched) = admit(&ports, &context);
+    assert!(
+        matches!(
+            verdict,
+            Verdict::Allow {
+                untouched: Some(Untouched::CannotBurst),
+                ..
+            }
+        ),
+        "{verdict:?}"
+    );
+    assert_eq!(patched, ports);
+
+    // From the namespace default: the same. A mode the user set stays (the controller
+    // re-checks the shape itself).
+    let mut namespace_default = labelled_namespace();
+    namespace_default
+        .namespace_labels
+        .insert(contract::NAMESPACE_MODE_LABEL.into(), "delayed".into());
+    let explicit = annotate(pod.clone(), contract::BURST_MODE, "delayed");
+    for (pod, context) in [
+        (&pod, &namespace_default),
+        (&explicit, &labelled_namespace()),
+    ] {
+        let (verdict, patched) = admit(pod, context);
+        assert!(
+            matches!(
+                verdict,
+                Verdict::Allow {
+                    untouched: Some(Untouched::CannotBurst),
+                    ..
+                }
+            ),
+            "{verdict:?}"
+        );
+        assert_eq!(&patched, pod);
+    }
+}
+
+#[test]
+fn policy_violations_of_delayed_pods_are_refused() {
+    let pod = annotate(gpu_pod(), contract::DATACENTER_IDS, "US-CA-2");
+    let pod = annotate(pod, contract::BURST_MODE, "delayed");
+    let context = labelled_namespace();
+    let (code, message) = {
+        let verdict = admit(&pod, &context).0;
+        let (code, message) = denial(&verdict);
+        (code, message.to_owned())
+    };
+    assert_eq!(code, 403);
+    assert!(message.contains("US-CA-2"), "{message}");
+}
+
+#[test]
+fn offload_at_creation_gets_the_always_mutation_whatever_the_mode() {
+    for (annotations, job) in [
+        (
+            vec![(contract::OFFLOAD, "true")],
+            vec![(contract::MANAGED, "true")],
+        ),
+        (
+            vec![],
+            vec![(contract::MANAGED, "true"), (contract::OFFLOAD, "true")],
+        ),
+        (
+            vec![
+                (contract::OFFLOAD, "true"),
+                (contract::BURST_MODE, "fallback"),
+            ],
+            vec![],
+        ),
+    ] {
+        let mut pod = gpu_pod();
+        for (key, value) in &annotations {
+            pod = annotate(pod, key, value);
+        }
+        let context = managed_job(&job);
+        let (verdict, patched) = admit(&pod, &context);
+        assert_bursts(&verdict);
+        assert_eq!(
+            patched["spec"]["nodeSelector"],
+            json!({"type": "virtual-kubelet", "virtual-kubelet.io/provider": "runpod"}),
+            "{annotations:?} {job:?}"
+        );
+        assert!(tolerates_runpod(&patched), "{annotations:?} {job:?}");
+        assert!(!prefers_local_nodes(&patched), "{annotations:?} {job:?}");
+        assert_eq!(
+            patched["metadata"]["annotations"][contract::OFFLOAD],
+            "true"
+        );
+        assert_idempotent(&patched, &context);
+    }
+
+    // Shapes RunPod cannot run are refused, as for `always`.
+    let pod = annotate(inject_sidecar(gpu_pod()), contract::OFFLOAD, "true");
+    let (code, message) = {
+        let verdict = admit(&pod, &managed_job(&[(contract::MANAGED, "true")])).0;
+        let (code, message) = denial(&verdict);
+        (code, message.to_owned())
+    };
+    assert_eq!(code, 422);
+    assert!(message.contains("2 containers"), "{message}");
+}
+
+#[test]
+fn bad_managed_offload_and_max_pending_time_values_are_refused_naming_them() {
+    for (key, value) in [
+        (contract::MANAGED, "yes"),
+        (contract::OFFLOAD, "1"),
+        (contract::MAX_PENDING_TIME, "soon"),
+        (contract::MAX_PENDING_TIME, "-5"),
+        (contract::MANAGED, ""),
+    ] {
+        let pod = annotate(gpu_pod(), key, value);
+        let (code, message) = {
+            let verdict = admit(&pod, &labelled_namespace()).0;
+            let (code, message) = denial(&verdict);
+            (code, message.to_owned())
+        };
+        assert_eq!(code, 422, "{key}={value:?}");
+        assert!(message.contains(key), "{key}={value:?}: {message}");
+
+        let (verdict, _) = admit(&gpu_pod(), &managed_job(&[(key, value)]));
+        assert!(
+            denial(&verdict).1.contains("inherited from Job train"),
+            "{verdict:?}"
+        );
+    }
+    for good in ["40", "40s", "1h30m"] {
+        let pod = annotate(gpu_pod(), contract::MAX_PENDING_TIME, good);
+        assert_bursts(&admit(&pod, &labelled_namespace()).0);
+    }
+}
+
+#[test]
+fn the_mode_list_in_refusals_names_delayed() {
+    let pod = annotate(gpu_pod(), contract::BURST_MODE, "later");
+    let message = denial(&admit(&pod, &labelled_namespace()).0).1.to_owned();
+    assert!(message.contains("delayed"), "{message}");
+    let mut context = labelled_namespace();
+    context
+        .namespace_labels
+        .insert(contract::NAMESPACE_MODE_LABEL.into(), "later".into());
+    let message = denial(&admit(&gpu_pod(), &context).0).1.to_owned();
+    assert!(message.contains("delayed"), "{message}");
+}
+
 fn arb_annotation() -> impl Strategy<Value = (String, String)> {
     let keys = prop::sample::select(vec![
         contract::REQUIRED_GPU_MEMORY,
@@ -894,6 +1225,9 @@ fn arb_annotation() -> impl Strategy<Value = (String, String)> {
         contract::PORTS,
         contract::DISK,
         contract::BURST_MODE,
+        contract::MANAGED,
+        contract::OFFLOAD,
+        contract::MAX_PENDING_TIME,
         contract::POD_ID,
         contract::COST_PER_HR,
         "example.com/x~y",
@@ -907,6 +1241,10 @@ fn arb_annotation() -> impl Strategy<Value = (String, String)> {
         "always",
         "fallback",
         "never",
+        "delayed",
+        "true",
+        "false",
+        "5m",
         "EU-RO-1",
         "US-CA-2",
         "8080/http,22/tcp",
@@ -991,8 +1329,15 @@ proptest! {
 
     /// Any admitted pod: the patch applies, and reviewing the result again changes nothing.
     #[test]
-    fn patches_apply_and_are_idempotent(pod in arb_pod(), namespace_enabled in any::<bool>()) {
-        let context = if namespace_enabled { labelled_namespace() } else { Context::default() };
+    fn patches_apply_and_are_idempotent(
+        pod in arb_pod(),
+        namespace_enabled in any::<bool>(),
+        namespace_mode in prop::option::of(prop::sample::select(vec!["fallback", "always", "delayed", "never"])),
+    ) {
+        let mut context = if namespace_enabled { labelled_namespace() } else { Context::default() };
+        if let Some(mode) = namespace_mode {
+            context.namespace_labels.insert(contract::NAMESPACE_MODE_LABEL.into(), mode.into());
+        }
         let verdict = decide(&typed(&pod), "ml", &context, &config());
         if let Verdict::Allow { mutation, .. } = &verdict {
             let mut patched = pod.clone();

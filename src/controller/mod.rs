@@ -239,7 +239,7 @@ async fn lead<P: Provider>(
         shared.clone(),
         store.clone(),
     ));
-    tasks.spawn(offloader::run(shared.clone(), offload));
+    tasks.spawn(offloader::run(shared.clone(), offload, fence.clone()));
     readiness.send_replace(Some(ops::leader_ready(
         store.clone(),
         shared.clone(),

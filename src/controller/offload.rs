@@ -96,7 +96,7 @@ pub struct Plan {
     pub moves: Vec<Move>,
     /// Pods still waiting after the moves.
     pub waiting: usize,
-    /// The longest wait among all waiting pods, moved or not.
+    /// The longest wait among the pods still waiting.
     pub longest_wait: Duration,
 }
 
@@ -148,12 +148,15 @@ pub fn virtual_node_toleration() -> Toleration {
     }
 }
 
-/// Waiting for a local GPU: pending, bound to no node, not being deleted, not yet tolerating
-/// the virtual node.
+/// Waiting for a local GPU: pending, bound to no node and nominated for none (the scheduler
+/// preempting local pods for it has found it one), not being deleted, not yet tolerating the
+/// virtual node.
 fn unbound_and_pending(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
     pod.metadata.deletion_timestamp.is_none()
         && pod.spec.as_ref().is_some_and(|s| s.node_name.is_none())
-        && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")
+        && status.and_then(|s| s.phase.as_deref()) == Some("Pending")
+        && status.and_then(|s| s.nominated_node_name.as_deref()).is_none_or(str::is_empty)
         && !tolerates_virtual_node(pod)
 }
 
@@ -173,7 +176,6 @@ fn unschedulable(pod: &Pod) -> bool {
 pub fn plan(pods: &[Waiting<'_>], settings: OffloadSettings, now: Timestamp) -> Plan {
     let mut moves = Vec::new();
     let mut waiting: Vec<(&Waiting<'_>, Duration)> = Vec::new();
-    let mut longest_wait = Duration::ZERO;
     for candidate in pods
         .iter()
         .filter(|w| is_delayed(w) && unbound_and_pending(w.pod))
@@ -185,13 +187,19 @@ pub fn plan(pods: &[Waiting<'_>], settings: OffloadSettings, now: Timestamp) -> 
             .as_ref()
             .map_or(now, |t| t.0);
         let waited = elapsed(created, now);
-        let reason = if effective(candidate, contract::OFFLOAD) == Some("true") {
+        // On the pod or its Job: the Job's may be set to "true" after the pod was admitted
+        // with a copy of an earlier "false".
+        let offload = [
+            annotation(candidate.pod.metadata.annotations.as_ref(), contract::OFFLOAD),
+            annotation(candidate.job, contract::OFFLOAD),
+        ]
+        .contains(&Some("true"));
+        let reason = if offload {
             Some(Reason::OffloadAnnotation)
         } else if !unschedulable(candidate.pod) {
             // The scheduler has not said no local node fits yet.
             None
         } else {
-            longest_wait = longest_wait.max(waited);
             let limit = effective(candidate, contract::MAX_PENDING_TIME)
                 .and_then(|value| contract::parse_max_pending_time(value).ok())
                 .unwrap_or(settings.max_pending_time);
@@ -210,6 +218,12 @@ pub fn plan(pods: &[Waiting<'_>], settings: OffloadSettings, now: Timestamp) -> 
             .then_with(|| name_of(a.0.pod).cmp(&name_of(b.0.pod)))
     });
     let excess = total.saturating_sub(settings.pending_job_threshold);
+    let longest_wait = waiting
+        .iter()
+        .skip(excess)
+        .map(|(_, waited)| *waited)
+        .max()
+        .unwrap_or(Duration::ZERO);
     for (candidate, _) in waiting.iter().take(excess) {
         moves.push(to_move(
             candidate.pod,
@@ -307,7 +321,7 @@ mod tests {
         let plan = plan(&waiting(&pods), settings(40, 10), now());
         assert_eq!(moved(&plan), [("old".to_owned(), "max_pending_time")]);
         assert_eq!(plan.waiting, 1);
-        assert_eq!(plan.longest_wait, Duration::from_secs(50));
+        assert_eq!(plan.longest_wait, Duration::from_secs(30), "of those still waiting");
         assert_eq!(
             plan.moves[0].reason.message(),
             "waited 50s for a local GPU (max-pending-time 40s); moved to RunPod"
@@ -453,6 +467,33 @@ mod tests {
         ];
         let plan = plan(&waiting(&pods), settings(0, 10), now());
         assert_eq!(moved(&plan), [("managed".to_owned(), "max_pending_time")]);
+    }
+
+    #[test]
+    fn a_jobs_later_offload_true_wins_over_the_pods_copied_false() {
+        let copied = pod(
+            "p",
+            5,
+            json!({"runpod.io/burst-mode": "delayed", "runpod.io/offload": "false"}),
+            Some(false),
+        );
+        let job: BTreeMap<String, String> =
+            [("runpod.io/offload".to_owned(), "true".to_owned())].into();
+        let pods = [Waiting {
+            pod: &copied,
+            job: Some(&job),
+        }];
+        let plan = plan(&pods, settings(3600, 10), now());
+        assert_eq!(moved(&plan), [("p".to_owned(), "offload_annotation")]);
+    }
+
+    #[test]
+    fn a_pod_nominated_for_a_local_node_is_left_to_the_scheduler() {
+        let mut nominated = delayed("n", 99);
+        nominated.status.as_mut().unwrap().nominated_node_name = Some("gpu-1".into());
+        let pods = [nominated];
+        let plan = plan(&waiting(&pods), settings(0, 0), now());
+        assert!(plan.moves.is_empty());
     }
 
     #[test]

@@ -17,12 +17,13 @@ use kube::Api;
 use kube::api::{PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{WatchStreamExt, metadata_watcher, watcher};
 use serde_json::json;
 use tracing::{info, instrument, warn};
 
 use super::context::{Shared, elapsed};
 use super::eligibility;
+use super::leader::Fence;
 use super::metrics::ReasonLabel;
 use super::offload::{self, Move, OffloadSettings, Waiting};
 use super::pods::outage_tolerations;
@@ -33,7 +34,11 @@ const ROUND: Duration = Duration::from_secs(2);
 const NAMESPACE_TTL: Duration = Duration::from_secs(60);
 
 /// Runs until aborted (the leader's tasks are aborted when leadership ends).
-pub async fn run<P: Send + Sync + 'static>(shared: Arc<Shared<P>>, settings: OffloadSettings) {
+pub async fn run<P: Send + Sync + 'static>(
+    shared: Arc<Shared<P>>,
+    settings: OffloadSettings,
+    fence: Fence,
+) {
     let client = shared.client.clone();
     let (pods, pod_writer) = reflector::store();
     let pod_stream = watcher(
@@ -44,10 +49,7 @@ pub async fn run<P: Send + Sync + 'static>(shared: Arc<Shared<P>>, settings: Off
     .reflect(pod_writer)
     .applied_objects();
     let (jobs, job_writer) = reflector::store();
-    let job_stream = watcher(
-        Api::<PartialObjectMeta<Job>>::all(client.clone()),
-        watcher::Config::default(),
-    )
+    let job_stream = metadata_watcher(Api::<Job>::all(client.clone()), watcher::Config::default())
     .default_backoff()
     .reflect(job_writer)
     .applied_objects();
@@ -78,7 +80,10 @@ pub async fn run<P: Send + Sync + 'static>(shared: Arc<Shared<P>>, settings: Off
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
-        round(&shared, &pods, &jobs, settings, &mut namespaces).await;
+        // No pod is written once the lease may be someone else's.
+        if fence.is_valid() {
+            round(&shared, &pods, &jobs, settings, &mut namespaces).await;
+        }
     }
 }
 
@@ -230,7 +235,7 @@ async fn announce<P>(shared: &Shared<P>, pod: &Pod, planned: &Move) {
         .owner_references
         .iter()
         .flatten()
-        .find(|o| o.kind == "Job")
+        .find(|o| o.kind == "Job" && o.api_version.starts_with("batch/"))
     else {
         return;
     };

@@ -162,6 +162,13 @@ pub fn cannot_run(pod: &PodView, config: &PolicyConfig) -> Vec<String> {
         checks::view_gpu_count(pod),
         config,
     ));
+    // Detected ports RunPod cannot publish (too many http ports) keep a pod local at
+    // admission too; an explicit `runpod.io/ports` was validated there.
+    if effective.get(contract::PORTS).is_none()
+        && let Err(problem) = checks::view_detect_ports(pod, &mut Vec::new())
+    {
+        problems.push(problem);
+    }
     problems
 }
 

@@ -156,7 +156,9 @@ fn unbound_and_pending(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
         && pod.spec.as_ref().is_some_and(|s| s.node_name.is_none())
         && status.and_then(|s| s.phase.as_deref()) == Some("Pending")
-        && status.and_then(|s| s.nominated_node_name.as_deref()).is_none_or(str::is_empty)
+        && status
+            .and_then(|s| s.nominated_node_name.as_deref())
+            .is_none_or(str::is_empty)
         && !tolerates_virtual_node(pod)
 }
 
@@ -190,7 +192,10 @@ pub fn plan(pods: &[Waiting<'_>], settings: OffloadSettings, now: Timestamp) -> 
         // On the pod or its Job: the Job's may be set to "true" after the pod was admitted
         // with a copy of an earlier "false".
         let offload = [
-            annotation(candidate.pod.metadata.annotations.as_ref(), contract::OFFLOAD),
+            annotation(
+                candidate.pod.metadata.annotations.as_ref(),
+                contract::OFFLOAD,
+            ),
             annotation(candidate.job, contract::OFFLOAD),
         ]
         .contains(&Some("true"));
@@ -321,7 +326,11 @@ mod tests {
         let plan = plan(&waiting(&pods), settings(40, 10), now());
         assert_eq!(moved(&plan), [("old".to_owned(), "max_pending_time")]);
         assert_eq!(plan.waiting, 1);
-        assert_eq!(plan.longest_wait, Duration::from_secs(30), "of those still waiting");
+        assert_eq!(
+            plan.longest_wait,
+            Duration::from_secs(30),
+            "of those still waiting"
+        );
         assert_eq!(
             plan.moves[0].reason.message(),
             "waited 50s for a local GPU (max-pending-time 40s); moved to RunPod"

@@ -50,9 +50,9 @@ pub async fn run<P: Send + Sync + 'static>(
     .applied_objects();
     let (jobs, job_writer) = reflector::store();
     let job_stream = metadata_watcher(Api::<Job>::all(client.clone()), watcher::Config::default())
-    .default_backoff()
-    .reflect(job_writer)
-    .applied_objects();
+        .default_backoff()
+        .reflect(job_writer)
+        .applied_objects();
     let watches = tokio::spawn(async move {
         let pods = pod_stream.for_each(|event| async move {
             if let Err(error) = event {

@@ -340,9 +340,17 @@ fn the_controller_shares_the_opt_in_rule_and_the_run_checks() {
         json!([{"name": "init", "image": "busybox"}]),
     ));
     assert!(cannot_run(&two, &config)[0].contains("init containers"));
-    let ports: Vec<Value> = (0..11).map(|i| json!({"containerPort": 8000 + i, "name": format!("http-{i}")})).collect();
-    let many = typed(&with(gpu_pod(), "/spec/containers/0/ports", json!(ports)));
-    assert_eq!(cannot_run(&many, &config).len(), 1, "too many detected http ports");
+    let ports: Vec<Value> = (0..11)
+        .map(|i| json!({"containerPort": 8000 + i, "name": format!("http-{i}")}))
+        .collect();
+    let mut raw = gpu_pod();
+    raw["spec"]["containers"][0]["ports"] = json!(ports);
+    let many = typed(&raw);
+    assert_eq!(
+        cannot_run(&many, &config).len(),
+        1,
+        "too many detected http ports"
+    );
 }
 
 /// GPUs as the webhook counts them, checked against the controller's reading of the typed pod.

@@ -17,7 +17,7 @@ use kube::Api;
 use kube::api::{PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, metadata_watcher, watcher};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tracing::{info, instrument, warn};
 
@@ -49,10 +49,14 @@ pub async fn run<P: Send + Sync + 'static>(
     .reflect(pod_writer)
     .applied_objects();
     let (jobs, job_writer) = reflector::store();
-    let job_stream = metadata_watcher(Api::<Job>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(job_writer)
-        .applied_objects();
+    // `PartialObjectMeta` makes the list and watch metadata-only.
+    let job_stream = watcher(
+        Api::<PartialObjectMeta<Job>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(job_writer)
+    .applied_objects();
     let watches = tokio::spawn(async move {
         let pods = pod_stream.for_each(|event| async move {
             if let Err(error) = event {

@@ -165,9 +165,11 @@ pub struct ControllerArgs {
     /// How long burst pods tolerate an unreachable or not-ready virtual node.
     #[arg(long, default_value = "1h", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_OUTAGE_GRACE")]
     pub outage_grace: Duration,
-    /// Pods reconciled at once.
-    #[arg(long, default_value_t = 16, env = "RUNPOD_KUBELET_CONCURRENCY")]
-    pub concurrency: u16,
+    /// Pods reconciled at once (default: `--max-pods`). A reconcile waiting for the RunPod
+    /// quota holds its slot, so with fewer slots than pods a deleted pod's stop could wait
+    /// behind creates queued for the quota instead of going first.
+    #[arg(long, env = "RUNPOD_KUBELET_CONCURRENCY")]
+    pub concurrency: Option<u16>,
     /// Elect one leader among the replicas (Lease); `--leader-elect=false` for a single local
     /// run.
     #[arg(
@@ -486,7 +488,10 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
             max_pending_time: args.max_pending_time,
             pending_job_threshold: args.pending_job_threshold,
         },
-        concurrency: args.concurrency.max(1),
+        concurrency: args
+            .concurrency
+            .unwrap_or_else(|| u16::try_from(args.max_pods).unwrap_or(u16::MAX))
+            .max(1),
         election,
     };
     controller::run(provider, runtime, crate::shutdown::signal()).await

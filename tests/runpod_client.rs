@@ -435,7 +435,7 @@ async fn a_retry_that_succeeds_after_an_unseen_create_reports_a_possible_duplica
     );
     // What the caller does with it: once the list has caught up, the extra pod shows.
     tokio::time::sleep(Duration::from_millis(LAG_MS + 200)).await;
-    let listed = client.find_by_name(name, Priority::Urgent).await.unwrap();
+    let listed = client.find_by_name(name, Priority::Create).await.unwrap();
     assert_eq!(listed.len(), 2);
     for extra in listed.iter().filter(|pod| pod.id != placed.pod.id) {
         client.delete_pod(&extra.id).await.unwrap();

@@ -162,7 +162,10 @@ pub async fn drain<P: Provider>(
                     }
                     for instance in live {
                         info!(instance = %instance.id, state = instance.state.as_str(), pod_uid = ?instance.tags.pod_uid, "terminating");
-                        match provider.terminate(&instance.id).await {
+                        match provider
+                            .terminate(&instance.id, instance.state.termination_ends())
+                            .await
+                        {
                             Ok(()) => {
                                 if !report.terminated.contains(&instance.id) {
                                     report.terminated.push(instance.id.clone());

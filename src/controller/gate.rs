@@ -20,7 +20,7 @@ use tracing::{info, warn};
 
 use super::leader::Fence;
 use super::provider::{
-    CheapestPrices, Constraints, FinalLog, Instance, LogEntries, LogOptions, Provider,
+    CheapestPrices, Constraints, Ends, FinalLog, Instance, LogEntries, LogOptions, Provider,
     ProviderError, ProvisionError, ProvisionRequest, Provisioned,
 };
 
@@ -211,9 +211,9 @@ impl<P: Provider> Provider for Gated<P> {
         self.inner.stop(id).await
     }
 
-    async fn terminate(&self, id: &str) -> Result<(), ProviderError> {
+    async fn terminate(&self, id: &str, ends: Ends) -> Result<(), ProviderError> {
         self.gate.check_fence()?;
-        self.inner.terminate(id).await
+        self.inner.terminate(id, ends).await
     }
 
     async fn final_log(&self, id: &str) -> Result<FinalLog, ProviderError> {

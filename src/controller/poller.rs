@@ -278,7 +278,10 @@ pub async fn run<P: Provider>(
             }
             for orphan in collect {
                 info!(instance = %orphan.id, pod_uid = ?orphan.tags.pod_uid, node = ?orphan.tags.node_name, "terminating a RunPod pod whose Kubernetes pod is gone");
-                match provider.terminate(&orphan.id).await {
+                match provider
+                    .terminate(&orphan.id, orphan.state.termination_ends())
+                    .await
+                {
                     Ok(()) => {
                         metrics.garbage_collected.inc();
                     }

@@ -34,7 +34,25 @@ pub enum InstanceState {
     Unknown,
 }
 
+/// What terminating an instance ends: when calls queue behind the quota, those that end GPU
+/// billing go first, then the release of stopped instances (storage), then everything else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ends {
+    /// The instance may still be running: its GPU bills until this call.
+    GpuBilling,
+    /// The instance is stopped: only its storage bills.
+    Storage,
+}
+
 impl InstanceState {
+    /// What terminating an instance in this state ends (unknown states count as running).
+    pub fn termination_ends(self) -> Ends {
+        match self {
+            InstanceState::Exited | InstanceState::Terminated => Ends::Storage,
+            _ => Ends::GpuBilling,
+        }
+    }
+
     /// Still holding (and billing) resources.
     pub fn is_live(self) -> bool {
         !matches!(self, InstanceState::Terminated)
@@ -263,8 +281,13 @@ pub trait Provider: Send + Sync + 'static {
     /// Stops the container (SIGTERM) without releasing the machine.
     fn stop(&self, id: &str) -> impl Future<Output = Result<(), ProviderError>> + Send;
 
-    /// Terminates and releases the instance; an instance already gone counts as done.
-    fn terminate(&self, id: &str) -> impl Future<Output = Result<(), ProviderError>> + Send;
+    /// Terminates and releases the instance; an instance already gone counts as done. `ends`
+    /// says whether this ends GPU billing, which puts it ahead of other calls when they queue.
+    fn terminate(
+        &self,
+        id: &str,
+        ends: Ends,
+    ) -> impl Future<Output = Result<(), ProviderError>> + Send;
 
     /// The end of the instance's log, read once after its container ended: the exit code it
     /// reported, and the last lines, kept so `kubectl logs` works after the instance is gone.

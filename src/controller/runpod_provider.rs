@@ -14,12 +14,14 @@ use tracing::warn;
 
 use super::env::ResolvedEnv;
 use super::provider::{
-    CheapestPrices, Constraints, Endpoint, FinalLog, Instance, InstanceState, LogEntries, LogEntry,
-    LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned, Tags,
+    CheapestPrices, Constraints, Endpoint, Ends, FinalLog, Instance, InstanceState, LogEntries,
+    LogEntry, LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned,
+    Tags,
 };
 use crate::runpod::catalogue_cache::CatalogueCache;
 use crate::runpod::client::RunPodClient;
 use crate::runpod::error::ApiError;
+use crate::runpod::limiter::Priority;
 use crate::runpod::logs::{LogRequest, LogSource, MAX_TAIL};
 use crate::runpod::model::{self, PodAction, PodStatus};
 use crate::runpod::placement::{Attempt, PlacementError};
@@ -382,9 +384,13 @@ impl Provider for RunPodProvider {
         }
     }
 
-    async fn terminate(&self, id: &str) -> Result<(), ProviderError> {
+    async fn terminate(&self, id: &str, ends: Ends) -> Result<(), ProviderError> {
+        let priority = match ends {
+            Ends::GpuBilling => Priority::EndsBilling,
+            Ends::Storage => Priority::Cleanup,
+        };
         self.client
-            .delete_pod(id)
+            .delete_pod_as(id, priority)
             .await
             .map(|_| ())
             .map_err(provider_error)

@@ -475,7 +475,7 @@ impl RunPodClient {
         let answer = self
             .send_once(
                 "createPod",
-                Priority::Urgent,
+                Priority::Create,
                 Method::POST,
                 &["pods"],
                 &[],
@@ -491,7 +491,7 @@ impl RunPodClient {
         let answer = self
             .send(
                 "updatePod",
-                Priority::Urgent,
+                Priority::Create,
                 Method::PATCH,
                 &["pods", id],
                 &[],
@@ -502,12 +502,18 @@ impl RunPodClient {
     }
 
     /// `DELETE /v2/pods/{id}`: terminates (stops billing). 404 means already done.
-    #[instrument(skip(self), level = "debug")]
     pub async fn delete_pod(&self, id: &str) -> Result<Deleted, ApiError> {
+        self.delete_pod_as(id, Priority::EndsBilling).await
+    }
+
+    /// `DELETE /v2/pods/{id}` queued as `priority`: a stopped pod's termination waits behind
+    /// calls that end GPU billing.
+    #[instrument(skip(self), level = "debug")]
+    pub async fn delete_pod_as(&self, id: &str, priority: Priority) -> Result<Deleted, ApiError> {
         match self
             .send(
                 "deletePod",
-                Priority::Urgent,
+                priority,
                 Method::DELETE,
                 &["pods", id],
                 &[],
@@ -531,10 +537,14 @@ impl RunPodClient {
     #[instrument(skip(self), level = "debug")]
     pub async fn pod_action(&self, id: &str, action: PodAction) -> Result<Option<Pod>, ApiError> {
         let body = ActionBody { action };
+        let priority = match action {
+            PodAction::Stop | PodAction::Terminate => Priority::EndsBilling,
+            _ => Priority::Create,
+        };
         let answer = match self
             .send(
                 "podAction",
-                Priority::Urgent,
+                priority,
                 Method::POST,
                 &["pods", id, "action"],
                 &[],

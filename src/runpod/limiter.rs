@@ -1,11 +1,14 @@
 //! One client-wide rate limiter for the per-user RunPod quota. It starts from a configured
 //! per-minute quota, then follows the `RateLimit-Policy` / `RateLimit` headers of every response,
-//! so it never sends a request it already knows will be refused with 429. Creates and deletes
-//! (money) go before status polling (information), but a poll that has waited
-//! [`ROUTINE_MAX_WAIT`] takes every other slot with them: a finished pod is only seen through a
-//! poll, and its billing only stopped after that, so a long queue of creates must not starve
-//! polling, nor a stream of overdue log reads hold back deletes. The accounting of each window lives in
-//! `window.rs`; this file orders the waiting requests and hands out permits.
+//! so it never sends a request it already knows will be refused with 429, whatever window model
+//! the server counts with (see `window.rs`).
+//!
+//! When the quota is short, money goes first: requests that end GPU billing (stops, and
+//! terminations of pods still running), then terminations of stopped pods, then creates, then
+//! status polls, catalogue reads and logs. But a poll that has waited [`ROUTINE_MAX_WAIT`] takes
+//! every other slot with them: a finished pod is only seen through a poll, and its billing only
+//! stopped after that, so a long queue of creates must not starve polling, nor a stream of overdue
+//! log reads hold back deletes.
 
 mod headers;
 mod window;
@@ -19,15 +22,28 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use headers::header_list;
-use window::{Report, Window};
+use window::{Report, SendLog, Window};
 
-/// Which requests go first when the quota is short.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which requests go first when the quota is short, most urgent first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Priority {
-    /// Creates, deletes and actions: each one starts or stops billing.
-    Urgent,
+    /// Stops, and terminations of pods that may still be running: each ends GPU billing.
+    EndsBilling,
+    /// Terminations of stopped pods: they still bill storage.
+    Cleanup,
+    /// Creates and updates: each starts billing, so they wait for everything that ends it.
+    Create,
     /// Status polls, catalogue reads and logs.
     Routine,
+}
+
+impl Priority {
+    /// The classes that queue ahead of routine requests, in order.
+    const URGENT: [Priority; 3] = [Priority::EndsBilling, Priority::Cleanup, Priority::Create];
+
+    fn urgent_index(self) -> Option<usize> {
+        Self::URGENT.iter().position(|p| *p == self)
+    }
 }
 
 /// Longest a routine request waits behind urgent ones; after that it takes turns with them.
@@ -38,13 +54,12 @@ pub const ROUTINE_MAX_WAIT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Turn {
     Overdue,
-    Urgent,
+    Urgent(Priority),
     Routine,
 }
 
-/// Resets are assumed this much later than announced, and requests sent this long before a
-/// reset may count after it: a request reaches the server a moment after it is sent, and `t`
-/// may be rounded either way.
+/// A request reaches the server within this after it is sent, and announced times may be
+/// rounded either way by up to this much.
 const RESET_MARGIN: Duration = Duration::from_secs(1);
 
 /// Longest reset, wait or window believed from a header (a day window is the longest RunPod
@@ -54,49 +69,29 @@ const MAX_ANNOUNCED_WAIT: Duration = Duration::from_secs(2 * 86_400);
 #[derive(Debug)]
 struct State {
     windows: Vec<Window>,
-    /// Requests sent whose answer has not arrived yet: number → when sent.
-    in_flight: BTreeMap<u64, Instant>,
-    /// (number, when sent) of the requests a coming reset may still need to count, oldest
-    /// first.
-    sent: VecDeque<(u64, Instant)>,
+    /// Requests sent whose answer has not arrived yet: number → (when sent, how many others
+    /// were then in flight, sent within the delivery margin before it).
+    in_flight: BTreeMap<u64, (Instant, u32)>,
+    /// Every request sent that a window may still count, oldest first.
+    sent: SendLog,
     next_seq: u64,
-    urgent_waiting: u32,
+    /// Urgent requests waiting, per class of `Priority::URGENT`.
+    urgent_waiting: [u32; 3],
     overdue_waiting: u32,
     /// The last slot went to an overdue request: while both kinds wait they take turns, so
     /// neither polls nor deletes can be held back by a stream of the other.
     last_was_overdue: bool,
     blocked_until: Option<Instant>,
+    /// A `RateLimit-Policy` was seen: the windows are the server's, not a guess.
+    policy_seen: bool,
 }
 
 impl State {
     fn refresh(&mut self, now: Instant) {
-        let State {
-            windows,
-            sent,
-            next_seq,
-            ..
-        } = self;
-        for window in windows.iter_mut() {
-            window.refresh(now, *next_seq, |since| sent_since(sent, since));
-        }
-        self.forget_old_sends();
-        if self.blocked_until.is_some_and(|until| until <= now) {
-            self.blocked_until = None;
-        }
-    }
-
-    /// Drops send times no reset can need any more: those before every window's earliest
-    /// possible reset, and before every unanswered request (an answer may move that earlier).
-    fn forget_old_sends(&mut self) {
         let keep_from = self
             .windows
             .iter()
-            .filter_map(Window::needs_sends_since)
-            .chain(
-                self.in_flight
-                    .values()
-                    .map(|sent| sent.checked_sub(RESET_MARGIN).unwrap_or(*sent)),
-            )
+            .map(|window| window.needs_sends_since(now))
             .min();
         match keep_from {
             Some(from) => {
@@ -106,6 +101,15 @@ impl State {
             }
             None => self.sent.clear(),
         }
+        if self.blocked_until.is_some_and(|until| until <= now) {
+            self.blocked_until = None;
+        }
+    }
+
+    /// Urgent requests of a more urgent class than `priority` that are waiting.
+    fn urgent_ahead_of(&self, priority: Priority) -> u32 {
+        let classes = priority.urgent_index().unwrap_or(Priority::URGENT.len());
+        self.urgent_waiting[..classes].iter().sum()
     }
 
     /// Takes one slot from every window, or says until when to wait (`None`: until notified).
@@ -113,47 +117,57 @@ impl State {
         if let Some(until) = self.blocked_until {
             return Err(Some(until));
         }
+        let all_urgent: u32 = self.urgent_waiting.iter().sum();
         let ahead = match turn {
-            Turn::Overdue if self.last_was_overdue => self.urgent_waiting,
+            Turn::Overdue if self.last_was_overdue => all_urgent,
             Turn::Overdue => 0,
-            Turn::Urgent if self.last_was_overdue => 0,
-            Turn::Urgent => self.overdue_waiting,
-            Turn::Routine => self.overdue_waiting + self.urgent_waiting,
+            Turn::Urgent(priority) if self.last_was_overdue => self.urgent_ahead_of(priority),
+            Turn::Urgent(priority) => self.overdue_waiting + self.urgent_ahead_of(priority),
+            Turn::Routine => self.overdue_waiting + all_urgent,
         };
         if ahead > 0 {
             return Err(None);
         }
         let priority = match turn {
-            Turn::Overdue | Turn::Urgent => Priority::Urgent,
+            // An overdue poll takes its turn at an urgent request's terms (no reserve).
+            Turn::Overdue => Priority::Create,
+            Turn::Urgent(priority) => priority,
             Turn::Routine => Priority::Routine,
         };
-        let wait_until = self
-            .windows
-            .iter()
-            .filter_map(|window| window.wait_until(priority, now))
-            .max();
-        if wait_until.is_some() {
-            return Err(wait_until);
+        let mut wait_until: Result<(), Option<Instant>> = Ok(());
+        for window in &self.windows {
+            if let Err(until) = window.admits(priority, &self.sent, now) {
+                // The latest known wake-up; "until notified" if any window cannot say.
+                wait_until = match (wait_until, until) {
+                    (Ok(()), until) => Err(until),
+                    (Err(Some(a)), Some(b)) => Err(Some(a.max(b))),
+                    _ => Err(None),
+                };
+            }
         }
-        for window in &mut self.windows {
-            window.take(now);
-        }
+        wait_until?;
         self.last_was_overdue = turn == Turn::Overdue;
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.in_flight.insert(seq, now);
+        let racing_since = now.checked_sub(RESET_MARGIN).unwrap_or(now);
+        let racing = self
+            .in_flight
+            .values()
+            .filter(|(sent_at, _)| *sent_at >= racing_since)
+            .count();
+        self.in_flight
+            .insert(seq, (now, u32::try_from(racing).unwrap_or(u32::MAX)));
         self.sent.push_back((seq, now));
         Ok(seq)
     }
 
     /// Learns from an answer to request `seq` (still in flight).
     fn observe(&mut self, seq: u64, headers: &HeaderMap, now: Instant) {
-        let Some(&sent_at) = self.in_flight.get(&seq) else {
+        let Some(&(sent_at, racing)) = self.in_flight.get(&seq) else {
             return;
         };
-        let others_in_flight =
-            u32::try_from(self.in_flight.len().saturating_sub(1)).unwrap_or(u32::MAX);
         if let Some(policy) = header_list(headers, "ratelimit-policy") {
+            self.policy_seen = true;
             for member in policy {
                 let (Some(quota), Some(length)) = (member.get("q"), member.get("w")) else {
                     continue;
@@ -162,15 +176,7 @@ impl State {
                 let quota = u32::try_from(quota).unwrap_or(u32::MAX).max(1);
                 match self.windows.iter_mut().find(|w| w.name == member.name) {
                     Some(window) => window.set_policy(quota, length),
-                    None => {
-                        // New to us: this answer's count is the first thing known about it, so
-                        // the window starts with this request; requests sent around it may be
-                        // missing from that count.
-                        let mut window = Window::new(&member.name, quota, length, seq);
-                        let around = sent_at.checked_sub(RESET_MARGIN).unwrap_or(sent_at);
-                        window.assume_unreported(sent_before(&self.sent, seq, around));
-                        self.windows.push(window);
-                    }
+                    None => self.windows.push(Window::new(&member.name, quota, length)),
                 }
             }
         }
@@ -188,37 +194,52 @@ impl State {
                     sent_at,
                     remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
                     reset_secs,
-                    others_in_flight,
+                    racing,
                 };
-                applied[index] = self.windows[index].apply(report, now);
+                self.windows[index].apply(report, now);
+                applied[index] = true;
             }
         }
         for (window, applied) in self.windows.iter_mut().zip(applied) {
             if !applied {
-                window.unreported(seq);
+                window.unreported(sent_at);
+            }
+        }
+    }
+
+    /// A 429 from a server that sends no counts: while no policy was ever announced, the
+    /// configured quota was a guess, and what was sent before this request is an upper bound
+    /// of the real one.
+    fn learn_from_refusal(&mut self, seq: u64) {
+        let Some(&(sent_at, _)) = self.in_flight.get(&seq) else {
+            return;
+        };
+        if self.policy_seen {
+            return;
+        }
+        for window in &mut self.windows {
+            let from = sent_at.checked_sub(window.span());
+            let before = self
+                .sent
+                .iter()
+                .filter(|(number, at)| *number < seq && from.is_none_or(|from| *at > from))
+                .count();
+            // Refused with nothing of ours before it: someone else used the quota.
+            let before = u32::try_from(before).unwrap_or(u32::MAX);
+            if before > 0 && before < window.quota {
+                window.quota = before;
             }
         }
     }
 
     /// Request `seq` ended without an answer (a timeout, a broken connection).
     fn unanswered(&mut self, seq: u64) {
-        for window in &mut self.windows {
-            window.unreported(seq);
+        if let Some(&(sent_at, _)) = self.in_flight.get(&seq) {
+            for window in &mut self.windows {
+                window.unreported(sent_at);
+            }
         }
     }
-}
-
-/// Requests sent at or after `since`.
-fn sent_since(sent: &VecDeque<(u64, Instant)>, since: Instant) -> u32 {
-    let first = sent.partition_point(|(_, at)| *at < since);
-    u32::try_from(sent.len() - first).unwrap_or(u32::MAX)
-}
-
-/// Requests numbered below `seq` and sent at or after `since`.
-fn sent_before(sent: &VecDeque<(u64, Instant)>, seq: u64, since: Instant) -> u32 {
-    let first = sent.partition_point(|(_, at)| *at < since);
-    let end = sent.partition_point(|(number, _)| *number < seq);
-    u32::try_from(end.saturating_sub(first)).unwrap_or(u32::MAX)
 }
 
 /// The shared limiter. Cheap to clone through `Arc`.
@@ -235,17 +256,17 @@ impl RateLimiter {
             state: Mutex::new(State {
                 windows: vec![Window::new(
                     "minute",
-                    quota_per_minute.max(1),
+                    quota_per_minute,
                     Duration::from_secs(60),
-                    0,
                 )],
                 in_flight: BTreeMap::new(),
                 sent: VecDeque::new(),
                 next_seq: 0,
-                urgent_waiting: 0,
+                urgent_waiting: [0; 3],
                 overdue_waiting: 0,
                 last_was_overdue: false,
                 blocked_until: None,
+                policy_seen: false,
             }),
             changed: Notify::new(),
         })
@@ -261,7 +282,9 @@ impl RateLimiter {
 
     /// Waits until a request may be sent without a 429, then reserves its slot.
     pub async fn acquire(self: &Arc<Self>, priority: Priority) -> Permit {
-        let _urgent = (priority == Priority::Urgent).then(|| Waiter::urgent(self));
+        let _urgent = priority
+            .urgent_index()
+            .map(|class| Waiter::new(self, Queue::Urgent(class)));
         let overdue_at = (priority == Priority::Routine).then(|| Instant::now() + ROUTINE_MAX_WAIT);
         let mut overdue: Option<Waiter<'_>> = None;
         loop {
@@ -269,12 +292,12 @@ impl RateLimiter {
             tokio::pin!(notified);
             notified.as_mut().enable();
             if overdue.is_none() && overdue_at.is_some_and(|at| Instant::now() >= at) {
-                overdue = Some(Waiter::overdue(self));
+                overdue = Some(Waiter::new(self, Queue::Overdue));
             }
             let turn = match (priority, &overdue) {
-                (Priority::Urgent, _) => Turn::Urgent,
                 (Priority::Routine, Some(_)) => Turn::Overdue,
                 (Priority::Routine, None) => Turn::Routine,
+                (urgent, _) => Turn::Urgent(urgent),
             };
             let wait_until = {
                 let mut state = self.lock();
@@ -315,10 +338,16 @@ impl RateLimiter {
 
     /// What the limiter currently believes about each window: (name, quota, remaining).
     pub fn windows(&self) -> Vec<(String, u32, u32)> {
-        self.lock()
+        let mut state = self.lock();
+        let now = Instant::now();
+        state.refresh(now);
+        state
             .windows
             .iter()
-            .map(|window| (window.name.clone(), window.quota, window.remaining))
+            .map(|window| {
+                let left = window.room(&state.sent, now).left;
+                (window.name.clone(), window.quota, left)
+            })
             .collect()
     }
 
@@ -326,6 +355,9 @@ impl RateLimiter {
         let now = Instant::now();
         let mut state = self.lock();
         state.observe(seq, headers, now);
+        if retry_after.is_some() && headers.get("ratelimit").is_none() {
+            state.learn_from_refusal(seq);
+        }
         if let Some(wait) = retry_after {
             let until = now + wait.min(MAX_ANNOUNCED_WAIT);
             state.blocked_until = Some(state.blocked_until.map_or(until, |u| u.max(until)));
@@ -333,32 +365,39 @@ impl RateLimiter {
     }
 }
 
+/// Which line a waiting request counts in.
+#[derive(Debug, Clone, Copy)]
+enum Queue {
+    /// Index into `Priority::URGENT`.
+    Urgent(usize),
+    Overdue,
+}
+
 /// Counts a request as waiting ahead of others for as long as it lives (an urgent request from
 /// its `acquire` on, a routine one once overdue); its end lets those behind it try again.
 struct Waiter<'a> {
     limiter: &'a RateLimiter,
-    count: fn(&mut State) -> &mut u32,
+    queue: Queue,
 }
 
 impl<'a> Waiter<'a> {
-    fn urgent(limiter: &'a RateLimiter) -> Self {
-        Self::new(limiter, |state| &mut state.urgent_waiting)
+    fn new(limiter: &'a RateLimiter, queue: Queue) -> Self {
+        *Self::count(&mut limiter.lock(), queue) += 1;
+        Waiter { limiter, queue }
     }
 
-    fn overdue(limiter: &'a RateLimiter) -> Self {
-        Self::new(limiter, |state| &mut state.overdue_waiting)
-    }
-
-    fn new(limiter: &'a RateLimiter, count: fn(&mut State) -> &mut u32) -> Self {
-        *count(&mut limiter.lock()) += 1;
-        Waiter { limiter, count }
+    fn count(state: &mut State, queue: Queue) -> &mut u32 {
+        match queue {
+            Queue::Urgent(class) => &mut state.urgent_waiting[class],
+            Queue::Overdue => &mut state.overdue_waiting,
+        }
     }
 }
 
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
         let mut state = self.limiter.lock();
-        let count = (self.count)(&mut state);
+        let count = Self::count(&mut state, self.queue);
         *count = count.saturating_sub(1);
         drop(state);
         self.limiter.changed.notify_waiters();

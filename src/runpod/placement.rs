@@ -256,7 +256,7 @@ impl RunPodClient {
         name: &str,
         attempts: Vec<Attempt>,
     ) -> Result<Option<Placement>, ApiError> {
-        let mut existing = self.find_by_name(name, Priority::Urgent).await?;
+        let mut existing = self.find_by_name(name, Priority::Create).await?;
         if existing.is_empty() {
             // Created by this client a moment ago, maybe not listed yet: ask for it by id.
             let Some(id) = self.recent().pod_id(name) else {

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::{ReconcileError, SHORT, pods_in_namespace_of, write};
 use crate::controller::context::{Shared, elapsed};
-use crate::controller::provider::{Instance, InstanceState, Provider};
+use crate::controller::provider::{Ends, Instance, InstanceState, Provider};
 use crate::controller::status::{RecordedEnd, View};
 
 /// Ends a pod: terminate the instance, confirm, and only then write the terminal phase (a
@@ -83,7 +83,7 @@ pub(super) async fn delete<P: Provider>(
         && !live.iter().any(|i| i.id == id)
         && !ctx.remember(uid, |m| m.terminated.contains(&id))
     {
-        ctx.provider.terminate(&id).await?;
+        ctx.provider.terminate(&id, Ends::GpuBilling).await?;
         ctx.remember(uid, |m| m.terminated.insert(id.clone()));
         ctx.metrics.terminations.inc();
     }
@@ -121,7 +121,9 @@ pub(super) async fn terminate<P: Provider>(
     if ctx.remember(uid, |m| m.terminated.contains(&instance.id)) {
         return Ok(());
     }
-    ctx.provider.terminate(&instance.id).await?;
+    ctx.provider
+        .terminate(&instance.id, instance.state.termination_ends())
+        .await?;
     ctx.metrics.terminations.inc();
     ctx.remember(uid, |m| m.terminated.insert(instance.id.clone()));
     ctx.event(

@@ -23,7 +23,7 @@ pub use track::{endpoints_annotation, instance_annotations};
 
 use super::context::Shared;
 use super::memory::PodMemory;
-use super::provider::{Provider, ProviderError};
+use super::provider::{Ends, Provider, ProviderError};
 use decide::{Remembered, Step};
 
 /// Why a reconcile failed; it is retried.
@@ -137,7 +137,7 @@ pub async fn reconcile<P: Provider>(
         Step::FinishFromRecord { record, terminate } => {
             if let Some(id) = terminate {
                 // Its terminate answer may have been lost: DELETE again (gone counts as done).
-                ctx.provider.terminate(&id).await?;
+                ctx.provider.terminate(&id, Ends::GpuBilling).await?;
                 ctx.remember(&uid, |m| m.terminated.insert(id));
             }
             write::status(&ctx, &pod, &record.view()).await?;

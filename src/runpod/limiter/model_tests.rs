@@ -1,9 +1,10 @@
-//! Model-based property test of the limiter. A model server keeps fixed windows the way the
-//! simulator does (a window starts at the first request after the previous one ended) and
-//! counts every request the limiter lets go. Random traffic — routine and urgent acquires
+//! Model-based property test of the limiter. A model server counts every request the limiter
+//! lets go in one of the window models gateways use (fixed windows starting at the first
+//! request after the previous one ended, sliding windows, GCRA token buckets), reporting `t`
+//! as the next slot or as the whole quota's return. Random traffic — routine and urgent acquires
 //! (reaching the server up to 0.9 s after they are let go), answers with and without
 //! rate-limit headers, 429s, timeouts and pauses — runs on paused time. Two properties:
-//! - safety: no server window ever counts more than the quota;
+//! - safety: the server never counts more than the quota at once;
 //! - liveness: once the server goes quiet (no more answers, requests in flight time out), a
 //!   routine and then an urgent acquire each succeed within two windows. A limiter that
 //!   locks up leaves deletes unsent and GPUs billing.
@@ -26,14 +27,31 @@ const WINDOW: Duration = Duration::from_secs(60);
 /// answer arrives within this, or never.
 const TIMEOUT: Duration = Duration::from_secs(90);
 
-/// The server's fixed window, counted when a request arrives.
+/// How the model server counts (gateways differ; the limiter must be right under each).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Model {
+    /// A window starts at the first request after the previous one ended.
+    #[default]
+    Fixed,
+    /// Each request counts for a window length after it arrived.
+    Sliding,
+    /// A token bucket of `QUOTA` refilled at `QUOTA` per window.
+    Gcra,
+}
+
+/// The model server, counting when a request arrives.
 #[derive(Debug, Default)]
 struct Server {
+    model: Model,
     /// Whether `t` is rounded up (as the simulator does) or down.
     round_up: bool,
+    /// Whether `t` says "until the whole quota is back" rather than "until the next slot".
+    full_reset: bool,
     started: Option<Instant>,
     used: u32,
-    /// The most requests any one window counted.
+    arrivals: std::collections::VecDeque<Instant>,
+    tat: Option<Instant>,
+    /// The most requests the server counted at once.
     worst: u32,
 }
 
@@ -45,18 +63,46 @@ struct Snapshot {
 }
 
 impl Server {
+    fn interval() -> Duration {
+        WINDOW / QUOTA
+    }
+
     fn arrive(&mut self, now: Instant) -> Snapshot {
-        if self.started.is_some_and(|started| now >= started + WINDOW) {
-            self.started = None;
-            self.used = 0;
-        }
-        let started = *self.started.get_or_insert(now);
-        self.used += 1;
-        self.worst = self.worst.max(self.used);
-        let left = (started + WINDOW).saturating_duration_since(now);
+        let (in_use, next, full) = match self.model {
+            Model::Fixed => {
+                if self.started.is_some_and(|started| now >= started + WINDOW) {
+                    self.started = None;
+                    self.used = 0;
+                }
+                let started = *self.started.get_or_insert(now);
+                self.used += 1;
+                let reset = (started + WINDOW).saturating_duration_since(now);
+                (self.used, reset, reset)
+            }
+            Model::Sliding => {
+                while self.arrivals.front().is_some_and(|a| *a + WINDOW <= now) {
+                    self.arrivals.pop_front();
+                }
+                self.arrivals.push_back(now);
+                let oldest = self.arrivals.front().copied().unwrap_or(now);
+                let in_use = u32::try_from(self.arrivals.len()).unwrap();
+                (in_use, (oldest + WINDOW) - now, WINDOW)
+            }
+            Model::Gcra => {
+                let from = self.tat.map_or(now, |tat| tat.max(now));
+                let tat = from + Self::interval();
+                self.tat = Some(tat);
+                let ahead = (tat - now).as_nanos();
+                let in_use = u32::try_from(ahead.div_ceil(Self::interval().as_nanos())).unwrap();
+                let next = (tat - now).saturating_sub(Self::interval() * in_use.saturating_sub(1));
+                (in_use, next, tat - now)
+            }
+        };
+        self.worst = self.worst.max(in_use);
+        let left = if self.full_reset { full } else { next };
         let reset_secs = left.as_secs() + u64::from(self.round_up && left.subsec_nanos() > 0);
         Snapshot {
-            remaining: QUOTA.saturating_sub(self.used),
+            remaining: QUOTA.saturating_sub(in_use),
             reset_secs,
         }
     }
@@ -104,7 +150,16 @@ enum Step {
 }
 
 fn priority() -> impl Strategy<Value = Priority> {
-    prop_oneof![Just(Priority::Routine), Just(Priority::Urgent)]
+    prop_oneof![
+        Just(Priority::Routine),
+        Just(Priority::Create),
+        Just(Priority::Cleanup),
+        Just(Priority::EndsBilling),
+    ]
+}
+
+fn model() -> impl Strategy<Value = Model> {
+    prop_oneof![Just(Model::Fixed), Just(Model::Sliding), Just(Model::Gcra)]
 }
 
 fn answer() -> impl Strategy<Value = Answer> {
@@ -188,10 +243,12 @@ async fn let_run() {
 
 /// Runs the steps, then goes quiet; returns the most requests any server window counted and
 /// the longest a probe then waited (`None`: one waited more than two windows).
-async fn run(steps: Vec<Step>, round_up: bool) -> (u32, Option<Duration>) {
+async fn run(steps: Vec<Step>, server: Server) -> (u32, Option<Duration>) {
     let limiter = RateLimiter::new(QUOTA);
-    let world = Arc::new(Mutex::new(World::default()));
-    world.lock().unwrap().server.round_up = round_up;
+    let world = Arc::new(Mutex::new(World {
+        server,
+        pending: Vec::new(),
+    }));
     let mut tasks: Vec<(JoinHandle<()>, Arc<AtomicBool>)> = Vec::new();
     for step in steps {
         match step {
@@ -233,7 +290,7 @@ async fn run(steps: Vec<Step>, round_up: bool) -> (u32, Option<Duration>) {
     }
     // One at a time, routine first: an urgent request must not be what unlocks routine ones.
     let mut took = Some(Duration::ZERO);
-    for priority in [Priority::Routine, Priority::Urgent] {
+    for priority in [Priority::Routine, Priority::EndsBilling] {
         let start = Instant::now();
         let acquire = async {
             let _permit = limiter.acquire(priority).await;
@@ -257,14 +314,17 @@ proptest! {
     fn never_over_quota_and_never_locked_up(
         steps in prop::collection::vec(step(), 1..120),
         round_up in any::<bool>(),
+        full_reset in any::<bool>(),
+        model in model(),
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .start_paused(true)
             .build()
             .unwrap();
-        let (worst, took) = runtime.block_on(run(steps, round_up));
-        prop_assert!(worst <= QUOTA, "a server window counted {} of {}", worst, QUOTA);
+        let server = Server { model, round_up, full_reset, ..Server::default() };
+        let (worst, took) = runtime.block_on(run(steps, server));
+        prop_assert!(worst <= QUOTA, "the {:?} server counted {} of {}", model, worst, QUOTA);
         prop_assert!(
             took.is_some(),
             "an acquire was still waiting two windows after the server went quiet"

@@ -34,10 +34,10 @@ async fn never_exceeds_the_configured_quota_before_any_header() {
     let limiter = RateLimiter::new(5);
     let start = Instant::now();
     for _ in 0..5 {
-        drop(limiter.acquire(Priority::Urgent).await);
+        drop(limiter.acquire(Priority::Create).await);
     }
     assert_eq!(start.elapsed(), Duration::ZERO);
-    drop(limiter.acquire(Priority::Urgent).await);
+    drop(limiter.acquire(Priority::Create).await);
     // The sixth waits for the local window (a minute plus the margin).
     assert!(start.elapsed() >= Duration::from_secs(60));
 }
@@ -58,7 +58,7 @@ async fn follows_the_headers_and_waits_for_the_announced_reset() {
         vec![("minute".into(), 60, 0), ("hour".into(), 3000, 10)]
     );
     let start = Instant::now();
-    drop(limiter.acquire(Priority::Urgent).await);
+    drop(limiter.acquire(Priority::Create).await);
     // The announced 7 s plus the safety margin: never early.
     assert_eq!(start.elapsed(), Duration::from_secs(7) + RESET_MARGIN);
 }
@@ -67,7 +67,7 @@ async fn follows_the_headers_and_waits_for_the_announced_reset() {
 async fn retry_after_blocks_everyone() {
     let limiter = RateLimiter::new(60);
     limiter
-        .acquire(Priority::Urgent)
+        .acquire(Priority::Create)
         .await
         .observe(&HeaderMap::new(), Some(Duration::from_secs(12)));
     let start = Instant::now();
@@ -117,13 +117,14 @@ async fn routine_requests_leave_a_reserve_for_urgent_ones_until_the_window_ends(
         &limiter,
         &[
             ("poll", Priority::Routine),
-            ("create", Priority::Urgent),
-            ("delete", Priority::Urgent),
+            ("create", Priority::Create),
+            ("stop", Priority::EndsBilling),
         ],
     )
     .await;
     let labels: Vec<_> = order.iter().map(|(label, _)| *label).collect();
-    assert_eq!(labels, vec!["create", "delete", "poll"]);
+    // Both had room (the reserve is theirs), so neither waited for the other.
+    assert_eq!(labels, vec!["create", "stop", "poll"]);
     assert_eq!(order[1].1, start, "urgent requests did not wait");
     // The reserve was used up, so the poll waited for the window to end.
     assert_eq!(order[2].1 - start, Duration::from_secs(30) + RESET_MARGIN);
@@ -155,7 +156,7 @@ async fn urgent_requests_overtake_routine_ones_queued_before_them() {
         &[
             ("poll 1", Priority::Routine),
             ("poll 2", Priority::Routine),
-            ("create", Priority::Urgent),
+            ("create", Priority::Create),
         ],
     )
     .await;
@@ -174,7 +175,7 @@ async fn a_poll_that_waited_too_long_goes_before_a_queue_of_creates() {
     // Two windows' worth of creates are queued with the poll: without a limit on its wait, it
     // would go out after all of them, two minutes later.
     let mut contenders = vec![("poll", Priority::Routine)];
-    contenders.extend(std::iter::repeat_n(("create", Priority::Urgent), 40));
+    contenders.extend(std::iter::repeat_n(("create", Priority::Create), 40));
     let order = race(&limiter, &contenders).await;
     let reset = start + Duration::from_secs(60) + RESET_MARGIN;
     assert_eq!(order[0], ("poll", reset), "the overdue poll goes first");
@@ -190,7 +191,7 @@ async fn overdue_reads_and_deletes_take_turns() {
     let (limiter, start) = after_a_poll(r#""minute";r=0;t=60"#).await;
     // Thirty log reads are overdue at the reset; the deletes are not held back behind them.
     let mut contenders = vec![("read", Priority::Routine); 30];
-    contenders.extend([("delete", Priority::Urgent); 3]);
+    contenders.extend([("delete", Priority::EndsBilling); 3]);
     let order = race(&limiter, &contenders).await;
     let labels: Vec<_> = order.iter().take(6).map(|(label, _)| *label).collect();
     assert_eq!(
@@ -214,7 +215,10 @@ async fn a_cancelled_overdue_poll_does_not_hold_back_deletes() {
     tokio::time::sleep(ROUTINE_MAX_WAIT + Duration::from_secs(5)).await;
     poll.abort();
     let _ = poll.await;
-    let delete = tokio::time::timeout(Duration::from_secs(120), limiter.acquire(Priority::Urgent));
+    let delete = tokio::time::timeout(
+        Duration::from_secs(120),
+        limiter.acquire(Priority::EndsBilling),
+    );
     assert!(
         delete.await.is_ok(),
         "the delete waited for a poll that is gone"
@@ -228,9 +232,9 @@ async fn a_poll_becomes_overdue_while_creates_wait_for_a_far_reset() {
     let order = race(
         &limiter,
         &[
-            ("create 1", Priority::Urgent),
+            ("create 1", Priority::Create),
             ("poll", Priority::Routine),
-            ("create 2", Priority::Urgent),
+            ("create 2", Priority::Create),
         ],
     )
     .await;
@@ -244,23 +248,27 @@ async fn a_poll_becomes_overdue_while_creates_wait_for_a_far_reset() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn unanswered_requests_are_assumed_uncounted_until_all_are_in() {
+async fn an_answer_caps_by_what_was_sent_around_it_and_older_answers_never_raise_it() {
     let limiter = RateLimiter::new(60);
     let policy = r#""minute";q=60;w=60"#;
-    let earlier = limiter.acquire(Priority::Routine).await;
-    let later = limiter.acquire(Priority::Routine).await;
-    // r=5 while another request is unanswered: it may not be counted yet.
+    let earlier = limiter.acquire(Priority::Create).await;
+    let later = limiter.acquire(Priority::Create).await;
+    // r=5 while another request sent with it is unanswered: it may not be counted yet.
     later.observe(&headers(r#""minute";r=5;t=30"#, policy), None);
     assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
-    let third = limiter.acquire(Priority::Routine).await;
+    let third = limiter.acquire(Priority::Create).await;
     assert_eq!(limiter.windows(), vec![("minute".into(), 60, 3)]);
-    // An older, higher count never raises the estimate while requests are in flight.
+    // An older, higher count never raises the estimate.
     earlier.observe(&headers(r#""minute";r=6;t=30"#, policy), None);
     assert_eq!(limiter.windows(), vec![("minute".into(), 60, 3)]);
-    // Everything answered: the lowest reported count is exact.
+    // The newest count rules, less the one still unanswered when it was sent, just before
+    // it (it may have reached the server after it); the one already answered was counted.
     third.observe(&headers(r#""minute";r=4;t=30"#, policy), None);
-    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 3)]);
     assert_eq!(limiter.in_flight(), 0);
+    // Once that count is stale, one probe goes to learn the next.
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 1)]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -288,10 +296,10 @@ async fn wait_after_a_reset_with_requests_in_flight(
 ) -> Option<Duration> {
     let limiter = RateLimiter::new(60);
     // Starts the window (it resets 61 s from now); the rest go past the reserve's release.
-    let mut held = vec![limiter.acquire(Priority::Urgent).await];
+    let mut held = vec![limiter.acquire(Priority::Create).await];
     tokio::time::sleep(Duration::from_secs(57)).await;
     for _ in 0..59 {
-        held.push(limiter.acquire(Priority::Urgent).await);
+        held.push(limiter.acquire(Priority::Create).await);
     }
     let waiter = {
         let limiter = Arc::clone(&limiter);
@@ -313,7 +321,7 @@ async fn wait_after_a_reset_with_requests_in_flight(
 
 #[tokio::test(start_paused = true)]
 async fn deletes_still_go_out_after_a_reset_with_the_whole_quota_in_flight() {
-    let waited = wait_after_a_reset_with_requests_in_flight(60, Priority::Urgent).await;
+    let waited = wait_after_a_reset_with_requests_in_flight(60, Priority::EndsBilling).await;
     assert!(waited.is_some(), "urgent requests locked out for good");
 }
 
@@ -351,6 +359,118 @@ async fn a_list_split_over_header_lines_and_absurd_waits_are_handled() {
         .await
         .observe(&HeaderMap::new(), Some(Duration::from_secs(u64::MAX / 2)));
     let start = Instant::now();
-    drop(limiter.acquire(Priority::Urgent).await);
+    drop(limiter.acquire(Priority::EndsBilling).await);
     assert_eq!(start.elapsed(), MAX_ANNOUNCED_WAIT);
+}
+
+#[tokio::test(start_paused = true)]
+async fn money_goes_first_stops_then_cleanups_then_creates_then_reads() {
+    let (limiter, start) = after_a_poll(r#""minute";r=0;t=10"#).await;
+    let order = race(
+        &limiter,
+        &[
+            ("read", Priority::Routine),
+            ("create", Priority::Create),
+            ("cleanup", Priority::Cleanup),
+            ("stop", Priority::EndsBilling),
+            ("create", Priority::Create),
+            ("stop", Priority::EndsBilling),
+            ("cleanup", Priority::Cleanup),
+        ],
+    )
+    .await;
+    let labels: Vec<_> = order.iter().map(|(label, _)| *label).collect();
+    assert_eq!(
+        labels,
+        [
+            "stop", "stop", "cleanup", "cleanup", "create", "create", "read"
+        ]
+    );
+    assert!(
+        order
+            .iter()
+            .all(|(_, at)| *at - start >= Duration::from_secs(10))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sliding_window_is_never_overrun_by_a_reset_it_does_not_have() {
+    // A sliding-window server answers "t=60" (its whole quota back a minute after the
+    // newest request): 20 requests spread over 30 s count until 60 s after each was sent,
+    // so at 61 s only the first ones may be replaced, not a whole new quota.
+    let limiter = RateLimiter::new(20);
+    let start = Instant::now();
+    for i in 0..20u32 {
+        tokio::time::sleep_until(start + Duration::from_millis(1500) * i).await;
+        let permit = limiter.acquire(Priority::Create).await;
+        permit.observe(
+            &headers(
+                &format!(r#""minute";r={};t=60"#, 19 - i),
+                r#""minute";q=20;w=60"#,
+            ),
+            None,
+        );
+    }
+    let mut sent = Vec::new();
+    for _ in 0..3 {
+        let permit = limiter.acquire(Priority::Create).await;
+        sent.push(start.elapsed());
+        drop(permit);
+    }
+    // Each replaces one sent 61 s (60 plus the margin) earlier, never sooner.
+    for (i, at) in sent.iter().enumerate() {
+        let replaced = Duration::from_millis(1500) * u32::try_from(i).unwrap();
+        assert!(*at >= replaced + Duration::from_secs(61), "{sent:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_newest_count_caps_what_another_client_left_and_a_probe_follows() {
+    let limiter = RateLimiter::new(60);
+    let policy = r#""minute";q=60;w=60"#;
+    // Another client of the same account used most of the quota.
+    let start = Instant::now();
+    limiter
+        .acquire(Priority::Create)
+        .await
+        .observe(&headers(r#""minute";r=2;t=20"#, policy), None);
+    drop(limiter.acquire(Priority::Create).await);
+    drop(limiter.acquire(Priority::Create).await);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // The third waits for the count to go stale, then goes alone as a probe…
+    let probe = limiter.acquire(Priority::Create).await;
+    assert_eq!(start.elapsed(), Duration::from_secs(21));
+    let next = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move {
+            drop(limiter.acquire(Priority::Create).await);
+            Instant::now()
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !next.is_finished(),
+        "a second request went before the probe's answer"
+    );
+    // …and its answer opens the window again.
+    probe.observe(&headers(r#""minute";r=40;t=40"#, policy), None);
+    assert_eq!(next.await.unwrap() - start, Duration::from_secs(23));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_429_without_headers_teaches_the_quota_of_a_server_that_sends_none() {
+    // Configured for 60 a minute; the server allows 5 and sends no counts at all.
+    let limiter = RateLimiter::new(60);
+    for _ in 0..5 {
+        drop(limiter.acquire(Priority::Create).await);
+    }
+    limiter
+        .acquire(Priority::Create)
+        .await
+        .observe(&HeaderMap::new(), Some(Duration::from_secs(3)));
+    assert_eq!(limiter.windows()[0].1, 5);
+    let start = Instant::now();
+    drop(limiter.acquire(Priority::Create).await);
+    // Not after the 3 s Retry-After: after the first five have left the minute.
+    assert_eq!(start.elapsed(), Duration::from_secs(61));
 }

@@ -204,10 +204,14 @@ async fn api(shared: Arc<Shared>, request: Request) -> Reply {
             retry_after,
             window,
         } => {
-            let reply = Reply::problem(429, format!("rate limit exceeded for the {window} window"))
-                .header("retry-after", retry_after.to_string())
-                .header("ratelimit", headers.ratelimit)
-                .header("ratelimit-policy", headers.policy);
+            let mut reply =
+                Reply::problem(429, format!("rate limit exceeded for the {window} window"))
+                    .header("retry-after", retry_after.to_string());
+            if let Some(headers) = headers {
+                reply = reply
+                    .header("ratelimit", headers.ratelimit)
+                    .header("ratelimit-policy", headers.policy);
+            }
             record(arrival, &reply);
             return reply;
         }

@@ -219,13 +219,66 @@ pub struct TemplateSpec {
     pub env: BTreeMap<String, String>,
 }
 
-/// One rate-limit window, e.g. `minute` 60/60 s.
+/// One rate-limit window, e.g. `minute` 60/60 s. RunPod documents the header names, not how
+/// its gateway counts; gateways count in any of these ways, so the simulator offers each.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitSpec {
     pub name: String,
     pub quota: u32,
     pub window_secs: u64,
+    /// How requests are counted.
+    #[serde(default)]
+    pub model: WindowModel,
+    /// What `t` in the `RateLimit` header means.
+    #[serde(default)]
+    pub reset: ResetStyle,
+    /// Send `RateLimit` / `RateLimit-Policy` at all (`false`: only 429 + `Retry-After`).
+    #[serde(default = "yes")]
+    pub headers: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for RateLimitSpec {
+    fn default() -> Self {
+        RateLimitSpec {
+            name: "minute".into(),
+            quota: 60,
+            window_secs: 60,
+            model: WindowModel::default(),
+            reset: ResetStyle::default(),
+            headers: true,
+        }
+    }
+}
+
+/// How a window counts requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WindowModel {
+    /// A window starts at the first request after the previous one ended and resets
+    /// `window_secs` later, all at once.
+    #[default]
+    Fixed,
+    /// Each request counts for `window_secs` after it arrived.
+    Sliding,
+    /// A token bucket of `quota` tokens refilled at `quota / window_secs` per second (GCRA).
+    Gcra,
+}
+
+/// What `t` says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResetStyle {
+    /// Until the next slot frees (fixed: the reset; sliding: the oldest counted request
+    /// expires; GCRA: the next token).
+    #[default]
+    Next,
+    /// Until the whole quota is back: moves later with every request under sliding and GCRA.
+    Full,
 }
 
 /// How containers of images containing `match` behave.
@@ -466,16 +519,19 @@ impl Default for Scenario {
                     name: "minute".into(),
                     quota: 60,
                     window_secs: 60,
+                    ..RateLimitSpec::default()
                 },
                 RateLimitSpec {
                     name: "hour".into(),
                     quota: 3000,
                     window_secs: 3600,
+                    ..RateLimitSpec::default()
                 },
                 RateLimitSpec {
                     name: "day".into(),
                     quota: 50000,
                     window_secs: 86400,
+                    ..RateLimitSpec::default()
                 },
             ],
             provisioning_ms: 1500,

@@ -104,11 +104,13 @@ async fn quota_exhaustion_gives_429_and_the_announced_reset_is_honoured() {
                 name: "minute".into(),
                 quota: 5,
                 window_secs: 2,
+                ..RateLimitSpec::default()
             },
             RateLimitSpec {
                 name: "hour".into(),
                 quota: 100,
                 window_secs: 3600,
+                ..RateLimitSpec::default()
             },
         ],
         ..Scenario::default()

@@ -25,6 +25,7 @@ pub fn fast() -> Scenario {
             name: "minute".into(),
             quota: 100_000,
             window_secs: 60,
+            ..RateLimitSpec::default()
         }],
         ..Scenario::default()
     }

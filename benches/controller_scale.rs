@@ -3,12 +3,21 @@
 //! it never fails on timing, only when something does not work.
 //!
 //! Figures: time from binding to the create request (p50/p99), RunPod calls per minute (all,
-//! and without creates), creates per minute against what the quota leaves, 429s, apiserver pod
-//! writes per pod, and the controller's peak RSS.
+//! and without creates), creates per minute against what the quota leaves, the share of the
+//! quota used during the backlog, calls per minute in steady state, 429s, apiserver pod writes
+//! per pod, the controller's peak RSS, and the mass deletion: every pod deleted at once (default
+//! grace period), the time until GPU billing ended for all (each RunPod pod stopped or
+//! terminated) and until all were terminated, against the targets (1.3 × and 2.6 × the
+//! time the quota needs for one call per pod, plus 30 s and 90 s).
 //!
 //! Environment:
 //! - `CONTROLLER_BENCH_PODS` (default 1000): pods bound to the node (`--max-pods` follows);
 //! - `CONTROLLER_BENCH_QUOTA` (default 60): the simulator's requests per minute;
+//! - `CONTROLLER_BENCH_MODEL` (`fixed`, `sliding`, `gcra`; default `fixed`) and
+//!   `CONTROLLER_BENCH_RESET` (`next`, `full`; default `next`): how the simulator counts the
+//!   quota and what its `t` means;
+//! - `CONTROLLER_BENCH_STEADY_SECS` (default 60): how long steady state is measured once every
+//!   pod has its RunPod pod;
 //! - `CONTROLLER_BENCH_MINUTES` (default 25): stop measuring after this long even if not every
 //!   pod has its RunPod pod (the figures say how many did);
 //! - `CONTROLLER_BENCH_BIN`: the `runpod-kubelet` binary to measure (default: the one cargo
@@ -78,13 +87,18 @@ async fn bench() -> anyhow::Result<()> {
     let pods_wanted: usize = env_or("CONTROLLER_BENCH_PODS", 1000);
     let quota: u32 = env_or("CONTROLLER_BENCH_QUOTA", 60);
     let minutes: u64 = env_or("CONTROLLER_BENCH_MINUTES", 25);
-    println!("controller_scale: {pods_wanted} pods, quota {quota}/min, at most {minutes} min");
+    let model = std::env::var("CONTROLLER_BENCH_MODEL").unwrap_or_else(|_| "fixed".into());
+    let reset = std::env::var("CONTROLLER_BENCH_RESET").unwrap_or_else(|_| "next".into());
+    println!(
+        "controller_scale: {pods_wanted} pods, quota {quota}/min ({model} window, t = {reset}), at most {minutes} min"
+    );
 
     let control_plane = ControlPlane::start()?;
     let client = control_plane.client().await?;
     let simulator = SimulatorProcess::start(&json!({
         "provisioning_ms": 1000, "starting_ms": 1000, "ports_ms": 1000,
-        "rate_limits": [{"name": "minute", "quota": quota, "window_secs": 60}],
+        "rate_limits": [{"name": "minute", "quota": quota, "window_secs": 60,
+            "model": model, "reset": reset}],
         "images": [{"match": "bench", "logs": ["ready"]}]
     }))?;
     let metrics_port = support::webhook::free_port()?.port();
@@ -292,7 +306,120 @@ async fn measure(
         "controller RSS   {:.1} MiB peak (target < 64)",
         rss_kib / 1024.0
     );
+    let answered = calls - refused;
+    println!(
+        "quota use        {:.0}% of the quota during the backlog ({answered} calls answered in {:.1} min; target >= 95%)",
+        100.0 * answered as f64 / (f64::from(quota) * minutes_total),
+        elapsed_minutes
+    );
     ensure!(!created_at.is_empty(), "no pod got a RunPod pod");
+
+    let steady_secs: u64 = env_or("CONTROLLER_BENCH_STEADY_SECS", 60);
+    let before = exchanges_of(simulator).await?.len();
+    tokio::time::sleep(Duration::from_secs(steady_secs)).await;
+    let after = exchanges_of(simulator).await?.len();
+    println!(
+        "steady state     {:.1} RunPod calls/min with {} pods running",
+        (after - before) as f64 * 60.0 / steady_secs as f64,
+        created_at.len()
+    );
+
+    mass_deletion(client, simulator, &bound_at, quota).await
+}
+
+async fn exchanges_of(simulator: &SimulatorProcess) -> anyhow::Result<Vec<serde_json::Value>> {
+    Ok(reqwest::get(format!("{}/_sim/exchanges", simulator.url))
+        .await?
+        .json()
+        .await?)
+}
+
+/// When GPU billing ended and when the RunPod pod was terminated, per Kubernetes pod UID.
+type Ends = HashMap<String, (Option<SystemTime>, Option<SystemTime>)>;
+
+async fn ends_of(simulator: &SimulatorProcess, uids: &HashMap<String, SystemTime>) -> anyhow::Result<Ends> {
+    let time = |value: &serde_json::Value| -> Option<SystemTime> {
+        let at: k8s_openapi::jiff::Timestamp = value.as_str()?.parse().ok()?;
+        Some(SystemTime::from(at))
+    };
+    Ok(simulator
+        .ledger()
+        .await?
+        .iter()
+        .filter_map(|entry| {
+            let uid = entry["env"]["RUNPOD_KUBELET_POD_UID"].as_str()?;
+            uids.contains_key(uid).then(|| {
+                (
+                    uid.to_owned(),
+                    (time(&entry["stopped_at"]), time(&entry["terminated_at"])),
+                )
+            })
+        })
+        .collect())
+}
+
+/// Deletes every pod at once (default grace period, as `kubectl delete` does) and follows the
+/// RunPod pods until all are terminated.
+async fn mass_deletion(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+    uids: &HashMap<String, SystemTime>,
+    quota: u32,
+) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let count = ends_of(simulator, uids).await?.len();
+    // The quota's time for one call per RunPod pod.
+    let quota_secs = count as f64 * 60.0 / f64::from(quota);
+    let billing_target = 1.3 * quota_secs + 30.0;
+    let terminated_target = 2.6 * quota_secs + 90.0;
+    let deleted_at = SystemTime::now();
+    pods.delete_collection(
+        &kube::api::DeleteParams::default(),
+        &kube::api::ListParams::default(),
+    )
+    .await?;
+    let give_up = Instant::now() + Duration::from_secs_f64(2.0 * terminated_target + 120.0);
+    let ends = loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let ends = ends_of(simulator, uids).await?;
+        let terminated = ends.values().filter(|(_, end)| end.is_some()).count();
+        let stopped = ends.values().filter(|(stop, _)| stop.is_some()).count();
+        print!(
+            "\rdeletion: {stopped} of {count} no longer billing GPU, {terminated} terminated after {:.0}s   ",
+            deleted_at.elapsed().unwrap_or_default().as_secs_f64()
+        );
+        use std::io::Write as _;
+        std::io::stdout().flush()?;
+        if terminated == count || Instant::now() >= give_up {
+            break ends;
+        }
+    };
+    println!();
+    let after = |at: &Option<SystemTime>| {
+        at.and_then(|at| at.duration_since(deleted_at).ok())
+            .map(|d| d.as_secs_f64())
+    };
+    let latest = |pick: fn(&(Option<SystemTime>, Option<SystemTime>)) -> &Option<SystemTime>| {
+        ends.values()
+            .map(|end| after(pick(end)))
+            .try_fold(0.0f64, |latest, at| Some(latest.max(at?)))
+    };
+    let left = ends.values().filter(|(_, end)| end.is_none()).count();
+    let show = |secs: Option<f64>| secs.map_or_else(|| "never".to_owned(), |s| format!("{s:.0}s"));
+    println!(
+        "mass deletion    GPU billing ended for all {count} after {} (target <= {billing_target:.0}s)",
+        show(latest(|end| &end.0))
+    );
+    println!(
+        "                 all terminated after {} (target <= {terminated_target:.0}s), {left} left",
+        show(latest(|end| &end.1))
+    );
+    let exchanges = exchanges_of(simulator).await?;
+    println!(
+        "429s overall     {}",
+        exchanges.iter().filter(|e| e["status"] == 429).count()
+    );
+    ensure!(left == 0, "{left} RunPod pods left after the mass deletion");
     Ok(())
 }
 

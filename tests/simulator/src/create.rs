@@ -478,6 +478,7 @@ pub(crate) fn commit(
         created_at: clock.system(now),
         created_instant: now,
         terminated_at: None,
+        stopped_at: None,
         create_status,
     };
     let mut events = Events::new(clock);

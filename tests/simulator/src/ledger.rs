@@ -31,6 +31,10 @@ pub struct LedgerEntry {
     /// Set when the pod was terminated (DELETE, `terminate` action, or the control API).
     #[serde(with = "serde_time::option")]
     pub terminated_at: Option<SystemTime>,
+    /// The first stop action or termination: when GPU billing ended (storage bills on until
+    /// `terminated_at`).
+    #[serde(with = "serde_time::option", default)]
+    pub stopped_at: Option<SystemTime>,
     /// The HTTP status the create call answered: 201, or e.g. 500 for an injected
     /// create-then-fail.
     pub create_status: u16,
@@ -89,6 +93,7 @@ mod tests {
             cost_per_hr: 0.0,
             created_at: at(start),
             terminated_at: end.map(at),
+            stopped_at: end.map(at),
             create_status: 201,
         }
     }

@@ -278,6 +278,7 @@ pub(crate) fn action(shared: &Shared, world: &mut World, id: &str, body: &[u8]) 
             lifecycle::begin_run(pod, now, &shared.scenario.images, &mut events);
         }
         "stop" => {
+            pod.stopped_at.get_or_insert(shared.clock.system(now));
             events.system(pod, "Stopping container", now);
             lifecycle::enter_stopped(pod, PodStatus::Exited, now);
             events.system(pod, "Container stopped", now);

@@ -125,6 +125,8 @@ pub(crate) struct PodRecord {
     pub created_at: SystemTime,
     pub created_instant: Instant,
     pub terminated_at: Option<SystemTime>,
+    /// The first stop action or termination: GPU billing ended then.
+    pub stopped_at: Option<SystemTime>,
     pub create_status: u16,
 }
 
@@ -160,6 +162,7 @@ impl PodRecord {
             cost_per_hr: self.cost_per_hr,
             created_at: self.created_at,
             terminated_at: self.terminated_at,
+            stopped_at: self.stopped_at,
             create_status: self.create_status,
         }
     }

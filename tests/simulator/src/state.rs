@@ -134,6 +134,7 @@ impl World {
         pod.running_since = None;
         pod.published = None;
         pod.terminated_at = Some(ts);
+        pod.stopped_at.get_or_insert(ts);
         let id = pod.id.clone();
         self.log(&id, LogSource::System, "Pod terminated", ts);
         true

@@ -337,7 +337,10 @@ async fn exchanges_of(simulator: &SimulatorProcess) -> anyhow::Result<Vec<serde_
 /// When GPU billing ended and when the RunPod pod was terminated, per Kubernetes pod UID.
 type Ends = HashMap<String, (Option<SystemTime>, Option<SystemTime>)>;
 
-async fn ends_of(simulator: &SimulatorProcess, uids: &HashMap<String, SystemTime>) -> anyhow::Result<Ends> {
+async fn ends_of(
+    simulator: &SimulatorProcess,
+    uids: &HashMap<String, SystemTime>,
+) -> anyhow::Result<Ends> {
     let time = |value: &serde_json::Value| -> Option<SystemTime> {
         let at: k8s_openapi::jiff::Timestamp = value.as_str()?.parse().ok()?;
         Some(SystemTime::from(at))

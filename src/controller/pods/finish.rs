@@ -121,9 +121,14 @@ pub(super) async fn terminate<P: Provider>(
     if ctx.remember(uid, |m| m.terminated.contains(&instance.id)) {
         return Ok(());
     }
-    ctx.provider
-        .terminate(&instance.id, instance.state.termination_ends())
-        .await?;
+    // A stop RunPod accepted already ended GPU billing, even before a list shows it.
+    let stopped = ctx.remember(uid, |m| m.stop_sent.contains_key(&instance.id));
+    let ends = if stopped {
+        Ends::Storage
+    } else {
+        instance.state.termination_ends()
+    };
+    ctx.provider.terminate(&instance.id, ends).await?;
     ctx.metrics.terminations.inc();
     ctx.remember(uid, |m| m.terminated.insert(instance.id.clone()));
     ctx.event(

@@ -20,7 +20,10 @@ impl SimulatorProcess {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("scenario.json");
         std::fs::write(&path, serde_json::to_vec(scenario)?)?;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+        // A benchmark may run a copied binary while the tree is rebuilt.
+        let binary = std::env::var_os("RUNPOD_SIMULATOR_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_runpod-kubelet").into());
+        let mut child = Command::new(binary)
             .args(["simulator", "--listen", "127.0.0.1:0", "--scenario"])
             .arg(&path)
             .env("RUNPOD_API_KEY", API_KEY)

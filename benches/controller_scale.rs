@@ -334,8 +334,11 @@ async fn exchanges_of(simulator: &SimulatorProcess) -> anyhow::Result<Vec<serde_
         .await?)
 }
 
-/// When GPU billing ended and when the RunPod pod was terminated, per Kubernetes pod UID.
-type Ends = HashMap<String, (Option<SystemTime>, Option<SystemTime>)>;
+/// When GPU billing ended and when the RunPod pod was terminated.
+type End = (Option<SystemTime>, Option<SystemTime>);
+
+/// Each Kubernetes pod UID's [`End`].
+type Ends = HashMap<String, End>;
 
 async fn ends_of(
     simulator: &SimulatorProcess,
@@ -402,7 +405,7 @@ async fn mass_deletion(
         at.and_then(|at| at.duration_since(deleted_at).ok())
             .map(|d| d.as_secs_f64())
     };
-    let latest = |pick: fn(&(Option<SystemTime>, Option<SystemTime>)) -> &Option<SystemTime>| {
+    let latest = |pick: fn(&End) -> &Option<SystemTime>| {
         ends.values()
             .map(|end| after(pick(end)))
             .try_fold(0.0f64, |latest, at| Some(latest.max(at?)))

@@ -206,7 +206,7 @@ impl<P: Provider> Provider for Gated<P> {
         self.inner.provision(request).await
     }
 
-    async fn stop(&self, id: &str) -> Result<(), ProviderError> {
+    async fn stop(&self, id: &str) -> Result<bool, ProviderError> {
         self.gate.check_fence()?;
         self.inner.stop(id).await
     }

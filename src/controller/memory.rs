@@ -30,6 +30,9 @@ pub struct PodMemory {
     pub verified: HashSet<String>,
     /// When `stop` was sent to each instance (deletion honours the grace period).
     pub stop_sent: HashMap<String, Timestamp>,
+    /// Instances whose stop the provider accepted: their GPU billing ended, so terminating
+    /// them waits behind other pods' stops.
+    pub stopped: HashSet<String>,
     /// Last uptime seen per instance; going back means the container restarted.
     pub uptime: HashMap<String, u64>,
     pub restarts: i32,

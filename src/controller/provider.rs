@@ -278,8 +278,10 @@ pub trait Provider: Send + Sync + 'static {
         request: ProvisionRequest<'_>,
     ) -> impl Future<Output = Result<Provisioned, ProvisionError>> + Send;
 
-    /// Stops the container (SIGTERM) without releasing the machine.
-    fn stop(&self, id: &str) -> impl Future<Output = Result<(), ProviderError>> + Send;
+    /// Stops the container (SIGTERM) without releasing the machine. `true` when the provider
+    /// accepted the stop (GPU billing ended); `false` when there was nothing it would stop (already
+    /// stopped, gone, or refused).
+    fn stop(&self, id: &str) -> impl Future<Output = Result<bool, ProviderError>> + Send;
 
     /// Terminates and releases the instance; an instance already gone counts as done. `ends`
     /// says whether this ends GPU billing, which puts it ahead of other calls when they queue.

@@ -375,11 +375,11 @@ impl Provider for RunPodProvider {
         }
     }
 
-    async fn stop(&self, id: &str) -> Result<(), ProviderError> {
+    async fn stop(&self, id: &str) -> Result<bool, ProviderError> {
         match self.client.pod_action(id, PodAction::Stop).await {
-            Ok(_) => Ok(()),
-            // Already stopped, or gone: nothing to stop.
-            Err(ApiError::Conflict { .. } | ApiError::NotFound { .. }) => Ok(()),
+            Ok(_) => Ok(true),
+            // Already stopped, gone, or refused (a locked pod): nothing stopped by this call.
+            Err(ApiError::Conflict { .. } | ApiError::NotFound { .. }) => Ok(false),
             Err(error) => Err(provider_error(error)),
         }
     }

@@ -84,14 +84,26 @@ struct State {
     blocked_until: Option<Instant>,
     /// A `RateLimit-Policy` was seen: the windows are the server's, not a guess.
     policy_seen: bool,
+    /// The request whose answer set the policy last.
+    policy_seq: Option<u64>,
 }
 
 impl State {
     fn refresh(&mut self, now: Instant) {
+        for window in &mut self.windows {
+            window.recover(now);
+        }
+        let oldest_unanswered = self.in_flight.values().map(|(sent, _)| *sent).min();
         let keep_from = self
             .windows
             .iter()
-            .map(|window| window.needs_sends_since(now))
+            .map(|window| {
+                let from = window.needs_sends_since(now);
+                // A 429 for an unanswered request counts the span before it was sent.
+                oldest_unanswered
+                    .and_then(|sent| sent.checked_sub(window.span()))
+                    .map_or(from, |needed| from.min(needed))
+            })
             .min();
         match keep_from {
             Some(from) => {
@@ -166,8 +178,11 @@ impl State {
         let Some(&(sent_at, racing)) = self.in_flight.get(&seq) else {
             return;
         };
-        if let Some(policy) = header_list(headers, "ratelimit-policy") {
+        // An older answer's policy must not undo a newer one's.
+        let newest = self.policy_seq.is_none_or(|newest| seq >= newest);
+        if let Some(policy) = header_list(headers, "ratelimit-policy").filter(|_| newest) {
             self.policy_seen = true;
+            self.policy_seq = Some(seq);
             for member in policy {
                 let (Some(quota), Some(length)) = (member.get("q"), member.get("w")) else {
                     continue;
@@ -210,7 +225,7 @@ impl State {
     /// A 429 from a server that sends no counts: while no policy was ever announced, the
     /// configured quota was a guess, and what was sent before this request is an upper bound
     /// of the real one.
-    fn learn_from_refusal(&mut self, seq: u64) {
+    fn learn_from_refusal(&mut self, seq: u64, now: Instant) {
         let Some(&(sent_at, _)) = self.in_flight.get(&seq) else {
             return;
         };
@@ -224,11 +239,7 @@ impl State {
                 .iter()
                 .filter(|(number, at)| *number < seq && from.is_none_or(|from| *at > from))
                 .count();
-            // Refused with nothing of ours before it: someone else used the quota.
-            let before = u32::try_from(before).unwrap_or(u32::MAX);
-            if before > 0 && before < window.quota {
-                window.quota = before;
-            }
+            window.learn(u32::try_from(before).unwrap_or(u32::MAX), now);
         }
     }
 
@@ -254,10 +265,11 @@ impl RateLimiter {
     pub fn new(quota_per_minute: u32) -> Arc<RateLimiter> {
         Arc::new(RateLimiter {
             state: Mutex::new(State {
-                windows: vec![Window::new(
+                windows: vec![Window::unknown(
                     "minute",
                     quota_per_minute,
                     Duration::from_secs(60),
+                    Instant::now(),
                 )],
                 in_flight: BTreeMap::new(),
                 sent: VecDeque::new(),
@@ -267,6 +279,7 @@ impl RateLimiter {
                 last_was_overdue: false,
                 blocked_until: None,
                 policy_seen: false,
+                policy_seq: None,
             }),
             changed: Notify::new(),
         })
@@ -356,7 +369,7 @@ impl RateLimiter {
         let mut state = self.lock();
         state.observe(seq, headers, now);
         if retry_after.is_some() && headers.get("ratelimit").is_none() {
-            state.learn_from_refusal(seq);
+            state.learn_from_refusal(seq, now);
         }
         if let Some(wait) = retry_after {
             let until = now + wait.min(MAX_ANNOUNCED_WAIT);

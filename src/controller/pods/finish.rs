@@ -71,8 +71,13 @@ pub(super) async fn delete<P: Provider>(
         if stopped || grace_over || !running {
             terminate(ctx, pod, uid, instance, "the pod was deleted").await?;
         } else if stop_sent.is_none() {
-            ctx.provider.stop(&instance.id).await?;
-            ctx.remember(uid, |m| m.stop_sent.insert(instance.id.clone(), now));
+            let accepted = ctx.provider.stop(&instance.id).await?;
+            ctx.remember(uid, |m| {
+                m.stop_sent.insert(instance.id.clone(), now);
+                if accepted {
+                    m.stopped.insert(instance.id.clone());
+                }
+            });
             pending = true;
         } else {
             pending = true;
@@ -122,7 +127,7 @@ pub(super) async fn terminate<P: Provider>(
         return Ok(());
     }
     // A stop RunPod accepted already ended GPU billing, even before a list shows it.
-    let stopped = ctx.remember(uid, |m| m.stop_sent.contains_key(&instance.id));
+    let stopped = ctx.remember(uid, |m| m.stopped.contains(&instance.id));
     let ends = if stopped {
         Ends::Storage
     } else {

@@ -137,7 +137,14 @@ pub async fn reconcile<P: Provider>(
         Step::FinishFromRecord { record, terminate } => {
             if let Some(id) = terminate {
                 // Its terminate answer may have been lost: DELETE again (gone counts as done).
-                ctx.provider.terminate(&id, Ends::GpuBilling).await?;
+                // Mostly the instance is stopped or gone: only one listed as possibly running
+                // goes ahead of other pods' stops.
+                let ends = snapshot
+                    .instances
+                    .iter()
+                    .find(|instance| instance.id == id)
+                    .map_or(Ends::Storage, |instance| instance.state.termination_ends());
+                ctx.provider.terminate(&id, ends).await?;
                 ctx.remember(&uid, |m| m.terminated.insert(id));
             }
             write::status(&ctx, &pod, &record.view()).await?;

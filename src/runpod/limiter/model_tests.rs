@@ -173,7 +173,22 @@ fn answer() -> impl Strategy<Value = Answer> {
     ]
 }
 
+/// Answers that always carry the server's counts (no bare answers, no dropped connections).
+fn counted_answer() -> impl Strategy<Value = Answer> {
+    prop_oneof![
+        4 => Just(Answer::Headers),
+        1 => (1..=WINDOW.as_secs()).prop_map(|retry_after_secs| Answer::TooMany {
+            retry_after_secs,
+            headers: true,
+        }),
+    ]
+}
+
 fn step() -> impl Strategy<Value = Step> {
+    step_with(answer().boxed())
+}
+
+fn step_with(answer: BoxedStrategy<Answer>) -> impl Strategy<Value = Step> {
     prop_oneof![
         3 => (priority(), 1..=(QUOTA as usize + 2), 0..900u64).prop_map(
             |(priority, count, latency)| Step::Send {
@@ -182,7 +197,7 @@ fn step() -> impl Strategy<Value = Step> {
                 latency: Duration::from_millis(latency),
             }
         ),
-        4 => (any::<usize>(), answer()).prop_map(|(pick, answer)| Step::Answer { pick, answer }),
+        4 => (any::<usize>(), answer).prop_map(|(pick, answer)| Step::Answer { pick, answer }),
         // Mostly short pauses, so bursts straddle window resets; sometimes long ones.
         2 => (0..3_000u64).prop_map(|millis| Step::Wait(Duration::from_millis(millis))),
         1 => (0..90_000u64).prop_map(|millis| Step::Wait(Duration::from_millis(millis))),
@@ -241,9 +256,13 @@ async fn let_run() {
     }
 }
 
-/// Runs the steps, then goes quiet; returns the most requests any server window counted and
-/// the longest a probe then waited (`None`: one waited more than two windows).
-async fn run(steps: Vec<Step>, server: Server) -> (u32, Option<Duration>) {
+/// Runs the steps (after `foreign` requests of another client), then goes quiet.
+async fn run(steps: Vec<Step>, mut server: Server, foreign: u32) -> Outcome {
+    // Another client (the previous leader) used part of the quota just before this one
+    // started.
+    for _ in 0..foreign {
+        server.arrive(Instant::now());
+    }
     let limiter = RateLimiter::new(QUOTA);
     let world = Arc::new(Mutex::new(World {
         server,
@@ -288,6 +307,9 @@ async fn run(steps: Vec<Step>, server: Server) -> (u32, Option<Duration>) {
             task.abort();
         }
     }
+    // Everything let go so far has arrived (latency is under a second).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let worst_while_answering = world.lock().unwrap().server.worst;
     // One at a time, routine first: an urgent request must not be what unlocks routine ones.
     let mut took = Some(Duration::ZERO);
     for priority in [Priority::Routine, Priority::EndsBilling] {
@@ -304,7 +326,21 @@ async fn run(steps: Vec<Step>, server: Server) -> (u32, Option<Duration>) {
     // Everything in flight ends; nothing more is sent.
     tokio::time::sleep(TIMEOUT).await;
     let worst = world.lock().unwrap().server.worst;
-    (worst, took)
+    Outcome {
+        worst,
+        worst_while_answering,
+        took,
+    }
+}
+
+/// What a run showed.
+struct Outcome {
+    /// The most the server counted at once, over the whole run.
+    worst: u32,
+    /// The same, before the server went quiet (requests time out unanswered from then on).
+    worst_while_answering: u32,
+    /// The longest a probe waited once the server went quiet (`None`: over two windows).
+    took: Option<Duration>,
 }
 
 proptest! {
@@ -323,11 +359,37 @@ proptest! {
             .build()
             .unwrap();
         let server = Server { model, round_up, full_reset, ..Server::default() };
-        let (worst, took) = runtime.block_on(run(steps, server));
+        let Outcome { worst, took, .. } = runtime.block_on(run(steps, server, 0));
         prop_assert!(worst <= QUOTA, "the {:?} server counted {} of {}", model, worst, QUOTA);
         prop_assert!(
             took.is_some(),
             "an acquire was still waiting two windows after the server went quiet"
+        );
+    }
+
+    /// The send log alone cannot know about requests it did not send: only the counts in the
+    /// answers (and probing first after a start) keep this client within the quota.
+    #[test]
+    fn counts_in_answers_cover_what_another_client_used(
+        steps in prop::collection::vec(step_with(counted_answer().boxed()), 1..80),
+        round_up in any::<bool>(),
+        full_reset in any::<bool>(),
+        model in model(),
+        // At most all but one: the first request learns what is left, so it must fit.
+        foreign in 1..QUOTA,
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let server = Server { model, round_up, full_reset, ..Server::default() };
+        // Once answers stop, nothing tells of the other client: only what came before counts.
+        let worst = runtime.block_on(run(steps, server, foreign)).worst_while_answering;
+        prop_assert!(
+            worst <= QUOTA,
+            "the {:?} server counted {} of {} ({} from the other client)",
+            model, worst, QUOTA, foreign
         );
     }
 }

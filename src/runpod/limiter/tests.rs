@@ -75,6 +75,14 @@ async fn retry_after_blocks_everyone() {
     assert_eq!(start.elapsed(), Duration::from_secs(12));
 }
 
+/// A fresh limiter's first request is a probe: answers it with the whole quota left.
+async fn first_answer(limiter: &Arc<RateLimiter>, policy: &str) {
+    limiter
+        .acquire(Priority::Create)
+        .await
+        .observe(&headers(r#""minute";r=59;t=60"#, policy), None);
+}
+
 /// A 20-per-minute limiter after one poll whose answer reported `live`, and when it started.
 async fn after_a_poll(live: &str) -> (Arc<RateLimiter>, Instant) {
     let limiter = RateLimiter::new(20);
@@ -251,6 +259,7 @@ async fn a_poll_becomes_overdue_while_creates_wait_for_a_far_reset() {
 async fn an_answer_caps_by_what_was_sent_around_it_and_older_answers_never_raise_it() {
     let limiter = RateLimiter::new(60);
     let policy = r#""minute";q=60;w=60"#;
+    first_answer(&limiter, policy).await;
     let earlier = limiter.acquire(Priority::Create).await;
     let later = limiter.acquire(Priority::Create).await;
     // r=5 while another request sent with it is unanswered: it may not be counted yet.
@@ -266,15 +275,17 @@ async fn an_answer_caps_by_what_was_sent_around_it_and_older_answers_never_raise
     third.observe(&headers(r#""minute";r=4;t=30"#, policy), None);
     assert_eq!(limiter.windows(), vec![("minute".into(), 60, 3)]);
     assert_eq!(limiter.in_flight(), 0);
-    // Once that count is stale, one probe goes to learn the next.
+    // Once that count is stale, what it left is still left (our own requests only free room
+    // as time passes).
     tokio::time::sleep(Duration::from_secs(31)).await;
-    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 1)]);
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 3)]);
 }
 
 #[tokio::test(start_paused = true)]
 async fn caution_taken_for_out_of_order_answers_is_undone_once_all_are_in() {
     let limiter = RateLimiter::new(60);
     let policy = r#""minute";q=60;w=60"#;
+    first_answer(&limiter, policy).await;
     let first = limiter.acquire(Priority::Routine).await;
     let second = limiter.acquire(Priority::Routine).await;
     // The service counted the second request first: the first's answer says r=5, but
@@ -295,10 +306,15 @@ async fn wait_after_a_reset_with_requests_in_flight(
     priority: Priority,
 ) -> Option<Duration> {
     let limiter = RateLimiter::new(60);
+    // The first request learns nothing (no counts): only the send log limits from then on.
+    limiter
+        .acquire(Priority::Create)
+        .await
+        .observe(&HeaderMap::new(), None);
     // Starts the window (it resets 61 s from now); the rest go past the reserve's release.
     let mut held = vec![limiter.acquire(Priority::Create).await];
     tokio::time::sleep(Duration::from_secs(57)).await;
-    for _ in 0..59 {
+    for _ in 0..58 {
         held.push(limiter.acquire(Priority::Create).await);
     }
     let waiter = {
@@ -473,4 +489,65 @@ async fn a_429_without_headers_teaches_the_quota_of_a_server_that_sends_none() {
     drop(limiter.acquire(Priority::Create).await);
     // Not after the 3 s Retry-After: after the first five have left the minute.
     assert_eq!(start.elapsed(), Duration::from_secs(61));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fresh_limiter_probes_before_it_trusts_its_configured_quota() {
+    // A previous leader may have used most of the quota: the first request goes alone.
+    let limiter = RateLimiter::new(60);
+    let probe = limiter.acquire(Priority::Create).await;
+    let next = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move {
+            let mut times = Vec::new();
+            for _ in 0..3 {
+                drop(limiter.acquire(Priority::Create).await);
+                times.push(Instant::now());
+            }
+            times
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !next.is_finished(),
+        "a request went before the probe's answer"
+    );
+    let start = Instant::now();
+    probe.observe(
+        &headers(r#""minute";r=2;t=30"#, r#""minute";q=60;w=60"#),
+        None,
+    );
+    // Two go at once; the third waits for that count to go stale.
+    let times = next.await.unwrap();
+    assert_eq!(times[1], start);
+    assert_eq!(times[2] - start, Duration::from_secs(31));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_count_still_allows_what_it_left() {
+    // A GCRA server answering "t=1" on an idle bucket: the count goes stale at once, but the
+    // room it reported stays (no probe round trip per request).
+    let limiter = RateLimiter::new(60);
+    limiter.acquire(Priority::Create).await.observe(
+        &headers(r#""minute";r=59;t=1"#, r#""minute";q=60;w=60"#),
+        None,
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let start = Instant::now();
+    let held: Vec<_> =
+        futures_util::future::join_all((0..10).map(|_| limiter.acquire(Priority::Create))).await;
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    drop(held);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_refusal_after_a_failover_teaches_nothing() {
+    // The old leader used the quota; one request of ours went, the next is refused.
+    let limiter = RateLimiter::new(60);
+    drop(limiter.acquire(Priority::Create).await);
+    limiter
+        .acquire(Priority::Create)
+        .await
+        .observe(&HeaderMap::new(), Some(Duration::from_secs(3)));
+    assert_eq!(limiter.windows()[0].1, 60);
 }

@@ -21,6 +21,13 @@ use tokio::time::Instant;
 
 use super::{MAX_ANNOUNCED_WAIT, Priority, RESET_MARGIN};
 
+/// Fewest of our own requests before a header-less 429 that teach a lower quota.
+const LEARN_FROM: u32 = 5;
+
+/// Spans without a header-less 429 before a learnt quota grows by one: a server whose quota
+/// really is lower then refuses one request in this many windows.
+pub(super) const RECOVER_AFTER_SPANS: u32 = 10;
+
 /// Send log: (request number, when sent), oldest first.
 pub(super) type SendLog = VecDeque<(u64, Instant)>;
 
@@ -53,6 +60,9 @@ pub(super) struct Window {
     pub quota: u32,
     pub length: Duration,
     ceiling: Option<Ceiling>,
+    /// The quota before a 429 lowered it (servers without headers), and when it was last
+    /// lowered or raised again.
+    guessed: Option<(u32, Instant)>,
 }
 
 /// How much room a window has now, and when it gets more (`None`: when an answer arrives).
@@ -72,6 +82,47 @@ impl Window {
             quota: quota.max(1),
             length: length.clamp(Duration::from_secs(1), MAX_ANNOUNCED_WAIT),
             ceiling: None,
+            guessed: None,
+        }
+    }
+
+    /// A window whose state on the server is unknown (a fresh process: a previous leader's
+    /// requests may still count): the first request is a probe, whose answer says what is left.
+    pub fn unknown(name: &str, quota: u32, length: Duration, now: Instant) -> Window {
+        Window {
+            ceiling: Some(Ceiling {
+                seq: 0,
+                sent_at: now,
+                remaining: 0,
+                until: now,
+            }),
+            ..Window::new(name, quota, length)
+        }
+    }
+
+    /// A 429 without counts, with `before` of our requests sent in the span before it: when
+    /// those plausibly explain it (at least a few: a lone request refused after a failover is
+    /// the old leader's doing), the quota is at most that. Raised again by one per
+    /// [`RECOVER_AFTER_SPANS`] spans without another such 429, up to what it was.
+    pub fn learn(&mut self, before: u32, now: Instant) {
+        if before < self.quota.min(LEARN_FROM) || before >= self.quota {
+            return;
+        }
+        let configured = self
+            .guessed
+            .map_or(self.quota, |(configured, _)| configured);
+        self.quota = before;
+        self.guessed = Some((configured, now));
+    }
+
+    /// Gives back one request of a lowered quota per span that passed without a 429.
+    pub fn recover(&mut self, now: Instant) {
+        let span = self.span() * RECOVER_AFTER_SPANS;
+        if let Some((configured, since)) = self.guessed
+            && now >= since + span
+        {
+            self.quota = (self.quota + 1).min(configured);
+            self.guessed = (self.quota < configured).then_some((configured, now));
         }
     }
 
@@ -94,25 +145,34 @@ impl Window {
         let Some(ceiling) = self.ceiling else {
             return log;
         };
+        let counted = ceiling
+            .remaining
+            .saturating_sub(sent_after(sent, ceiling.seq));
         let by_ceiling = if now < ceiling.until {
-            let since = sent_after(sent, ceiling.seq);
             Room {
-                left: ceiling.remaining.saturating_sub(since),
+                left: counted,
                 more_at: Some(ceiling.until),
                 probe: false,
             }
         } else {
-            // Stale: one probe, whose answer says more.
+            // Stale: our own requests only free room as time passes, so what was left is still
+            // left; beyond it one probe goes, whose answer says more.
+            let probe = 1u32.saturating_sub(sent_since(sent, ceiling.until));
             Room {
-                left: 1u32.saturating_sub(sent_since(sent, ceiling.until)),
+                left: counted.max(probe),
                 more_at: None,
-                probe: true,
+                probe: probe > 0 && counted == 0,
             }
         };
-        if by_ceiling.left < log.left {
-            by_ceiling
-        } else {
-            log
+        match by_ceiling.left.cmp(&log.left) {
+            std::cmp::Ordering::Less => by_ceiling,
+            std::cmp::Ordering::Greater => log,
+            // Both bind: more room comes only when both give it.
+            std::cmp::Ordering::Equal => Room {
+                left: log.left,
+                more_at: by_ceiling.more_at.zip(log.more_at).map(|(a, b)| a.max(b)),
+                probe: by_ceiling.probe,
+            },
         }
     }
 
@@ -176,7 +236,8 @@ impl Window {
         }
     }
 
-    /// The earliest send time this window may still need to count.
+    /// The earliest send time this window may still need to count, `now` or when an
+    /// unanswered request was sent (a 429 for it counts what was sent in the span before).
     pub fn needs_sends_since(&self, now: Instant) -> Instant {
         let log_from = now.checked_sub(self.span()).unwrap_or(now);
         match self.ceiling {

@@ -18,7 +18,7 @@ use super::error::{ApiError, Recovery};
 use super::limiter::{Permit, Priority, RateLimiter};
 use super::metrics::RunPodMetrics;
 use super::model::{CreatePodRequest, Pod, PodAction, PodList, PodStatus, UpdatePodRequest};
-use runpod_webhook::contract::CloudType;
+use runpod_contract::CloudType;
 
 /// The environment variable holding the key; never a flag, so it stays out of `ps` output.
 pub const API_KEY_ENV: &str = "RUNPOD_API_KEY";

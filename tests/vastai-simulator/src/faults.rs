@@ -16,6 +16,10 @@ pub struct Fault {
     pub effect: Effect,
     #[serde(default)]
     pub times: Option<u32>,
+    /// Matching requests let through before the rule starts firing ("the list fails from the
+    /// second call on").
+    #[serde(default)]
+    pub after: u32,
 }
 
 /// Conditions on a request; every field that is set must match.
@@ -57,7 +61,14 @@ impl Fault {
             when,
             effect,
             times: None,
+            after: 0,
         }
+    }
+
+    /// The same rule, starting after `n` matching requests went through.
+    pub fn after(mut self, n: u32) -> Fault {
+        self.after = n;
+        self
     }
 
     /// The same rule, firing only `n` times.
@@ -118,7 +129,7 @@ impl FaultSet {
     /// The effect of the first rule matching the request, counting it as fired. Create-only
     /// effects never fire on other routes.
     pub fn fire(&mut self, route: Route, offer_id: Option<u64>) -> Option<Effect> {
-        let index = self.0.iter().position(|fault| {
+        let applies = |fault: &Fault| {
             fault.when.matches(route, offer_id)
                 && (route == Route::Create
                     || !matches!(
@@ -127,7 +138,20 @@ impl FaultSet {
                             | Effect::CreateThenFail { .. }
                             | Effect::CreateThenStall { .. }
                     ))
-        })?;
+        };
+        let mut chosen = None;
+        for (index, fault) in self.0.iter_mut().enumerate() {
+            if !applies(fault) {
+                continue;
+            }
+            if fault.after > 0 {
+                fault.after -= 1;
+                continue;
+            }
+            chosen = Some(index);
+            break;
+        }
+        let index = chosen?;
         let fault = &mut self.0[index];
         let effect = fault.effect.clone();
         if let Some(times) = fault.times.as_mut() {
@@ -157,6 +181,21 @@ mod tests {
             Some(Effect::Delay { millis: 5 })
         );
         assert_eq!(set.fire(Route::Get, None), None);
+    }
+
+    #[test]
+    fn a_rule_can_start_late() {
+        let mut set = FaultSet::new(vec![
+            Fault::new(Match::route(Route::List), Effect::Delay { millis: 1 }).after(2),
+        ]);
+        assert_eq!(set.fire(Route::List, None), None);
+        assert_eq!(
+            set.fire(Route::Get, None),
+            None,
+            "other routes do not count"
+        );
+        assert_eq!(set.fire(Route::List, None), None);
+        assert!(set.fire(Route::List, None).is_some());
     }
 
     #[test]

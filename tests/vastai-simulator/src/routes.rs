@@ -137,6 +137,7 @@ async fn dispatch(State(shared): State<Arc<Shared>>, request: Request) -> Respon
     let (reply, delay) = shared.with_world(|world| {
         *world.counts.entry(route).or_default() += 1;
         if let Err(detail) = world.limiter.check(route, &token, Instant::now()) {
+            *world.limited.entry(route).or_default() += 1;
             return (Reply::too_frequent(detail), Duration::ZERO);
         }
         let effect = world

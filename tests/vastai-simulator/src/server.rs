@@ -124,6 +124,12 @@ impl SimulatorHandle {
             .with_world(|world| world.counts.get(&route).copied().unwrap_or(0))
     }
 
+    /// Requests to `route` refused with 429.
+    pub fn rate_limited(&self, route: Route) -> u64 {
+        self.shared
+            .with_world(|world| world.limited.get(&route).copied().unwrap_or(0))
+    }
+
     /// Adds a fault rule after the existing ones; an invalid rule is ignored with a warning.
     pub fn inject(&self, fault: Fault) {
         if let Err(problem) = fault.validate() {

@@ -27,6 +27,8 @@ pub(crate) struct World {
     pub log_requests: HashMap<String, LogRequest>,
     /// Requests per route that got past authentication (refused ones included).
     pub counts: BTreeMap<Route, u64>,
+    /// Requests per route refused with 429.
+    pub limited: BTreeMap<Route, u64>,
     pub next_id: u64,
     pub rng: fastrand::Rng,
 }
@@ -52,6 +54,7 @@ impl Shared {
             limiter: Limiter::new(&scenario.rate_limits.0),
             log_requests: HashMap::new(),
             counts: BTreeMap::new(),
+            limited: BTreeMap::new(),
             next_id: 7_000_001,
             rng: fastrand::Rng::new(),
         };

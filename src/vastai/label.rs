@@ -57,6 +57,12 @@ impl Label {
         Label::new(cluster, node, uid).ok()
     }
 
+    /// Whether the instance is this node's to manage: labels of other clusters or nodes, and
+    /// unlabelled instances, are never touched.
+    pub fn belongs_to(&self, cluster: &str, node: &str) -> bool {
+        self.cluster == cluster && self.node == node
+    }
+
     pub fn cluster(&self) -> &str {
         &self.cluster
     }

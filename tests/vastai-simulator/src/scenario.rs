@@ -404,6 +404,22 @@ mod tests {
     }
 
     #[test]
+    fn scenario_files_are_read_and_checked() {
+        let path =
+            std::env::temp_dir().join(format!("vastai-scenario-{}.json", std::process::id()));
+        std::fs::write(&path, r#"{"list_lag_ms": 5, "offers": []}"#).unwrap();
+        let scenario = Scenario::from_file(&path).unwrap();
+        assert_eq!(scenario.list_lag_ms, 5);
+        assert!(scenario.offers.is_empty());
+        std::fs::write(&path, r#"{"list_lag": 5}"#).unwrap();
+        assert!(
+            Scenario::from_file(&path).is_err(),
+            "unknown fields are refused"
+        );
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
     fn duplicate_offer_ids_are_refused() {
         let mut scenario = Scenario::default();
         let first = scenario.offers[0].clone();

@@ -97,14 +97,17 @@ fn oldest(found: &[Instance]) -> Option<u64> {
 
 impl VastClient {
     /// Buys one instance for `label` on the first offer that can be had, in order, or adopts
-    /// the one that already carries it. `request.label` must be `label`.
+    /// the one that already carries it. The request goes out with `label` as its label.
     pub async fn buy(
         &self,
         label: &Label,
         offers: &[Offer],
         request: &CreateRequest,
     ) -> Result<Bought, BuyError> {
-        debug_assert_eq!(request.label, label.to_string());
+        let request = &CreateRequest {
+            label: label.to_string(),
+            ..request.clone()
+        };
         let existing = self.find_by_label(label).await.map_err(BuyError::Lookup)?;
         if let Some(instance_id) = oldest(&existing) {
             return Ok(Bought::Adopted { instance_id });

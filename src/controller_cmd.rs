@@ -470,7 +470,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
             provision_timeout: args.provision_timeout,
             create_settle: args.create_settle,
             outage_grace: args.outage_grace,
-            admission: runpod_contract::policy::PolicyConfig::from_flags(
+            admission: runpod_webhook::policy::PolicyConfig::from_flags(
                 &args.exclude_namespaces,
                 &args.datacenter_ids,
                 args.max_gpu_price,

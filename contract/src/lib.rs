@@ -8,5 +8,6 @@ pub mod checks;
 pub mod env;
 pub mod pod;
 pub mod policy;
+pub mod vastai;
 
 pub use annotations::*;

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use runpod_contract::vastai::{Requirements, VastPolicy};
+
 use super::model::{MIN_DISK_GB, Offer};
 
 /// Vast.ai counts GPU memory in MB of 1000 (a 24 GB card says 24564 or 24576).
@@ -54,6 +56,23 @@ impl Default for OfferQuery {
 }
 
 impl OfferQuery {
+    /// The search for a pod's requirements (read by [`runpod_contract::vastai::requirements`])
+    /// under the installation's policy; `default_disk_gb` when the pod names no disk.
+    pub fn for_pod(wanted: &Requirements, policy: &VastPolicy, default_disk_gb: u32) -> OfferQuery {
+        OfferQuery {
+            gpu_names: wanted.gpu_names.clone(),
+            num_gpus: wanted.gpu_count.max(1),
+            min_gpu_memory_gb: wanted.min_gpu_memory_gb,
+            max_price_per_hour: wanted.max_price_per_hour,
+            countries: wanted.countries.clone(),
+            verified_only: policy.verified_only,
+            datacenter_only: policy.datacenter_only,
+            min_reliability: policy.min_reliability,
+            disk_gb: wanted.disk_gb.unwrap_or(default_disk_gb),
+            ..OfferQuery::default()
+        }
+    }
+
     /// The body of `POST /api/v0/bundles/`: on-demand offers, cheapest first.
     pub fn body(&self) -> Value {
         let mut body = json!({
@@ -248,6 +267,25 @@ mod tests {
         ] {
             assert!(open.get(absent).is_none(), "{absent}");
         }
+    }
+
+    #[test]
+    fn a_pods_requirements_and_the_policy_make_the_query() {
+        let policy =
+            VastPolicy::from_flags(&["Europe".into()], &[], true, true, 0.99, Some(1.0)).unwrap();
+        let pod = std::collections::BTreeMap::from([
+            ("vast.ai/gpu-type".to_owned(), "RTX 4090".to_owned()),
+            ("vast.ai/region".to_owned(), "Europe".to_owned()),
+        ]);
+        let wanted = runpod_contract::vastai::requirements(&pod, 2, &policy).unwrap();
+        let query = OfferQuery::for_pod(&wanted, &policy, 30);
+        assert_eq!(query.gpu_names, vec!["RTX 4090"]);
+        assert_eq!(query.num_gpus, 2);
+        assert_eq!(query.max_price_per_hour, Some(2.0));
+        assert!(query.countries.contains(&"DE".to_owned()));
+        assert!(query.datacenter_only && query.verified_only);
+        assert_eq!(query.min_reliability, 0.99);
+        assert_eq!(query.disk_gb, 30);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate as contract;
+use crate::PortSpec;
 use crate::checks;
 /// The GPU count and port detection rules, for the controller and the clouds.
 pub use crate::checks::{detect_ports, gpu_count};
@@ -130,4 +131,21 @@ pub fn cannot_run(pod: &PodView, config: &PolicyConfig) -> Vec<String> {
 
 fn label<'a>(pod: &'a PodView, key: &str) -> Option<&'a str> {
     pod.meta().labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// The ports a cloud opens for a pod: the effective `runpod.io/ports` the webhook wrote, else
+/// detected from the container's declared ports with the webhook's own rule. `Err` says what is
+/// wrong with the value.
+pub fn ports(pod: &k8s_openapi::api::core::v1::Pod) -> Result<Vec<PortSpec>, String> {
+    let annotated = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(contract::PORTS))
+        .cloned();
+    let value = match annotated {
+        Some(value) => Some(value),
+        None => detect_ports(pod, &mut Vec::new())?,
+    };
+    value.map_or(Ok(Vec::new()), |value| contract::parse_ports(&value))
 }

@@ -95,28 +95,11 @@ pub fn joined_args(
 /// Ports for RunPod: the effective `runpod.io/ports` the webhook wrote, else detected from
 /// the container's declared ports with the webhook's own rule (TCP only, at most 10 http).
 pub fn ports(pod: &Pod) -> Result<Vec<String>, TranslateError> {
-    let annotated = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(PORTS))
-        .cloned();
-    let value = match annotated {
-        Some(value) => Some(value),
-        None => runpod_contract::policy::detect_ports(pod, &mut Vec::new()).map_err(|message| {
-            TranslateError::Annotation {
-                annotation: PORTS,
-                message,
-            }
-        })?,
-    };
-    let Some(value) = value else {
-        return Ok(Vec::new());
-    };
-    let specs = contract::parse_ports(&value).map_err(|message| TranslateError::Annotation {
-        annotation: PORTS,
-        message,
-    })?;
+    let specs =
+        runpod_contract::policy::ports(pod).map_err(|message| TranslateError::Annotation {
+            annotation: PORTS,
+            message,
+        })?;
     Ok(specs
         .into_iter()
         .map(|spec| contract::format_ports(&[spec]))

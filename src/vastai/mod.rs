@@ -10,3 +10,4 @@ pub mod label;
 pub mod model;
 pub mod pacer;
 pub mod query;
+pub mod translate;

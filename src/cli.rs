@@ -42,8 +42,9 @@ pub enum Command {
     Certs(CertsArgs),
     /// Print the MutatingWebhookConfiguration (JSON) that routes opted-in pods to the webhook.
     WebhookConfiguration(RegistrationArgs),
-    /// Serve the RunPod REST v2 simulator over plain HTTP (e2e tests and the demo). The API
-    /// key, if any, comes from `RUNPOD_API_KEY` only.
+    /// Serve a cloud simulator over plain HTTP (e2e tests and the demo): RunPod REST v2, or
+    /// Vast.ai with `--cloud vastai`. The API key, if any, comes from `RUNPOD_API_KEY` or
+    /// `VAST_API_KEY` only.
     Simulator(SimulatorArgs),
     /// Print the RunPod placement candidates (GPU type × data centres, cheapest first) for
     /// given requirements, from the live catalogue. Needs `RUNPOD_API_KEY`.
@@ -58,10 +59,22 @@ pub struct SimulatorArgs {
     /// Address to serve plain HTTP on; port 0 picks a free port (printed on start).
     #[arg(long, default_value = "127.0.0.1:8089", env = "RUNPOD_KUBELET_LISTEN")]
     pub listen: SocketAddr,
-    /// JSON scenario (catalogue, rate limits, timings, image rules, faults); default: a
-    /// realistic catalogue.
+    /// JSON scenario (catalogue or offers, rate limits, timings, image rules, faults) in the
+    /// chosen cloud's format; default: a realistic market.
     #[arg(long, env = "RUNPOD_KUBELET_SCENARIO")]
     pub scenario: Option<PathBuf>,
+    /// Which cloud to simulate.
+    #[arg(long, value_enum, default_value_t = SimulatedCloud::Runpod, env = "RUNPOD_KUBELET_SIMULATED_CLOUD")]
+    pub cloud: SimulatedCloud,
+}
+
+/// The clouds `simulator` can serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SimulatedCloud {
+    /// RunPod REST v2 (`/v2/...`); key from `RUNPOD_API_KEY`.
+    Runpod,
+    /// Vast.ai (`/api/v0/...`, `/api/v1/...`); key from `VAST_API_KEY`.
+    Vastai,
 }
 
 /// Where `certs` keeps the webhook's certificates.

@@ -2,9 +2,9 @@
 //! read from the live catalogue — what an operator checks before blaming "no capacity".
 
 use clap::Args;
+use runpod_contract::CloudType;
 use runpod_kubelet::runpod::args::RunPodArgs;
 use runpod_kubelet::runpod::select::{self, ClusterLimits, Requirements};
-use runpod_webhook::contract::CloudType;
 
 #[derive(Debug, Args)]
 pub struct GpusArgs {

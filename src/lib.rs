@@ -1,5 +1,6 @@
-//! The `runpod-kubelet` library: the RunPod REST v2 client and (later) the provider controller.
+//! The `runpod-kubelet` library: the RunPod REST v2 and Vast.ai clients and the provider controller.
 //! The binary in `main.rs` wires these to the command line.
 
 pub mod controller;
 pub mod runpod;
+pub mod vastai;

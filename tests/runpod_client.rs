@@ -8,6 +8,7 @@ use std::time::Duration;
 mod runpod_support;
 
 use futures::StreamExt;
+use runpod_contract::CloudType;
 use runpod_kubelet::runpod::client::{ApiKey, ClientConfig, Deleted, RetryPolicy, RunPodClient};
 use runpod_kubelet::runpod::error::ApiError;
 use runpod_kubelet::runpod::limiter::Priority;
@@ -21,7 +22,6 @@ use runpod_simulator::{
     Effect, Fault, Match, Operation, Simulator, SimulatorHandle, duplicate_names, live_pods,
 };
 use runpod_support::{candidate, request_for};
-use runpod_webhook::contract::CloudType;
 
 const KEY: &str = "rpa_TESTKEY0123456789abcdefSECRET";
 const RTX_4090: &str = "NVIDIA GeForce RTX 4090";

@@ -22,13 +22,12 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
-use runpod_webhook::contract::PROVIDER_TAINT_KEY;
+use runpod_contract::{DRAIN_ACK_ANNOTATION, DRAINING_ANNOTATION, PROVIDER_TAINT_KEY};
 use serde_json::json;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::context::elapsed;
-use super::gate::{DRAIN_ACK_ANNOTATION, DRAINING_ANNOTATION};
 use super::lease::{LEASE_DURATION, NODE_LEASE_NAMESPACE};
 use super::provider::{Instance, Provider};
 

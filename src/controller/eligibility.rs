@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use runpod_webhook::contract;
-use runpod_webhook::pod::PodView;
-use runpod_webhook::policy::{self, PolicyConfig, Untouched};
+use runpod_contract as contract;
+use runpod_contract::pod::PodView;
+use runpod_contract::policy::{self, PolicyConfig, Untouched};
 
 /// Why the controller will not run a pod, for its Event and status.
 #[derive(Debug, Clone, PartialEq, Eq)]

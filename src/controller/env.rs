@@ -8,14 +8,7 @@ use std::future::Future;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
 use kube::Api;
 
-/// What the cluster supplied for one container.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ResolvedEnv {
-    /// Merged `envFrom` sources, in Kubernetes order (later sources win).
-    pub env_from: BTreeMap<String, String>,
-    /// Values of `env[].valueFrom` entries by variable name; missing optional ones are absent.
-    pub value_from: BTreeMap<String, String>,
-}
+pub use runpod_contract::env::ResolvedEnv;
 
 /// Why the environment cannot be built (the kubelet's `CreateContainerConfigError`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
+use runpod_contract::{DRAIN_ACK_ANNOTATION, DRAINING_ANNOTATION};
 use serde_json::json;
 use tokio::sync::Notify;
 use tracing::{info, warn};
@@ -23,11 +24,6 @@ use super::provider::{
     CheapestPrices, Constraints, Ends, FinalLog, Instance, LogEntries, LogOptions, Provider,
     ProviderError, ProvisionError, ProvisionRequest, Provisioned,
 };
-
-/// Node annotation set by `drain`: create nothing more for this node.
-pub const DRAINING_ANNOTATION: &str = "runpod.io/draining";
-/// Node annotation the leader sets once no create can start or is under way any more.
-pub const DRAIN_ACK_ANNOTATION: &str = "runpod.io/drain-acknowledged";
 
 /// Whether creates are allowed, from the node as last seen.
 #[derive(Debug, Clone, PartialEq, Eq)]

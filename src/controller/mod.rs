@@ -373,8 +373,7 @@ async fn write_node<P: Provider>(
         Err(error) => warn!(error = %error, "writing the node status failed"),
     }
     let prices = provider.cheapest_prices();
-    let cheapest =
-        (!prices.is_empty()).then(|| runpod_webhook::contract::format_cheapest_prices(&prices));
+    let cheapest = (!prices.is_empty()).then(|| runpod_contract::format_cheapest_prices(&prices));
     if let Err(error) = node::sync_spec(nodes, config, health, cheapest).await {
         warn!(error = %error, "updating the node's taints failed");
     }

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use runpod_webhook::contract::{NODE_TYPE_LABEL, NODE_TYPE_VALUE, PROVIDER_TAINT_KEY};
+use runpod_contract::{NODE_TYPE_LABEL, NODE_TYPE_VALUE, PROVIDER_TAINT_KEY};
 use serde_json::json;
 
 /// Field manager of every write the controller makes.
@@ -21,7 +21,7 @@ pub const API_CONDITION: &str = "RunPodAPIAvailable";
 /// Taint keeping new pods away while the cloud's API is unusable.
 pub const UNAVAILABLE_TAINT: &str = "runpod.io/api-unavailable";
 /// Annotation with the cheapest GPU price per cloud type, read by the webhook.
-pub const CHEAPEST_PRICE_ANNOTATION: &str = runpod_webhook::contract::CHEAPEST_GPU_PRICE;
+pub const CHEAPEST_PRICE_ANNOTATION: &str = runpod_contract::CHEAPEST_GPU_PRICE;
 
 /// What the node is configured to offer.
 #[derive(Debug, Clone)]
@@ -79,10 +79,7 @@ impl NodeConfig {
             ("cpu", self.cpu.clone()),
             ("memory", self.memory.clone()),
             ("pods", self.max_pods.to_string()),
-            (
-                runpod_webhook::contract::GPU_RESOURCE,
-                self.max_gpus.to_string(),
-            ),
+            (runpod_contract::GPU_RESOURCE, self.max_gpus.to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), Quantity(v)))

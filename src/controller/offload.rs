@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 use k8s_openapi::jiff::Timestamp;
-use runpod_webhook::contract::{self, BurstMode};
+use runpod_contract::{self as contract, BurstMode};
 
 use super::context::elapsed;
 

@@ -152,7 +152,7 @@ async fn register_again(nodes: &Api<Node>, config: &NodeConfig, presence: &Prese
 mod tests {
     use super::*;
     use kube::api::ObjectMeta;
-    use runpod_webhook::contract::PROVIDER_TAINT_KEY;
+    use runpod_contract::PROVIDER_TAINT_KEY;
 
     fn node(provider: &str) -> Node {
         Node {

@@ -8,11 +8,11 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use runpod_webhook::contract::CloudType;
+use runpod_contract::CloudType;
+use runpod_contract::env::command_words;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::env::ResolvedEnv;
 use super::provider::{
     CheapestPrices, Constraints, Endpoint, Ends, FinalLog, Instance, InstanceState, LogEntries,
     LogEntry, LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned,
@@ -160,13 +160,6 @@ fn completion(pod: &Pod) -> Completion {
     }
 }
 
-fn to_translate_env(env: &ResolvedEnv) -> translate::ResolvedEnv {
-    translate::ResolvedEnv {
-        env_from: env.env_from.clone(),
-        value_from: env.value_from.clone(),
-    }
-}
-
 /// Lines read from a finished pod's log (the exit code is the last of them).
 const FINAL_LOG_LINES: u32 = 500;
 
@@ -282,16 +275,17 @@ impl Provider for RunPodProvider {
             cluster_id: &self.cluster_id,
             node_name: &self.node_name,
         };
-        let env = to_translate_env(request.env);
-        let mut base = translate::create_request(pod, &env, &origin, first)
-            .map_err(|e| ProvisionError::Rejected(e.to_string()))?;
         let container = pod
             .spec
             .as_ref()
             .and_then(|spec| spec.containers.first())
-            .ok_or_else(|| ProvisionError::Rejected("the pod has no container".into()))?;
-        let expanded = translate::container_env(container, &env.env_from, &env.value_from);
-        let words = translate::command_words(container, &expanded);
+            .ok_or_else(|| {
+                ProvisionError::Rejected(translate::TranslateError::NoContainer.to_string())
+            })?;
+        let env = request.env.container_env(container);
+        let mut base = translate::create_request(pod, &env, &origin, first)
+            .map_err(|e| ProvisionError::Rejected(e.to_string()))?;
+        let words = command_words(container, &env);
         let files: Vec<FileToWrite<'_>> = request
             .volumes
             .files

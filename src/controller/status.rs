@@ -470,7 +470,7 @@ impl RecordedEnd {
             .metadata
             .annotations
             .as_ref()?
-            .get(runpod_webhook::contract::ENDED)?;
+            .get(runpod_contract::ENDED)?;
         serde_json::from_str(text).ok()
     }
 
@@ -729,7 +729,7 @@ mod tests {
             let mut annotated = pod.clone();
             annotated.metadata.annotations = Some(
                 [(
-                    runpod_webhook::contract::ENDED.to_owned(),
+                    runpod_contract::ENDED.to_owned(),
                     serde_json::to_string(&record).unwrap(),
                 )]
                 .into(),

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::decode::{lenient_f64, lenient_u32, null_as_default};
-use runpod_webhook::contract::CloudType;
+use runpod_contract::CloudType;
 
 /// Stock as the catalogue reports it; anything unrecognised reads as `Unknown`, which
 /// placement treats like `Low` (stock never predicts success anyway, api-notes P2).

@@ -18,7 +18,7 @@ use super::error::{ApiError, Recovery};
 use super::limiter::{Permit, Priority, RateLimiter};
 use super::metrics::RunPodMetrics;
 use super::model::{CreatePodRequest, Pod, PodAction, PodList, PodStatus, UpdatePodRequest};
-use runpod_webhook::contract::CloudType;
+use runpod_contract::CloudType;
 
 /// The environment variable holding the key; never a flag, so it stays out of `ps` output.
 pub const API_KEY_ENV: &str = "RUNPOD_API_KEY";
@@ -47,7 +47,7 @@ impl ApiKey {
         Ok(ApiKey(key))
     }
 
-    fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -656,7 +656,7 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 }
 
 /// The error and its sources, e.g. "error sending request: connection refused".
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
@@ -667,7 +667,7 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-fn tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
+pub(crate) fn tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
     let roots = rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),

@@ -10,7 +10,7 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Pod;
-use runpod_webhook::contract::{self, CloudType};
+use runpod_contract::{self as contract, CloudType};
 
 use super::catalog::{Availability, Catalogue, GpuType};
 
@@ -146,7 +146,7 @@ pub fn requirements(pod: &Pod, limits: &ClusterLimits) -> Result<Requirements, R
     }
 
     Ok(Requirements {
-        gpu_count: runpod_webhook::policy::gpu_count(pod).max(1),
+        gpu_count: runpod_contract::policy::gpu_count(pod).max(1),
         min_memory_gb,
         gpu_types,
         cloud,

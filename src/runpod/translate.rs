@@ -10,7 +10,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use runpod_webhook::contract::{self, DISK, PORTS, REGISTRY_AUTH_ID, TEMPLATE_ID};
+use runpod_contract::env::command_words;
+use runpod_contract::{self as contract, DISK, PORTS, REGISTRY_AUTH_ID, TEMPLATE_ID};
 
 use super::model::{CreatePodRequest, GpuSpec};
 use super::select::Candidate;
@@ -91,123 +92,25 @@ pub fn joined_args(
         .map_err(|e| TranslateError::Args(e.to_string()))
 }
 
-/// The container's `command` then `args`, each `$(VAR)`-expanded against `env`.
-pub fn command_words(container: &Container, env: &BTreeMap<String, String>) -> Vec<String> {
-    container
-        .command
-        .iter()
-        .flatten()
-        .chain(container.args.iter().flatten())
-        .map(|word| expand(word, env))
-        .collect()
-}
-
-/// Kubernetes `$(VAR)` expansion in command, args and env values: defined variables are
-/// replaced, `$$` escapes a `$`, and references to undefined variables stay as written.
-pub fn expand(text: &str, env: &BTreeMap<String, String>) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        let tail = &rest[at + 1..];
-        if let Some(after) = tail.strip_prefix('$') {
-            out.push('$');
-            rest = after;
-        } else if let Some(body) = tail.strip_prefix('(') {
-            match body.find(')') {
-                Some(close) => {
-                    let name = &body[..close];
-                    match env.get(name) {
-                        Some(value) => out.push_str(value),
-                        None => {
-                            out.push_str("$(");
-                            out.push_str(name);
-                            out.push(')');
-                        }
-                    }
-                    rest = &body[close + 1..];
-                }
-                None => {
-                    out.push_str("$(");
-                    rest = body;
-                }
-            }
-        } else {
-            out.push('$');
-            rest = tail;
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
-/// The container's environment in Kubernetes order: `envFrom` first, then `env` entries in
-/// order (later ones win, values expanded against what came before). `resolved` holds the
-/// values of `valueFrom` entries and the `envFrom` maps, read by the caller from Secrets,
-/// ConfigMaps and the downward API; an entry missing from it was optional and is skipped.
-pub fn container_env(
-    container: &Container,
-    env_from: &BTreeMap<String, String>,
-    resolved: &BTreeMap<String, String>,
-) -> BTreeMap<String, String> {
-    let mut env = env_from.clone();
-    for var in container.env.iter().flatten() {
-        if var.value_from.is_some() {
-            if let Some(value) = resolved.get(&var.name) {
-                env.insert(var.name.clone(), value.clone());
-            }
-        } else {
-            let value = expand(var.value.as_deref().unwrap_or(""), &env);
-            env.insert(var.name.clone(), value);
-        }
-    }
-    env
-}
-
 /// Ports for RunPod: the effective `runpod.io/ports` the webhook wrote, else detected from
 /// the container's declared ports with the webhook's own rule (TCP only, at most 10 http).
 pub fn ports(pod: &Pod) -> Result<Vec<String>, TranslateError> {
-    let annotated = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(PORTS))
-        .cloned();
-    let value = match annotated {
-        Some(value) => Some(value),
-        None => runpod_webhook::policy::detect_ports(pod, &mut Vec::new()).map_err(|message| {
-            TranslateError::Annotation {
-                annotation: PORTS,
-                message,
-            }
-        })?,
-    };
-    let Some(value) = value else {
-        return Ok(Vec::new());
-    };
-    let specs = contract::parse_ports(&value).map_err(|message| TranslateError::Annotation {
-        annotation: PORTS,
-        message,
-    })?;
+    let specs =
+        runpod_contract::policy::ports(pod).map_err(|message| TranslateError::Annotation {
+            annotation: PORTS,
+            message,
+        })?;
     Ok(specs
         .into_iter()
         .map(|spec| contract::format_ports(&[spec]))
         .collect())
 }
 
-/// Everything the caller resolved from the cluster for this pod.
-#[derive(Debug, Clone, Default)]
-pub struct ResolvedEnv {
-    /// Merged `envFrom` sources, in Kubernetes order.
-    pub env_from: BTreeMap<String, String>,
-    /// Values of `env[].valueFrom` entries by variable name.
-    pub value_from: BTreeMap<String, String>,
-}
-
-/// The create request for `pod` on `candidate`.
+/// The create request for `pod` on `candidate`; `env` is the container's environment as
+/// [`runpod_contract::env::ResolvedEnv::container_env`] expanded it.
 pub fn create_request(
     pod: &Pod,
-    resolved: &ResolvedEnv,
+    env: &BTreeMap<String, String>,
     origin: &Origin<'_>,
     candidate: &Candidate,
 ) -> Result<CreatePodRequest, TranslateError> {
@@ -241,7 +144,7 @@ pub fn create_request(
         })
         .transpose()?;
 
-    let mut env = container_env(container, &resolved.env_from, &resolved.value_from);
+    let mut env = env.clone();
     let args = joined_args(container, &env)?;
     let uid = pod.metadata.uid.clone().ok_or(TranslateError::NoUid)?;
     for (key, value) in [
@@ -278,7 +181,8 @@ pub fn create_request(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use runpod_webhook::contract::CloudType;
+    use runpod_contract::CloudType;
+    use runpod_contract::env::ResolvedEnv;
     use serde_json::json;
 
     fn pod(value: serde_json::Value) -> Pod {
@@ -330,7 +234,8 @@ mod tests {
             ]),
             value_from: BTreeMap::from([("TOKEN".into(), "s3cr3t".into())]),
         };
-        let request = create_request(&pod, &resolved, &ORIGIN, &candidate()).unwrap();
+        let env = resolved.container_env(&pod.spec.as_ref().unwrap().containers[0]);
+        let request = create_request(&pod, &env, &ORIGIN, &candidate()).unwrap();
         assert_eq!(
             request.name,
             "ml-train-0-0d4c5e1a-7b7e-4c1e-9a55-3f1f2b9e8c01"
@@ -383,7 +288,7 @@ mod tests {
             json!({"name": "main", "image": "img", "ports": [{"containerPort": 8888}]}),
             json!({"runpod.io/ports": "8000/http,22/tcp"}),
         );
-        let request = create_request(&pod, &ResolvedEnv::default(), &ORIGIN, &candidate()).unwrap();
+        let request = create_request(&pod, &BTreeMap::new(), &ORIGIN, &candidate()).unwrap();
         assert_eq!(request.ports, vec!["8000/http", "22/tcp"]);
         assert_eq!(request.args, None);
         assert_eq!(request.disk, None);
@@ -396,7 +301,7 @@ mod tests {
             json!({"name": "main", "image": "img", "env": [{"name": TAG_CLUSTER, "value": "someone-else"}]}),
             json!({}),
         );
-        let request = create_request(&pod, &ResolvedEnv::default(), &ORIGIN, &candidate()).unwrap();
+        let request = create_request(&pod, &BTreeMap::new(), &ORIGIN, &candidate()).unwrap();
         assert_eq!(request.env[TAG_CLUSTER], "prod-eu");
     }
 
@@ -406,13 +311,13 @@ mod tests {
             json!({"metadata": {"name": "a"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}),
         );
         assert_eq!(
-            create_request(&no_uid, &ResolvedEnv::default(), &ORIGIN, &candidate()),
+            create_request(&no_uid, &BTreeMap::new(), &ORIGIN, &candidate()),
             Err(TranslateError::NoUid)
         );
         let two = pod(json!({"metadata": {"name": "a", "uid": "u"},
             "spec": {"containers": [{"name": "c", "image": "i"}, {"name": "d", "image": "i"}]}}));
         assert_eq!(
-            create_request(&two, &ResolvedEnv::default(), &ORIGIN, &candidate()),
+            create_request(&two, &BTreeMap::new(), &ORIGIN, &candidate()),
             Err(TranslateError::SeveralContainers(2))
         );
         let bad_disk = gpu_pod(
@@ -420,7 +325,7 @@ mod tests {
             json!({"runpod.io/disk": "lots"}),
         );
         assert!(matches!(
-            create_request(&bad_disk, &ResolvedEnv::default(), &ORIGIN, &candidate()),
+            create_request(&bad_disk, &BTreeMap::new(), &ORIGIN, &candidate()),
             Err(TranslateError::Annotation {
                 annotation: DISK,
                 ..
@@ -431,7 +336,7 @@ mod tests {
             json!({}),
         );
         assert!(matches!(
-            create_request(&nul, &ResolvedEnv::default(), &ORIGIN, &candidate()),
+            create_request(&nul, &BTreeMap::new(), &ORIGIN, &candidate()),
             Err(TranslateError::Args(_))
         ));
     }
@@ -452,13 +357,5 @@ mod tests {
         let bounded = runpod_name(&pod(&long, "0d4c5e1a-7b7e-4c1e-9a55-3f1f2b9e8c01")).unwrap();
         assert!(bounded.len() <= MAX_NAME_LEN);
         assert!(bounded.ends_with("-0d4c5e1a-7b7e-4c1e-9a55-3f1f2b9e8c01"));
-    }
-
-    #[test]
-    fn expansion_follows_kubernetes() {
-        let env = BTreeMap::from([("A".to_owned(), "1".to_owned())]);
-        assert_eq!(expand("$(A)-$(B)-$$(A)-$-$(", &env), "1-$(B)-$(A)-$-$(");
-        assert_eq!(expand("no refs", &env), "no refs");
-        assert_eq!(expand("$$$(A)", &env), "$1");
     }
 }

@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use runpod_contract::CloudType;
 use runpod_kubelet::runpod::model::{CreatePodRequest, GpuSpec};
 use runpod_kubelet::runpod::select::Candidate;
-use runpod_webhook::contract::CloudType;
 
 /// One GPU of type `gpu` on Secure Cloud, in these data centres (empty: RunPod chooses).
 pub fn candidate(gpu: &str, data_centers: &[&str]) -> Candidate {

@@ -3,11 +3,14 @@
 
 pub mod admission;
 pub mod cluster;
-pub mod contract;
 pub mod metrics;
-pub mod pod;
 pub mod policy;
 pub mod registration;
 pub mod review;
 pub mod serve;
 pub mod server;
+
+/// The contract and the pod view live in `runpod-contract` (the controller and the clouds link it
+/// without this server); re-exported so the webhook's paths stay as they were.
+pub use runpod_contract as contract;
+pub use runpod_contract::pod;

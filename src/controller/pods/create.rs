@@ -9,7 +9,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use runpod_webhook::contract::{self, CREATE_REQUESTED};
+use runpod_contract::{self as contract, CREATE_REQUESTED};
 use serde_json::json;
 use tracing::{info, warn};
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use runpod_webhook::contract::POD_ID;
+use runpod_contract::POD_ID;
 
 use super::{annotation, bound_at};
 use crate::controller::context::{Snapshot, elapsed};

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
-use runpod_webhook::contract::ENDED;
+use runpod_contract::ENDED;
 use serde_json::json;
 
 use super::{ReconcileError, SHORT, pods_in_namespace_of, write};

@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
-use runpod_webhook::contract::{COST_PER_HR, DATACENTER, ENDPOINTS, GPU_TYPE, POD_ID};
+use runpod_contract::{COST_PER_HR, DATACENTER, ENDPOINTS, GPU_TYPE, POD_ID};
 use tracing::{info, warn};
 
 use super::decide::{self, TrackStep};

@@ -2,11 +2,10 @@
 //! owning Job, and the cluster's policy settings in; a verdict (patch, warnings, or a rejection)
 //! out. No I/O here, so every rule is unit- and property-testable.
 
-mod checks;
 mod mutation;
 mod retract;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::contract::{self, BurstMode};
 use crate::pod::PodView;
@@ -14,43 +13,8 @@ use crate::pod::PodView;
 pub(crate) use checks::view_gpu_count;
 pub use checks::{detect_ports, gpu_count};
 pub use mutation::Mutation;
-
-/// Cluster-wide policy, from the webhook's flags.
-#[derive(Debug, Clone, Default)]
-pub struct PolicyConfig {
-    /// Datacenters pods may ask for; empty means any.
-    pub allowed_datacenters: Vec<String>,
-    /// Highest USD per hour per GPU a pod may offer; `None` means no cap.
-    pub max_gpu_price: Option<f64>,
-    /// Namespaces whose pods are never touched (the chart's own); `kube-system` always is.
-    pub excluded_namespaces: BTreeSet<String>,
-}
-
-impl PolicyConfig {
-    /// From the flags the webhook and the controller share: `kube-system` is excluded by
-    /// [`screen`] itself, the component's own namespace (`POD_NAMESPACE`) here.
-    pub fn from_flags(
-        exclude_namespaces: &[String],
-        datacenter_ids: &[String],
-        max_gpu_price: f64,
-        own_namespace: Option<String>,
-    ) -> PolicyConfig {
-        let trimmed = |items: &[String]| -> Vec<String> {
-            items
-                .iter()
-                .map(|item| item.trim().to_owned())
-                .filter(|item| !item.is_empty())
-                .collect()
-        };
-        let mut excluded: BTreeSet<String> = trimmed(exclude_namespaces).into_iter().collect();
-        excluded.extend(own_namespace.filter(|ns| !ns.is_empty()));
-        PolicyConfig {
-            allowed_datacenters: trimmed(datacenter_ids),
-            max_gpu_price: Some(max_gpu_price),
-            excluded_namespaces: excluded,
-        }
-    }
-}
+use runpod_contract::checks;
+pub use runpod_contract::policy::{OwningJob, PolicyConfig, Untouched, cannot_run, opt_in, screen};
 
 /// What the cluster knows about the pod's surroundings, looked up by the caller.
 #[derive(Debug, Clone, Default)]
@@ -61,27 +25,6 @@ pub struct Context {
     /// Cheapest GPU price per cloud type (USD per GPU-hour) as the virtual node publishes it;
     /// empty when no node has published one yet.
     pub cheapest_gpu_price: BTreeMap<String, f64>,
-}
-
-/// The Job a pod belongs to, for the annotation fallback.
-#[derive(Debug, Clone, Default)]
-pub struct OwningJob {
-    pub name: String,
-    pub annotations: BTreeMap<String, String>,
-}
-
-/// Why a pod was let through without change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Untouched {
-    OptedOut,
-    ExcludedNamespace,
-    NotOptedIn,
-    NotGpu,
-    ModeNever,
-    /// `fallback` or `delayed` pod that RunPod cannot run: it stays local (what an earlier
-    /// review of ours added is taken back, so the mutation may not be empty), and a `delayed`
-    /// one is not marked for the offloader.
-    CannotBurst,
 }
 
 /// The decision for one pod.
@@ -110,66 +53,6 @@ pub fn owning_job(pod: &PodView) -> Option<(String, String)> {
         .iter()
         .find(|owner| owner.kind == "Job" && owner.api_version.starts_with("batch/"))
         .map(|owner| (owner.name.clone(), owner.uid.clone()))
-}
-
-/// Reasons to leave a pod alone that need no lookup; checked first so that opted-out pods and
-/// excluded namespaces never depend on the cluster being reachable.
-pub fn screen(pod: &PodView, namespace: &str, config: &PolicyConfig) -> Option<Untouched> {
-    if label(pod, contract::BURST_LABEL) == Some(contract::BURST_DISABLED) {
-        return Some(Untouched::OptedOut);
-    }
-    if namespace == contract::SYSTEM_NAMESPACE || config.excluded_namespaces.contains(namespace) {
-        return Some(Untouched::ExcludedNamespace);
-    }
-    None
-}
-
-/// Whether a pod opted in to bursting, and if not why: the pod label disables it, its
-/// namespace is excluded, or neither the pod nor its namespace carries the opt-in label. The
-/// webhook and the controller apply this one rule (a pod can reach the virtual node without
-/// the webhook: `nodeName`, a RuntimeClass, a toleration of every taint).
-pub fn opt_in(
-    pod: &PodView,
-    namespace: &str,
-    namespace_labels: &BTreeMap<String, String>,
-    config: &PolicyConfig,
-) -> Result<(), Untouched> {
-    if let Some(reason) = screen(pod, namespace, config) {
-        return Err(reason);
-    }
-    let pod_opted_in = label(pod, contract::BURST_LABEL) == Some(contract::BURST_ENABLED);
-    let namespace_opted_in = namespace_labels
-        .get(contract::BURST_LABEL)
-        .map(String::as_str)
-        == Some(contract::BURST_ENABLED);
-    if pod_opted_in || namespace_opted_in {
-        Ok(())
-    } else {
-        Err(Untouched::NotOptedIn)
-    }
-}
-
-/// What stops RunPod from running the pod as admitted (its own annotations, no Job lookup):
-/// its shape (containers, init containers, volumes) and this cluster's policy (datacenters,
-/// price cap). The controller re-checks these for pods that reached its node without admission.
-pub fn cannot_run(pod: &PodView, config: &PolicyConfig) -> Vec<String> {
-    let mut problems = checks::unsupported_shape(pod);
-    let no_annotations = BTreeMap::new();
-    let annotations = pod.meta().annotations.as_ref().unwrap_or(&no_annotations);
-    let effective = checks::Effective::resolve(annotations, None);
-    problems.extend(checks::policy_violations(
-        &effective,
-        checks::view_gpu_count(pod),
-        config,
-    ));
-    // Detected ports RunPod cannot publish (too many http ports) keep a pod local at
-    // admission too; an explicit `runpod.io/ports` was validated there.
-    if effective.get(contract::PORTS).is_none()
-        && let Err(problem) = checks::view_detect_ports(pod, &mut Vec::new())
-    {
-        problems.push(problem);
-    }
-    problems
 }
 
 /// Decides what happens to a pod at creation.
@@ -353,10 +236,6 @@ fn is_true(effective: &checks::Effective<'_>, key: &str) -> bool {
     effective
         .get(key)
         .is_some_and(|sourced| contract::parse_flag(sourced.value) == Ok(true))
-}
-
-fn label<'a>(pod: &'a PodView, key: &str) -> Option<&'a str> {
-    pod.meta().labels.as_ref()?.get(key).map(String::as_str)
 }
 
 fn untouched(mutation: Mutation, warnings: Vec<String>, reason: Untouched) -> Verdict {

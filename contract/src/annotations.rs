@@ -106,6 +106,11 @@ pub fn parse_cheapest_prices(value: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
+/// Node annotation set by `runpod-kubelet controller drain`: create nothing more for this node.
+pub const DRAINING_ANNOTATION: &str = "runpod.io/draining";
+/// Node annotation the leader sets once no create can start or is under way any more.
+pub const DRAIN_ACK_ANNOTATION: &str = "runpod.io/drain-acknowledged";
+
 /// The taint of the virtual node, and the toleration the webhook injects.
 pub const PROVIDER_TAINT_KEY: &str = "virtual-kubelet.io/provider";
 pub const PROVIDER_TAINT_VALUE: &str = "runpod";

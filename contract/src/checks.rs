@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::{OwningJob, PolicyConfig};
-use crate::contract::{self, CloudType, PortSpec};
+use crate as contract;
 use crate::pod::{ContainerView, PodView, VolumeView};
+use crate::policy::{OwningJob, PolicyConfig};
+use crate::{CloudType, PortSpec};
 
 /// An effective annotation value and where it came from.
 #[derive(Debug, Clone, Copy)]
@@ -307,7 +308,7 @@ pub fn gpu_count(pod: &Pod) -> u32 {
 }
 
 /// GPUs the pod under review asks for.
-pub(crate) fn view_gpu_count(pod: &PodView) -> u32 {
+pub fn view_gpu_count(pod: &PodView) -> u32 {
     let Some(spec) = pod.spec.as_ref() else {
         return 0;
     };
@@ -369,7 +370,7 @@ pub fn detect_ports(pod: &Pod, warnings: &mut Vec<String>) -> Result<Option<Stri
 
 /// The `runpod.io/ports` value auto-detected from the container ports of the pod under review;
 /// `None` when it declares no port RunPod can expose.
-pub(crate) fn view_detect_ports(
+pub fn view_detect_ports(
     pod: &PodView,
     warnings: &mut Vec<String>,
 ) -> Result<Option<String>, String> {

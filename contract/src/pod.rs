@@ -129,7 +129,7 @@ pub struct MountView {
     pub mount_path: String,
 }
 
-/// `resources`: only the GPU quantity ([`crate::contract::GPU_RESOURCE`]) is read.
+/// `resources`: only the GPU quantity ([`crate::GPU_RESOURCE`]) is read.
 #[derive(Debug, Default, Deserialize)]
 pub struct ResourcesView {
     #[serde(default, deserialize_with = "object")]
@@ -141,7 +141,7 @@ pub struct ResourcesView {
 /// The GPU entry of a `limits` or `requests` map; other resources are skipped unread.
 #[derive(Debug, Default, Deserialize)]
 pub struct GpuQuantity {
-    /// Must equal [`crate::contract::GPU_RESOURCE`] (serde needs the literal; a test checks it).
+    /// Must equal [`crate::GPU_RESOURCE`] (serde needs the literal; a test checks it).
     #[serde(default, rename = "nvidia.com/gpu")]
     pub gpu: Option<String>,
 }
@@ -377,10 +377,9 @@ mod tests {
 
     #[test]
     fn the_gpu_field_is_the_contracts_resource() {
-        let resources: ResourcesView = serde_json::from_value(
-            json!({"limits": {crate::contract::GPU_RESOURCE: "2", "cpu": "4"}}),
-        )
-        .unwrap();
+        let resources: ResourcesView =
+            serde_json::from_value(json!({"limits": {crate::GPU_RESOURCE: "2", "cpu": "4"}}))
+                .unwrap();
         assert_eq!(resources.gpu(), Some("2"));
     }
 

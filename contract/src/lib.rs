@@ -1,0 +1,13 @@
+//! The contract of runpod-kubelet, shared by the webhook, the controller and every cloud client:
+//! annotation and label names with their parsers, the pod view admission reads, the opt-in and
+//! "can this pod run remotely" rules, and the container environment as Kubernetes builds it.
+//! Pure code only, so linking it costs no HTTP stack.
+
+mod annotations;
+pub mod checks;
+pub mod env;
+pub mod pod;
+pub mod policy;
+pub mod vastai;
+
+pub use annotations::*;

@@ -1,0 +1,485 @@
+//! The Vast.ai HTTP client: one request path (pacer → bearer request → classification), retries
+//! with backoff for calls that are safe to repeat, and the read, destroy and log calls. Creates
+//! are sent once here; [`super::buy`] decides what follows an unclear answer.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use reqwest::{Method, Url};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tracing::debug;
+
+use super::error::VastError;
+use super::label::Label;
+use super::model::{
+    CreateReply, CreateRequest, GetReply, Instance, ListPage, LogsReply, Offer, SearchReply,
+};
+use super::pacer::{Pacer, Paces, Route, backoff};
+use super::query::OfferQuery;
+use crate::runpod::client::{ApiKey, ConfigError as RunPodConfigError, error_chain, tls_config};
+
+/// The environment variable holding the key; never a flag, so it stays out of `ps` output.
+pub const API_KEY_ENV: &str = "VAST_API_KEY";
+
+/// The v1 list's page size limit.
+const PAGE: u32 = 25;
+/// A list longer than this many pages is refused (a cursor that never ends).
+const MAX_PAGES: usize = 400;
+
+/// The key: RunPod's key type (redacted `Debug`, no `Display`, header-safe) under Vast.ai's
+/// variable and messages.
+#[derive(Debug, Clone)]
+pub struct VastKey(ApiKey);
+
+impl VastKey {
+    /// Reads `VAST_API_KEY`.
+    pub fn from_env() -> Result<VastKey, ConfigError> {
+        VastKey::new(std::env::var(API_KEY_ENV).map_err(|_| ConfigError::MissingKey)?)
+    }
+
+    pub fn new(key: String) -> Result<VastKey, ConfigError> {
+        ApiKey::new(key).map(VastKey).map_err(|error| match error {
+            RunPodConfigError::MalformedKey => ConfigError::MalformedKey,
+            _ => ConfigError::MissingKey,
+        })
+    }
+}
+
+/// Start-up problems with the client configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "{API_KEY_ENV} is not set or empty; put the Vast.ai API key in that variable (from a Secret)"
+    )]
+    MissingKey,
+    #[error("{API_KEY_ENV} contains characters that cannot be sent in an HTTP header")]
+    MalformedKey,
+    #[error("--vastai-api-url {url:?} is not an http(s) URL: {reason}")]
+    BadUrl { url: String, reason: String },
+    #[error("could not build the HTTP client: {0}")]
+    Http(String),
+}
+
+/// Retries, lookups and log polling.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Tries per call for transient failures (429, 5xx, timeouts) where repeating is safe.
+    pub attempts: u32,
+    /// First backoff after a 429 or failure; doubles, jittered, up to `max_delay`.
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+    /// After an unclear create: label lookups, this far apart, before the next offer is
+    /// tried. Together longer than the list can lag behind a create.
+    pub lookup_attempts: u32,
+    pub lookup_interval: Duration,
+    /// Polls of a log result URL, this far apart, before giving up.
+    pub log_polls: u32,
+    pub log_poll_interval: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 4,
+            base_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(30),
+            lookup_attempts: 8,
+            lookup_interval: Duration::from_secs(15),
+            log_polls: 30,
+            log_poll_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Client settings, from the controller's flags.
+#[derive(Debug, Clone)]
+pub struct VastConfig {
+    /// Server root, e.g. `https://console.vast.ai`; `/api/v0/...` and `/api/v1/...` are appended.
+    pub api_url: String,
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub paces: Paces,
+    pub retry: RetryPolicy,
+}
+
+impl Default for VastConfig {
+    fn default() -> Self {
+        VastConfig {
+            api_url: "https://console.vast.ai".to_owned(),
+            request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            paces: Paces::default(),
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// What a destroy found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destroyed {
+    Destroyed,
+    /// 404: gone already, which is what was wanted.
+    AlreadyGone,
+}
+
+/// The Vast.ai client. Clones share the connection pool, the pacer and the memory of recent
+/// creates.
+#[derive(Debug, Clone)]
+pub struct VastClient {
+    http: reqwest::Client,
+    root: Url,
+    key: VastKey,
+    pacer: Arc<Mutex<Pacer>>,
+    config: Arc<VastConfig>,
+    recent: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+impl VastClient {
+    pub fn new(config: VastConfig, key: VastKey) -> Result<VastClient, ConfigError> {
+        let bad_url = |reason: String| ConfigError::BadUrl {
+            url: config.api_url.clone(),
+            reason,
+        };
+        let root = Url::parse(config.api_url.trim()).map_err(|e| bad_url(e.to_string()))?;
+        if !matches!(root.scheme(), "http" | "https") || root.cannot_be_a_base() {
+            return Err(bad_url("the scheme must be http or https".to_owned()));
+        }
+        let tls = tls_config().map_err(|e| ConfigError::Http(e.to_string()))?;
+        let http = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .connect_timeout(config.connect_timeout)
+            .user_agent(concat!("runpod-kubelet/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| ConfigError::Http(e.to_string()))?;
+        Ok(VastClient {
+            http,
+            root,
+            key,
+            pacer: Arc::new(Mutex::new(Pacer::new(config.paces.clone()))),
+            config: Arc::new(config),
+            recent: Arc::default(),
+        })
+    }
+
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.config.retry
+    }
+
+    fn url(&self, segments: &[&str], query: &[(&str, String)]) -> Url {
+        let mut url = self.root.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            // Every official client keeps the trailing slash.
+            path.pop_if_empty().push("api").extend(segments).push("");
+        }
+        if !query.is_empty() {
+            url.query_pairs_mut()
+                .extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
+        }
+        url
+    }
+
+    /// One call, no retries: waits for the route's slot, sends, classifies. A 2xx comes back
+    /// as its body.
+    async fn send_once(
+        &self,
+        route: Route,
+        method: Method,
+        url: Url,
+        body: Option<&Value>,
+    ) -> Result<bytes::Bytes, VastError> {
+        let start = self.pacer().reserve(route, tokio::time::Instant::now());
+        tokio::time::sleep_until(start).await;
+        let mut request = self
+            .http
+            .request(method, url)
+            .bearer_auth(self.key.0.expose())
+            .timeout(self.config.request_timeout);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let result = async {
+            let response = request.send().await.map_err(|e| self.transport(&e))?;
+            let status = response.status().as_u16();
+            let bytes = response.bytes().await.map_err(|e| self.transport(&e))?;
+            if (200..300).contains(&status) {
+                Ok(bytes)
+            } else {
+                Err(VastError::from_response(status, &bytes))
+            }
+        }
+        .await;
+        debug!(
+            route = route.as_str(),
+            outcome = result.as_ref().map_or_else(VastError::kind, |_| "ok"),
+            "vastai call"
+        );
+        if let Err(VastError::RateLimited { .. }) = &result {
+            // No Retry-After: hold the route for a backoff of our own.
+            let hold = backoff(self.config.retry.base_delay, self.config.retry.max_delay, 0);
+            self.pacer().hold(route, tokio::time::Instant::now() + hold);
+        }
+        result
+    }
+
+    fn transport(&self, error: &reqwest::Error) -> VastError {
+        if error.is_timeout() {
+            VastError::Timeout {
+                timeout: self.config.request_timeout,
+            }
+        } else {
+            VastError::Transport {
+                message: error_chain(error),
+            }
+        }
+    }
+
+    /// A call that is safe to repeat, with backoff on 429, 5xx and transport failures.
+    async fn send(
+        &self,
+        route: Route,
+        method: Method,
+        url: Url,
+        body: Option<&Value>,
+    ) -> Result<bytes::Bytes, VastError> {
+        let attempts = self.config.retry.attempts.max(1);
+        let mut attempt = 0;
+        loop {
+            match self
+                .send_once(route, method.clone(), url.clone(), body)
+                .await
+            {
+                Err(error) if error.is_transient() && attempt + 1 < attempts => {
+                    let delay = backoff(
+                        self.config.retry.base_delay,
+                        self.config.retry.max_delay,
+                        attempt,
+                    );
+                    debug!(
+                        route = route.as_str(),
+                        error = error.kind(),
+                        ?delay,
+                        "vastai retry"
+                    );
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Offers matching `query`, cheapest first, each re-checked against it (rows outside are
+    /// dropped).
+    pub async fn search(&self, query: &OfferQuery) -> Result<Vec<Offer>, VastError> {
+        let url = self.url(&["v0", "bundles"], &[]);
+        let bytes = self
+            .send(Route::Search, Method::POST, url, Some(&query.body()))
+            .await?;
+        let reply: SearchReply = decode(&bytes)?;
+        Ok(reply
+            .offers
+            .into_iter()
+            .filter(|offer| match query.rejects(offer) {
+                Some(reason) => {
+                    debug!(%reason, "vastai offer dropped");
+                    false
+                }
+                None => true,
+            })
+            .collect())
+    }
+
+    /// One create on one offer: the new instance id, or why not. Never repeated here, except
+    /// after a 429 (a refusal: nothing was bought).
+    pub async fn create_once(
+        &self,
+        offer_id: u64,
+        request: &CreateRequest,
+    ) -> Result<u64, VastError> {
+        let url = self.url(&["v0", "asks", &offer_id.to_string()], &[]);
+        let body = request.body();
+        let attempts = self.config.retry.attempts.max(1);
+        let mut attempt = 0;
+        let bytes = loop {
+            match self
+                .send_once(Route::Create, Method::PUT, url.clone(), Some(&body))
+                .await
+            {
+                Err(VastError::RateLimited { .. }) if attempt + 1 < attempts => {
+                    tokio::time::sleep(backoff(
+                        self.config.retry.base_delay,
+                        self.config.retry.max_delay,
+                        attempt,
+                    ))
+                    .await;
+                    attempt += 1;
+                }
+                other => break other?,
+            }
+        };
+        let reply: CreateReply = decode(&bytes)?;
+        match (reply.success, reply.new_contract) {
+            (Some(false), _) => Err(VastError::Refused {
+                detail: reply.msg.or(reply.error).unwrap_or_default(),
+            }),
+            (_, Some(id)) => {
+                self.remember(&request.label, id);
+                Ok(id)
+            }
+            // A 2xx without an id: something may have been bought.
+            (_, None) => Err(VastError::Decode {
+                status: 200,
+                message: "the create answer has no new_contract".to_owned(),
+            }),
+        }
+    }
+
+    /// One instance; `None` when it does not exist (any more).
+    pub async fn get(&self, id: u64) -> Result<Option<Instance>, VastError> {
+        let url = self.url(
+            &["v0", "instances", &id.to_string()],
+            &[("owner", "me".to_owned())],
+        );
+        match self.send(Route::Get, Method::GET, url, None).await {
+            Ok(bytes) => Ok(decode::<GetReply>(&bytes)?.instances),
+            Err(VastError::NotFound { .. }) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Every instance matching `select_filters` (e.g. `{"label": {"eq": ...}}`), all pages.
+    pub async fn list(&self, filters: &Value) -> Result<Vec<Instance>, VastError> {
+        let mut instances = Vec::new();
+        let mut token: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let mut query = vec![
+                ("limit", PAGE.to_string()),
+                ("select_filters", filters.to_string()),
+                ("order_by", json!([{"col": "id", "dir": "asc"}]).to_string()),
+            ];
+            if let Some(token) = &token {
+                query.push(("after_token", token.clone()));
+            }
+            let url = self.url(&["v1", "instances"], &query);
+            let page: ListPage = decode(&self.send(Route::List, Method::GET, url, None).await?)?;
+            instances.extend(page.instances);
+            match page.next_token.filter(|next| !next.is_empty()) {
+                Some(next) if token.as_ref() == Some(&next) => {
+                    return Err(VastError::Decode {
+                        status: 200,
+                        message: "the list repeated its page cursor".to_owned(),
+                    });
+                }
+                Some(next) => token = Some(next),
+                None => return Ok(instances),
+            }
+        }
+        Err(VastError::Decode {
+            status: 200,
+            message: format!("the list did not end within {MAX_PAGES} pages"),
+        })
+    }
+
+    /// Every instance carrying `label`, oldest first, including one this client created
+    /// lately that the lagging list does not show yet.
+    pub async fn find_by_label(&self, label: &Label) -> Result<Vec<Instance>, VastError> {
+        let text = label.to_string();
+        let mut found = self.list(&json!({"label": {"eq": text}})).await?;
+        // The server filters; this is our own guard against a filter it ignored.
+        found.retain(|instance| instance.label.as_deref() == Some(text.as_str()));
+        let recent = self.recent().get(&text).copied();
+        if let Some(id) = recent
+            && !found.iter().any(|instance| instance.id == id)
+            && let Some(instance) = self.get(id).await?
+        {
+            found.push(instance);
+        }
+        found.sort_by_key(|instance| instance.id);
+        Ok(found)
+    }
+
+    /// Destroys an instance (never stops it: a stopped instance bills storage).
+    pub async fn destroy(&self, id: u64) -> Result<Destroyed, VastError> {
+        let url = self.url(&["v0", "instances", &id.to_string()], &[]);
+        let outcome = match self
+            .send(Route::Destroy, Method::DELETE, url, Some(&json!({})))
+            .await
+        {
+            Ok(_) => Destroyed::Destroyed,
+            Err(VastError::NotFound { .. }) => Destroyed::AlreadyGone,
+            Err(error) => return Err(error),
+        };
+        self.recent().retain(|_, known| *known != id);
+        Ok(outcome)
+    }
+
+    /// The last `tail` lines of the container's log: `request_logs`, then the result URL,
+    /// polled (without the key: it is another host) until the upload is there.
+    pub async fn logs(&self, id: u64, tail: u32) -> Result<String, VastError> {
+        let url = self.url(&["v0", "instances", "request_logs", &id.to_string()], &[]);
+        let body = json!({"tail": tail.to_string()});
+        let reply: LogsReply = decode(
+            &self
+                .send(Route::Logs, Method::PUT, url, Some(&body))
+                .await?,
+        )?;
+        let result_url = reply
+            .result_url
+            .filter(|url| !url.is_empty())
+            .ok_or_else(|| VastError::Refused {
+                detail: reply
+                    .msg
+                    .unwrap_or_else(|| "no result_url in the answer".to_owned()),
+            })?;
+        let result_url = Url::parse(&result_url).map_err(|e| VastError::Decode {
+            status: 200,
+            message: format!("result_url is not a URL: {e}"),
+        })?;
+        let retry = &self.config.retry;
+        for _ in 0..retry.log_polls.max(1) {
+            let response = self
+                .http
+                .get(result_url.clone())
+                .timeout(self.config.request_timeout)
+                .send()
+                .await
+                .map_err(|e| self.transport(&e))?;
+            let status = response.status().as_u16();
+            if status == 200 {
+                let bytes = response.bytes().await.map_err(|e| self.transport(&e))?;
+                return Ok(String::from_utf8_lossy(&bytes).into_owned());
+            }
+            if status != 404 && status != 403 {
+                return Err(VastError::Unexpected {
+                    status,
+                    detail: "reading the log file".to_owned(),
+                });
+            }
+            tokio::time::sleep(retry.log_poll_interval).await;
+        }
+        Err(VastError::Timeout {
+            timeout: retry.log_poll_interval * retry.log_polls.max(1),
+        })
+    }
+
+    fn remember(&self, label: &str, id: u64) {
+        self.recent().insert(label.to_owned(), id);
+    }
+
+    fn recent(&self) -> MutexGuard<'_, HashMap<String, u64>> {
+        self.recent.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn pacer(&self) -> MutexGuard<'_, Pacer> {
+        self.pacer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, VastError> {
+    serde_json::from_slice(bytes).map_err(|e| VastError::Decode {
+        status: 200,
+        message: e.to_string(),
+    })
+}

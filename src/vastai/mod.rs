@@ -1,0 +1,13 @@
+//! Vast.ai: the REST client (offer search, create from an offer, get, the paged v1 list,
+//! destroy, logs), per-route pacing, error classification, and buying exactly one instance
+//! per pod label.
+
+pub mod args;
+pub mod buy;
+pub mod client;
+pub mod error;
+pub mod label;
+pub mod model;
+pub mod pacer;
+pub mod query;
+pub mod translate;

@@ -1,0 +1,215 @@
+//! Client-side pacing per route. Vast.ai limits each route separately (search 10 per minute,
+//! creates 4.5 s apart with a penalty for coming early, ...) and sends no `Retry-After`, so the
+//! client keeps under the limits itself and, after a 429, backs off the route it hit.
+//!
+//! Pure: callers pass the time and sleep until the instant they get back.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The client's routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Route {
+    Search,
+    Create,
+    Get,
+    List,
+    Destroy,
+    Logs,
+}
+
+impl Route {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Route::Search => "search",
+            Route::Create => "create",
+            Route::Get => "get",
+            Route::List => "list",
+            Route::Destroy => "destroy",
+            Route::Logs => "logs",
+        }
+    }
+}
+
+/// How often one route may be called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    /// Minimum time between two calls.
+    pub interval: Duration,
+    /// At most `.0` calls per `.1`.
+    pub window: Option<(u32, Duration)>,
+}
+
+impl Pace {
+    pub const fn interval(interval: Duration) -> Pace {
+        Pace {
+            interval,
+            window: None,
+        }
+    }
+}
+
+/// The paces of every route.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Paces(pub HashMap<Route, Pace>);
+
+impl Default for Paces {
+    /// Just over the documented limits: search 10 per minute and 6 s apart, creates 4.6 s,
+    /// destroys 3.1 s, gets 2.1 s, lists and logs 1.1 s.
+    fn default() -> Self {
+        let ms = Duration::from_millis;
+        Paces(HashMap::from([
+            (
+                Route::Search,
+                Pace {
+                    interval: ms(6_000),
+                    window: Some((10, ms(60_000))),
+                },
+            ),
+            (Route::Create, Pace::interval(ms(4_600))),
+            (Route::Destroy, Pace::interval(ms(3_100))),
+            (Route::Get, Pace::interval(ms(2_100))),
+            (Route::List, Pace::interval(ms(1_100))),
+            (Route::Logs, Pace::interval(ms(1_100))),
+        ]))
+    }
+}
+
+impl Paces {
+    /// No pacing (tests against an unlimited simulator).
+    pub fn none() -> Paces {
+        Paces(HashMap::new())
+    }
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    next: Option<Instant>,
+    recent: VecDeque<Instant>,
+}
+
+/// Reserves call times per route.
+#[derive(Debug)]
+pub struct Pacer {
+    paces: Paces,
+    slots: HashMap<Route, Slot>,
+}
+
+impl Pacer {
+    pub fn new(paces: Paces) -> Pacer {
+        Pacer {
+            paces,
+            slots: HashMap::new(),
+        }
+    }
+
+    /// When a call on `route` asked for at `now` may start; the slot is taken.
+    pub fn reserve(&mut self, route: Route, now: Instant) -> Instant {
+        let pace = self.paces.0.get(&route).copied();
+        let slot = self.slots.entry(route).or_default();
+        let mut start = slot.next.map_or(now, |next| next.max(now));
+        if let Some(Pace {
+            window: Some((calls, length)),
+            ..
+        }) = pace
+        {
+            while slot
+                .recent
+                .front()
+                .is_some_and(|at| start.saturating_duration_since(*at) >= length)
+            {
+                slot.recent.pop_front();
+            }
+            if slot.recent.len() >= calls as usize
+                && let Some(oldest) = slot.recent.front()
+            {
+                start = start.max(*oldest + length);
+                slot.recent.pop_front();
+            }
+            slot.recent.push_back(start);
+        }
+        let interval = pace.map_or(Duration::ZERO, |pace| pace.interval);
+        slot.next = Some(start + interval);
+        start
+    }
+
+    /// After a 429 on `route`: nothing starts there before `until`.
+    pub fn hold(&mut self, route: Route, until: Instant) {
+        let slot = self.slots.entry(route).or_default();
+        slot.next = Some(slot.next.map_or(until, |next| next.max(until)));
+    }
+}
+
+/// Full-jitter exponential backoff for attempt `n` (0-based), between half and all of
+/// `base × 2ⁿ` capped at `max`.
+pub fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
+    let ceiling = base
+        .saturating_mul(2u32.saturating_pow(attempt.min(16)))
+        .min(max);
+    let millis = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(fastrand::u64(millis / 2..=millis.max(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn calls_on_one_route_are_spaced_and_routes_are_independent() {
+        let start = Instant::now();
+        let mut pacer = Pacer::new(Paces::default());
+        assert_eq!(pacer.reserve(Route::Create, start), start);
+        assert_eq!(pacer.reserve(Route::Create, start), start + ms(4_600));
+        assert_eq!(pacer.reserve(Route::Create, start), start + ms(9_200));
+        assert_eq!(pacer.reserve(Route::Get, start), start, "another route");
+        // A caller that comes late is not held.
+        let late = start + ms(60_000);
+        assert_eq!(pacer.reserve(Route::Create, late), late);
+    }
+
+    #[test]
+    fn a_window_caps_the_calls_in_it() {
+        let start = Instant::now();
+        let mut pacer = Pacer::new(Paces(HashMap::from([(
+            Route::Search,
+            Pace {
+                interval: Duration::ZERO,
+                window: Some((3, ms(60_000))),
+            },
+        )])));
+        for _ in 0..3 {
+            assert_eq!(pacer.reserve(Route::Search, start), start);
+        }
+        assert_eq!(pacer.reserve(Route::Search, start), start + ms(60_000));
+    }
+
+    #[test]
+    fn a_hold_delays_the_route_only() {
+        let start = Instant::now();
+        let mut pacer = Pacer::new(Paces::none());
+        pacer.hold(Route::List, start + ms(5_000));
+        assert_eq!(pacer.reserve(Route::List, start), start + ms(5_000));
+        assert_eq!(pacer.reserve(Route::Get, start), start);
+        // A shorter hold never brings a later slot forward.
+        pacer.hold(Route::List, start + ms(1));
+        assert_eq!(pacer.reserve(Route::List, start), start + ms(5_000));
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        for attempt in 0..20 {
+            let delay = backoff(ms(1_000), ms(30_000), attempt);
+            let ceiling = ms(1_000 * 2u64.pow(attempt.min(5))).min(ms(30_000));
+            assert!(
+                delay <= ceiling && delay >= ceiling / 2,
+                "{attempt}: {delay:?}"
+            );
+        }
+    }
+}

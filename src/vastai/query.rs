@@ -1,0 +1,321 @@
+//! Which offers a pod may be bought on: the search body in Vast.ai's filter grammar, and the
+//! same constraints re-checked on every returned row (servers have ignored filters before, and
+//! the country lives in free text).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use runpod_contract::vastai::{Requirements, VastPolicy};
+
+use super::model::{MIN_DISK_GB, Offer};
+
+/// Vast.ai counts GPU memory in MB of 1000 (a 24 GB card says 24564 or 24576).
+const MB_PER_GB: f64 = 1000.0;
+
+/// What an offer must satisfy: the pod's needs within the installation's policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OfferQuery {
+    /// Vast.ai GPU names, with spaces (`RTX 4090`); empty = any.
+    pub gpu_names: Vec<String>,
+    pub num_gpus: u32,
+    /// Per-GPU VRAM.
+    pub min_gpu_memory_gb: Option<u32>,
+    /// USD/h for the whole instance, storage included.
+    pub max_price_per_hour: Option<f64>,
+    /// ISO 3166 alpha-2 codes; empty = anywhere.
+    pub countries: Vec<String>,
+    pub verified_only: bool,
+    pub datacenter_only: bool,
+    /// 0..1.
+    pub min_reliability: f64,
+    /// Priced into `dph_total`, and the machine must have it free.
+    pub disk_gb: u32,
+    /// Rental time the offer must still have.
+    pub min_duration: Option<Duration>,
+    /// Rows asked for (a short fresh list: offers vanish).
+    pub limit: u32,
+}
+
+impl Default for OfferQuery {
+    fn default() -> Self {
+        OfferQuery {
+            gpu_names: Vec::new(),
+            num_gpus: 1,
+            min_gpu_memory_gb: None,
+            max_price_per_hour: None,
+            countries: Vec::new(),
+            verified_only: true,
+            datacenter_only: false,
+            min_reliability: 0.98,
+            disk_gb: 20,
+            min_duration: None,
+            limit: 10,
+        }
+    }
+}
+
+impl OfferQuery {
+    /// The search for a pod's requirements (read by [`runpod_contract::vastai::requirements`])
+    /// under the installation's policy; `default_disk_gb` when the pod names no disk.
+    pub fn for_pod(wanted: &Requirements, policy: &VastPolicy, default_disk_gb: u32) -> OfferQuery {
+        OfferQuery {
+            gpu_names: wanted.gpu_names.clone(),
+            num_gpus: wanted.gpu_count.max(1),
+            min_gpu_memory_gb: wanted.min_gpu_memory_gb,
+            max_price_per_hour: wanted.max_price_per_hour,
+            countries: wanted.countries.clone(),
+            verified_only: policy.verified_only,
+            datacenter_only: policy.datacenter_only,
+            min_reliability: policy.min_reliability,
+            disk_gb: wanted.disk_gb.unwrap_or(default_disk_gb),
+            ..OfferQuery::default()
+        }
+    }
+
+    /// The body of `POST /api/v0/bundles/`: on-demand offers, cheapest first.
+    pub fn body(&self) -> Value {
+        let mut body = json!({
+            "num_gpus": {"eq": self.num_gpus.max(1)},
+            "reliability2": {"gte": self.min_reliability},
+            "rentable": {"eq": true},
+            "rented": {"eq": false},
+            "external": {"eq": false},
+            "disk_space": {"gte": self.disk()},
+            "type": "on-demand",
+            "order": [["dph_total", "asc"]],
+            "limit": self.limit.max(1),
+            "allocated_storage": self.disk(),
+        });
+        let mut set = |key: &str, value: Value| {
+            if let Some(object) = body.as_object_mut() {
+                object.insert(key.to_owned(), value);
+            }
+        };
+        if !self.gpu_names.is_empty() {
+            set("gpu_name", json!({"in": self.gpu_names}));
+        }
+        if let Some(gb) = self.min_gpu_memory_gb {
+            set("gpu_ram", json!({"gte": f64::from(gb) * MB_PER_GB}));
+        }
+        if let Some(price) = self.max_price_per_hour {
+            set("dph_total", json!({"lte": price}));
+        }
+        if !self.countries.is_empty() {
+            set("geolocation", json!({"in": self.countries}));
+        }
+        if self.verified_only {
+            set("verified", json!({"eq": true}));
+        }
+        if self.datacenter_only {
+            set("datacenter", json!({"eq": true}));
+        }
+        if let Some(duration) = self.min_duration {
+            set("duration", json!({"gte": duration.as_secs()}));
+        }
+        body
+    }
+
+    fn disk(&self) -> u32 {
+        self.disk_gb.max(MIN_DISK_GB)
+    }
+
+    /// Why a returned row is outside the query, if it is.
+    pub fn rejects(&self, offer: &Offer) -> Option<String> {
+        let id = offer.id;
+        if !self.gpu_names.is_empty() && !self.gpu_names.contains(&offer.gpu_name) {
+            return Some(format!(
+                "offer {id}: GPU {:?} was not asked for",
+                offer.gpu_name
+            ));
+        }
+        if offer.num_gpus != self.num_gpus.max(1) {
+            return Some(format!(
+                "offer {id}: {} GPUs, not {}",
+                offer.num_gpus,
+                self.num_gpus.max(1)
+            ));
+        }
+        if let Some(gb) = self.min_gpu_memory_gb
+            && offer.gpu_ram < f64::from(gb) * MB_PER_GB
+        {
+            return Some(format!(
+                "offer {id}: {} MB per GPU, under {gb} GB",
+                offer.gpu_ram
+            ));
+        }
+        if let Some(cap) = self.max_price_per_hour
+            && (!offer.dph_total.is_finite() || offer.dph_total > cap)
+        {
+            return Some(format!(
+                "offer {id}: {} USD/h, above {cap}",
+                offer.dph_total
+            ));
+        }
+        if !self.countries.is_empty() {
+            match offer.country() {
+                Some(code) if self.countries.iter().any(|c| c.eq_ignore_ascii_case(&code)) => {}
+                Some(code) => {
+                    return Some(format!(
+                        "offer {id}: host in {code}, not an allowed country"
+                    ));
+                }
+                None => {
+                    return Some(format!(
+                        "offer {id}: host location {:?} names no country",
+                        offer.geolocation.as_deref().unwrap_or("")
+                    ));
+                }
+            }
+        }
+        if self.verified_only && offer.verification.as_deref() != Some("verified") {
+            return Some(format!("offer {id}: host not verified"));
+        }
+        if self.datacenter_only && offer.hosting_type != Some(1) {
+            return Some(format!("offer {id}: host not in the datacenter tier"));
+        }
+        if !offer
+            .reliability()
+            .is_some_and(|r| r >= self.min_reliability)
+        {
+            return Some(format!(
+                "offer {id}: reliability under {}",
+                self.min_reliability
+            ));
+        }
+        if offer.rentable == Some(false) || offer.rented == Some(true) {
+            return Some(format!("offer {id}: not rentable"));
+        }
+        if offer
+            .disk_space
+            .is_some_and(|free| free < f64::from(self.disk()))
+        {
+            return Some(format!(
+                "offer {id}: less than {} GB of disk free",
+                self.disk()
+            ));
+        }
+        if let (Some(min), Some(left)) = (self.min_duration, offer.duration)
+            && left < min.as_secs_f64()
+        {
+            return Some(format!("offer {id}: rental ends too soon"));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query() -> OfferQuery {
+        OfferQuery {
+            gpu_names: vec!["RTX 4090".into()],
+            num_gpus: 1,
+            min_gpu_memory_gb: Some(24),
+            max_price_per_hour: Some(0.5),
+            countries: vec!["US".into(), "CA".into()],
+            verified_only: true,
+            datacenter_only: true,
+            min_reliability: 0.98,
+            disk_gb: 50,
+            min_duration: Some(Duration::from_secs(86_400)),
+            limit: 5,
+        }
+    }
+
+    fn offer() -> Offer {
+        serde_json::from_value(json!({
+            "id": 1, "gpu_name": "RTX 4090", "num_gpus": 1, "gpu_ram": 24564, "dph_total": 0.42,
+            "reliability2": 0.99, "verification": "verified", "hosting_type": 1,
+            "geolocation": "Texas, US", "rentable": true, "rented": false,
+            "disk_space": 400, "duration": 864000
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_body_speaks_the_grammar() {
+        let body = query().body();
+        assert_eq!(body["gpu_name"], json!({"in": ["RTX 4090"]}));
+        assert_eq!(
+            body["gpu_ram"],
+            json!({"gte": 24000.0}),
+            "MB of 1000 per GPU"
+        );
+        assert_eq!(body["dph_total"], json!({"lte": 0.5}));
+        assert_eq!(body["geolocation"], json!({"in": ["US", "CA"]}));
+        assert_eq!(body["verified"], json!({"eq": true}));
+        assert_eq!(body["datacenter"], json!({"eq": true}));
+        assert_eq!(body["reliability2"], json!({"gte": 0.98}));
+        assert_eq!(body["rented"], json!({"eq": false}));
+        assert_eq!(body["allocated_storage"], json!(50));
+        assert_eq!(body["duration"], json!({"gte": 86_400}));
+        assert_eq!(body["order"], json!([["dph_total", "asc"]]));
+        let open = OfferQuery {
+            verified_only: false,
+            ..OfferQuery::default()
+        }
+        .body();
+        for absent in [
+            "gpu_name",
+            "gpu_ram",
+            "dph_total",
+            "geolocation",
+            "verified",
+            "datacenter",
+        ] {
+            assert!(open.get(absent).is_none(), "{absent}");
+        }
+    }
+
+    #[test]
+    fn a_pods_requirements_and_the_policy_make_the_query() {
+        let policy =
+            VastPolicy::from_flags(&["Europe".into()], &[], true, true, 0.99, Some(1.0)).unwrap();
+        let pod = std::collections::BTreeMap::from([
+            ("vast.ai/gpu-type".to_owned(), "RTX 4090".to_owned()),
+            ("vast.ai/region".to_owned(), "Europe".to_owned()),
+        ]);
+        let wanted = runpod_contract::vastai::requirements(&pod, 2, &policy).unwrap();
+        let query = OfferQuery::for_pod(&wanted, &policy, 30);
+        assert_eq!(query.gpu_names, vec!["RTX 4090"]);
+        assert_eq!(query.num_gpus, 2);
+        assert_eq!(query.max_price_per_hour, Some(2.0));
+        assert!(query.countries.contains(&"DE".to_owned()));
+        assert!(query.datacenter_only && query.verified_only);
+        assert_eq!(query.min_reliability, 0.99);
+        assert_eq!(query.disk_gb, 30);
+    }
+
+    #[test]
+    fn every_constraint_is_checked_again_on_the_row() {
+        assert_eq!(query().rejects(&offer()), None);
+        let with = |change: fn(&mut Offer)| {
+            let mut offer = offer();
+            change(&mut offer);
+            query().rejects(&offer)
+        };
+        let cases: [fn(&mut Offer); 12] = [
+            |o| o.gpu_name = "RTX 3090".into(),
+            |o| o.num_gpus = 2,
+            |o| o.gpu_ram = 23_999.0,
+            |o| o.dph_total = 0.51,
+            |o| o.geolocation = Some("Poland, PL".into()),
+            |o| o.geolocation = Some("California, United States".into()),
+            |o| o.verification = Some("deverified".into()),
+            |o| o.hosting_type = Some(0),
+            |o| o.reliability2 = Some(0.97),
+            |o| o.rented = Some(true),
+            |o| o.disk_space = Some(10.0),
+            |o| o.duration = Some(3_600.0),
+        ];
+        for (i, case) in cases.into_iter().enumerate() {
+            assert!(with(case).is_some(), "case {i} should be rejected");
+        }
+        assert!(
+            with(|o| o.dph_total = f64::NAN).is_some(),
+            "NaN is no price under a cap"
+        );
+    }
+}

@@ -7,6 +7,7 @@ pub mod drain;
 pub mod eligibility;
 pub mod env;
 pub mod gate;
+pub mod idle;
 pub mod kubelet_api;
 pub mod kubelet_authz;
 pub mod leader;
@@ -22,7 +23,10 @@ pub mod poller;
 pub mod presence;
 pub mod provider;
 pub mod runpod_provider;
+pub mod stats;
 pub mod status;
+pub mod usage;
+pub mod usage_watch;
 pub mod volumes;
 
 use std::collections::HashMap;
@@ -181,6 +185,7 @@ async fn lead<P: Provider>(
         memory: Mutex::new(HashMap::new()),
         recorder: Recorder::new(client.clone(), reporter),
         metrics: metrics.clone(),
+        usage: Mutex::new(usage::UsageLedger::default()),
     });
 
     let mut tasks = tokio::task::JoinSet::new();

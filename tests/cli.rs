@@ -194,7 +194,7 @@ fn bad_flags_are_refused_with_a_message() {
 
     for (flag, value) in [
         ("--idle-gpu-threshold", "150"),
-        ("--idle-gpu-threshold", "-1"),
+        ("--idle-gpu-threshold", "100.5"),
         ("--idle-gpu-threshold", "busy"),
         ("--idle-gpu-after", "soon"),
     ] {

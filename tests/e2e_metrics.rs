@@ -4,8 +4,9 @@
 //! Checked: through the apiserver's node proxy (what `kubectl get --raw` and metrics-server
 //! use), `/stats/summary` and `/metrics/resource` show each pod's usage as the reported share of
 //! its request (else its limit, else one core), and the CPU seconds grow at that rate; a caller
-//! without RBAC gets 403 naming `nodes/stats` or `nodes/metrics`, one granted exactly those gets
-//! 200 there and 403 for logs; the controller's `/metrics` shows each pod's GPU utilization,
+//! without RBAC (a client certificate, or a ServiceAccount token as metrics-server sends) gets
+//! 403 naming `nodes/stats` or `nodes/metrics`, one granted exactly those gets 200 there and 403
+//! for logs, a forged token 401; the controller's `/metrics` shows each pod's GPU utilization,
 //! GPU memory utilization and cost; the idle pod gets exactly one `GpuIdle` Event and the busy
 //! one none; every metric an alert or the dashboard uses is exported by the running webhook and
 //! controller; once the pods are deleted, their series and stats are gone.
@@ -17,14 +18,14 @@ mod support;
 use std::collections::{BTreeSet, HashMap};
 
 use anyhow::{Context, bail, ensure};
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::{Event, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use support::control_plane::{ControlPlane, ExtraFlags};
 use support::controller::{ControllerProcess, SimulatorProcess};
-use support::kubelet_client::{Identity, kubelet_get};
+use support::kubelet_client::{Identity, kubelet_get, kubelet_get_as};
 use support::pods::{NODE, WAIT, bound_gpu_pod, events, gone, namespace, node_ready, running};
 use support::wait;
 use support::webhook::WebhookProcess;
@@ -348,7 +349,8 @@ async fn pod_series(metrics: &str) -> anyhow::Result<usize> {
 }
 
 /// 403 without RBAC naming the subresource; 200 once granted nodes/stats and nodes/metrics,
-/// which still do not open logs.
+/// which still do not open logs. Callers present a client certificate, or a ServiceAccount
+/// token as metrics-server does (checked by a TokenReview; a forged one gets 401).
 async fn check_authorization(
     client: &kube::Client,
     control_plane: &ControlPlane,
@@ -371,6 +373,14 @@ async fn check_authorization(
         let (code, _) = kubelet_get(port, path, None)?;
         ensure!(code == 401, "anonymous on {path}: {code}");
     }
+    let token = service_account_token(client).await?;
+    let (code, body) = kubelet_get_as(port, "/metrics/resource", None, Some(&token))?;
+    ensure!(
+        code == 403 && body.contains("user=system:serviceaccount:watched:default"),
+        "a ServiceAccount without RBAC: {code} {body:?}"
+    );
+    let (code, body) = kubelet_get_as(port, "/stats/summary", None, Some("forged"))?;
+    ensure!(code == 401, "a forged token: {code} {body:?}");
 
     let role: ClusterRole = serde_json::from_value(json!({
         "metadata": {"name": "node-metrics-reader"},
@@ -385,7 +395,8 @@ async fn check_authorization(
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                     "name": "node-metrics-reader"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
-                      "name": "metrics-readers"}]
+                      "name": "metrics-readers"},
+                     {"kind": "ServiceAccount", "name": "default", "namespace": NS}]
     }))?;
     Api::<ClusterRoleBinding>::all(client.clone())
         .create(&PostParams::default(), &binding)
@@ -396,6 +407,15 @@ async fn check_authorization(
         match code {
             200 if body.contains("\"watched\"") => Ok(Some(())),
             200 => bail!("200 without this test's pods: {body:?}"),
+            403 => Ok(None),
+            other => bail!("unexpected {other}: {body:?}"),
+        }
+    })
+    .await?;
+    wait::until("the ServiceAccount allowed metrics", WAIT, || async {
+        let (code, body) = kubelet_get_as(port, "/metrics/resource", None, Some(&token))?;
+        match code {
+            200 if body.contains("container_cpu_usage_seconds_total{") => Ok(Some(())),
             403 => Ok(None),
             other => bail!("unexpected {other}: {body:?}"),
         }
@@ -412,6 +432,27 @@ async fn check_authorization(
         "stats rights opened logs: {code} {body:?}"
     );
     Ok(())
+}
+
+/// The token of the test namespace's default ServiceAccount (its token Secret).
+async fn service_account_token(client: &kube::Client) -> anyhow::Result<String> {
+    let account = Api::<ServiceAccount>::namespaced(client.clone(), NS)
+        .get("default")
+        .await?;
+    let secret = account
+        .secrets
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(|s| s.name)
+        .context("the default ServiceAccount has no token Secret")?;
+    let secret = Api::<Secret>::namespaced(client.clone(), NS)
+        .get(&secret)
+        .await?;
+    let token = secret
+        .data
+        .and_then(|d| d.get("token").cloned())
+        .context("no token in the Secret")?;
+    Ok(String::from_utf8(token.0)?)
 }
 
 /// Metric names in Prometheus text: every sample's name, and for each TYPE line the names its

@@ -1,10 +1,11 @@
 //! The kubelet API the apiserver calls for `kubectl logs`: container logs streamed from the
-//! cloud, exec/attach/port-forward refused with 501; and for metrics-server: `/stats/summary`
-//! and `/metrics/resource`, the usage the cloud reports (`stats`). Callers are authenticated and authorized
-//! like a kubelet in webhook mode, because logs often carry secrets: a client certificate from
-//! the cluster CA (or `--kubelet-client-ca`), anonymous requests get 401; then a
-//! SubjectAccessReview for `nodes/proxy` (or `log`, `stats`, `metrics`) on this node, denied
-//! requests get 403 (`kubelet_authz`). Nothing here shows env values or keys.
+//! cloud, exec/attach/port-forward refused with 501; and for metrics-server `/stats/summary`
+//! and `/metrics/resource`, the usage the cloud reports (`stats`). Callers are authenticated
+//! and authorized like a kubelet in webhook mode, because logs often carry secrets: a client
+//! certificate from the cluster CA (or `--kubelet-client-ca`), or a bearer token the apiserver
+//! vouches for (`kubelet_authn`); anonymous requests get 401. Then a SubjectAccessReview for
+//! `nodes/proxy` (or `log`, `stats`, `metrics`) on this node; denied requests get 403
+//! (`kubelet_authz`). Nothing here shows env values or keys.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +28,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::context::Shared;
+use super::kubelet_authn::{self, Authenticator};
 use super::kubelet_authz::{self, Authorizer, Caller, User};
 use super::provider::{LogEntry, LogOptions, Provider};
 use super::stats;
@@ -58,6 +60,7 @@ pub fn server_config(
 
 fn router<P: Provider>(
     state: Arc<ApiState<P>>,
+    authenticator: Arc<Authenticator<kube::Client>>,
     authorizer: Arc<Authorizer<kube::Client>>,
 ) -> Router {
     Router::new()
@@ -76,6 +79,12 @@ fn router<P: Provider>(
         .layer(middleware::from_fn_with_state(
             authorizer,
             kubelet_authz::authorize::<kube::Client>,
+        ))
+        // Before that, a bearer token (metrics-server's) names the user of a request without a
+        // client certificate.
+        .layer(middleware::from_fn_with_state(
+            authenticator,
+            kubelet_authn::authenticate::<kube::Client>,
         ))
 }
 
@@ -304,7 +313,12 @@ pub async fn serve<P: Provider>(
         shared.client.clone(),
         shared.settings.node_name.clone(),
     ));
-    let app = router(Arc::new(ApiState { shared, pods }), authorizer);
+    let authenticator = Arc::new(Authenticator::new(shared.client.clone()));
+    let app = router(
+        Arc::new(ApiState { shared, pods }),
+        authenticator,
+        authorizer,
+    );
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,

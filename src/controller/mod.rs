@@ -9,6 +9,7 @@ pub mod env;
 pub mod gate;
 pub mod idle;
 pub mod kubelet_api;
+pub mod kubelet_authn;
 pub mod kubelet_authz;
 pub mod leader;
 pub mod lease;

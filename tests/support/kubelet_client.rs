@@ -64,11 +64,24 @@ pub fn kubelet_get(
     path: &str,
     identity: Option<&Identity>,
 ) -> anyhow::Result<(u16, String)> {
+    kubelet_get_as(port, path, identity, None)
+}
+
+/// [`kubelet_get`], optionally with `Authorization: Bearer <token>` (as metrics-server calls).
+pub fn kubelet_get_as(
+    port: u16,
+    path: &str,
+    identity: Option<&Identity>,
+    token: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
     let mut curl = Command::new("curl");
     curl.args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"]);
     if let Some(identity) = identity {
         curl.arg("--cert").arg(&identity.cert);
         curl.arg("--key").arg(&identity.key);
+    }
+    if let Some(token) = token {
+        curl.arg("-H").arg(format!("Authorization: Bearer {token}"));
     }
     let output = curl
         .arg(format!("https://127.0.0.1:{port}{path}"))

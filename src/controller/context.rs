@@ -12,10 +12,12 @@ use runpod_contract::policy::PolicyConfig;
 use tokio::sync::watch;
 use tracing::warn;
 
+use super::idle::IdleSettings;
 use super::memory::PodMemory;
 use super::metrics::ControllerMetrics;
 use super::node::ApiHealth;
 use super::provider::Instance;
+use super::usage::UsageLedger;
 
 /// Settings from the command line.
 #[derive(Debug, Clone)]
@@ -31,6 +33,8 @@ pub struct Settings {
     pub outage_grace: Duration,
     /// The webhook's opt-in rule and the policy it enforces, re-checked before any create.
     pub admission: PolicyConfig,
+    /// When a pod's GPUs count as idle (`--idle-gpu-threshold`, `--idle-gpu-after`).
+    pub idle: IdleSettings,
 }
 
 /// One complete, successful list of the cloud's instances, reduced to this cluster and node.
@@ -63,6 +67,8 @@ pub struct Shared<P> {
     pub memory: Mutex<HashMap<String, PodMemory>>,
     pub recorder: Recorder,
     pub metrics: Arc<ControllerMetrics>,
+    /// Usage of burst pods from the cloud's reports, for the kubelet API's stats.
+    pub usage: Mutex<UsageLedger>,
 }
 
 impl<P> Shared<P> {
@@ -90,6 +96,14 @@ impl<P> Shared<P> {
             Err(poisoned) => poisoned.into_inner(),
         };
         guard.remove(uid);
+    }
+
+    /// The usage ledger, even after a panic elsewhere poisoned its lock.
+    pub fn usage_ledger(&self) -> std::sync::MutexGuard<'_, UsageLedger> {
+        match self.usage.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
     }
 
     pub fn latest(&self) -> Option<Arc<Snapshot>> {

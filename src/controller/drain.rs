@@ -327,6 +327,7 @@ mod tests {
             created_at: None,
             started_at: None,
             message: None,
+            usage: None,
         }
     }
 

@@ -1,9 +1,11 @@
 //! The kubelet API the apiserver calls for `kubectl logs`: container logs streamed from the
-//! cloud, exec/attach/port-forward refused with 501. Callers are authenticated and authorized
-//! like a kubelet in webhook mode, because logs often carry secrets: a client certificate from
-//! the cluster CA (or `--kubelet-client-ca`), anonymous requests get 401; then a
-//! SubjectAccessReview for `nodes/proxy` (or `log`, `stats`, `metrics`) on this node, denied
-//! requests get 403 (`kubelet_authz`). Nothing here shows env values or keys.
+//! cloud, exec/attach/port-forward refused with 501; and for metrics-server `/stats/summary`
+//! and `/metrics/resource`, the usage the cloud reports (`stats`). Callers are authenticated
+//! and authorized like a kubelet in webhook mode, because logs often carry secrets: a client
+//! certificate from the cluster CA (or `--kubelet-client-ca`), or a bearer token the apiserver
+//! vouches for (`kubelet_authn`); anonymous requests get 401. Then a SubjectAccessReview for
+//! `nodes/proxy` (or `log`, `stats`, `metrics`) on this node; denied requests get 403
+//! (`kubelet_authz`). Nothing here shows env values or keys.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,8 +28,10 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::context::Shared;
+use super::kubelet_authn::{self, Authenticator};
 use super::kubelet_authz::{self, Authorizer, Caller, User};
 use super::provider::{LogEntry, LogOptions, Provider};
+use super::stats;
 
 struct ApiState<P> {
     shared: Arc<Shared<P>>,
@@ -56,6 +60,7 @@ pub fn server_config(
 
 fn router<P: Provider>(
     state: Arc<ApiState<P>>,
+    authenticator: Arc<Authenticator<kube::Client>>,
     authorizer: Arc<Authorizer<kube::Client>>,
 ) -> Router {
     Router::new()
@@ -63,6 +68,8 @@ fn router<P: Provider>(
             "/containerLogs/{namespace}/{pod}/{container}",
             get(container_logs::<P>),
         )
+        .route("/stats/summary", get(stats_summary::<P>))
+        .route("/metrics/resource", get(resource_metrics::<P>))
         .route("/exec/{*rest}", any(not_implemented))
         .route("/attach/{*rest}", any(not_implemented))
         .route("/portForward/{*rest}", any(not_implemented))
@@ -73,6 +80,39 @@ fn router<P: Provider>(
             authorizer,
             kubelet_authz::authorize::<kube::Client>,
         ))
+        // Before that, a bearer token (metrics-server's) names the user of a request without a
+        // client certificate.
+        .layer(middleware::from_fn_with_state(
+            authenticator,
+            kubelet_authn::authenticate::<kube::Client>,
+        ))
+}
+
+/// `GET /stats/summary`: the Summary API document of the pods with a live report.
+async fn stats_summary<P: Provider>(State(state): State<Arc<ApiState<P>>>) -> Response {
+    let summary = {
+        let ledger = state.shared.usage_ledger();
+        stats::summary(
+            &state.shared.settings.node_name,
+            ledger.node(),
+            &ledger.live(),
+        )
+    };
+    axum::Json(summary).into_response()
+}
+
+/// `GET /metrics/resource`: the Prometheus text metrics-server scrapes.
+async fn resource_metrics<P: Provider>(State(state): State<Arc<ApiState<P>>>) -> Response {
+    let text = {
+        let ledger = state.shared.usage_ledger();
+        stats::resource_metrics(ledger.node(), &ledger.live())
+    };
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, stats::PROMETHEUS_TEXT)],
+        text,
+    )
+        .into_response()
 }
 
 async fn not_implemented() -> Response {
@@ -273,7 +313,12 @@ pub async fn serve<P: Provider>(
         shared.client.clone(),
         shared.settings.node_name.clone(),
     ));
-    let app = router(Arc::new(ApiState { shared, pods }), authorizer);
+    let authenticator = Arc::new(Authenticator::new(shared.client.clone()));
+    let app = router(
+        Arc::new(ApiState { shared, pods }),
+        authenticator,
+        authorizer,
+    );
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,

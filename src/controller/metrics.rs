@@ -1,5 +1,7 @@
 //! Prometheus metrics of the controller: pods by cloud state, cost per hour running now, lease
-//! renewals, reconcile errors, creates, terminations and apiserver writes.
+//! renewals, reconcile errors, creates, terminations and apiserver writes; per burst pod its GPU
+//! utilization and cost (series removed when the pod ends), idle GPUs, the longest wait for a
+//! cloud instance and whether the cloud's API is usable (what the chart's alerts need).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -13,6 +15,7 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
     pub state: &'static str,
+    pub provider: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -23,6 +26,15 @@ pub struct ReasonLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: &'static str,
+}
+
+/// One burst pod. Values are owned: the set is bounded by the pods on the node, and a pod's
+/// series are removed when it ends.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodLabels {
+    pub namespace: String,
+    pub pod: String,
+    pub provider: String,
 }
 
 /// Handles into the registry.
@@ -48,6 +60,19 @@ pub struct ControllerMetrics {
     pub offload_longest_wait: Gauge<f64, AtomicU64>,
     /// 1 while this replica leads (or runs without election), 0 as a standby.
     pub leader: Gauge,
+    /// Mean GPU utilization per burst pod with a live report, 0..=1.
+    pub pod_gpu_utilization: Family<PodLabels, Gauge<f64, AtomicU64>>,
+    /// Mean GPU memory utilization per burst pod with a live report, 0..=1.
+    pub pod_gpu_memory_utilization: Family<PodLabels, Gauge<f64, AtomicU64>>,
+    /// What each burst pod's instance costs per hour now.
+    pub pod_cost_per_hour: Family<PodLabels, Gauge<f64, AtomicU64>>,
+    /// Pods whose GPUs have been idle past `--idle-gpu-after`.
+    pub idle_gpu_pods: Gauge,
+    /// The longest a pod bound to the node has waited for a running cloud instance, seconds.
+    pub provisioning_longest_wait: Gauge<f64, AtomicU64>,
+    /// 1 while the cloud's API answers (the node's own condition), 0 while it is unreachable
+    /// or refuses the key.
+    pub cloud_api_available: Gauge,
 }
 
 impl ControllerMetrics {
@@ -56,7 +81,7 @@ impl ControllerMetrics {
         let metrics = ControllerMetrics::default();
         registry.register(
             "pods",
-            "RunPod pods of this cluster and node by RunPod state, from the last list",
+            "Cloud pods of this cluster and node by state and provider, from the last list",
             metrics.pods_by_state.clone(),
         );
         registry.register(
@@ -123,6 +148,36 @@ impl ControllerMetrics {
             "leader",
             "1 while this replica is the elected leader (or runs without election), 0 as a standby",
             metrics.leader.clone(),
+        );
+        registry.register(
+            "pod_gpu_utilization_ratio",
+            "Mean GPU utilization of each burst pod (0..1) from the cloud's live report",
+            metrics.pod_gpu_utilization.clone(),
+        );
+        registry.register(
+            "pod_gpu_memory_utilization_ratio",
+            "Mean GPU memory utilization of each burst pod (0..1) from the cloud's live report",
+            metrics.pod_gpu_memory_utilization.clone(),
+        );
+        registry.register(
+            "pod_cost_per_hour_usd",
+            "What each burst pod's cloud instance costs per hour now",
+            metrics.pod_cost_per_hour.clone(),
+        );
+        registry.register(
+            "idle_gpu_pods",
+            "Burst pods whose GPUs have stayed below --idle-gpu-threshold for --idle-gpu-after",
+            metrics.idle_gpu_pods.clone(),
+        );
+        registry.register(
+            "provisioning_longest_wait_seconds",
+            "The longest a pod bound to the virtual node has waited for a running cloud instance",
+            metrics.provisioning_longest_wait.clone(),
+        );
+        registry.register(
+            "cloud_api_available",
+            "1 while the cloud's API answers, 0 while it is unreachable or refuses the key (the node's condition)",
+            metrics.cloud_api_available.clone(),
         );
         Arc::new(metrics)
     }

@@ -7,7 +7,9 @@ pub mod drain;
 pub mod eligibility;
 pub mod env;
 pub mod gate;
+pub mod idle;
 pub mod kubelet_api;
+pub mod kubelet_authn;
 pub mod kubelet_authz;
 pub mod leader;
 pub mod lease;
@@ -22,7 +24,10 @@ pub mod poller;
 pub mod presence;
 pub mod provider;
 pub mod runpod_provider;
+pub mod stats;
 pub mod status;
+pub mod usage;
+pub mod usage_watch;
 pub mod volumes;
 
 use std::collections::HashMap;
@@ -181,6 +186,7 @@ async fn lead<P: Provider>(
         memory: Mutex::new(HashMap::new()),
         recorder: Recorder::new(client.clone(), reporter),
         metrics: metrics.clone(),
+        usage: Mutex::new(usage::UsageLedger::default()),
     });
 
     let mut tasks = tokio::task::JoinSet::new();

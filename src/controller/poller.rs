@@ -19,6 +19,7 @@ use super::context::{Settings, Shared, Snapshot, elapsed};
 use super::metrics::{ControllerMetrics, StateLabel};
 use super::node::ApiHealth;
 use super::provider::{Instance, InstanceState, Provider, ProviderError};
+use super::usage_watch::UsageWatch;
 
 /// The longest a list may take (the client retries inside it).
 const LIST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -112,7 +113,11 @@ pub fn carry_forward(
         .filter(|i| i.state.is_live())
         .filter(|i| !listed_ids.contains(i.id.as_str()))
         .filter(|i| !carried_last_time.contains(&i.id))
-        .cloned()
+        // Its utilization is the last list's, not a live report: never shown again.
+        .map(|i| Instance {
+            usage: None,
+            ..i.clone()
+        })
         .collect();
     let carried = missing.iter().map(|i| i.id.clone()).collect();
     let mut instances = listed;
@@ -139,10 +144,13 @@ pub async fn run<P: Provider>(
     let mut carried: HashSet<String> = HashSet::new();
     let mut reported_foreign: HashSet<String> = HashSet::new();
     let mut cluster_uids: Option<(Timestamp, HashSet<String>)> = None;
+    let mut usage = UsageWatch::default();
     let mut interval = tokio::time::interval(settings.reconcile_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
+        let available = matches!(*health.borrow(), ApiHealth::Available);
+        metrics.cloud_api_available.set(i64::from(available));
         let started = Timestamp::now();
         debug!("listing RunPod pods");
         // A list that hangs must not stop every later one.
@@ -209,7 +217,7 @@ pub async fn run<P: Provider>(
             instances,
             confirmed_at: previous_taken_at.replace(started),
         });
-        record(&snapshot, &metrics);
+        record(&snapshot, &metrics, provider.name());
         for instance in snapshot.instances.iter().chain(&elsewhere) {
             first_seen.entry(instance.id.clone()).or_insert(started);
         }
@@ -223,6 +231,7 @@ pub async fn run<P: Provider>(
         snapshot_tx.send_replace(Some(snapshot.clone()));
         let _ = ticks.try_send(());
         debug!(instances = snapshot.instances.len(), "snapshot published");
+        usage.observe(&shared, &store.state(), &snapshot).await;
 
         // Only once the pod cache has synced: before that every instance looks orphaned.
         let synced = futures_util::FutureExt::now_or_never(store.wait_until_ready())
@@ -358,7 +367,7 @@ async fn report_foreign<P>(
     *reported = ids;
 }
 
-fn record(snapshot: &Snapshot, metrics: &ControllerMetrics) {
+fn record(snapshot: &Snapshot, metrics: &ControllerMetrics, provider: &'static str) {
     let states = [
         InstanceState::Provisioning,
         InstanceState::Starting,
@@ -378,6 +387,7 @@ fn record(snapshot: &Snapshot, metrics: &ControllerMetrics) {
             .pods_by_state
             .get_or_create(&StateLabel {
                 state: state.as_str(),
+                provider,
             })
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
@@ -414,6 +424,7 @@ mod tests {
             created_at: None,
             started_at: None,
             message: None,
+            usage: None,
         }
     }
 
@@ -427,6 +438,7 @@ mod tests {
             create_settle: Duration::from_secs(30),
             outage_grace: Duration::from_secs(3600),
             admission: Default::default(),
+            idle: Default::default(),
         }
     }
 

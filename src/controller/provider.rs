@@ -81,6 +81,60 @@ pub struct Endpoint {
     pub address: Option<String>,
 }
 
+/// A cloud's live utilization report for one instance. Clouds report shares, not amounts:
+/// every figure is a ratio in 0..=1, `None` where the cloud left it out.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Usage {
+    /// Share of the CPU the instance was given.
+    pub cpu: Option<f64>,
+    /// Share of the memory the instance was given.
+    pub memory: Option<f64>,
+    /// One entry per GPU.
+    pub gpus: Vec<GpuUsage>,
+}
+
+/// Utilization of one GPU, ratios in 0..=1.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GpuUsage {
+    pub util: Option<f64>,
+    pub memory: Option<f64>,
+}
+
+impl Usage {
+    /// A percentage (0–100) as a ratio, clamped into 0..=1; `None` for a missing or
+    /// non-finite figure.
+    pub fn ratio(percent: Option<f64>) -> Option<f64> {
+        percent
+            .filter(|p| p.is_finite())
+            .map(|p| (p / 100.0).clamp(0.0, 1.0))
+    }
+
+    /// The mean compute utilization of the GPUs that reported one.
+    pub fn gpu_util(&self) -> Option<f64> {
+        mean(self.gpus.iter().filter_map(|g| g.util))
+    }
+
+    /// The mean memory utilization of the GPUs that reported one.
+    pub fn gpu_memory(&self) -> Option<f64> {
+        mean(self.gpus.iter().filter_map(|g| g.memory))
+    }
+
+    /// The busiest GPU's utilization: a pod is idle only when every GPU is.
+    pub fn gpu_busiest(&self) -> Option<f64> {
+        self.gpus
+            .iter()
+            .filter_map(|g| g.util)
+            .fold(None, |max: Option<f64>, u| {
+                Some(max.map_or(u, |m| m.max(u)))
+            })
+    }
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let (sum, count) = values.fold((0.0, 0u32), |(sum, count), v| (sum + v, count + 1));
+    (count > 0).then(|| sum / f64::from(count))
+}
+
 /// One cloud instance as the last list showed it.
 #[derive(Debug, Clone)]
 pub struct Instance {
@@ -100,6 +154,9 @@ pub struct Instance {
     pub started_at: Option<Timestamp>,
     /// The cloud's last message about the instance (an error), if any.
     pub message: Option<String>,
+    /// The live utilization report of this list; `None` when there is none (not running, or
+    /// carried forward from an earlier list): such an instance's usage is not shown at all.
+    pub usage: Option<Usage>,
 }
 
 impl Instance {

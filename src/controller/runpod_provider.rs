@@ -14,9 +14,9 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::provider::{
-    CheapestPrices, Constraints, Endpoint, Ends, FinalLog, Instance, InstanceState, LogEntries,
-    LogEntry, LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned,
-    Tags,
+    CheapestPrices, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance, InstanceState,
+    LogEntries, LogEntry, LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest,
+    Provisioned, Tags, Usage,
 };
 use crate::runpod::catalogue_cache::CatalogueCache;
 use crate::runpod::client::RunPodClient;
@@ -219,7 +219,34 @@ pub fn to_instance(pod: &model::Pod) -> Instance {
         created_at: parse(&pod.created_at),
         started_at: parse(&pod.started_at),
         message: None,
+        usage: (state == InstanceState::Running)
+            .then(|| pod.runtime.as_ref().and_then(usage))
+            .flatten(),
     }
+}
+
+/// The live report in `runtime`, as ratios; `None` when it holds no figure at all (`{}` while
+/// the container comes up).
+fn usage(runtime: &model::Runtime) -> Option<Usage> {
+    let usage = Usage {
+        cpu: Usage::ratio(runtime.cpu.as_ref().and_then(|c| c.util)),
+        memory: Usage::ratio(runtime.memory.as_ref().and_then(|m| m.util)),
+        gpus: runtime
+            .gpus
+            .iter()
+            .map(|g| GpuUsage {
+                util: Usage::ratio(g.util),
+                memory: Usage::ratio(g.memory_util),
+            })
+            .collect(),
+    };
+    let reported = usage.cpu.is_some()
+        || usage.memory.is_some()
+        || usage
+            .gpus
+            .iter()
+            .any(|g| g.util.is_some() || g.memory.is_some());
+    reported.then_some(usage)
 }
 
 impl Provider for RunPodProvider {
@@ -442,4 +469,39 @@ impl Provider for RunPodProvider {
 /// Logs a failed background call without the details a caller already has.
 pub fn note_failure(what: &str, error: &ProviderError) {
     warn!(what, error = %error, "RunPod call failed");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(status: &str, runtime: serde_json::Value) -> model::Pod {
+        serde_json::from_value(serde_json::json!({"id": "p", "status": status, "runtime": runtime}))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_running_pods_report_becomes_ratios_and_nothing_else_reports() {
+        let report = serde_json::json!({"uptime": 5, "cpu": {"util": 40}, "memory": {"util": 150},
+            "gpus": [{"util": 80, "memoryUtil": 60}, {"util": 20}]});
+        let usage = to_instance(&pod("RUNNING", report.clone())).usage.unwrap();
+        assert_eq!(usage.cpu, Some(0.4));
+        assert_eq!(usage.memory, Some(1.0), "clamped to a share");
+        assert_eq!(usage.gpus.len(), 2);
+        assert_eq!(usage.gpu_busiest(), Some(0.8));
+        assert_eq!(usage.gpu_util(), Some(0.5));
+        assert_eq!(usage.gpu_memory(), Some(0.6));
+        // Stopped, or up without figures yet: no live report.
+        assert!(to_instance(&pod("EXITED", report)).usage.is_none());
+        assert!(
+            to_instance(&pod("RUNNING", serde_json::json!({})))
+                .usage
+                .is_none()
+        );
+        assert!(
+            to_instance(&pod("RUNNING", serde_json::Value::Null))
+                .usage
+                .is_none()
+        );
+    }
 }

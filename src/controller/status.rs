@@ -526,6 +526,7 @@ mod tests {
             created_at: None,
             started_at: Some("2026-01-01T00:00:00Z".parse().unwrap()),
             message: None,
+            usage: None,
         }
     }
 

@@ -43,6 +43,18 @@ where
     Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
+/// A value whose shape may drift: anything that does not decode as `T` (a wrong type, `null`)
+/// reads as `T::default()` instead of failing the whole response. For telemetry, where a
+/// malformed report must cost that report only.
+pub fn or_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::de::DeserializeOwned + Default,
+{
+    let value = serde_json::Value::deserialize(deserializer)?;
+    Ok(serde_json::from_value(value).unwrap_or_default())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::decode::{lenient_f64, lenient_u32, null_as_default};
+use super::decode::{lenient_f64, lenient_u32, null_as_default, or_default};
 
 /// Pod status as v2 reports it; values added by RunPod later read as `Unknown`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -70,13 +70,37 @@ pub struct RuntimePort {
     pub ip: Option<String>,
 }
 
+/// `runtime.cpu` and `runtime.memory`: a utilization percentage (0–100).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Utilization {
+    #[serde(default, deserialize_with = "lenient_f64")]
+    pub util: Option<f64>,
+}
+
+/// One entry of `runtime.gpus`: compute and memory utilization percentages (0–100).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuUtilization {
+    #[serde(default, deserialize_with = "lenient_f64")]
+    pub util: Option<f64>,
+    #[serde(default, deserialize_with = "lenient_f64")]
+    pub memory_util: Option<f64>,
+}
+
 /// Telemetry of a running pod; null until the container is up (api-notes P6).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Runtime {
     #[serde(default, deserialize_with = "lenient_u32")]
     pub uptime: Option<u32>,
     #[serde(default, deserialize_with = "null_as_default")]
     pub ports: Vec<RuntimePort>,
+    /// The live utilization report: what `kubectl top` and the idle-GPU check read.
+    #[serde(default, deserialize_with = "or_default")]
+    pub cpu: Option<Utilization>,
+    #[serde(default, deserialize_with = "or_default")]
+    pub memory: Option<Utilization>,
+    #[serde(default, deserialize_with = "or_default")]
+    pub gpus: Vec<GpuUtilization>,
 }
 
 /// A RunPod pod as v2 returns it, reduced to what the controller reads. `Debug` shows env
@@ -374,5 +398,32 @@ mod tests {
             json,
             serde_json::json!({"name":"n","image":"img","gpu":{"id":"g","count":1},"cloud":"SECURE"})
         );
+    }
+
+    #[test]
+    fn runtime_utilization_decodes_and_a_malformed_report_costs_only_itself() {
+        let pod: Pod = serde_json::from_str(
+            r#"{"id":"p","status":"RUNNING","runtime":{"uptime":60,
+            "cpu":{"util":45},"memory":{"util":"12.5"},
+            "gpus":[{"util":94,"memoryUtil":78},{"util":null}]}}"#,
+        )
+        .unwrap();
+        let runtime = pod.runtime.unwrap();
+        assert_eq!(runtime.cpu.unwrap().util, Some(45.0));
+        assert_eq!(runtime.memory.unwrap().util, Some(12.5));
+        assert_eq!(runtime.gpus.len(), 2);
+        assert_eq!(runtime.gpus[0].memory_util, Some(78.0));
+        assert_eq!(runtime.gpus[1].util, None);
+
+        let odd: Pod = serde_json::from_str(
+            r#"{"id":"p","runtime":{"uptime":5,"cpu":"busy","memory":null,"gpus":"n/a",
+            "ports":[{"private":22,"public":1,"type":"tcp","ip":"1.2.3.4"}]}}"#,
+        )
+        .unwrap();
+        let runtime = odd.runtime.unwrap();
+        assert_eq!(runtime.cpu, None);
+        assert_eq!(runtime.memory, None);
+        assert!(runtime.gpus.is_empty());
+        assert_eq!(runtime.ports.len(), 1, "the rest of the report survives");
     }
 }

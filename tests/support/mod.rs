@@ -3,9 +3,11 @@
 
 #![allow(dead_code)]
 
+pub mod chart;
 pub mod control_plane;
 pub mod controller;
 pub mod harness;
+pub mod kubelet_client;
 pub mod nodes;
 pub mod pod_runner;
 pub mod pods;

@@ -67,6 +67,19 @@ impl Default for Metrics {
             "Time to answer an admission review, from body read to response encoded",
             latency.clone(),
         );
+        // Every outcome from the start, at 0: an error ratio needs its series before the first
+        // error, and a family without series is not exported at all.
+        for outcome in [
+            Outcome::Mutated,
+            Outcome::Unchanged,
+            Outcome::Rejected,
+            Outcome::Invalid,
+            Outcome::Error,
+        ] {
+            let _ = admissions.get_or_create(&OutcomeLabel {
+                outcome: outcome.as_str(),
+            });
+        }
         let certificate_expiry = Gauge::default();
         registry.register(
             "certificate_expiry_timestamp_seconds",

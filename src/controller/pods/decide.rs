@@ -277,6 +277,7 @@ mod tests {
             created_at: Some(at(created)),
             started_at: None,
             message: None,
+            usage: None,
         }
     }
 

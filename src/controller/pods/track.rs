@@ -408,6 +408,7 @@ mod tests {
             created_at: None,
             started_at: None,
             message: None,
+            usage: None,
         }
     }
 
@@ -434,6 +435,7 @@ mod tests {
             create_settle: std::time::Duration::from_secs(30),
             outage_grace: std::time::Duration::from_secs(3600),
             admission: Default::default(),
+            idle: Default::default(),
         };
         let tagged = |cluster: &str, node: &str, uid: &str| Instance {
             tags: Tags {

@@ -42,5 +42,5 @@ mod timefmt;
 pub use exchange::{Exchange, Operation};
 pub use faults::{Effect, Fault, Match};
 pub use ledger::{LedgerEntry, duplicate_names, live_pods};
-pub use pods::PodStatus;
+pub use pods::{PodStatus, SIM_CPU_UTIL, SIM_GPU_MEM_UTIL, SIM_GPU_UTIL, SIM_MEM_UTIL};
 pub use server::{Simulator, SimulatorHandle};

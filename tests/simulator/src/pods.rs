@@ -10,6 +10,13 @@ use crate::ledger::LedgerEntry;
 use crate::scenario::Outcome;
 use crate::timefmt;
 
+/// Env of a created pod that fixes the utilization `runtime` reports, in percent: CPU,
+/// memory, and every GPU's compute and memory. Without them the figures wobble.
+pub const SIM_CPU_UTIL: &str = "SIM_CPU_UTIL";
+pub const SIM_MEM_UTIL: &str = "SIM_MEM_UTIL";
+pub const SIM_GPU_UTIL: &str = "SIM_GPU_UTIL";
+pub const SIM_GPU_MEM_UTIL: &str = "SIM_GPU_MEM_UTIL";
+
 /// `PodStatus`: the lifecycle state of a pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -243,6 +250,15 @@ impl PodRecord {
         }
     }
 
+    /// A utilization percentage the pod's env fixes (`SIM_CPU_UTIL=40`), so tests can set
+    /// what the pod reports; integers 0–100 as the spec's `util` fields are.
+    fn utilization(&self, key: &str) -> Option<u64> {
+        self.env
+            .get(key)
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .map(|value| value.min(100))
+    }
+
     /// The schema says `runtime` is null unless RUNNING, but the spec's own 201 example shows
     /// `{}` for a PROVISIONING pod. Both forms appear, so a client must treat both as "not
     /// up": pods on their way up answer `{}`, stopped ones `null`.
@@ -254,11 +270,15 @@ impl PodRecord {
             };
         };
         let uptime = now.saturating_duration_since(since).as_secs();
-        // Plausible, slowly moving utilisation figures.
+        // Plausible, slowly moving utilisation figures, unless the pod's env fixes them.
         let wobble = |seed: u64| (seed.wrapping_mul(37).wrapping_add(uptime * 7)) % 100;
+        let figure = |key: &str, seed: u64| self.utilization(key).unwrap_or_else(|| wobble(seed));
         let gpus: Vec<Value> = match &self.compute {
             Compute::Gpu { count, .. } => (0..u64::from(*count))
-                .map(|i| json!({"util": wobble(i + 1), "memoryUtil": wobble(i + 11)}))
+                .map(|i| {
+                    json!({"util": figure(SIM_GPU_UTIL, i + 1),
+                           "memoryUtil": figure(SIM_GPU_MEM_UTIL, i + 11)})
+                })
                 .collect(),
             Compute::Cpu { .. } => Vec::new(),
         };
@@ -272,8 +292,8 @@ impl PodRecord {
         json!({
             "uptime": uptime,
             "gpus": gpus,
-            "cpu": {"util": wobble(3)},
-            "memory": {"util": wobble(5)},
+            "cpu": {"util": figure(SIM_CPU_UTIL, 3)},
+            "memory": {"util": figure(SIM_MEM_UTIL, 5)},
             "ports": ports,
         })
     }

@@ -363,3 +363,31 @@ async fn a_wrapped_command_stops_its_pod_and_an_unwrapped_one_restarts() {
     assert!(went_back, "the restart did not show as uptime going back");
     api.assert_contract();
 }
+
+#[tokio::test]
+async fn a_pods_env_fixes_the_utilization_it_reports() {
+    let api = Api::start(Scenario {
+        provisioning_ms: 50,
+        starting_ms: 50,
+        ..fast()
+    })
+    .await;
+    let pod = api
+        .create(
+            "busy",
+            json!({"gpu": {"id": crate::support::RTX_4090, "count": 2}, "env": {
+                "SIM_CPU_UTIL": "40", "SIM_MEM_UTIL": "25",
+                "SIM_GPU_UTIL": "90", "SIM_GPU_MEM_UTIL": "500"}}),
+        )
+        .await;
+    let id = pod["id"].as_str().unwrap();
+    let (running, _) = api.wait_for(id, WAIT, |p| p["status"] == "RUNNING").await;
+    let runtime = &running["runtime"];
+    assert_eq!(runtime["cpu"], json!({"util": 40}), "{runtime}");
+    assert_eq!(runtime["memory"], json!({"util": 25}));
+    assert_eq!(
+        runtime["gpus"],
+        json!([{"util": 90, "memoryUtil": 100}, {"util": 90, "memoryUtil": 100}]),
+        "one figure per GPU, capped at 100"
+    );
+}

@@ -195,14 +195,29 @@ impl Window {
         if room.left == 0 {
             return Err(room.more_at);
         }
-        // Held back only by the reserve left for creates and deletes: released when more room
-        // comes soon anyway, so queued routine work still uses the whole quota.
+        // Held back only by the reserve left for creates and deletes: released when our own
+        // requests free room soon anyway, so queued routine work still uses the whole quota. (A
+        // count going stale frees nothing for sure: under a token bucket that is every second.)
         let soon = self.length / 12;
-        match room.more_at {
-            Some(more) if more <= now + soon => Ok(()),
-            Some(more) => Err(Some(more - soon)),
-            None => Err(None),
+        match self.frees_at(sent, now) {
+            // Nothing of ours is counted: the reserve would only guard against others.
+            None => Ok(()),
+            Some(frees) if frees <= now + soon => Ok(()),
+            Some(frees) => {
+                let release = frees - soon;
+                // Wake earlier when a count goes stale: its probe may say more.
+                Err(Some(room.more_at.map_or(release, |more| more.min(release))))
+            }
         }
+    }
+
+    /// When the oldest of our requests this window counts stops counting.
+    fn frees_at(&self, sent: &SendLog, now: Instant) -> Option<Instant> {
+        let span = self.span();
+        let first = now
+            .checked_sub(span)
+            .map_or(0, |from| sent.partition_point(|(_, at)| *at <= from));
+        sent.get(first).map(|(_, at)| *at + span)
     }
 
     /// Follows a `RateLimit-Policy` member.

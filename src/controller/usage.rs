@@ -170,21 +170,35 @@ impl UsageLedger {
         existing: &HashSet<String>,
     ) {
         self.pods.retain(|uid, _| existing.contains(uid));
-        for pod in self.pods.values_mut() {
-            pod.live = false;
-        }
+        let was_live: HashSet<String> = self
+            .pods
+            .values()
+            .filter(|p| p.live)
+            .map(|p| p.uid.clone())
+            .collect();
+        self.stale();
         for report in reports {
             let Some(uid) = report.pod.metadata.uid.clone() else {
                 continue;
             };
-            let increment = self.fold(&uid, at, &report);
+            let increment = self.fold(&uid, at, &report, was_live.contains(&uid));
             self.node_cpu_seconds += increment;
         }
         self.last_list = Some(at);
     }
 
-    /// Updates one pod; returns the CPU seconds it added.
-    fn fold(&mut self, uid: &str, at: Timestamp, report: &Report<'_>) -> f64 {
+    /// A list failed: no pod has a live report any more, so every pod is left out until a
+    /// list carries its report again (a RunPod outage must not serve old figures as live).
+    pub fn stale(&mut self) {
+        for pod in self.pods.values_mut() {
+            pod.live = false;
+        }
+    }
+
+    /// Updates one pod; returns the CPU seconds it added. A pod that was not live in the
+    /// previous list restarts its integration: nothing is known of the gap, so nothing is
+    /// added for it.
+    fn fold(&mut self, uid: &str, at: Timestamp, report: &Report<'_>, was_live: bool) -> f64 {
         let pod = report.pod;
         let status = pod.status.as_ref();
         let start_time = status
@@ -200,8 +214,14 @@ impl UsageLedger {
             live: true,
             containers: Vec::new(),
         });
-        let seconds = super::context::elapsed(entry.at, at).as_secs_f64();
-        entry.at = at;
+        let seconds = if was_live {
+            super::context::elapsed(entry.at, at).as_secs_f64()
+        } else {
+            0.0
+        };
+        // A clock that goes back must not move the base back (the next sample would count
+        // the same time twice).
+        entry.at = entry.at.max(at);
         entry.live = true;
         entry.start_time = start_time.or(entry.start_time);
         let mut added = 0.0;
@@ -389,6 +409,44 @@ mod tests {
         // A clock that goes back adds nothing and takes nothing away.
         ledger.observe(at(5), [report(&a, &busy)], &only_a);
         assert_eq!(ledger.live()[0].containers[0].cpu_seconds, 20.0);
+    }
+
+    #[test]
+    fn a_failed_list_leaves_every_pod_out_and_a_gap_adds_nothing() {
+        let a = pod("a", "2");
+        let existing: HashSet<String> = ["a".into()].into();
+        let busy = share(0.5);
+        let report = || Report {
+            pod: &a,
+            usage: &busy,
+            started_at: None,
+        };
+        let mut ledger = UsageLedger::default();
+        ledger.observe(at(0), [report()], &existing);
+        ledger.observe(at(10), [report()], &existing);
+        assert_eq!(ledger.live()[0].containers[0].cpu_seconds, 10.0);
+
+        // RunPod is down: the lists fail, the old report is not served as live.
+        ledger.stale();
+        assert!(ledger.live().is_empty());
+        assert_eq!(ledger.node().unwrap().cpu_cores, 0.0);
+
+        // Back 10 minutes later: the count restarts, it does not jump by 600 s.
+        ledger.observe(at(610), [report()], &existing);
+        assert_eq!(ledger.live()[0].containers[0].cpu_seconds, 10.0);
+        assert_eq!(ledger.node().unwrap().cpu_seconds, 10.0);
+        ledger.observe(at(620), [report()], &existing);
+        assert_eq!(ledger.live()[0].containers[0].cpu_seconds, 20.0);
+
+        // A pod missing from one list restarts as well.
+        ledger.observe(at(630), [], &existing);
+        ledger.observe(at(1230), [report()], &existing);
+        assert_eq!(ledger.live()[0].containers[0].cpu_seconds, 20.0);
+
+        // A clock that goes back keeps the later base: no time counted twice.
+        ledger.observe(at(1200), [report()], &existing);
+        ledger.observe(at(1240), [report()], &existing);
+        assert_eq!(ledger.live()[0].containers[0].cpu_seconds, 30.0);
     }
 
     #[test]

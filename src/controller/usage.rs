@@ -110,11 +110,23 @@ pub fn scale(asked: Asked, usage: &Usage) -> ContainerSample {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerUsage {
     pub name: String,
+    /// The later of the container's real start and this process's first report of it: the
+    /// CPU count starts then, so a new controller process (whose count starts at 0) reports a
+    /// new start, which metrics-server and Prometheus read as a new container, not as a
+    /// cumulative counter going back.
     pub start_time: Option<Timestamp>,
+    /// When this process first had a report of the container.
+    pub counting_since: Timestamp,
     /// Integrated CPU core-seconds since this controller first saw the container report.
     pub cpu_seconds: f64,
     pub cpu_cores: Option<f64>,
     pub memory_bytes: Option<f64>,
+}
+
+/// The start time a container's CPU count is reported against: its real start, unless this
+/// process began counting later.
+fn counted_from(start: Option<Timestamp>, counting_since: Timestamp) -> Timestamp {
+    start.map_or(counting_since, |start| start.max(counting_since))
 }
 
 /// A pod's latest report and totals.
@@ -247,12 +259,13 @@ impl UsageLedger {
                     added += increment;
                     known.cpu_cores = sample.cpu_cores;
                     known.memory_bytes = sample.memory_bytes;
-                    known.start_time = container_start.or(known.start_time);
+                    known.start_time = Some(counted_from(container_start, known.counting_since));
                 }
                 // The first report starts the count: nothing is known of the time before.
                 None => entry.containers.push(ContainerUsage {
                     name: container.name.clone(),
-                    start_time: container_start,
+                    start_time: Some(counted_from(container_start, at)),
+                    counting_since: at,
                     cpu_seconds: 0.0,
                     cpu_cores: sample.cpu_cores,
                     memory_bytes: sample.memory_bytes,
@@ -466,7 +479,25 @@ mod tests {
         );
         let live = ledger.live();
         assert_eq!(live[0].start_time, Some(at(-60)));
-        assert_eq!(live[0].containers[0].start_time, Some(at(-60)));
+        // The CPU count starts with this process's first report: that is the container's
+        // start as far as a cumulative counter goes (a restarted controller is a new start,
+        // never a counter going back).
+        assert_eq!(live[0].containers[0].start_time, Some(at(0)));
+        ledger.observe(
+            at(10),
+            [Report {
+                pod: &bare,
+                usage: &usage,
+                started_at: Some(at(-60)),
+            }],
+            &["c".to_owned()].into(),
+        );
+        assert_eq!(ledger.live()[0].containers[0].start_time, Some(at(0)));
+        assert_eq!(
+            counted_from(Some(at(50)), at(0)),
+            at(50),
+            "a later real start"
+        );
         assert!(UsageLedger::default().node().is_none());
     }
 }

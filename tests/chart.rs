@@ -47,6 +47,36 @@ fn helm_lint_passes() {
     );
 }
 
+/// `--set controller.idleGpuAfter=0` (the documented "off") arrives as an integer.
+#[test]
+fn idle_gpu_after_takes_bare_seconds_as_an_integer() {
+    for value in ["0", "1800", "30m"] {
+        let set = format!("controller.idleGpuAfter={value}");
+        let objects = render(&["runpod.apiKey=k", &set]);
+        let args: Vec<String> = of_kind(&objects, "Deployment")
+            .iter()
+            .flat_map(|d| d["spec"]["template"]["spec"]["containers"][0]["args"].as_array())
+            .flatten()
+            .filter_map(|a| a.as_str().map(str::to_owned))
+            .collect();
+        let at = args
+            .iter()
+            .position(|a| a == "--idle-gpu-after")
+            .unwrap_or_else(|| panic!("{args:?}"));
+        assert_eq!(args[at + 1], value, "{args:?}");
+    }
+    let out = helm(&[
+        "template",
+        "r",
+        "charts/runpod-kubelet",
+        "--set",
+        "runpod.apiKey=k",
+        "--set",
+        "controller.idleGpuAfter=-1",
+    ]);
+    assert!(!out.status.success());
+}
+
 #[test]
 fn wrong_values_fail_with_a_clear_message() {
     let cases: [(&[&str], &str); 5] = [

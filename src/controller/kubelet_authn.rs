@@ -3,7 +3,9 @@
 //! its ServiceAccount token, not a client certificate, so without this `kubectl top` would get
 //! 401. A verified client certificate wins over a token; a token the apiserver does not vouch
 //! for gets 401. Answers that name a user are cached for 2 minutes (the kubelet's
-//! `authentication.webhook.cacheTTL`); refusals and failures are not.
+//! `authentication.webhook.cacheTTL`), refusals for 15 seconds (so forged tokens cannot make
+//! the controller flood the apiserver); failures are not. The cache is keyed by the token's
+//! SHA-256, never the token itself, and holds at most [`CACHE_CAPACITY`] entries.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -22,8 +24,11 @@ use super::kubelet_authz::{Caller, User};
 
 /// How long a token that named a user is trusted without asking again.
 pub const AUTHENTICATED_TTL: Duration = Duration::from_secs(2 * 60);
-/// Tokens remembered at most; a full cache is emptied (the next requests ask again).
-const CACHE_CAPACITY: usize = 1024;
+/// How long a token the apiserver refused is refused without asking again.
+pub const REFUSED_TTL: Duration = Duration::from_secs(15);
+/// Tokens remembered at most; a full cache drops its expired entries, else is emptied (the
+/// next requests ask again).
+pub const CACHE_CAPACITY: usize = 1024;
 /// A review the apiserver has not answered by then fails the request.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -73,10 +78,21 @@ impl TokenReviewer for kube::Client {
     }
 }
 
+/// A token's cache key: its SHA-256, so no token is kept in memory longer than a request.
+pub fn token_key(token: &str) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let mut key = [0u8; 32];
+    key.copy_from_slice(digest.as_ref());
+    key
+}
+
+/// A cached answer: the user (`None`: refused) and until when it holds.
+type Cache = HashMap<[u8; 32], (Option<User>, Instant)>;
+
 /// Turns bearer tokens into users.
 pub struct Authenticator<R> {
     reviewer: R,
-    cache: Mutex<HashMap<String, (User, Instant)>>,
+    cache: Mutex<Cache>,
 }
 
 impl<R: TokenReviewer> Authenticator<R> {
@@ -87,7 +103,7 @@ impl<R: TokenReviewer> Authenticator<R> {
         }
     }
 
-    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, (User, Instant)>> {
+    fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
         match self.cache.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
@@ -97,23 +113,30 @@ impl<R: TokenReviewer> Authenticator<R> {
     /// The user `token` belongs to, `None` when the apiserver does not vouch for it.
     pub async fn authenticate(&self, token: &str) -> anyhow::Result<Option<User>> {
         let now = Instant::now();
-        if let Some((user, expires)) = self.cache().get(token)
+        let key = token_key(token);
+        if let Some((user, expires)) = self.cache().get(&key)
             && now < *expires
         {
-            return Ok(Some(user.clone()));
+            return Ok(user.clone());
         }
         let status =
             tokio::time::timeout(REVIEW_TIMEOUT, self.reviewer.review_token(token.to_owned()))
                 .await
                 .map_err(|_| anyhow::anyhow!("no answer within {REVIEW_TIMEOUT:?}"))??;
         let user = user_of(&status);
-        if let Some(user) = &user {
-            let mut cache = self.cache();
+        let ttl = if user.is_some() {
+            AUTHENTICATED_TTL
+        } else {
+            REFUSED_TTL
+        };
+        let mut cache = self.cache();
+        if cache.len() >= CACHE_CAPACITY {
+            cache.retain(|_, (_, expires)| now < *expires);
             if cache.len() >= CACHE_CAPACITY {
                 cache.clear();
             }
-            cache.insert(token.to_owned(), (user.clone(), now + AUTHENTICATED_TTL));
         }
+        cache.insert(key, (user.clone(), now + ttl));
         Ok(user)
     }
 }
@@ -221,7 +244,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn users_are_cached_and_refusals_are_not() {
+    async fn users_and_refusals_are_cached_by_the_tokens_hash() {
         let known = Authenticator::new(Counting {
             answer: answer(true, Some("sa")),
             sent: AtomicUsize::new(0),
@@ -235,9 +258,34 @@ mod tests {
             answer: answer(false, None),
             sent: AtomicUsize::new(0),
         });
-        for _ in 0..2 {
-            assert_eq!(refused.authenticate("t").await.unwrap(), None);
+        for _ in 0..5 {
+            assert_eq!(refused.authenticate("forged").await.unwrap(), None);
         }
-        assert_eq!(refused.reviewer.sent.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            refused.reviewer.sent.load(Ordering::SeqCst),
+            1,
+            "a refusal is cached"
+        );
+        // Keyed by the SHA-256, never the raw token.
+        let cache = refused.cache();
+        assert_eq!(cache.len(), 1);
+        assert!(cache.contains_key(&token_key("forged")));
+        assert_eq!(
+            token_key("abc")[..4],
+            [0xba, 0x78, 0x16, 0xbf],
+            "SHA-256 of \"abc\""
+        );
+    }
+
+    #[tokio::test]
+    async fn the_cache_stays_bounded() {
+        let refused = Authenticator::new(Counting {
+            answer: answer(false, None),
+            sent: AtomicUsize::new(0),
+        });
+        for i in 0..CACHE_CAPACITY + 10 {
+            refused.authenticate(&format!("forged-{i}")).await.unwrap();
+        }
+        assert!(refused.cache().len() <= CACHE_CAPACITY);
     }
 }

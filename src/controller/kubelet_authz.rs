@@ -270,6 +270,10 @@ impl<R: Reviewer> Authorizer<R> {
 #[derive(Debug, Clone)]
 pub struct Caller(pub Option<Arc<User>>);
 
+/// The 401 answer: either way of authenticating is accepted.
+pub const UNAUTHENTICATED: &str = "runpod-kubelet: authentication required: a client certificate \
+    from the cluster CA naming a user (CN), or a bearer token the apiserver accepts\n";
+
 /// The middleware in front of every path: 401 without a user, 405 for a method with no API
 /// verb, 403 when the apiserver does not allow the request, 500 when it could not be asked;
 /// else the request goes on.
@@ -280,11 +284,7 @@ pub async fn authorize<R: Reviewer + 'static>(
     next: Next,
 ) -> Response {
     let Some(user) = caller else {
-        return (
-            StatusCode::UNAUTHORIZED,
-            "runpod-kubelet: a client certificate from the cluster CA, naming a user (CN), is required\n",
-        )
-            .into_response();
+        return (StatusCode::UNAUTHORIZED, UNAUTHENTICATED).into_response();
     };
     let Some(attributes) = attributes(request.method(), request.uri().path()) else {
         return (
@@ -332,6 +332,12 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+
+    #[test]
+    fn the_401_names_both_ways_in() {
+        assert!(UNAUTHENTICATED.contains("client certificate"));
+        assert!(UNAUTHENTICATED.contains("bearer token"));
+    }
 
     fn attrs(verb: &'static str, subresource: &'static str) -> Option<Attributes> {
         Some(Attributes { verb, subresource })

@@ -169,6 +169,7 @@ pub async fn run<P: Provider>(
                     .get_or_create(&super::metrics::OutcomeLabel { outcome: "error" })
                     .inc();
                 warn!(error = %error, failures, "listing RunPod pods failed");
+                usage.outage(&shared);
                 let unavailable = match &error {
                     ProviderError::Account(message) => Some(("AccountRefused", message.clone())),
                     ProviderError::Unavailable(message)

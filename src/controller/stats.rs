@@ -310,6 +310,7 @@ mod tests {
             containers: vec![ContainerUsage {
                 name: "main".into(),
                 start_time: Some(at(-90)),
+                counting_since: at(-90),
                 cpu_seconds: 12.5,
                 cpu_cores: Some(0.75),
                 memory_bytes: Some(1024.0),

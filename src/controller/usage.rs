@@ -110,11 +110,23 @@ pub fn scale(asked: Asked, usage: &Usage) -> ContainerSample {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerUsage {
     pub name: String,
+    /// The later of the container's real start and this process's first report of it: the
+    /// CPU count starts then, so a new controller process (whose count starts at 0) reports a
+    /// new start, which metrics-server and Prometheus read as a new container, not as a
+    /// cumulative counter going back.
     pub start_time: Option<Timestamp>,
+    /// When this process first had a report of the container.
+    pub counting_since: Timestamp,
     /// Integrated CPU core-seconds since this controller first saw the container report.
     pub cpu_seconds: f64,
     pub cpu_cores: Option<f64>,
     pub memory_bytes: Option<f64>,
+}
+
+/// The start time a container's CPU count is reported against: its real start, unless this
+/// process began counting later.
+fn counted_from(start: Option<Timestamp>, counting_since: Timestamp) -> Timestamp {
+    start.map_or(counting_since, |start| start.max(counting_since))
 }
 
 /// A pod's latest report and totals.
@@ -170,21 +182,35 @@ impl UsageLedger {
         existing: &HashSet<String>,
     ) {
         self.pods.retain(|uid, _| existing.contains(uid));
-        for pod in self.pods.values_mut() {
-            pod.live = false;
-        }
+        let was_live: HashSet<String> = self
+            .pods
+            .values()
+            .filter(|p| p.live)
+            .map(|p| p.uid.clone())
+            .collect();
+        self.stale();
         for report in reports {
             let Some(uid) = report.pod.metadata.uid.clone() else {
                 continue;
             };
-            let increment = self.fold(&uid, at, &report);
+            let increment = self.fold(&uid, at, &report, was_live.contains(&uid));
             self.node_cpu_seconds += increment;
         }
         self.last_list = Some(at);
     }
 
-    /// Updates one pod; returns the CPU seconds it added.
-    fn fold(&mut self, uid: &str, at: Timestamp, report: &Report<'_>) -> f64 {
+    /// A list failed: no pod has a live report any more, so every pod is left out until a
+    /// list carries its report again (a RunPod outage must not serve old figures as live).
+    pub fn stale(&mut self) {
+        for pod in self.pods.values_mut() {
+            pod.live = false;
+        }
+    }
+
+    /// Updates one pod; returns the CPU seconds it added. A pod that was not live in the
+    /// previous list restarts its integration: nothing is known of the gap, so nothing is
+    /// added for it.
+    fn fold(&mut self, uid: &str, at: Timestamp, report: &Report<'_>, was_live: bool) -> f64 {
         let pod = report.pod;
         let status = pod.status.as_ref();
         let start_time = status
@@ -200,8 +226,14 @@ impl UsageLedger {
             live: true,
             containers: Vec::new(),
         });
-        let seconds = super::context::elapsed(entry.at, at).as_secs_f64();
-        entry.at = at;
+        let seconds = if was_live {
+            super::context::elapsed(entry.at, at).as_secs_f64()
+        } else {
+            0.0
+        };
+        // A clock that goes back must not move the base back (the next sample would count
+        // the same time twice).
+        entry.at = entry.at.max(at);
         entry.live = true;
         entry.start_time = start_time.or(entry.start_time);
         let mut added = 0.0;
@@ -227,12 +259,13 @@ impl UsageLedger {
                     added += increment;
                     known.cpu_cores = sample.cpu_cores;
                     known.memory_bytes = sample.memory_bytes;
-                    known.start_time = container_start.or(known.start_time);
+                    known.start_time = Some(counted_from(container_start, known.counting_since));
                 }
                 // The first report starts the count: nothing is known of the time before.
                 None => entry.containers.push(ContainerUsage {
                     name: container.name.clone(),
-                    start_time: container_start,
+                    start_time: Some(counted_from(container_start, at)),
+                    counting_since: at,
                     cpu_seconds: 0.0,
                     cpu_cores: sample.cpu_cores,
                     memory_bytes: sample.memory_bytes,
@@ -392,6 +425,44 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_list_leaves_every_pod_out_and_a_gap_adds_nothing() {
+        let a = pod("a", "2");
+        let existing: HashSet<String> = ["a".into()].into();
+        let busy = share(0.5);
+        let report = || Report {
+            pod: &a,
+            usage: &busy,
+            started_at: None,
+        };
+        let mut ledger = UsageLedger::default();
+        ledger.observe(at(0), [report()], &existing);
+        ledger.observe(at(10), [report()], &existing);
+        assert_eq!(ledger.live()[0].containers[0].cpu_seconds, 10.0);
+
+        // RunPod is down: the lists fail, the old report is not served as live.
+        ledger.stale();
+        assert!(ledger.live().is_empty());
+        assert_eq!(ledger.node().unwrap().cpu_cores, 0.0);
+
+        // Back 10 minutes later: the count restarts, it does not jump by 600 s.
+        ledger.observe(at(610), [report()], &existing);
+        assert_eq!(ledger.live()[0].containers[0].cpu_seconds, 10.0);
+        assert_eq!(ledger.node().unwrap().cpu_seconds, 10.0);
+        ledger.observe(at(620), [report()], &existing);
+        assert_eq!(ledger.live()[0].containers[0].cpu_seconds, 20.0);
+
+        // A pod missing from one list restarts as well.
+        ledger.observe(at(630), [], &existing);
+        ledger.observe(at(1230), [report()], &existing);
+        assert_eq!(ledger.live()[0].containers[0].cpu_seconds, 20.0);
+
+        // A clock that goes back keeps the later base: no time counted twice.
+        ledger.observe(at(1200), [report()], &existing);
+        ledger.observe(at(1240), [report()], &existing);
+        assert_eq!(ledger.live()[0].containers[0].cpu_seconds, 30.0);
+    }
+
+    #[test]
     fn start_times_come_from_kubernetes_else_the_instance() {
         let mut bare = pod("c", "1");
         bare.status = None;
@@ -408,7 +479,25 @@ mod tests {
         );
         let live = ledger.live();
         assert_eq!(live[0].start_time, Some(at(-60)));
-        assert_eq!(live[0].containers[0].start_time, Some(at(-60)));
+        // The CPU count starts with this process's first report: that is the container's
+        // start as far as a cumulative counter goes (a restarted controller is a new start,
+        // never a counter going back).
+        assert_eq!(live[0].containers[0].start_time, Some(at(0)));
+        ledger.observe(
+            at(10),
+            [Report {
+                pod: &bare,
+                usage: &usage,
+                started_at: Some(at(-60)),
+            }],
+            &["c".to_owned()].into(),
+        );
+        assert_eq!(ledger.live()[0].containers[0].start_time, Some(at(0)));
+        assert_eq!(
+            counted_from(Some(at(50)), at(0)),
+            at(50),
+            "a later real start"
+        );
         assert!(UsageLedger::default().node().is_none());
     }
 }

@@ -67,7 +67,24 @@ pub fn pod_figures(pairs: &[(&Arc<Pod>, &Instance)], provider: &str) -> Vec<PodF
         .collect()
 }
 
-/// The longest wait, from creation, of a pod on the node with no running instance yet.
+/// When the pod's wait on this node began: its `PodScheduled` condition's transition (an
+/// offloaded pod waited on its own node first), else its creation.
+fn waiting_since(pod: &Pod) -> Option<Timestamp> {
+    let scheduled = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|conditions| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+        })
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0);
+    scheduled.or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+/// The longest wait, from scheduling onto the node, of a pod with no running instance yet.
 pub fn longest_wait(
     pods: &HashMap<String, Arc<Pod>>,
     snapshot: &Snapshot,
@@ -85,10 +102,18 @@ pub fn longest_wait(
             // Pods already Running in Kubernetes (a list lagging behind) are not waiting.
             pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running")
         })
-        .filter_map(|(_, pod)| pod.metadata.creation_timestamp.as_ref())
-        .map(|created| elapsed(created.0, now))
+        .filter_map(|(_, pod)| waiting_since(pod))
+        .map(|since| elapsed(since, now))
         .max()
         .unwrap_or_default()
+}
+
+/// Removes the GPU series of `shown` (their cost, a price rather than a report, stays).
+fn drop_gpu_series(metrics: &ControllerMetrics, shown: &HashSet<PodLabels>) {
+    for labels in shown {
+        metrics.pod_gpu_utilization.remove(labels);
+        metrics.pod_gpu_memory_utilization.remove(labels);
+    }
 }
 
 /// State kept between lists by the poller; lost on restart, which restarts idle windows.
@@ -133,6 +158,13 @@ impl UsageWatch {
             .metrics
             .provisioning_longest_wait
             .set(longest_wait(&by_uid, snapshot, Timestamp::now()).as_secs_f64());
+    }
+
+    /// A list failed: no pod has a live report, so the kubelet API leaves every pod out and
+    /// the per-pod GPU series go (an HPA must not act on figures frozen by a RunPod outage).
+    pub fn outage<P: Provider>(&mut self, shared: &Shared<P>) {
+        shared.usage_ledger().stale();
+        drop_gpu_series(&shared.metrics, &self.shown);
     }
 
     /// Sets each pod's series and removes those of pods no longer shown.
@@ -322,6 +354,19 @@ mod tests {
             longest_wait(&pods, &snapshot, now),
             std::time::Duration::from_secs(600)
         );
+        // An offloaded pod, created an hour ago, waited on its own node until bound here 2
+        // minutes ago: its wait here is 2 minutes.
+        let mut offloaded: Pod = (*pod("moved", "Pending", "2026-01-01T00:00:00Z")).clone();
+        offloaded.status.as_mut().unwrap().conditions = Some(
+            serde_json::from_value(json!([{"type": "PodScheduled", "status": "True",
+                "lastTransitionTime": "2026-01-01T00:58:00Z"}]))
+            .unwrap(),
+        );
+        let moved: HashMap<String, Arc<Pod>> = [("moved".to_owned(), Arc::new(offloaded))].into();
+        assert_eq!(
+            longest_wait(&moved, &snapshot, now),
+            std::time::Duration::from_secs(120)
+        );
         assert_eq!(
             longest_wait(&HashMap::new(), &snapshot, now),
             std::time::Duration::ZERO
@@ -351,6 +396,11 @@ mod tests {
             prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
             text.lines().filter(|l| !l.starts_with('#')).count()
         };
+        watch.show(&metrics, &[figure("a"), figure("b")]);
+        assert_eq!(count(&metrics), 6);
+        // A failed list: the GPU series go, the prices stay.
+        drop_gpu_series(&metrics, &watch.shown);
+        assert_eq!(count(&metrics), 2);
         watch.show(&metrics, &[figure("a"), figure("b")]);
         assert_eq!(count(&metrics), 6);
         watch.show(&metrics, &[figure("b")]);

@@ -150,6 +150,76 @@ fn alert_rules_pass_promtool_and_their_unit_tests() {
     }
 }
 
+/// Alerts without the chart's ServiceMonitors: the scrape job is the user's own, so no rule
+/// may depend on `up` or the chart's job names (the node-not-Ready alert would fire forever,
+/// the certificate alert never).
+#[test]
+fn alert_rules_without_the_service_monitors_use_no_job() {
+    let rules = rule_file(&["runpod.apiKey=k", "monitoring.prometheusRule.enabled=true"]);
+    let text = serde_yaml::to_string(&rules).unwrap();
+    assert!(!text.contains("up{"), "{text}");
+    assert!(!text.contains("job="), "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rules.yaml"), &text).unwrap();
+    // Scraped under a job of the user's own: a leading controller is Ready, an expiring
+    // certificate alerts.
+    let tests = r#"
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'runpod_kubelet_leader{job="mine",namespace="runpod-system",instance="a"}'
+        values: '1x30'
+      - series: 'runpod_kubelet_certificate_expiry_timestamp_seconds{job="mine",namespace="runpod-system",instance="b"}'
+        values: '518400x30'
+    alert_rule_test:
+      - eval_time: 20m
+        alertname: RunPodKubeletVirtualNodeNotReady
+        exp_alerts: []
+      - eval_time: 0m
+        alertname: RunPodKubeletWebhookCertificateExpiring
+        exp_alerts:
+          - exp_labels: {severity: warning, namespace: runpod-system}
+            exp_annotations:
+              summary: The webhook's serving certificate expires in 6d 0h 0m 0s
+              description: >-
+                Rotation has not happened: check the certs CronJob (or cert-manager). Once it
+                expires the apiserver cannot call the webhook and burst pods are refused.
+  - interval: 1m
+    input_series:
+      - series: 'runpod_kubelet_leader{job="mine",namespace="runpod-system",instance="a"}'
+        values: '0x30'
+    alert_rule_test:
+      - eval_time: 10m
+        alertname: RunPodKubeletVirtualNodeNotReady
+        exp_alerts:
+          - exp_labels: {severity: critical, namespace: runpod-system}
+            exp_annotations:
+              summary: The virtual node virtual-runpod is not Ready
+              description: >-
+                No runpod-kubelet controller is up and leading, so the virtual node's Lease is
+                not renewed: new burst pods wait, and running ones keep billing unwatched.
+"#;
+    std::fs::write(dir.path().join("t.yaml"), tests).unwrap();
+    for args in [
+        ["check", "rules", "rules.yaml"],
+        ["test", "rules", "t.yaml"],
+    ] {
+        let out = Command::new(promtool())
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn the_spend_alert_follows_its_value() {
     let mut sets = ALL_ON.to_vec();
@@ -192,5 +262,21 @@ fn the_dashboard_is_labelled_for_the_sidecar_and_has_every_row() {
         let targets = panel["targets"].as_array().unwrap();
         assert!(!targets.is_empty(), "{panel}");
         assert!(targets.iter().all(|t| t["expr"].is_string()), "{panel}");
+    }
+    // Only the leader reports the API's state; a standby exports 0, so the figure is the
+    // leader's, never a min over the replicas.
+    let exprs: Vec<&str> = panels
+        .iter()
+        .filter_map(|p| p["targets"].as_array())
+        .flatten()
+        .filter_map(|t| t["expr"].as_str())
+        .filter(|e| e.contains("runpod_kubelet_cloud_api_available"))
+        .collect();
+    assert!(!exprs.is_empty());
+    for expr in exprs {
+        assert!(
+            expr.contains("runpod_kubelet_leader == 1") && !expr.contains("min("),
+            "{expr}"
+        );
     }
 }

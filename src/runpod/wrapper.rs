@@ -387,7 +387,23 @@ mod tests {
         signal: &str,
     ) -> std::process::Output {
         use std::process::Stdio;
-        let wrapper = under(shell, argv)
+        let mut command = under(shell, argv);
+        if signal == "INT" {
+            // A container's PID 1 starts with default signal dispositions; a test run from a
+            // background job inherits INT ignored, which a shell then cannot trap (POSIX).
+            // perl resets it and execs the wrapper in its place (same PID).
+            let mut reset = std::process::Command::new("perl");
+            reset
+                .args([
+                    "-e",
+                    r#"$SIG{INT} = "DEFAULT"; exec @ARGV or die "exec: $!""#,
+                    "--",
+                ])
+                .arg(command.get_program())
+                .args(command.get_args());
+            command = reset;
+        }
+        let wrapper = command
             .env_remove("RUNPOD_POD_ID")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

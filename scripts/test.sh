@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 
 bash scripts/prerequisites.sh
 
+# Incremental artefacts double the size of a test build and help only an edit-compile loop.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 echo "== format and lint"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings

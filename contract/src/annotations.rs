@@ -37,7 +37,7 @@ pub const OFFLOAD: &str = "runpod.io/offload";
 pub const MAX_PENDING_TIME: &str = "runpod.io/max-pending-time";
 
 /// Annotations a user may set on a pod or its owning Job; pod first, then Job.
-pub const USER_ANNOTATIONS: [&str; 13] = [
+pub const USER_ANNOTATIONS: [&str; 20] = [
     REQUIRED_GPU_MEMORY,
     GPU_TYPES,
     MAX_PRICE,
@@ -51,6 +51,13 @@ pub const USER_ANNOTATIONS: [&str; 13] = [
     MANAGED,
     OFFLOAD,
     MAX_PENDING_TIME,
+    crate::provider::PROVIDER,
+    crate::vastai::GPU_TYPE,
+    crate::vastai::GPU_FALLBACKS,
+    crate::vastai::PRICE_MAX,
+    crate::vastai::REGION,
+    crate::vastai::MEMORY,
+    crate::vastai::DISK,
 ];
 
 pub const POD_ID: &str = "runpod.io/pod-id";
@@ -69,8 +76,9 @@ pub const CREATE_REQUESTED: &str = "runpod.io/create-requested";
 pub const ENDED: &str = "runpod.io/ended";
 
 /// Annotations only the controller writes; the webhook removes them from new pods.
-pub const CONTROLLER_ANNOTATIONS: [&str; 7] = [
+pub const CONTROLLER_ANNOTATIONS: [&str; 8] = [
     POD_ID,
+    crate::vastai::INSTANCE_ID,
     COST_PER_HR,
     GPU_TYPE,
     DATACENTER,

@@ -58,6 +58,14 @@ impl<'a> Effective<'a> {
         self.values.get(key)
     }
 
+    /// Every value in force, as a plain map (for readers that take annotations).
+    pub fn values(&self) -> BTreeMap<String, String> {
+        self.values
+            .iter()
+            .map(|(key, sourced)| ((*key).to_owned(), sourced.value.to_owned()))
+            .collect()
+    }
+
     /// Values inherited from the Job, to be written on the pod.
     pub fn inherited_from_job(&self) -> impl Iterator<Item = (&'static str, &'a str)> + '_ {
         self.values
@@ -92,6 +100,26 @@ pub fn validate_annotations(effective: &Effective<'_>) -> Vec<String> {
                 contract::DISK => contract::parse_disk(value).map(drop),
                 contract::MANAGED | contract::OFFLOAD => contract::parse_flag(value).map(drop),
                 contract::MAX_PENDING_TIME => contract::parse_max_pending_time(value).map(drop),
+                contract::provider::PROVIDER => {
+                    contract::provider::ProviderChoice::parse(value).map(drop)
+                }
+                contract::vastai::MEMORY | contract::vastai::DISK => {
+                    contract::vastai::parse_gb(value).map(drop)
+                }
+                contract::vastai::PRICE_MAX => contract::parse_price(value).map(drop),
+                contract::vastai::GPU_FALLBACKS => contract::split_list(value).map(drop),
+                contract::vastai::REGION => contract::vastai::Region::parse(value)
+                    .map(drop)
+                    .ok_or_else(|| {
+                        format!(
+                            "{value:?} is not one of {}",
+                            contract::vastai::Region::ALL
+                                .iter()
+                                .map(|r| r.name())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    }),
                 // Burst mode is judged when the mode is resolved; ids only need to be non-empty.
                 _ => Ok(()),
             }
@@ -144,6 +172,31 @@ pub fn unsupported_shape(pod: &PodView) -> Vec<String> {
         }
     }
     problems
+}
+
+/// What Vast.ai cannot run beyond [`unsupported_shape`]: its instances get no files from the
+/// controller (no wrapper writes them: an env entry holds at most 256 characters there), so a
+/// container that mounts anything but the service-account token is refused.
+pub fn vastai_unsupported_shape(pod: &PodView) -> Vec<String> {
+    let Some(container) = pod.spec.as_ref().and_then(|spec| spec.containers.first()) else {
+        return Vec::new();
+    };
+    let mounts: Vec<&str> = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| m.mount_path.trim_end_matches('/') != SERVICE_ACCOUNT_MOUNT)
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    if mounts.is_empty() {
+        return Vec::new();
+    }
+    vec![format!(
+        "it mounts volumes ({}), which Vast.ai instances cannot receive; pass the values as \
+         env or use {}: runpod",
+        mounts.join(", "),
+        contract::provider::PROVIDER
+    )]
 }
 
 /// Where the kubelet mounts the service-account token; the controller does not ship it.

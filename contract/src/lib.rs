@@ -8,6 +8,7 @@ pub mod checks;
 pub mod env;
 pub mod pod;
 pub mod policy;
+pub mod provider;
 pub mod vastai;
 
 pub use annotations::*;

@@ -20,6 +20,8 @@ pub struct PolicyConfig {
     pub max_gpu_price: Option<f64>,
     /// Namespaces whose pods are never touched (the chart's own); `kube-system` always is.
     pub excluded_namespaces: BTreeSet<String>,
+    /// Where Vast.ai pods may run and what they may cost (`--vastai-*`, `--max-gpu-price`).
+    pub vastai: crate::vastai::VastPolicy,
 }
 
 impl PolicyConfig {
@@ -44,6 +46,10 @@ impl PolicyConfig {
             allowed_datacenters: trimmed(datacenter_ids),
             max_gpu_price: Some(max_gpu_price),
             excluded_namespaces: excluded,
+            vastai: crate::vastai::VastPolicy {
+                max_gpu_price: Some(max_gpu_price),
+                ..crate::vastai::VastPolicy::default()
+            },
         }
     }
 }

@@ -19,6 +19,7 @@ use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
 use crate::policy::OwningJob;
+use runpod_contract::provider::Cloud;
 
 /// A lookup that could not be answered; the review is refused as retryable.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +50,11 @@ pub trait ClusterView: Send + Sync + 'static {
     fn cheapest_gpu_prices(&self) -> BTreeMap<String, f64> {
         BTreeMap::new()
     }
+    /// The lowest price per GPU-hour each cloud's virtual nodes publish, for
+    /// `runpod.io/provider: cheapest`; a cloud without a published price is absent.
+    fn cheapest_by_cloud(&self) -> BTreeMap<Cloud, f64> {
+        BTreeMap::new()
+    }
 }
 
 const DIRECT_GET_TIMEOUT: Duration = Duration::from_secs(3);
@@ -77,9 +83,9 @@ impl KubeCluster {
         let node_stream = watcher(
             Api::<PartialObjectMeta<Node>>::all(client.clone()),
             watcher::Config::default().labels(&format!(
-                "{}={}",
+                "{} in ({})",
                 crate::contract::PROVIDER_TAINT_KEY,
-                crate::contract::PROVIDER_TAINT_VALUE
+                Cloud::ALL.map(Cloud::as_str).join(",")
             )),
         )
         .default_backoff()
@@ -194,13 +200,47 @@ impl ClusterView for KubeCluster {
 
     fn cheapest_gpu_prices(&self) -> BTreeMap<String, f64> {
         lowest_prices(self.nodes.state().iter().filter_map(|node| {
-            node.metadata
-                .annotations
-                .as_ref()?
-                .get(crate::contract::CHEAPEST_GPU_PRICE)
-                .map(|value| crate::contract::parse_cheapest_prices(value))
+            (node_cloud(&node.metadata) == Some(Cloud::RunPod))
+                .then(|| published_prices(&node.metadata))
+                .flatten()
         }))
     }
+
+    fn cheapest_by_cloud(&self) -> BTreeMap<Cloud, f64> {
+        let mut lowest: BTreeMap<Cloud, f64> = BTreeMap::new();
+        for node in self.nodes.state() {
+            let Some(cloud) = node_cloud(&node.metadata) else {
+                continue;
+            };
+            let Some(price) = published_prices(&node.metadata)
+                .and_then(|prices| prices.into_values().min_by(f64::total_cmp))
+            else {
+                continue;
+            };
+            lowest
+                .entry(cloud)
+                .and_modify(|current| *current = current.min(price))
+                .or_insert(price);
+        }
+        lowest
+    }
+}
+
+/// The cloud a virtual node of ours serves, from its provider label.
+fn node_cloud(metadata: &kube::core::ObjectMeta) -> Option<Cloud> {
+    metadata
+        .labels
+        .as_ref()?
+        .get(crate::contract::PROVIDER_TAINT_KEY)
+        .and_then(|value| Cloud::parse(value))
+}
+
+fn published_prices(metadata: &kube::core::ObjectMeta) -> Option<BTreeMap<String, f64>> {
+    metadata
+        .annotations
+        .as_ref()?
+        .get(crate::contract::CHEAPEST_GPU_PRICE)
+        .map(|value| crate::contract::parse_cheapest_prices(value))
 }
 
 /// The caches keep metadata only for labels and annotations; managedFields (often the largest
@@ -265,6 +305,10 @@ impl<T: ClusterView> ClusterView for Arc<T> {
     fn cheapest_gpu_prices(&self) -> BTreeMap<String, f64> {
         T::cheapest_gpu_prices(self)
     }
+
+    fn cheapest_by_cloud(&self) -> BTreeMap<Cloud, f64> {
+        T::cheapest_by_cloud(self)
+    }
 }
 
 /// A [`ClusterView`] held in memory: for fuzzing, tests and benchmarks of the policy path
@@ -280,6 +324,8 @@ pub struct MemoryCluster {
     pub fail_lookups: bool,
     /// What the virtual node publishes as the cheapest GPU prices.
     pub cheapest_gpu_prices: BTreeMap<String, f64>,
+    /// What each cloud's virtual nodes publish, lowest per cloud.
+    pub cheapest_by_cloud: BTreeMap<Cloud, f64>,
 }
 
 impl ClusterView for MemoryCluster {
@@ -321,5 +367,9 @@ impl ClusterView for MemoryCluster {
 
     fn cheapest_gpu_prices(&self) -> BTreeMap<String, f64> {
         self.cheapest_gpu_prices.clone()
+    }
+
+    fn cheapest_by_cloud(&self) -> BTreeMap<Cloud, f64> {
+        self.cheapest_by_cloud.clone()
     }
 }

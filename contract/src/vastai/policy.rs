@@ -22,6 +22,20 @@ pub struct VastPolicy {
     pub max_gpu_price: Option<f64>,
 }
 
+impl Default for VastPolicy {
+    /// The flags' defaults: anywhere, verified hosts only, reliability 0.98, no price cap.
+    fn default() -> Self {
+        VastPolicy {
+            countries: None,
+            allowed: "anywhere".to_owned(),
+            datacenter_only: false,
+            verified_only: true,
+            min_reliability: 0.98,
+            max_gpu_price: None,
+        }
+    }
+}
+
 impl VastPolicy {
     /// `--vastai-regions` or `--vastai-countries` (not both), `--vastai-datacenter-only`,
     /// `--vastai-verified-only`, `--vastai-min-reliability`, `--max-gpu-price`.

@@ -24,6 +24,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         allowed_datacenters: vec!["EU-RO-1".into()],
         max_gpu_price: Some(0.5),
         excluded_namespaces: ["kube-system".to_owned()].into(),
+        vastai: Default::default(),
     };
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread().build() else {
         return;

@@ -15,6 +15,7 @@ pub use checks::{detect_ports, gpu_count};
 pub use mutation::Mutation;
 use runpod_contract::checks;
 pub use runpod_contract::policy::{OwningJob, PolicyConfig, Untouched, cannot_run, opt_in, screen};
+use runpod_contract::provider::{self, Cloud, ProviderChoice};
 
 /// What the cluster knows about the pod's surroundings, looked up by the caller.
 #[derive(Debug, Clone, Default)]
@@ -25,6 +26,9 @@ pub struct Context {
     /// Cheapest GPU price per cloud type (USD per GPU-hour) as the virtual node publishes it;
     /// empty when no node has published one yet.
     pub cheapest_gpu_price: BTreeMap<String, f64>,
+    /// The lowest price per GPU-hour each cloud's virtual nodes publish, for
+    /// `runpod.io/provider: cheapest`.
+    pub cheapest_by_cloud: BTreeMap<Cloud, f64>,
 }
 
 /// The decision for one pod.
@@ -116,7 +120,20 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     if !invalid.is_empty() {
         return deny_invalid(pod, namespace, invalid);
     }
+    // A choice `cheapest` made is recorded on the pod, so a later review keeps it.
+    let (cloud, chose_cheapest) =
+        match resolve_cloud(&effective, &context.namespace_labels, namespace, context) {
+            Ok((cloud, warning)) => {
+                let chose_cheapest = warning.is_some();
+                warnings.extend(warning);
+                (cloud, chose_cheapest)
+            }
+            Err(problem) => return deny_invalid(pod, namespace, vec![problem]),
+        };
     let mut unsupported = checks::unsupported_shape(pod);
+    if cloud == Cloud::VastAi {
+        unsupported.extend(checks::vastai_unsupported_shape(pod));
+    }
     // Detected ports are not the user's value: too many of them make a pod RunPod cannot run,
     // judged per mode like the other shapes (an explicit annotation was validated above).
     let mut port_warnings = Vec::new();
@@ -144,7 +161,18 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
         ));
         return untouched(mutation, warnings, Untouched::CannotBurst);
     }
-    let forbidden = checks::policy_violations(&effective, gpus, config);
+    let forbidden = match cloud {
+        Cloud::RunPod => checks::policy_violations(&effective, gpus, config),
+        Cloud::VastAi => {
+            match runpod_contract::vastai::requirements(&effective.values(), gpus, &config.vastai) {
+                Ok(_) => Vec::new(),
+                Err(problems) => problems
+                    .into_iter()
+                    .map(|problem| format!("annotation {problem}"))
+                    .collect(),
+            }
+        }
+    };
     if !forbidden.is_empty() {
         return Verdict::Deny {
             code: 403,
@@ -153,8 +181,9 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
         };
     }
 
-    if let Some(warning) =
-        checks::cap_below_market(&effective, gpus, config, &context.cheapest_gpu_price)
+    if cloud == Cloud::RunPod
+        && let Some(warning) =
+            checks::cap_below_market(&effective, gpus, config, &context.cheapest_gpu_price)
     {
         warnings.push(warning);
     }
@@ -178,8 +207,18 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
             .set_annotations
             .insert(contract::BURST_MODE.to_owned(), mode.as_str().to_owned());
     }
+    // The cloud is written on the pod (the controllers' offloaders and users read it there)
+    // unless it is the default and nothing else was asked for.
+    let asked = pod_annotations.get(provider::PROVIDER).map(String::as_str);
+    let inherited = mutation.set_annotations.contains_key(provider::PROVIDER);
+    let differs = asked != Some(cloud.as_str());
+    if inherited || (differs && (cloud != Cloud::RunPod || asked.is_some() || chose_cheapest)) {
+        mutation
+            .set_annotations
+            .insert(provider::PROVIDER.to_owned(), cloud.as_str().to_owned());
+    }
     warnings.extend(port_warnings);
-    mutation::schedule_onto_runpod(pod, placement, &mut mutation, &mut warnings);
+    mutation::schedule_onto_cloud(pod, placement, cloud, &mut mutation, &mut warnings);
     Verdict::Allow {
         mutation,
         warnings,
@@ -228,6 +267,40 @@ fn resolve_mode(
             )
         }),
     }
+}
+
+/// The cloud of a burst pod: the effective annotation (pod, then Job), else the namespace
+/// label, else RunPod; `cheapest` picks by the prices the virtual nodes publish, with a warning
+/// saying which and why.
+fn resolve_cloud(
+    effective: &checks::Effective<'_>,
+    namespace_labels: &BTreeMap<String, String>,
+    namespace: &str,
+    context: &Context,
+) -> Result<(Cloud, Option<String>), String> {
+    let choice = match effective.get(provider::PROVIDER) {
+        // Validated with the other annotations.
+        Some(sourced) => ProviderChoice::parse(sourced.value)
+            .map_err(|problem| format!("annotation {}: {problem}", provider::PROVIDER))?,
+        None => match namespace_labels.get(provider::PROVIDER) {
+            None => ProviderChoice::Cloud(Cloud::RunPod),
+            Some(value) => ProviderChoice::parse(value).map_err(|problem| {
+                format!(
+                    "namespace {namespace} has label {}: {problem}; fix the namespace label or \
+                     set the pod annotation {}",
+                    provider::PROVIDER,
+                    provider::PROVIDER
+                )
+            })?,
+        },
+    };
+    Ok(match choice {
+        ProviderChoice::Cloud(cloud) => (cloud, None),
+        ProviderChoice::Cheapest => {
+            let (cloud, why) = provider::cheapest(&context.cheapest_by_cloud);
+            (cloud, Some(why))
+        }
+    })
 }
 
 /// Whether a flag annotation is in force; a malformed value is not, and is refused later by

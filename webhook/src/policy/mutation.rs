@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use crate::contract::{self, BurstMode};
 use crate::pod::{NodeSelectorTermView, PodView, PreferredTermView, TolerationView};
+use runpod_contract::provider::Cloud;
 
 /// Changes to make to a pod; the default changes nothing.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -14,6 +15,8 @@ pub struct Mutation {
     pub set_annotations: BTreeMap<String, String>,
     pub remove_annotations: Vec<String>,
     pub add_toleration: bool,
+    /// The cloud whose virtual node the toleration and node selector name.
+    pub cloud: Cloud,
     pub set_node_selector: BTreeMap<String, String>,
     pub prefer_local_nodes: bool,
     /// Indices in `spec.tolerations` to remove (what an earlier review of ours added).
@@ -63,7 +66,7 @@ impl Mutation {
                 &mut ops,
                 &["spec", "tolerations"],
                 present,
-                provider_toleration_json(),
+                provider_toleration_json(self.cloud),
             );
         }
         if !self.set_node_selector.is_empty() {
@@ -134,9 +137,10 @@ impl Mutation {
 const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
 
 /// Adds what makes the scheduler place the pod per its mode, skipping what is already there.
-pub(super) fn schedule_onto_runpod(
+pub(super) fn schedule_onto_cloud(
     pod: &PodView,
     mode: BurstMode,
+    cloud: Cloud,
     mutation: &mut Mutation,
     warnings: &mut Vec<String>,
 ) {
@@ -145,12 +149,15 @@ pub(super) fn schedule_onto_runpod(
         .and_then(|s| s.tolerations.as_deref())
         .unwrap_or_default();
     // `delayed` pods wait for a local GPU: the offloader adds the toleration when it moves them.
+    mutation.cloud = cloud;
     mutation.add_toleration = matches!(mode, BurstMode::Always | BurstMode::Fallback)
-        && !tolerations.iter().any(tolerates_provider_taint);
+        && !tolerations
+            .iter()
+            .any(|t| tolerates_provider_taint(t, cloud));
     match mode {
         BurstMode::Always => {
             let existing = spec.and_then(|s| s.node_selector.as_ref());
-            for (key, value) in OUR_NODE_SELECTOR {
+            for (key, value) in our_node_selector(cloud) {
                 match existing.and_then(|selector| selector.get(key)) {
                     Some(current) if current == value => {}
                     current => {
@@ -190,7 +197,11 @@ pub(super) fn schedule_onto_runpod(
 pub(super) fn is_our_toleration(toleration: &TolerationView) -> bool {
     toleration.key.as_deref() == Some(contract::PROVIDER_TAINT_KEY)
         && toleration.operator.as_deref() == Some("Equal")
-        && toleration.value.as_deref() == Some(contract::PROVIDER_TAINT_VALUE)
+        && toleration
+            .value
+            .as_deref()
+            .and_then(Cloud::parse)
+            .is_some_and(|cloud| toleration.value.as_deref() == Some(cloud.as_str()))
         && toleration.effect.as_deref() == Some("NoSchedule")
         && toleration.toleration_seconds.is_none()
 }
@@ -214,14 +225,16 @@ fn is_our_preference_term(term: &NodeSelectorTermView) -> bool {
             .is_some_and(|values| values == [contract::NODE_TYPE_VALUE])
 }
 
-/// The node selector entries `always` mode adds.
-pub(super) const OUR_NODE_SELECTOR: [(&str, &str); 2] = [
-    (contract::NODE_TYPE_LABEL, contract::NODE_TYPE_VALUE),
-    (contract::PROVIDER_TAINT_KEY, contract::PROVIDER_TAINT_VALUE),
-];
+/// The node selector entries `always` mode adds for `cloud`.
+pub(super) fn our_node_selector(cloud: Cloud) -> [(&'static str, &'static str); 2] {
+    [
+        (contract::NODE_TYPE_LABEL, contract::NODE_TYPE_VALUE),
+        (contract::PROVIDER_TAINT_KEY, cloud.as_str()),
+    ]
+}
 
-/// Kubernetes' toleration matching, for the provider's NoSchedule taint.
-fn tolerates_provider_taint(toleration: &TolerationView) -> bool {
+/// Kubernetes' toleration matching, for the NoSchedule taint of `cloud`'s node.
+fn tolerates_provider_taint(toleration: &TolerationView, cloud: Cloud) -> bool {
     let effect_matches = toleration
         .effect
         .as_deref()
@@ -233,18 +246,18 @@ fn tolerates_provider_taint(toleration: &TolerationView) -> bool {
         (false, "Exists") => key == contract::PROVIDER_TAINT_KEY,
         (false, "Equal") => {
             key == contract::PROVIDER_TAINT_KEY
-                && toleration.value.as_deref().unwrap_or_default() == contract::PROVIDER_TAINT_VALUE
+                && toleration.value.as_deref().unwrap_or_default() == cloud.as_str()
         }
         _ => false,
     };
     effect_matches && key_matches
 }
 
-fn provider_toleration_json() -> Value {
+fn provider_toleration_json(cloud: Cloud) -> Value {
     json!({
         "key": contract::PROVIDER_TAINT_KEY,
         "operator": "Equal",
-        "value": contract::PROVIDER_TAINT_VALUE,
+        "value": cloud.as_str(),
         "effect": "NoSchedule",
     })
 }

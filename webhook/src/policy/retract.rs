@@ -4,6 +4,7 @@
 //! node selection we added would still let it onto the virtual node.
 
 use crate::pod::PodView;
+use runpod_contract::provider::Cloud;
 
 use super::mutation::{self, Mutation};
 
@@ -43,18 +44,22 @@ pub(super) fn earlier_review(pod: &PodView) -> Option<EarlierReview> {
         .map(|(index, _)| index)
         .collect();
     let selector = spec.node_selector.as_ref();
-    let pinned = mutation::OUR_NODE_SELECTOR.iter().all(|(key, value)| {
-        selector
-            .and_then(|selector| selector.get(*key))
-            .is_some_and(|current| current == value)
+    let pinned_to = Cloud::ALL.into_iter().find(|cloud| {
+        mutation::our_node_selector(*cloud)
+            .iter()
+            .all(|(key, value)| {
+                selector
+                    .and_then(|selector| selector.get(*key))
+                    .is_some_and(|current| current == value)
+            })
     });
-    let node_selector = if pinned {
-        mutation::OUR_NODE_SELECTOR
+    let pinned = pinned_to.is_some();
+    let node_selector = match pinned_to {
+        Some(cloud) => mutation::our_node_selector(cloud)
             .iter()
             .map(|(key, _)| (*key).to_owned())
-            .collect()
-    } else {
-        Vec::new()
+            .collect(),
+        None => Vec::new(),
     };
     let ours = !tolerations.is_empty() && (!preferred_terms.is_empty() || pinned);
     ours.then_some(EarlierReview {

@@ -11,6 +11,7 @@ fn config() -> PolicyConfig {
         allowed_datacenters: vec!["EU-RO-1".into(), "US-TX-3".into()],
         max_gpu_price: Some(0.5),
         excluded_namespaces: ["kube-system".to_owned()].into(),
+        vastai: Default::default(),
     }
 }
 
@@ -19,6 +20,7 @@ fn labelled_namespace() -> Context {
         namespace_labels: [(contract::BURST_LABEL.to_owned(), "enabled".to_owned())].into(),
         job: None,
         cheapest_gpu_price: BTreeMap::new(),
+        cheapest_by_cloud: BTreeMap::new(),
     }
 }
 
@@ -1417,3 +1419,5 @@ fn cheapest_prices_round_trip_through_the_node_annotation() {
     assert_eq!(parsed, prices.into_iter().collect());
     assert!(contract::parse_cheapest_prices("SECURE=-1,COMMUNITY=NaN,=").is_empty());
 }
+
+mod provider;

@@ -230,5 +230,6 @@ pub fn policy() -> PolicyConfig {
         allowed_datacenters: vec!["EU-RO-1".into()],
         max_gpu_price: Some(0.5),
         excluded_namespaces: ["kube-system".to_owned()].into(),
+        vastai: Default::default(),
     }
 }

@@ -1,0 +1,175 @@
+//! Which cloud a burst pod goes to (`runpod.io/provider`), and the Vast.ai policy at admission.
+
+use runpod_contract::provider::{Cloud, PROVIDER};
+use runpod_contract::vastai::VastPolicy;
+
+use super::*;
+
+fn vast_config() -> PolicyConfig {
+    PolicyConfig {
+        vastai: VastPolicy::from_flags(
+            &["Europe".into(), "North America".into()],
+            &[],
+            false,
+            true,
+            0.98,
+            Some(0.5),
+        )
+        .unwrap(),
+        ..config()
+    }
+}
+
+fn namespace_with(provider: &str) -> Context {
+    let mut context = labelled_namespace();
+    context
+        .namespace_labels
+        .insert(PROVIDER.to_owned(), provider.to_owned());
+    context
+}
+
+fn admit_with(raw: &Value, context: &Context, config: &PolicyConfig) -> (Verdict, Value) {
+    let verdict = decide(&typed(raw), "ml", context, config);
+    let patched = match &verdict {
+        Verdict::Allow { mutation, .. } => {
+            let mut patched = raw.clone();
+            json_patch::patch(&mut patched, &patch_for(raw, mutation)).expect("patch applies");
+            patched
+        }
+        Verdict::Deny { .. } => raw.clone(),
+    };
+    (verdict, patched)
+}
+
+fn always(pod: Value) -> Value {
+    annotate(pod, contract::BURST_MODE, "always")
+}
+
+#[test]
+fn a_vastai_namespace_sends_pods_to_the_vastai_node() {
+    let (verdict, patched) = admit_with(
+        &always(gpu_pod()),
+        &namespace_with("vastai"),
+        &vast_config(),
+    );
+    assert_bursts(&verdict);
+    assert_eq!(
+        patched["spec"]["tolerations"],
+        json!([{"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "vastai", "effect": "NoSchedule"}])
+    );
+    assert_eq!(
+        patched["spec"]["nodeSelector"],
+        json!({"type": "virtual-kubelet", "virtual-kubelet.io/provider": "vastai"})
+    );
+    assert_eq!(annotations(&patched)[PROVIDER], "vastai");
+    // A second review changes nothing.
+    let again = decide(
+        &typed(&patched),
+        "ml",
+        &namespace_with("vastai"),
+        &vast_config(),
+    );
+    let Verdict::Allow { mutation, .. } = again else {
+        panic!("{again:?}")
+    };
+    assert!(patch_for(&patched, &mutation).0.is_empty());
+}
+
+#[test]
+fn runpod_pods_keep_their_patch_without_a_provider_annotation() {
+    let (_, patched) = admit_with(&gpu_pod(), &labelled_namespace(), &vast_config());
+    assert!(!annotations(&patched).contains_key(PROVIDER));
+    assert_eq!(patched["spec"]["tolerations"][0]["value"], "runpod");
+}
+
+#[test]
+fn a_forbidden_region_is_refused_naming_the_allowed_ones() {
+    let pod = annotate(always(gpu_pod()), "vast.ai/region", "Asia");
+    let (verdict, _) = admit_with(&pod, &namespace_with("vastai"), &vast_config());
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("vast.ai/region") && message.contains("Europe, North America"),
+        "{message}"
+    );
+    // The same pod on RunPod: the Vast.ai annotation is not RunPod's policy.
+    let (verdict, _) = admit_with(&pod, &labelled_namespace(), &vast_config());
+    assert_bursts(&verdict);
+}
+
+#[test]
+fn a_price_above_the_cap_and_bad_values_are_refused() {
+    let pod = annotate(always(gpu_pod()), "vast.ai/price-max", "2.0");
+    let (verdict, _) = admit_with(&pod, &namespace_with("vastai"), &vast_config());
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 403);
+    assert!(message.contains("above this cluster's limit"), "{message}");
+    let pod = annotate(always(gpu_pod()), "vast.ai/memory", "lots");
+    let (verdict, _) = admit_with(&pod, &namespace_with("vastai"), &vast_config());
+    assert_eq!(denial(&verdict).0, 422);
+    let pod = annotate(always(gpu_pod()), PROVIDER, "aws");
+    let (verdict, _) = admit_with(&pod, &labelled_namespace(), &vast_config());
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 422);
+    assert!(message.contains("runpod, vastai, cheapest"), "{message}");
+    let (verdict, _) = admit_with(&always(gpu_pod()), &namespace_with("gcp"), &vast_config());
+    assert!(
+        denial(&verdict)
+            .1
+            .contains("namespace ml has label runpod.io/provider")
+    );
+}
+
+#[test]
+fn mounted_files_are_refused_on_vastai_only() {
+    let pod = with(
+        always(gpu_pod()),
+        "/spec/containers",
+        json!([{"name": "main", "image": "pytorch/pytorch", "command": ["python"],
+                "volumeMounts": [{"name": "cfg", "mountPath": "/etc/app"}],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]),
+    );
+    let pod = with(
+        pod,
+        "/spec/volumes",
+        json!([{"name": "cfg", "configMap": {"name": "app"}}]),
+    );
+    let (verdict, _) = admit_with(&pod, &namespace_with("vastai"), &vast_config());
+    assert!(
+        denial(&verdict)
+            .1
+            .contains("Vast.ai instances cannot receive")
+    );
+    let (verdict, _) = admit_with(&pod, &labelled_namespace(), &vast_config());
+    assert_bursts(&verdict);
+}
+
+#[test]
+fn cheapest_picks_the_cloud_with_the_lower_published_price_and_says_why() {
+    let mut context = namespace_with("cheapest");
+    context.cheapest_by_cloud = [(Cloud::RunPod, 0.44), (Cloud::VastAi, 0.31)].into();
+    let (verdict, patched) = admit_with(&always(gpu_pod()), &context, &vast_config());
+    let Verdict::Allow { warnings, .. } = &verdict else {
+        panic!("{verdict:?}")
+    };
+    assert_eq!(annotations(&patched)[PROVIDER], "vastai");
+    assert_eq!(patched["spec"]["tolerations"][0]["value"], "vastai");
+    assert!(
+        warnings.iter().any(|w| w.contains("chose Vast.ai")),
+        "{warnings:?}"
+    );
+    context.cheapest_by_cloud = [(Cloud::RunPod, 0.2), (Cloud::VastAi, 0.31)].into();
+    let (_, patched) = admit_with(&always(gpu_pod()), &context, &vast_config());
+    assert_eq!(annotations(&patched)[PROVIDER], "runpod");
+    assert_eq!(
+        patched["spec"]["nodeSelector"]["virtual-kubelet.io/provider"],
+        "runpod"
+    );
+    // Once chosen, the choice stays: a later review does not move the pod.
+    context.cheapest_by_cloud = [(Cloud::RunPod, 0.9), (Cloud::VastAi, 0.31)].into();
+    let again = decide(&typed(&patched), "ml", &context, &vast_config());
+    let Verdict::Allow { mutation, .. } = again else {
+        panic!("{again:?}")
+    };
+    assert!(patch_for(&patched, &mutation).0.is_empty());
+}

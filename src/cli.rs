@@ -224,6 +224,8 @@ pub struct WebhookArgs {
     /// webhook's own namespace (`POD_NAMESPACE`) always are.
     #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
     pub exclude_namespaces: Vec<String>,
+    #[command(flatten)]
+    pub vastai_policy: runpod_kubelet::vastai::args::VastPolicyArgs,
     /// After SIGTERM, how long to keep answering reviews (with /readyz failing) before closing,
     /// so that endpoints stop routing here first.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_SHUTDOWN_DRAIN")]

@@ -16,12 +16,15 @@ use runpod_kubelet::controller::idle::IdleSettings;
 use runpod_kubelet::controller::leader::{self, ElectionConfig};
 use runpod_kubelet::controller::metrics::ControllerMetrics;
 use runpod_kubelet::controller::node::NodeConfig;
+use runpod_kubelet::controller::provider::Provider;
 use runpod_kubelet::controller::runpod_provider::RunPodProvider;
+use runpod_kubelet::controller::vastai_provider::VastaiProvider;
 use runpod_kubelet::controller::{self, Runtime, kubelet_api};
 use runpod_kubelet::runpod::args::RunPodArgs;
 use runpod_kubelet::runpod::catalogue_cache::CatalogueCache;
 use runpod_kubelet::runpod::metrics::RunPodMetrics;
 use runpod_kubelet::runpod::select::ClusterLimits;
+use runpod_kubelet::vastai::args::{VastArgs, VastPolicyArgs};
 use rustls::RootCertStore;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
@@ -84,6 +87,13 @@ pub enum ControllerCommand {
     Drain(DrainArgs),
 }
 
+/// The cloud a controller runs its node's pods on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CloudArg {
+    Runpod,
+    Vastai,
+}
+
 #[derive(Debug, Args)]
 pub struct DrainArgs {
     /// Name of the virtual node.
@@ -93,8 +103,18 @@ pub struct DrainArgs {
         env = "RUNPOD_KUBELET_NODENAME"
     )]
     pub nodename: String,
+    /// The cloud of the node (`runpod` or `vastai`).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "runpod",
+        env = "RUNPOD_KUBELET_PROVIDER"
+    )]
+    pub provider: CloudArg,
     #[command(flatten)]
     pub runpod: RunPodArgs,
+    #[command(flatten)]
+    pub vastai: VastArgs,
     /// Tag of this cluster (as given to the controller); default: the UID of kube-system.
     #[arg(long, env = "RUNPOD_KUBELET_CLUSTER_ID")]
     pub cluster_id: Option<String>,
@@ -117,8 +137,20 @@ pub struct ControllerArgs {
         env = "RUNPOD_KUBELET_NODENAME"
     )]
     pub nodename: String,
+    /// The cloud this node's pods run on: `runpod`, or `vastai` (key from `VAST_API_KEY`).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "runpod",
+        env = "RUNPOD_KUBELET_PROVIDER"
+    )]
+    pub provider: CloudArg,
     #[command(flatten)]
     pub runpod: RunPodArgs,
+    #[command(flatten)]
+    pub vastai: VastArgs,
+    #[command(flatten)]
+    pub vastai_policy: VastPolicyArgs,
     #[command(flatten)]
     pub idle: IdleGpuArgs,
     /// Datacenters RunPod pods may be placed in (comma-separated); empty allows any.
@@ -382,20 +414,6 @@ fn election(args: &ControllerArgs, internal_ip: IpAddr) -> anyhow::Result<Option
 async fn drain(args: DrainArgs) -> anyhow::Result<()> {
     let (client, _) = kube_client(args.kubeconfig.as_ref()).await?;
     let cluster_id = cluster_id(&client, args.cluster_id.as_deref()).await?;
-    let runpod_client = args
-        .runpod
-        .client()
-        .context("configuring the RunPod client")?;
-    let provider = RunPodProvider::new(
-        runpod_client,
-        CatalogueCache::new(),
-        ClusterLimits {
-            max_gpu_price: 0.0,
-            data_center_ids: vec![],
-        },
-        cluster_id.clone(),
-        args.nodename.clone(),
-    );
     tracing::info!(node = %args.nodename, cluster_id = %cluster_id, timeout = ?args.timeout, "draining");
     let config = DrainConfig {
         node_name: args.nodename.clone(),
@@ -404,7 +422,38 @@ async fn drain(args: DrainArgs) -> anyhow::Result<()> {
         poll_interval: Duration::from_secs(2),
         ack_wait: Duration::from_secs(60),
     };
-    let report = controller::drain::drain(client, &provider, &config).await?;
+    let report = match args.provider {
+        CloudArg::Runpod => {
+            let runpod_client = args
+                .runpod
+                .client()
+                .context("configuring the RunPod client")?;
+            let provider = RunPodProvider::new(
+                runpod_client,
+                CatalogueCache::new(),
+                ClusterLimits {
+                    max_gpu_price: 0.0,
+                    data_center_ids: vec![],
+                },
+                config.cluster_id.clone(),
+                args.nodename.clone(),
+            );
+            controller::drain::drain(client, &provider, &config).await?
+        }
+        CloudArg::Vastai => {
+            let vast_client = args
+                .vastai
+                .client()
+                .context("configuring the Vast.ai client")?;
+            let provider = VastaiProvider::new(
+                vast_client,
+                Default::default(),
+                config.cluster_id.clone(),
+                args.nodename.clone(),
+            );
+            controller::drain::drain(client, &provider, &config).await?
+        }
+    };
     tracing::info!(
         terminated = report.terminated.len(),
         pods_removed = report.pods_removed,
@@ -442,30 +491,97 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
     let mut registry = prometheus_client::registry::Registry::with_prefix("runpod_kubelet");
     let runpod_metrics = RunPodMetrics::register(&mut registry);
     let metrics = ControllerMetrics::register(&mut registry);
-    let runpod_client = args
-        .runpod
-        .client()
-        .context("configuring the RunPod client")?
-        .with_metrics(runpod_metrics);
-    let catalogue = CatalogueCache::new();
-    catalogue.spawn_refresher(runpod_client.clone(), Duration::from_secs(300));
-    let limits = ClusterLimits {
-        max_gpu_price: args.max_gpu_price,
-        data_center_ids: args
-            .datacenter_ids
-            .iter()
-            .map(|d| d.trim().to_owned())
-            .filter(|d| !d.is_empty())
-            .collect(),
+    let mut admission = runpod_webhook::policy::PolicyConfig::from_flags(
+        &args.exclude_namespaces,
+        &args.datacenter_ids,
+        args.max_gpu_price,
+        std::env::var("POD_NAMESPACE").ok(),
+    );
+    admission.vastai = args
+        .vastai_policy
+        .policy(args.max_gpu_price)
+        .map_err(anyhow::Error::msg)?;
+    let mut setup = Setup {
+        cluster_id,
+        internal_ip,
+        election,
+        registry,
+        metrics,
+        admission,
     };
-    let provider = Arc::new(RunPodProvider::new(
-        runpod_client,
-        catalogue,
-        limits,
-        cluster_id.clone(),
-        args.nodename.clone(),
-    ));
+    match args.provider {
+        CloudArg::Runpod => {
+            let runpod_client = args
+                .runpod
+                .client()
+                .context("configuring the RunPod client")?
+                .with_metrics(runpod_metrics);
+            let catalogue = CatalogueCache::new();
+            catalogue.spawn_refresher(runpod_client.clone(), Duration::from_secs(300));
+            let limits = ClusterLimits {
+                max_gpu_price: args.max_gpu_price,
+                data_center_ids: args
+                    .datacenter_ids
+                    .iter()
+                    .map(|d| d.trim().to_owned())
+                    .filter(|d| !d.is_empty())
+                    .collect(),
+            };
+            let provider = Arc::new(RunPodProvider::new(
+                runpod_client,
+                catalogue,
+                limits,
+                setup.cluster_id.clone(),
+                args.nodename.clone(),
+            ));
+            serve(provider, args, config, client, setup).await
+        }
+        CloudArg::Vastai => {
+            let vast_client = args
+                .vastai
+                .client()
+                .context("configuring the Vast.ai client")?;
+            // The node's taints and selection are Vast.ai's; RunPod's datacenter list is not
+            // this node's policy.
+            setup.admission.allowed_datacenters.clear();
+            let provider = Arc::new(VastaiProvider::new(
+                vast_client,
+                setup.admission.vastai.clone(),
+                setup.cluster_id.clone(),
+                args.nodename.clone(),
+            ));
+            provider.spawn_price_refresher(Duration::from_secs(300));
+            serve(provider, args, config, client, setup).await
+        }
+    }
+}
 
+/// What `run` settles before the provider is chosen.
+struct Setup {
+    cluster_id: String,
+    internal_ip: IpAddr,
+    election: Option<ElectionConfig>,
+    registry: prometheus_client::registry::Registry,
+    metrics: Arc<ControllerMetrics>,
+    admission: runpod_webhook::policy::PolicyConfig,
+}
+
+/// Binds the listeners and runs the controller with `provider`.
+async fn serve<P: Provider>(
+    provider: Arc<P>,
+    args: ControllerArgs,
+    config: kube::Config,
+    client: kube::Client,
+    setup: Setup,
+) -> anyhow::Result<()> {
+    let Setup {
+        cluster_id,
+        internal_ip,
+        election,
+        registry,
+        metrics,
+        admission,
+    } = setup;
     let (certs, key) = kubelet_identity(&args, internal_ip)?;
     let kubelet_tls = kubelet_api::server_config(certs, key, client_ca(&args, &config)?)?;
     let kubelet_listener = TcpListener::bind(SocketAddr::new(
@@ -485,7 +601,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
     tracing::info!(
         node = %args.nodename,
         cluster_id = %cluster_id,
-        runpod_api = %args.runpod.runpod_api_url,
+        provider = provider.name(),
         kubelet_port = args.kubelet_port,
         "controller starting"
     );
@@ -493,7 +609,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
         client,
         node: NodeConfig {
             name: args.nodename.clone(),
-            provider: "runpod",
+            provider: provider.name(),
             internal_ip: internal_ip.to_string(),
             kubelet_port: args.kubelet_port,
             max_pods: args.max_pods,
@@ -510,12 +626,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
             create_settle: args.create_settle,
             outage_grace: args.outage_grace,
             idle: args.idle.settings(),
-            admission: runpod_webhook::policy::PolicyConfig::from_flags(
-                &args.exclude_namespaces,
-                &args.datacenter_ids,
-                args.max_gpu_price,
-                std::env::var("POD_NAMESPACE").ok(),
-            ),
+            admission,
         },
         kubelet_listener,
         kubelet_tls,

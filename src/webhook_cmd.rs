@@ -14,7 +14,7 @@ use crate::cli::WebhookArgs;
 use crate::supervise::Supervisor;
 
 pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
-    let policy = policy_config(&args, std::env::var("POD_NAMESPACE").ok());
+    let policy = policy_config(&args, std::env::var("POD_NAMESPACE").ok())?;
     let resolver = Arc::new(
         ReloadingCertResolver::load(&args.tls_cert, &args.tls_key)
             .context("loading the serving certificate")?,
@@ -74,13 +74,21 @@ fn serve_options(args: &WebhookArgs) -> ServeOptions {
     }
 }
 
-fn policy_config(args: &WebhookArgs, own_namespace: Option<String>) -> PolicyConfig {
-    PolicyConfig::from_flags(
+fn policy_config(
+    args: &WebhookArgs,
+    own_namespace: Option<String>,
+) -> anyhow::Result<PolicyConfig> {
+    let mut config = PolicyConfig::from_flags(
         &args.exclude_namespaces,
         &args.datacenter_ids,
         args.max_gpu_price,
         own_namespace,
-    )
+    );
+    config.vastai = args
+        .vastai_policy
+        .policy(args.max_gpu_price)
+        .map_err(anyhow::Error::msg)?;
+    Ok(config)
 }
 
 #[cfg(test)]

@@ -173,6 +173,10 @@ impl<P> Gated<P> {
 }
 
 impl<P: Provider> Provider for Gated<P> {
+    fn id_annotation(&self) -> &'static str {
+        self.inner.id_annotation()
+    }
+
     fn name(&self) -> &'static str {
         self.inner.name()
     }

@@ -28,6 +28,7 @@ pub mod stats;
 pub mod status;
 pub mod usage;
 pub mod usage_watch;
+pub mod vastai_provider;
 pub mod volumes;
 
 use std::collections::HashMap;

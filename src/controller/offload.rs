@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 use k8s_openapi::jiff::Timestamp;
+use runpod_contract::provider::{Cloud, PROVIDER};
 use runpod_contract::{self as contract, BurstMode};
 
 use super::context::elapsed;
@@ -119,6 +120,14 @@ pub fn is_delayed(waiting: &Waiting<'_>) -> bool {
     }
 }
 
+/// The cloud a waiting pod is for: `runpod.io/provider` on it (the webhook writes its choice
+/// there) or its Job; RunPod when neither names one. Each controller moves only its cloud's.
+pub fn wanted_cloud(waiting: &Waiting<'_>) -> Cloud {
+    effective(waiting, PROVIDER)
+        .and_then(Cloud::parse)
+        .unwrap_or(Cloud::RunPod)
+}
+
 /// Whether the pod already tolerates the virtual node's `NoSchedule` taint (moved, or admitted
 /// as a burst pod): the offloader leaves it alone.
 pub fn tolerates_virtual_node(pod: &Pod) -> bool {
@@ -132,17 +141,18 @@ pub fn tolerates_virtual_node(pod: &Pod) -> bool {
                 && t.effect.as_deref().is_none_or(|e| e == "NoSchedule")
                 && match t.operator.as_deref() {
                     Some("Exists") => true,
-                    _ => t.value.as_deref() == Some(contract::PROVIDER_TAINT_VALUE),
+                    _ => t.value.as_deref().and_then(Cloud::parse).is_some(),
                 }
         })
 }
 
-/// The toleration a move adds: the one the webhook gives burst pods.
-pub fn virtual_node_toleration() -> Toleration {
+/// The toleration a move adds: the one the webhook gives burst pods of `provider` (the node's
+/// provider label value).
+pub fn virtual_node_toleration(provider: &str) -> Toleration {
     Toleration {
         key: Some(contract::PROVIDER_TAINT_KEY.to_owned()),
         operator: Some("Equal".to_owned()),
-        value: Some(contract::PROVIDER_TAINT_VALUE.to_owned()),
+        value: Some(provider.to_owned()),
         effect: Some("NoSchedule".to_owned()),
         toleration_seconds: None,
     }
@@ -459,7 +469,8 @@ mod tests {
         let mut bound = delayed("bound", 99);
         bound.spec.as_mut().unwrap().node_name = Some("gpu-1".into());
         let mut moved_already = delayed("moved", 99);
-        moved_already.spec.as_mut().unwrap().tolerations = Some(vec![virtual_node_toleration()]);
+        moved_already.spec.as_mut().unwrap().tolerations =
+            Some(vec![virtual_node_toleration("runpod")]);
         let mut running = delayed("running", 99);
         running.status.as_mut().unwrap().phase = Some("Running".into());
         let mut deleted = delayed("deleted", 99);
@@ -537,7 +548,7 @@ mod tests {
             ..Default::default()
         }]);
         assert!(tolerates_virtual_node(&pod));
-        pod.spec.as_mut().unwrap().tolerations = Some(vec![virtual_node_toleration()]);
+        pod.spec.as_mut().unwrap().tolerations = Some(vec![virtual_node_toleration("runpod")]);
         assert!(tolerates_virtual_node(&pod));
     }
 }

@@ -27,6 +27,7 @@ use super::leader::Fence;
 use super::metrics::ReasonLabel;
 use super::offload::{self, Move, OffloadSettings, Waiting};
 use super::pods::outage_tolerations;
+use super::provider::Provider;
 
 /// How often the waiting pods are looked at.
 const ROUND: Duration = Duration::from_secs(2);
@@ -34,11 +35,7 @@ const ROUND: Duration = Duration::from_secs(2);
 const NAMESPACE_TTL: Duration = Duration::from_secs(60);
 
 /// Runs until aborted (the leader's tasks are aborted when leadership ends).
-pub async fn run<P: Send + Sync + 'static>(
-    shared: Arc<Shared<P>>,
-    settings: OffloadSettings,
-    fence: Fence,
-) {
+pub async fn run<P: Provider>(shared: Arc<Shared<P>>, settings: OffloadSettings, fence: Fence) {
     let client = shared.client.clone();
     let (pods, pod_writer) = reflector::store();
     let pod_stream = watcher(
@@ -92,7 +89,7 @@ pub async fn run<P: Send + Sync + 'static>(
 }
 
 /// One look at the waiting pods: the plan, the metrics, the moves.
-async fn round<P>(
+async fn round<P: Provider>(
     shared: &Shared<P>,
     pods: &Store<Pod>,
     jobs: &Store<PartialObjectMeta<Job>>,
@@ -111,7 +108,10 @@ async fn round<P>(
             pod,
             job: job.as_ref(),
         };
-        if !offload::is_delayed(&waiting) || offload::tolerates_virtual_node(pod) {
+        if !offload::is_delayed(&waiting)
+            || offload::tolerates_virtual_node(pod)
+            || offload::wanted_cloud(&waiting).as_str() != shared.provider.name()
+        {
             continue;
         }
         let labels = namespace_labels(shared, pod, namespaces, now).await;
@@ -198,13 +198,17 @@ async fn namespace_labels<P>(
 /// Adds the virtual node's toleration and the outage tolerations, on the version of the pod
 /// that was planned on. `Ok(false)`: the pod changed or went (bound locally, say): left alone.
 #[instrument(skip_all, fields(pod = %planned.name, namespace = %planned.namespace, reason = planned.reason.label()))]
-async fn move_pod<P>(shared: &Shared<P>, pod: &Pod, planned: &Move) -> Result<bool, kube::Error> {
+async fn move_pod<P: Provider>(
+    shared: &Shared<P>,
+    pod: &Pod,
+    planned: &Move,
+) -> Result<bool, kube::Error> {
     let mut tolerations = pod
         .spec
         .as_ref()
         .and_then(|s| s.tolerations.clone())
         .unwrap_or_default();
-    tolerations.push(offload::virtual_node_toleration());
+    tolerations.push(offload::virtual_node_toleration(shared.provider.name()));
     if let Some(longer) = outage_tolerations(&tolerations, shared.settings.outage_grace) {
         tolerations = longer;
     }

@@ -313,6 +313,11 @@ pub trait Provider: Send + Sync + 'static {
     /// Short name: node label value, metrics label.
     fn name(&self) -> &'static str;
 
+    /// The pod annotation that holds the instance id (written by the controller only).
+    fn id_annotation(&self) -> &'static str {
+        runpod_contract::POD_ID
+    }
+
     /// Every instance of the account in one call. Only a successful answer is a complete list.
     fn list(&self) -> impl Future<Output = Result<Vec<Instance>, ProviderError>> + Send;
 

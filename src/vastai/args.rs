@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use runpod_contract::vastai::VastPolicy;
+
 use super::client::{ConfigError, VastClient, VastConfig, VastKey};
 
 /// `--vastai-*` client flags.
@@ -35,5 +37,59 @@ impl VastArgs {
     /// A client with the key from `VAST_API_KEY`.
     pub fn client(&self) -> Result<VastClient, ConfigError> {
         VastClient::new(self.client_config(), VastKey::from_env()?)
+    }
+}
+
+/// The installation's Vast.ai policy, taken by the webhook (refusals at admission) and the
+/// controller (offers searched and re-checked only inside it).
+#[derive(Debug, Clone, Args)]
+pub struct VastPolicyArgs {
+    /// Regions Vast.ai instances may run in (`Europe,North America`; case, `_` and spaces
+    /// ignored); empty: anywhere. Not with `--vastai-countries`.
+    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_VASTAI_REGIONS")]
+    pub vastai_regions: Vec<String>,
+    /// ISO country codes Vast.ai instances may run in (comma-separated); empty: anywhere.
+    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_VASTAI_COUNTRIES")]
+    pub vastai_countries: Vec<String>,
+    /// Only hosts in Vast.ai's datacenter tier ("Secure Cloud").
+    #[arg(
+        long,
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        env = "RUNPOD_KUBELET_VASTAI_DATACENTER_ONLY"
+    )]
+    pub vastai_datacenter_only: bool,
+    /// Only verified hosts.
+    #[arg(
+        long,
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        env = "RUNPOD_KUBELET_VASTAI_VERIFIED_ONLY"
+    )]
+    pub vastai_verified_only: bool,
+    /// Lowest host reliability accepted (0 to 1).
+    #[arg(
+        long,
+        default_value_t = 0.98,
+        env = "RUNPOD_KUBELET_VASTAI_MIN_RELIABILITY"
+    )]
+    pub vastai_min_reliability: f64,
+}
+
+impl VastPolicyArgs {
+    /// The policy, with `--max-gpu-price` as the price cap per GPU.
+    pub fn policy(&self, max_gpu_price: f64) -> Result<VastPolicy, String> {
+        VastPolicy::from_flags(
+            &self.vastai_regions,
+            &self.vastai_countries,
+            self.vastai_datacenter_only,
+            self.vastai_verified_only,
+            self.vastai_min_reliability,
+            Some(max_gpu_price),
+        )
     }
 }

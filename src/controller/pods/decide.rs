@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use runpod_contract::POD_ID;
 
 use super::{annotation, bound_at};
 use crate::controller::context::{Snapshot, elapsed};
@@ -74,6 +73,7 @@ pub fn decide<'a>(
     snapshot: &'a Snapshot,
     remembered: &Remembered<'_>,
     create_settle: Duration,
+    id_annotation: &str,
 ) -> Step<'a> {
     let terminated = |id: &str| remembered.terminated.is_some_and(|t| t.contains(id));
     let live: Vec<&Instance> = snapshot
@@ -120,7 +120,7 @@ pub fn decide<'a>(
             Step::WaitForList
         };
     }
-    match annotation(pod, POD_ID) {
+    match annotation(pod, id_annotation) {
         // An instance this pod had (maybe a previous leader's): RunPod is asked for it by id
         // before anything is created, since lists that omit it prove nothing.
         Some(id) if !terminated(id) => Step::Confirm {
@@ -249,6 +249,7 @@ fn mentions_image(message: &str) -> bool {
 mod tests {
     use super::*;
     use crate::controller::provider::Tags;
+    use runpod_contract::POD_ID;
     use serde_json::json;
 
     const SETTLE: Duration = Duration::from_secs(30);
@@ -462,7 +463,7 @@ mod tests {
             ),
         ];
         for (what, pod, snapshot, remembered, expected) in cases {
-            let step = decide(&pod, "u1", &snapshot, &remembered, SETTLE);
+            let step = decide(&pod, "u1", &snapshot, &remembered, SETTLE, POD_ID);
             assert_eq!(name(&step), expected, "{what}");
         }
     }

@@ -94,7 +94,14 @@ pub async fn reconcile<P: Provider>(
         instance: instance.as_ref().map(|(id, at)| (id.as_str(), *at)),
         terminated: Some(&terminated),
     };
-    match decide::decide(&pod, &uid, &snapshot, &remembered, settings.create_settle) {
+    match decide::decide(
+        &pod,
+        &uid,
+        &snapshot,
+        &remembered,
+        settings.create_settle,
+        ctx.provider.id_annotation(),
+    ) {
         Step::Delete { live } => finish::delete(&pod, &uid, &live, &ctx).await,
         Step::Ended { live } => {
             for instance in &live {

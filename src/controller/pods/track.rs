@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
-use runpod_contract::{COST_PER_HR, DATACENTER, ENDPOINTS, GPU_TYPE, POD_ID};
+use runpod_contract::{COST_PER_HR, DATACENTER, ENDPOINTS, GPU_TYPE};
 use tracing::{info, warn};
 
 use super::decide::{self, TrackStep};
@@ -38,9 +38,12 @@ pub fn endpoints_annotation(instance: &Instance) -> String {
 }
 
 /// The controller-owned annotations that describe `instance`.
-pub fn instance_annotations(instance: &Instance) -> Vec<(&'static str, Option<String>)> {
+pub fn instance_annotations(
+    instance: &Instance,
+    id_annotation: &'static str,
+) -> Vec<(&'static str, Option<String>)> {
     vec![
-        (POD_ID, Some(instance.id.clone())),
+        (id_annotation, Some(instance.id.clone())),
         (
             COST_PER_HR,
             instance.cost_per_hour.map(|c| format!("{c:.3}")),
@@ -381,6 +384,7 @@ async fn exit_code<P: Provider>(
 mod tests {
     use super::*;
     use crate::controller::provider::{Endpoint, InstanceState, Tags};
+    use runpod_contract::POD_ID;
 
     fn instance(id: &str) -> Instance {
         Instance {
@@ -415,7 +419,8 @@ mod tests {
     #[test]
     fn annotations_describe_the_instance() {
         let i = instance("abc");
-        let map: std::collections::BTreeMap<_, _> = instance_annotations(&i).into_iter().collect();
+        let map: std::collections::BTreeMap<_, _> =
+            instance_annotations(&i, POD_ID).into_iter().collect();
         assert_eq!(map[POD_ID].as_deref(), Some("abc"));
         assert_eq!(map[COST_PER_HR].as_deref(), Some("0.440"));
         assert_eq!(

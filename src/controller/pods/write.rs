@@ -10,7 +10,7 @@ use tracing::debug;
 use super::track::instance_annotations;
 use super::{ReconcileError, annotation, pods_in_namespace_of};
 use crate::controller::context::Shared;
-use crate::controller::provider::Instance;
+use crate::controller::provider::{Instance, Provider};
 use crate::controller::status::{self, View};
 
 pub(super) async fn waiting<P>(
@@ -55,13 +55,13 @@ pub(super) async fn status<P>(
 
 /// Writes the controller-owned annotations that describe the instance, when they differ (a
 /// forged value is overwritten).
-pub(super) async fn annotations<P>(
+pub(super) async fn annotations<P: Provider>(
     ctx: &Shared<P>,
     pod: &Pod,
     instance: &Instance,
 ) -> Result<(), ReconcileError> {
     let mut patch = serde_json::Map::new();
-    for (key, value) in instance_annotations(instance) {
+    for (key, value) in instance_annotations(instance, ctx.provider.id_annotation()) {
         if annotation(pod, key) != value.as_deref() {
             patch.insert(
                 key.to_owned(),

@@ -1,0 +1,710 @@
+//! Vast.ai behind the provider seam: offers searched inside the installation's policy, one
+//! instance bought per pod label (adopted, never bought twice, after a lost answer or a crash),
+//! instances destroyed (never stopped: a stopped instance bills storage), logs read through
+//! `request_logs` and followed by polling.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use runpod_contract::vastai::{self as contract_vastai, Requirements, VastPolicy};
+use serde_json::json;
+use tracing::{debug, warn};
+
+use super::provider::{
+    CheapestPrices, Constraints, Endpoint, Ends, FinalLog, Instance, InstanceState, LogEntries,
+    LogEntry, LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned,
+    Tags,
+};
+use crate::vastai::buy::{Bought, BuyError};
+use crate::vastai::client::VastClient;
+use crate::vastai::error::VastError;
+use crate::vastai::label::Label;
+use crate::vastai::model::{self, Offer};
+use crate::vastai::query::OfferQuery;
+use crate::vastai::translate;
+
+/// Disk of a pod that names none (GB), priced into every offer.
+pub const DEFAULT_DISK_GB: u32 = 20;
+/// Lines read from a finished instance's log.
+const FINAL_LOG_LINES: u32 = 500;
+/// Lines asked for on each poll of a followed log.
+const FOLLOW_TAIL: u32 = 1000;
+/// How often a followed log is read again.
+const FOLLOW_INTERVAL: Duration = Duration::from_secs(5);
+/// The key of the cheapest price this provider publishes (any GPU inside the policy).
+pub const PRICE_CLASS: &str = "ANY";
+
+/// The Vast.ai provider.
+pub struct VastaiProvider {
+    client: VastClient,
+    policy: VastPolicy,
+    cluster_id: String,
+    node_name: String,
+    /// Cheapest USD per GPU-hour inside the policy, from the last price search.
+    cheapest: Mutex<Option<f64>>,
+}
+
+impl VastaiProvider {
+    pub fn new(
+        client: VastClient,
+        policy: VastPolicy,
+        cluster_id: String,
+        node_name: String,
+    ) -> VastaiProvider {
+        VastaiProvider {
+            client,
+            policy,
+            cluster_id,
+            node_name,
+            cheapest: Mutex::new(None),
+        }
+    }
+
+    /// Reads the market's cheapest price inside the policy every `every`, for the node's
+    /// published price (`runpod.io/provider: cheapest` compares it). Searches are limited to
+    /// 10 a minute: one every few minutes leaves them to creates.
+    pub fn spawn_price_refresher(self: &Arc<Self>, every: Duration) {
+        let provider = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(strong) = provider.upgrade() else {
+                    return;
+                };
+                strong.refresh_price().await;
+                drop(strong);
+                tokio::time::sleep(every).await;
+            }
+        });
+    }
+
+    async fn refresh_price(&self) {
+        let query = OfferQuery {
+            countries: self
+                .policy
+                .countries
+                .as_ref()
+                .map(|c| c.iter().cloned().collect())
+                .unwrap_or_default(),
+            verified_only: self.policy.verified_only,
+            datacenter_only: self.policy.datacenter_only,
+            min_reliability: self.policy.min_reliability,
+            disk_gb: DEFAULT_DISK_GB,
+            max_price_per_hour: self.policy.max_gpu_price,
+            limit: 5,
+            ..OfferQuery::default()
+        };
+        match self.client.search(&query).await {
+            Ok(offers) => {
+                let price = cheapest_per_gpu(&offers);
+                *self.cheapest.lock().unwrap_or_else(PoisonError::into_inner) = price;
+            }
+            Err(error) => debug!(error = %error, "vastai price search failed"),
+        }
+    }
+
+    fn requirements(&self, pod: &Pod) -> Result<Requirements, String> {
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        let gpus = runpod_contract::policy::gpu_count(pod);
+        contract_vastai::requirements(&annotations, gpus, &self.policy)
+            .map_err(|problems| problems.join("; "))
+    }
+
+    fn label(&self, pod: &Pod) -> Result<Label, ProvisionError> {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        Label::new(&self.cluster_id, &self.node_name, uid).map_err(ProvisionError::Rejected)
+    }
+
+    /// The instance just bought or adopted, as Vast.ai shows it; a placeholder in
+    /// `provisioning` while reads lag the create.
+    async fn instance_after_buy(&self, id: u64, label: &Label) -> Instance {
+        match self.client.get(id).await {
+            Ok(Some(found)) => to_instance(&found),
+            _ => Instance {
+                id: id.to_string(),
+                name: label.to_string(),
+                tags: tags(Some(label)),
+                state: InstanceState::Provisioning,
+                uptime_secs: None,
+                cost_per_hour: None,
+                gpu_type: None,
+                datacenter: None,
+                endpoints: Vec::new(),
+                ip: None,
+                created_at: Some(Timestamp::now()),
+                started_at: None,
+                message: None,
+                usage: None,
+            },
+        }
+    }
+}
+
+/// The lowest price per GPU-hour among `offers`.
+fn cheapest_per_gpu(offers: &[Offer]) -> Option<f64> {
+    offers
+        .iter()
+        .filter(|offer| offer.num_gpus > 0 && offer.dph_total > 0.0)
+        .map(|offer| offer.dph_total / f64::from(offer.num_gpus))
+        .min_by(f64::total_cmp)
+}
+
+fn tags(label: Option<&Label>) -> Tags {
+    match label {
+        Some(label) => Tags {
+            cluster_id: Some(label.cluster().to_owned()),
+            node_name: Some(label.node().to_owned()),
+            pod_uid: Some(label.pod_uid().to_owned()),
+        },
+        None => Tags::default(),
+    }
+}
+
+/// Vast.ai's `actual_status` in the provider's terms: `exited` ends the container; `unknown`,
+/// `offline`, an OCI failure, and `stopped` or `frozen` (we never stop an instance: credit,
+/// contract end) never run the pod again, so they fail it and the instance is destroyed.
+pub fn state_of(instance: &model::Instance) -> InstanceState {
+    use model::InstanceState as Vast;
+    match instance.state() {
+        Vast::Provisioning => InstanceState::Provisioning,
+        Vast::Created if instance.is_dead() => InstanceState::Error,
+        Vast::Created | Vast::Loading | Vast::Rebooting => InstanceState::Starting,
+        Vast::Running => InstanceState::Running,
+        Vast::Exited => InstanceState::Exited,
+        Vast::Stopped | Vast::Frozen | Vast::Unknown | Vast::Offline => InstanceState::Error,
+        Vast::Other(_) => InstanceState::Unknown,
+    }
+}
+
+/// A Vast.ai instance in the provider's common terms.
+pub fn to_instance(instance: &model::Instance) -> Instance {
+    let label = instance.label.as_deref().and_then(Label::parse);
+    let state = state_of(instance);
+    let endpoints = instance
+        .endpoints()
+        .into_iter()
+        .filter_map(|(port, address)| {
+            let (number, protocol) = port.split_once('/')?;
+            Some(Endpoint {
+                port: number.parse().ok()?,
+                protocol: if protocol == "udp" { "udp" } else { "tcp" }.to_owned(),
+                address: Some(address),
+            })
+        })
+        .collect();
+    let started_at = instance
+        .start_date
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .and_then(|s| Timestamp::from_millisecond((s * 1000.0) as i64).ok());
+    let message = match state {
+        InstanceState::Error => Some(format!(
+            "Vast.ai instance {} is {}{}; it never runs again",
+            instance.id,
+            instance.actual_status.as_deref().unwrap_or("unknown"),
+            instance
+                .status_msg
+                .as_deref()
+                .filter(|m| !m.is_empty())
+                .map(|m| format!(" ({m})"))
+                .unwrap_or_default()
+        )),
+        _ => instance.status_msg.clone().filter(|m| !m.is_empty()),
+    };
+    Instance {
+        id: instance.id.to_string(),
+        name: instance.label.clone().unwrap_or_default(),
+        tags: tags(label.as_ref()),
+        state,
+        uptime_secs: None,
+        cost_per_hour: instance.dph_total,
+        gpu_type: instance.gpu_name.clone().filter(|g| !g.is_empty()),
+        datacenter: instance
+            .geolocation
+            .as_deref()
+            .and_then(model::country_code),
+        endpoints,
+        ip: instance
+            .public_ipaddr
+            .as_deref()
+            .map(str::trim)
+            .filter(|ip| !ip.is_empty())
+            .map(str::to_owned),
+        created_at: started_at,
+        started_at,
+        message,
+        usage: None,
+    }
+}
+
+/// The exit code Vast.ai's status message gives (`Container exited with code N`), if any.
+pub fn exit_code_from_status(message: &str) -> Option<i32> {
+    let lower = message.to_ascii_lowercase();
+    let (_, rest) = lower.split_once("exited with code")?;
+    let digits: String = rest
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '-')
+        .collect();
+    digits.parse().ok()
+}
+
+/// The lines of `current` that `previous` had not shown: `current` is a newer tail of the same
+/// log, so the longest end of `previous` that it starts with is skipped. Without overlap (the log
+/// moved on by more than a tail) everything is new.
+pub fn new_lines<'a>(previous: &[String], current: &'a [String]) -> &'a [String] {
+    if previous.is_empty() {
+        return current;
+    }
+    // The newest position in `current` where the whole end of `previous` (up to the overlap)
+    // lines up.
+    let longest = previous.len().min(current.len());
+    for overlap in (1..=longest).rev() {
+        if current[..overlap] == previous[previous.len() - overlap..] {
+            return &current[overlap..];
+        }
+    }
+    current
+}
+
+fn provider_error(error: VastError) -> ProviderError {
+    match error {
+        VastError::Unauthorized { .. } | VastError::InsufficientCredit { .. } => {
+            ProviderError::Account(error.to_string())
+        }
+        other => ProviderError::Unavailable(other.to_string()),
+    }
+}
+
+fn parse_id(id: &str) -> Option<u64> {
+    id.trim().parse().ok()
+}
+
+fn lines_of(text: &str) -> Vec<String> {
+    text.lines().map(str::to_owned).collect()
+}
+
+fn entries(lines: &[String]) -> Vec<LogEntry> {
+    lines
+        .iter()
+        .map(|line| LogEntry {
+            timestamp: None,
+            line: line.clone(),
+        })
+        .collect()
+}
+
+fn buy_error(error: BuyError) -> ProvisionError {
+    match &error {
+        BuyError::NoOffer(attempts) if attempts.is_empty() => {
+            ProvisionError::NoCandidates(error.to_string())
+        }
+        BuyError::NoOffer(_) => ProvisionError::NoCapacity(error.to_string()),
+        BuyError::Refused(
+            VastError::Unauthorized { .. } | VastError::InsufficientCredit { .. },
+        ) => ProvisionError::AccountBlocked(error.to_string()),
+        BuyError::Refused(VastError::Invalid { .. }) => ProvisionError::Rejected(error.to_string()),
+        // Rate limits and the like: nothing was bought, try again later.
+        BuyError::Refused(_) | BuyError::Lookup(_) => {
+            ProvisionError::NoCandidates(error.to_string())
+        }
+        BuyError::Unconfirmed { .. } => ProvisionError::Unsettled(error.to_string()),
+    }
+}
+
+impl Provider for VastaiProvider {
+    fn name(&self) -> &'static str {
+        "vastai"
+    }
+
+    fn id_annotation(&self) -> &'static str {
+        contract_vastai::INSTANCE_ID
+    }
+
+    async fn list(&self) -> Result<Vec<Instance>, ProviderError> {
+        let instances = self.client.list(&json!({})).await.map_err(provider_error)?;
+        Ok(instances.iter().map(to_instance).collect())
+    }
+
+    async fn lookup(&self, id: &str) -> Result<Option<Instance>, ProviderError> {
+        // Not a Vast.ai id (a forged annotation): no such instance.
+        let Some(id) = parse_id(id) else {
+            return Ok(None);
+        };
+        let found = self.client.get(id).await.map_err(provider_error)?;
+        Ok(found.as_ref().map(to_instance))
+    }
+
+    fn constraints(&self, pod: &Pod) -> Result<Constraints, String> {
+        let wanted = self.requirements(pod)?;
+        Ok(Constraints {
+            allowed_datacenters: wanted.countries,
+            max_price_per_hour: wanted.max_price_per_hour,
+        })
+    }
+
+    async fn provision(
+        &self,
+        request: ProvisionRequest<'_>,
+    ) -> Result<Provisioned, ProvisionError> {
+        let pod = request.pod;
+        let wanted = self.requirements(pod).map_err(ProvisionError::Rejected)?;
+        if !request.volumes.files.is_empty() {
+            return Err(ProvisionError::Rejected(
+                "the pod mounts files, which Vast.ai instances cannot receive".into(),
+            ));
+        }
+        let label = self.label(pod)?;
+        let container = pod
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.containers.first())
+            .ok_or_else(|| {
+                ProvisionError::Rejected(translate::TranslateError::NoContainer.to_string())
+            })?;
+        let env = request.env.container_env(container);
+        let query = OfferQuery::for_pod(&wanted, &self.policy, DEFAULT_DISK_GB);
+        let create = translate::create_request(pod, &env, &label, query.disk_gb)
+            .map_err(|e| ProvisionError::Rejected(e.to_string()))?;
+        let offers: Vec<Offer> = self
+            .client
+            .search(&query)
+            .await
+            .map_err(|error| match error {
+                VastError::Unauthorized { .. } => ProvisionError::AccountBlocked(error.to_string()),
+                other => ProvisionError::NoCandidates(format!("searching Vast.ai offers: {other}")),
+            })?
+            .into_iter()
+            .filter(|offer| !request.excluded_gpu_types.contains(&offer.gpu_name))
+            .collect();
+        if let Some(price) = cheapest_per_gpu(&offers)
+            && wanted.gpu_names.is_empty()
+        {
+            *self.cheapest.lock().unwrap_or_else(PoisonError::into_inner) = Some(price);
+        }
+        if offers.is_empty() {
+            return Err(ProvisionError::NoCandidates(format!(
+                "no Vast.ai offer matches the pod now (GPU {}, x{}, at most {} USD/h, {}, \
+                 reliability >= {})",
+                if wanted.gpu_names.is_empty() {
+                    "any".to_owned()
+                } else {
+                    wanted.gpu_names.join(" or ")
+                },
+                query.num_gpus,
+                query
+                    .max_price_per_hour
+                    .map_or("any".to_owned(), |p| format!("{p:.3}")),
+                self.policy.allowed,
+                self.policy.min_reliability
+            )));
+        }
+        let bought = self
+            .client
+            .buy(&label, &offers, &create)
+            .await
+            .map_err(buy_error)?;
+        let summary = match &bought {
+            Bought::Created { offer_id, .. } => offers
+                .iter()
+                .find(|offer| offer.id == *offer_id)
+                .map(|offer| {
+                    format!(
+                        "Vast.ai offer {} ({} x{} at {:.3} USD/h in {})",
+                        offer.id,
+                        offer.gpu_name,
+                        offer.num_gpus,
+                        offer.dph_total,
+                        offer.country().unwrap_or_else(|| "?".to_owned())
+                    )
+                })
+                .unwrap_or_else(|| format!("Vast.ai offer {offer_id}")),
+            Bought::Adopted { .. } => "adopted the Vast.ai instance that already existed".into(),
+        };
+        let instance = self.instance_after_buy(bought.instance_id(), &label).await;
+        Ok(Provisioned {
+            instance,
+            summary,
+            refusals: Vec::new(),
+            duplicates: Vec::new(),
+            possibly_duplicated: false,
+        })
+    }
+
+    /// Vast.ai has no stop that ends billing (a stopped instance bills storage): the instance is
+    /// destroyed at once, which also ends its container.
+    async fn stop(&self, id: &str) -> Result<bool, ProviderError> {
+        let Some(number) = parse_id(id) else {
+            return Ok(false);
+        };
+        match self.client.destroy(number).await {
+            Ok(_) => Ok(true),
+            Err(error) => Err(provider_error(error)),
+        }
+    }
+
+    async fn terminate(&self, id: &str, _ends: Ends) -> Result<(), ProviderError> {
+        let Some(number) = parse_id(id) else {
+            return Ok(());
+        };
+        self.client
+            .destroy(number)
+            .await
+            .map(drop)
+            .map_err(provider_error)
+    }
+
+    async fn final_log(&self, id: &str) -> Result<FinalLog, ProviderError> {
+        let Some(number) = parse_id(id) else {
+            return Ok(FinalLog::default());
+        };
+        let lines = match self.client.logs(number, FINAL_LOG_LINES).await {
+            Ok(text) => lines_of(&text),
+            Err(error) => {
+                warn!(instance = number, error = %error, "reading the final Vast.ai log failed");
+                Vec::new()
+            }
+        };
+        let from_log = crate::runpod::wrapper::exit_code(lines.iter().map(String::as_str));
+        let code = match from_log {
+            Some(code) => Some(code),
+            None => self
+                .client
+                .get(number)
+                .await
+                .map_err(provider_error)?
+                .and_then(|instance| instance.status_msg)
+                .as_deref()
+                .and_then(exit_code_from_status),
+        };
+        Ok(FinalLog::bounded(code, entries(&lines)))
+    }
+
+    fn logs(&self, id: &str, options: LogOptions) -> LogEntries {
+        let client = self.client.clone();
+        let id = parse_id(id);
+        let tail = options.tail_lines;
+        let stream = async_stream(client, id, tail, options.follow);
+        Box::pin(stream)
+    }
+
+    fn cheapest_prices(&self) -> CheapestPrices {
+        self.cheapest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map(|price| vec![(PRICE_CLASS.to_owned(), price)])
+            .unwrap_or_default()
+    }
+}
+
+/// The log as a stream: one read, or with `follow` a read every [`FOLLOW_INTERVAL`] yielding
+/// the new lines, until the instance no longer runs.
+fn async_stream(
+    client: VastClient,
+    id: Option<u64>,
+    tail: Option<u32>,
+    follow: bool,
+) -> impl futures_util::Stream<Item = Result<LogEntry, ProviderError>> + Send {
+    struct State {
+        client: VastClient,
+        id: Option<u64>,
+        tail: Option<u32>,
+        follow: bool,
+        previous: Vec<String>,
+        pending: std::collections::VecDeque<LogEntry>,
+        first: bool,
+        done: bool,
+    }
+    let state = State {
+        client,
+        id,
+        tail,
+        follow,
+        previous: Vec::new(),
+        pending: Default::default(),
+        first: true,
+        done: false,
+    };
+    futures_util::stream::unfold(state, |mut state| async move {
+        loop {
+            if let Some(entry) = state.pending.pop_front() {
+                return Some((Ok(entry), state));
+            }
+            if state.done {
+                return None;
+            }
+            let id = state.id?;
+            if !state.first {
+                tokio::time::sleep(FOLLOW_INTERVAL).await;
+                // The container ended or the instance is gone: one last read, then the end.
+                let running = matches!(
+                    state.client.get(id).await,
+                    Ok(Some(ref instance)) if state_of(instance) == InstanceState::Running
+                        || state_of(instance) == InstanceState::Starting
+                );
+                if !running {
+                    state.done = true;
+                }
+            }
+            let asked = if state.first {
+                state.tail.unwrap_or(FOLLOW_TAIL).min(FOLLOW_TAIL)
+            } else {
+                FOLLOW_TAIL
+            };
+            let text = match state.client.logs(id, asked).await {
+                Ok(text) => text,
+                Err(error) => {
+                    state.done = true;
+                    return Some((Err(provider_error(error)), state));
+                }
+            };
+            let current = lines_of(&text);
+            let fresh = new_lines(&state.previous, &current).to_vec();
+            state.pending.extend(entries(&fresh));
+            state.previous = current;
+            state.first = false;
+            if !state.follow {
+                state.done = true;
+            }
+        }
+    })
+}
+
+/// Per-pod annotations map, for tests of [`VastaiProvider::constraints`].
+#[cfg(test)]
+fn annotated(pairs: &[(&str, &str)]) -> Pod {
+    let annotations: std::collections::BTreeMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ml", "uid": "u-1", "annotations": annotations},
+        "spec": {"containers": [{"name": "main", "image": "img",
+                 "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}
+    }))
+    .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vast(value: serde_json::Value) -> model::Instance {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn states_labels_and_places_read_as_the_controller_needs() {
+        let running = vast(json!({
+            "id": 42, "label": "rpk:c1:virtual-vastai:u-1", "actual_status": "running",
+            "public_ipaddr": "203.0.113.7", "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": "40022"}]},
+            "dph_total": 0.41, "gpu_name": "RTX 4090", "geolocation": "Poland, PL", "start_date": 1.7e9
+        }));
+        let instance = to_instance(&running);
+        assert_eq!(instance.id, "42");
+        assert_eq!(instance.state, InstanceState::Running);
+        assert_eq!(instance.tags.pod_uid.as_deref(), Some("u-1"));
+        assert_eq!(instance.tags.cluster_id.as_deref(), Some("c1"));
+        assert_eq!(instance.datacenter.as_deref(), Some("PL"));
+        assert_eq!(instance.cost_per_hour, Some(0.41));
+        assert_eq!(
+            instance.endpoints[0].address.as_deref(),
+            Some("203.0.113.7:40022")
+        );
+        assert!(instance.ports_ready());
+        let unlabelled = to_instance(&vast(json!({"id": 1, "label": "my notebook"})));
+        assert_eq!(unlabelled.tags, Tags::default());
+        assert_eq!(unlabelled.state, InstanceState::Provisioning);
+        for (status, message, state) in [
+            ("loading", "", InstanceState::Starting),
+            (
+                "exited",
+                "Container exited with code 3",
+                InstanceState::Exited,
+            ),
+            ("offline", "", InstanceState::Error),
+            ("unknown", "", InstanceState::Error),
+            ("stopped", "", InstanceState::Error),
+            (
+                "created",
+                "OCI runtime create failed: x",
+                InstanceState::Error,
+            ),
+            ("created", "", InstanceState::Starting),
+            ("scheduling", "", InstanceState::Unknown),
+        ] {
+            let instance = vast(json!({"id": 2, "actual_status": status, "status_msg": message}));
+            assert_eq!(state_of(&instance), state, "{status} {message}");
+        }
+        let offline = to_instance(&vast(json!({"id": 3, "actual_status": "offline"})));
+        assert!(
+            offline
+                .message
+                .as_deref()
+                .unwrap_or_default()
+                .contains("never runs again"),
+            "{offline:?}"
+        );
+    }
+
+    #[test]
+    fn exit_codes_come_from_the_status_message() {
+        assert_eq!(
+            exit_code_from_status("Container exited with code 3"),
+            Some(3)
+        );
+        assert_eq!(
+            exit_code_from_status("container EXITED WITH CODE 0."),
+            Some(0)
+        );
+        assert_eq!(exit_code_from_status("Container exited"), None);
+        assert_eq!(exit_code_from_status(""), None);
+    }
+
+    #[test]
+    fn a_followed_log_yields_each_line_once() {
+        let lines = |text: &str| lines_of(text);
+        let first = lines("a\nb\nc");
+        assert_eq!(new_lines(&[], &first), &first[..]);
+        let second = lines("b\nc\nd\ne");
+        assert_eq!(new_lines(&first, &second), &lines("d\ne")[..]);
+        let same = lines("b\nc\nd\ne");
+        assert!(new_lines(&second, &same).is_empty());
+        // Repeated lines: the longest overlap wins.
+        let repeated = lines("x\nx");
+        assert_eq!(new_lines(&repeated, &lines("x\nx\nx")), &lines("x")[..]);
+        // No overlap: the log moved on by more than a tail.
+        assert_eq!(new_lines(&first, &lines("q\nr")), &lines("q\nr")[..]);
+    }
+
+    #[test]
+    fn cheapest_is_per_gpu() {
+        let offer = |num_gpus: u32, dph_total: f64| -> Offer {
+            serde_json::from_value(json!({"id": 1, "num_gpus": num_gpus, "dph_total": dph_total}))
+                .unwrap()
+        };
+        assert_eq!(cheapest_per_gpu(&[offer(2, 0.6), offer(1, 0.4)]), Some(0.3));
+        assert_eq!(cheapest_per_gpu(&[]), None);
+    }
+
+    #[test]
+    fn constraints_follow_the_policy_and_the_pod() {
+        let policy =
+            VastPolicy::from_flags(&["Europe".into()], &[], false, true, 0.98, Some(0.5)).unwrap();
+        let client = VastClient::new(
+            crate::vastai::client::VastConfig::default(),
+            crate::vastai::client::VastKey::new("k".into()).unwrap(),
+        )
+        .unwrap();
+        let provider = VastaiProvider::new(client, policy, "c1".into(), "virtual-vastai".into());
+        let constraints = provider.constraints(&annotated(&[])).unwrap();
+        assert!(constraints.allowed_datacenters.contains(&"PL".to_owned()));
+        assert!(!constraints.allowed_datacenters.contains(&"US".to_owned()));
+        assert_eq!(constraints.max_price_per_hour, Some(1.0), "0.5 per GPU x 2");
+        assert!(
+            provider
+                .constraints(&annotated(&[("vast.ai/region", "Asia")]))
+                .is_err()
+        );
+    }
+}

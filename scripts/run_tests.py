@@ -32,6 +32,7 @@ SLOW_FIRST = [
     "e2e_controller",
     "e2e_kubelet_authz",
     "e2e_metrics",
+    "e2e_vastai",
     "e2e_certs",
     "runpod_quota",
     "chart",

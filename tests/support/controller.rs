@@ -17,6 +17,11 @@ pub struct SimulatorProcess {
 
 impl SimulatorProcess {
     pub fn start(scenario: &serde_json::Value) -> anyhow::Result<Self> {
+        Self::start_cloud("runpod", scenario)
+    }
+
+    /// The simulator of `cloud` (`runpod` or `vastai`), accepting [`API_KEY`].
+    pub fn start_cloud(cloud: &str, scenario: &serde_json::Value) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("scenario.json");
         std::fs::write(&path, serde_json::to_vec(scenario)?)?;
@@ -24,9 +29,17 @@ impl SimulatorProcess {
         let binary = std::env::var_os("RUNPOD_SIMULATOR_BIN")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_runpod-kubelet").into());
         let mut child = Command::new(binary)
-            .args(["simulator", "--listen", "127.0.0.1:0", "--scenario"])
+            .args([
+                "simulator",
+                "--cloud",
+                cloud,
+                "--listen",
+                "127.0.0.1:0",
+                "--scenario",
+            ])
             .arg(&path)
             .env("RUNPOD_API_KEY", API_KEY)
+            .env("VAST_API_KEY", API_KEY)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -273,6 +286,7 @@ fn spawn(
         .args(["--kubelet-port", &kubelet_port.to_string()])
         .env("KUBECONFIG", kubeconfig)
         .env("RUNPOD_API_KEY", API_KEY)
+        .env("VAST_API_KEY", API_KEY)
         .env("RUNPOD_KUBELET_LOG_LEVEL", "info,runpod_kubelet=debug")
         .stdout(Stdio::null())
         .stderr(stderr)

@@ -19,6 +19,7 @@
 //! # }
 //! ```
 
+mod control;
 mod faults;
 mod filter;
 mod instance;

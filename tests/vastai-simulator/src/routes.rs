@@ -107,6 +107,11 @@ fn credential(headers: &HeaderMap, uri: &Uri) -> Option<String> {
 
 async fn dispatch(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
+    if parts.uri.path().starts_with("/_sim/") {
+        let body = to_bytes(body, MAX_BODY).await.unwrap_or_default();
+        return crate::control::handle(&shared, &parts.method, parts.uri.path(), &body)
+            .unwrap_or_else(|| Reply::no_such_path().into_response());
+    }
     let target = resolve(&parts.method, parts.uri.path());
     let (route, id) = match target {
         Target::Api(route, id) => (route, id),

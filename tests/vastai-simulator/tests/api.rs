@@ -536,3 +536,71 @@ async fn authentication_and_strictness() {
     assert!(sim.ledger().is_empty());
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_control_api_serves_the_ledger_faults_and_forced_states() {
+    let (sim, client) = start(fast()).await;
+    let control = |method: Method, path: &str| {
+        client.request(method, format!("{}/_sim/{path}", sim.base_url()))
+    };
+    // A fault added over HTTP fires on the next create.
+    let fault = json!({"when": {"route": "create"}, "times": 1,
+                       "effect": {"kind": "create_then_fail", "status": 502}});
+    let added = control(Method::POST, "faults")
+        .json(&fault)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), StatusCode::NO_CONTENT);
+    let invalid = control(Method::POST, "faults")
+        .json(&json!({"effect": {"kind": "nonsense"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(invalid.status(), StatusCode::BAD_REQUEST);
+    let (status, _) = call(
+        &client,
+        &sim,
+        Method::PUT,
+        "/api/v0/asks/1001/",
+        Some(create_body("rpk:c:n:u1")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    let ledger: Vec<Value> = control(Method::GET, "ledger")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ledger.len(), 1, "{ledger:?}");
+    assert_eq!(ledger[0]["label"], "rpk:c:n:u1");
+    assert_eq!(ledger[0]["create_status"], 502);
+    // Forced into offline; unknown ids are 404.
+    let id = ledger[0]["id"].as_u64().unwrap();
+    let forced = control(Method::POST, &format!("instances/{id}/status"))
+        .json(&json!({"status": "offline"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forced.status(), StatusCode::NO_CONTENT);
+    let (_, got) = call(
+        &client,
+        &sim,
+        Method::GET,
+        &format!("/api/v0/instances/{id}/"),
+        None,
+    )
+    .await;
+    assert_eq!(got["instances"]["actual_status"], "offline");
+    let missing = control(Method::POST, "instances/999999/status")
+        .json(&json!({"status": "offline"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let cleared = control(Method::DELETE, "faults").send().await.unwrap();
+    assert_eq!(cleared.status(), StatusCode::NO_CONTENT);
+    sim.shutdown().await;
+}

@@ -179,6 +179,9 @@ async fn scenarios(world: &World, vast_controller: &mut ControllerProcess) -> an
     deletion_destroys_the_instance(world)
         .await
         .context("deletion")?;
+    orphans_are_destroyed_and_strangers_kept(world)
+        .await
+        .context("garbage collection")?;
     Ok(())
 }
 
@@ -470,6 +473,60 @@ async fn deletion_destroys_the_instance(world: &World) -> anyhow::Result<()> {
         .filter(|e| e["destroyed_at"].is_null())
         .collect();
     ensure!(live.is_empty(), "instances still billing: {live:?}");
+    Ok(())
+}
+
+/// 7. An instance labelled for this cluster and node whose pod does not exist is destroyed;
+///    another cluster's and an unlabelled one on the same account are never touched.
+async fn orphans_are_destroyed_and_strangers_kept(world: &World) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    // The same account as the controller: creates share its 4.5 s pace, so a 429 waits.
+    let buy = |offer: u64, label: String| {
+        let http = http.clone();
+        let url = format!("{}/api/v0/asks/{offer}/", world.vast.url);
+        let body = json!({"client_id": "me", "image": "someone/else:1", "disk": 10,
+                          "label": label, "env": {}, "runtype": "args", "cancel_unavail": true});
+        async move {
+            for _ in 0..10 {
+                let response = http
+                    .put(&url)
+                    .bearer_auth(support::controller::API_KEY)
+                    .json(&body)
+                    .send()
+                    .await?;
+                if response.status() == reqwest::StatusCode::TOO_MANY_REQUESTS {
+                    tokio::time::sleep(Duration::from_secs(13)).await;
+                    continue;
+                }
+                let reply: Value = response.error_for_status()?.json().await?;
+                return reply["new_contract"]
+                    .as_u64()
+                    .context("no new_contract in the create answer");
+            }
+            bail!("the create stayed rate-limited")
+        }
+    };
+    let orphan = buy(100, format!("rpk:{CLUSTER}:{VAST_NODE}:no-such-pod")).await?;
+    let foreign = buy(101, format!("rpk:other-cluster:{VAST_NODE}:some-pod")).await?;
+    let unlabelled = buy(102, "my notebook".to_owned()).await?;
+    let state = |ledger: &[Value], id: u64| {
+        ledger
+            .iter()
+            .find(|e| e["id"] == id)
+            .map(|e| e["destroyed_at"].is_null())
+    };
+    wait::until("the orphan destroyed", WAIT, || async {
+        let ledger = world.vast.ledger().await?;
+        Ok((state(&ledger, orphan) == Some(false)).then_some(()))
+    })
+    .await?;
+    // Several more GC passes later, the strangers still run.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let ledger = world.vast.ledger().await?;
+    ensure!(
+        state(&ledger, foreign) == Some(true) && state(&ledger, unlabelled) == Some(true),
+        "another cluster's or an unlabelled instance was touched: {ledger:?}"
+    );
     Ok(())
 }
 

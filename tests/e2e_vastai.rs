@@ -240,6 +240,17 @@ async fn job_bursts_to_vastai(world: &World) -> anyhow::Result<()> {
         !entry["destroyed_at"].is_null(),
         "the finished pod's instance still bills"
     );
+    let created = support::pods::event(
+        &world.client,
+        ns,
+        pod.metadata.name.as_deref().unwrap(),
+        "RunPodPodCreated",
+    )
+    .await?;
+    ensure!(
+        created.starts_with(&format!("Vast.ai instance {}: ", entry["id"])),
+        "Event {created:?}"
+    );
     // The instance is gone, yet `kubectl logs` (through the apiserver) shows its output.
     let log = Api::<Pod>::namespaced(world.client.clone(), ns)
         .logs(pod.metadata.name.as_deref().unwrap(), &LogParams::default())

@@ -177,6 +177,10 @@ impl<P: Provider> Provider for Gated<P> {
         self.inner.id_annotation()
     }
 
+    fn instance_noun(&self) -> &'static str {
+        self.inner.instance_noun()
+    }
+
     fn name(&self) -> &'static str {
         self.inner.name()
     }

@@ -313,6 +313,11 @@ pub trait Provider: Send + Sync + 'static {
     /// Short name: node label value, metrics label.
     fn name(&self) -> &'static str;
 
+    /// What an instance is called in Events and messages (`RunPod pod`, `Vast.ai instance`).
+    fn instance_noun(&self) -> &'static str {
+        "RunPod pod"
+    }
+
     /// The pod annotation that holds the instance id (written by the controller only).
     fn id_annotation(&self) -> &'static str {
         runpod_contract::POD_ID

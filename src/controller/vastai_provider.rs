@@ -321,6 +321,10 @@ impl Provider for VastaiProvider {
         contract_vastai::INSTANCE_ID
     }
 
+    fn instance_noun(&self) -> &'static str {
+        "Vast.ai instance"
+    }
+
     async fn list(&self) -> Result<Vec<Instance>, ProviderError> {
         let instances = self.client.list(&json!({})).await.map_err(provider_error)?;
         Ok(instances.iter().map(to_instance).collect())

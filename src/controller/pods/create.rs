@@ -248,7 +248,12 @@ pub(super) async fn create<P: Provider>(
                 pod,
                 false,
                 "RunPodPodCreated",
-                format!("RunPod pod {}: {}", instance.id, provisioned.summary),
+                format!(
+                    "{} {}: {}",
+                    ctx.provider.instance_noun(),
+                    instance.id,
+                    provisioned.summary
+                ),
             )
             .await;
             if provisioned.possibly_duplicated {

@@ -140,7 +140,11 @@ pub(super) async fn terminate<P: Provider>(
         pod,
         false,
         "RunPodPodTerminated",
-        format!("RunPod pod {} terminated: {why}", instance.id),
+        format!(
+            "{} {} terminated: {why}",
+            ctx.provider.instance_noun(),
+            instance.id
+        ),
     )
     .await;
     Ok(())

@@ -146,7 +146,10 @@ async fn vanished<P: Provider>(
     id: &str,
     ctx: &Shared<P>,
 ) -> Result<Action, ReconcileError> {
-    let message = format!("RunPod pod {id} no longer exists (terminated outside runpod-kubelet)");
+    let message = format!(
+        "{} {id} no longer exists (terminated outside runpod-kubelet)",
+        ctx.provider.instance_noun()
+    );
     let always = pod
         .spec
         .as_ref()

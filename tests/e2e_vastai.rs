@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::{Value, json};
@@ -568,19 +568,7 @@ async fn labelled(vast: &SimulatorProcess, uid: &str) -> anyhow::Result<Vec<Valu
 }
 
 async fn node_ready(client: &kube::Client, name: &str) -> anyhow::Result<Node> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    wait::until(&format!("node {name} Ready"), WAIT, || async {
-        let Some(node) = nodes.get_opt(name).await? else {
-            return Ok(None);
-        };
-        let ready = node
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        Ok(ready.then_some(node))
-    })
-    .await
+    support::pods::node_ready_named(client, name).await
 }
 
 /// A burst-enabled namespace with more labels, once its ServiceAccount exists.
@@ -589,22 +577,9 @@ async fn namespace(
     name: &str,
     labels: &[(&str, &str)],
 ) -> anyhow::Result<()> {
-    let mut all: BTreeMap<&str, &str> = labels.iter().copied().collect();
-    all.insert("runpod.io/burst", "enabled");
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": name, "labels": all}}))?,
-        )
-        .await?;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
-    wait::until("default ServiceAccount with its token", WAIT, || async {
-        let account = accounts.get_opt("default").await?;
-        Ok(account
-            .filter(|a| a.secrets.as_ref().is_some_and(|s| !s.is_empty()))
-            .map(|_| ()))
-    })
-    .await
+    let mut all = labels.to_vec();
+    all.push(("runpod.io/burst", "enabled"));
+    support::pods::namespace_labelled(client, name, &all).await
 }
 
 async fn create_job(

@@ -181,13 +181,7 @@ pub fn vastai_unsupported_shape(pod: &PodView) -> Vec<String> {
     let Some(container) = pod.spec.as_ref().and_then(|spec| spec.containers.first()) else {
         return Vec::new();
     };
-    let mounts: Vec<&str> = container
-        .volume_mounts
-        .iter()
-        .flatten()
-        .filter(|m| m.mount_path.trim_end_matches('/') != SERVICE_ACCOUNT_MOUNT)
-        .map(|m| m.mount_path.as_str())
-        .collect();
+    let mounts = mounted_paths(container);
     if mounts.is_empty() {
         return Vec::new();
     }
@@ -202,6 +196,17 @@ pub fn vastai_unsupported_shape(pod: &PodView) -> Vec<String> {
 /// Where the kubelet mounts the service-account token; the controller does not ship it.
 const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
+/// The container's mount paths, but the service-account token's.
+fn mounted_paths(container: &ContainerView) -> Vec<&str> {
+    container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| m.mount_path.trim_end_matches('/') != SERVICE_ACCOUNT_MOUNT)
+        .map(|m| m.mount_path.as_str())
+        .collect()
+}
+
 /// The controller writes mounted files from a wrapper around the container's command; a
 /// container that only runs its image's CMD cannot be wrapped, so its files would be lost.
 fn mounts_without_command(container: &ContainerView) -> Option<String> {
@@ -210,13 +215,7 @@ fn mounts_without_command(container: &ContainerView) -> Option<String> {
     if has_command {
         return None;
     }
-    let mounts: Vec<&str> = container
-        .volume_mounts
-        .iter()
-        .flatten()
-        .filter(|m| m.mount_path.trim_end_matches('/') != SERVICE_ACCOUNT_MOUNT)
-        .map(|m| m.mount_path.as_str())
-        .collect();
+    let mounts = mounted_paths(container);
     (!mounts.is_empty()).then(|| {
         format!(
             "it mounts volumes ({}) but sets no command; on RunPod those files are written by \

@@ -16,12 +16,22 @@ pub const WAIT: Duration = Duration::from_secs(180);
 
 /// Creates a namespace (labelled for bursting when `burst`) and waits for its ServiceAccount.
 pub async fn namespace(client: &kube::Client, name: &str, burst: bool) -> anyhow::Result<()> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let labels = if burst {
-        json!({"runpod.io/burst": "enabled"})
+    let labels: &[(&str, &str)] = if burst {
+        &[("runpod.io/burst", "enabled")]
     } else {
-        json!({})
+        &[]
     };
+    namespace_labelled(client, name, labels).await
+}
+
+/// Creates a namespace with `labels` and waits for its ServiceAccount.
+pub async fn namespace_labelled(
+    client: &kube::Client,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let labels: std::collections::BTreeMap<&str, &str> = labels.iter().copied().collect();
     namespaces
         .create(
             &PostParams::default(),
@@ -225,9 +235,14 @@ pub fn has_taint(node: &Node, key: &str, effect: &str) -> bool {
 
 /// Waits until the virtual node exists and is Ready.
 pub async fn node_ready(client: &kube::Client) -> anyhow::Result<Node> {
+    node_ready_named(client, NODE).await
+}
+
+/// Waits until the node `name` exists and is Ready.
+pub async fn node_ready_named(client: &kube::Client, name: &str) -> anyhow::Result<Node> {
     let nodes: Api<Node> = Api::all(client.clone());
-    wait::until("virtual node Ready", WAIT, || async {
-        let Some(node) = nodes.get_opt(NODE).await? else {
+    wait::until(&format!("node {name} Ready"), WAIT, || async {
+        let Some(node) = nodes.get_opt(name).await? else {
             return Ok(None);
         };
         let ready = node_condition(&node, "Ready").is_some_and(|(s, _)| s == "True");

@@ -72,7 +72,12 @@ fn patch_for(raw: &Value, mutation: &Mutation) -> json_patch::Patch {
 
 /// Decides, applies the patch to the raw pod, and returns both.
 fn admit(raw: &Value, context: &Context) -> (Verdict, Value) {
-    let verdict = decide(&typed(raw), "ml", context, &config());
+    admit_with(raw, context, &config())
+}
+
+/// [`admit`] under another policy.
+fn admit_with(raw: &Value, context: &Context, config: &PolicyConfig) -> (Verdict, Value) {
+    let verdict = decide(&typed(raw), "ml", context, config);
     let patched = match &verdict {
         Verdict::Allow { mutation, .. } => {
             let mut patched = raw.clone();

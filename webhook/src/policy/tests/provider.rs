@@ -28,19 +28,6 @@ fn namespace_with(provider: &str) -> Context {
     context
 }
 
-fn admit_with(raw: &Value, context: &Context, config: &PolicyConfig) -> (Verdict, Value) {
-    let verdict = decide(&typed(raw), "ml", context, config);
-    let patched = match &verdict {
-        Verdict::Allow { mutation, .. } => {
-            let mut patched = raw.clone();
-            json_patch::patch(&mut patched, &patch_for(raw, mutation)).expect("patch applies");
-            patched
-        }
-        Verdict::Deny { .. } => raw.clone(),
-    };
-    (verdict, patched)
-}
-
 fn always(pod: Value) -> Value {
     annotate(pod, contract::BURST_MODE, "always")
 }

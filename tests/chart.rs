@@ -1,7 +1,8 @@
 //! The Helm chart without a cluster: `helm lint`, values.schema.json refusing bad values with a
 //! clear message, the webhook configuration exactly as `runpod-kubelet webhook-configuration`
 //! prints it (and without a caBundle), least privilege and hardened pods, the certificate modes,
-//! the monitoring parts (`monitoring`), and `deploy/` in step with the chart.
+//! the monitoring parts (`monitoring`), several virtual nodes in one install (`nodes`), and
+//! `deploy/` in step with the chart.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,6 +16,8 @@ use serde_json::Value;
 mod chart;
 #[path = "monitoring/chart_monitoring.rs"]
 mod monitoring;
+#[path = "chart/nodes.rs"]
+mod nodes;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

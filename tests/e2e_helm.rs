@@ -9,17 +9,22 @@
 //! pod is admitted through the Service, runs and `kubectl logs` reads it; verbs the components do not need are refused;
 //! with the webhook stopped a `runtimeClassName: runpod` pod lands on the virtual node and runs;
 //! `helm upgrade` rotates the CA with an overlapping bundle and changes the controller's flags;
-//! `helm uninstall` drains: no webhook configuration, no node, nothing billing.
+//! `helm uninstall` drains: no webhook configuration, no node, nothing billing. A second node
+//! (`nodes`: Vast.ai, against its simulator, on ports of its own) registers Ready beside the
+//! RunPod one and is drained away by the uninstall too.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "e2e_helm/helpers.rs"]
+mod helpers;
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
+use helpers::{ca_pems, gpu_pod, helm, host_ip, token_client, watch_ca_bundle};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
@@ -38,6 +43,7 @@ const RELEASE: &str = "r";
 const FULL: &str = "r-runpod-kubelet";
 const CONFIG: &str = "burst.runpod.io";
 const NODE: &str = "virtual-runpod";
+const VAST_NODE: &str = "virtual-vastai";
 const WAIT: Duration = Duration::from_secs(120);
 
 fn main() -> std::process::ExitCode {
@@ -51,48 +57,6 @@ fn main() -> std::process::ExitCode {
     })
 }
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn helm_binary() -> anyhow::Result<PathBuf> {
-    let out = Command::new("bash")
-        .arg(root().join("scripts/helm.sh"))
-        .output()?;
-    ensure!(out.status.success(), "scripts/helm.sh failed");
-    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
-}
-
-/// Runs helm with the cluster's kubeconfig; returns stdout, fails with stderr.
-fn helm(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(helm_binary()?)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .current_dir(root())
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "helm {args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?)
-}
-
-/// This machine's first non-loopback IPv4 address (Endpoints refuse loopback ones).
-fn host_ip() -> anyhow::Result<String> {
-    let out = Command::new("hostname").arg("-I").output()?;
-    String::from_utf8(out.stdout)?
-        .split_whitespace()
-        .find(|a| {
-            a.parse::<std::net::Ipv4Addr>()
-                .is_ok_and(|ip| !ip.is_loopback())
-        })
-        .map(str::to_owned)
-        .context("no non-loopback IPv4 address")
-}
-
 async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
     let client = control_plane.client().await?;
     let kubeconfig = control_plane.kubeconfig.as_path();
@@ -101,6 +65,7 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
         "provisioning_ms": 300, "starting_ms": 300, "ports_ms": 300, "list_lag_ms": 200,
         "images": [{"match": "server", "logs": ["serving"]}]
     }))?;
+    let vast = SimulatorProcess::start_cloud("vastai", &json!({}))?;
     let runner = PodRunner::start(
         client.clone(),
         control_plane.server_url()?,
@@ -115,6 +80,8 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
         free_port()?.port(),
         free_port()?.port(),
     );
+    // The Vast.ai node's controller runs on this host too: ports of its own.
+    let vast_ports = (free_port()?.port(), free_port()?.port());
     std::fs::write(
         &values,
         serde_json::to_vec(&json!({
@@ -127,7 +94,12 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
                            "drain": {"timeout": "2m"},
                            // Every stand-in pod shares this host's ports: the old controller
                            // goes before the new one starts.
-                           "updateStrategy": {"type": "Recreate"}}
+                           "updateStrategy": {"type": "Recreate"}},
+            // The policy flags reach the webhook and both controllers, which must accept them.
+            "vastai": {"apiKey": API_KEY, "apiUrl": vast.url, "regions": ["Europe", "North America"],
+                       "minReliability": 0.9},
+            "nodes": [{"name": VAST_NODE, "provider": "vastai",
+                       "kubeletPort": vast_ports.0, "metricsPort": vast_ports.1}]
         }))?,
     )?;
     let values = values.to_str().unwrap();
@@ -232,16 +204,28 @@ async fn scenario(
         );
     }
 
-    // 2. The node registers; a burst pod goes through the webhook (via the Service) and runs.
-    wait::until("the virtual node Ready", WAIT, || async {
-        let node = Api::<Node>::all(client.clone()).get_opt(NODE).await?;
-        Ok(node
-            .and_then(|n| n.status)
-            .and_then(|s| s.conditions)
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            .then_some(()))
-    })
-    .await?;
+    // 2. Both nodes register; a burst pod goes through the webhook (via the Service) and runs.
+    for node in [NODE, VAST_NODE] {
+        wait::until(&format!("the virtual node {node} Ready"), WAIT, || async {
+            let node = Api::<Node>::all(client.clone()).get_opt(node).await?;
+            Ok(node
+                .and_then(|n| n.status)
+                .and_then(|s| s.conditions)
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                .then_some(()))
+        })
+        .await?;
+    }
+    let vast_node = Api::<Node>::all(client.clone()).get(VAST_NODE).await?;
+    let provider = vast_node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("virtual-kubelet.io/provider"));
+    ensure!(
+        provider.map(String::as_str) == Some("vastai"),
+        "the Vast.ai node's provider label: {provider:?}"
+    );
     for (name, labels) in [
         ("team", json!({"runpod.io/burst": "enabled"})),
         ("plain", json!({})),
@@ -530,74 +514,16 @@ async fn scenario(
             .then_some(()))
     })
     .await?;
+    // The Vast.ai node's own drain removed it too.
+    wait::until("the Vast.ai node removed", WAIT, || async {
+        Ok(Api::<Node>::all(client.clone())
+            .get_opt(VAST_NODE)
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
     Ok(())
-}
-
-/// Watches the webhook configuration from now on, counting its versions and those with an entry
-/// lacking a caBundle.
-struct BundleWatch {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<(usize, usize)>,
-}
-
-impl BundleWatch {
-    async fn finish(self) -> (usize, usize) {
-        let _ = self.stop.send(());
-        self.task.await.unwrap_or((0, usize::MAX))
-    }
-}
-
-async fn watch_ca_bundle(client: &kube::Client) -> anyhow::Result<BundleWatch> {
-    use futures::StreamExt as _;
-    use kube::api::{WatchEvent, WatchParams};
-    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let version = api
-        .get(CONFIG)
-        .await?
-        .metadata
-        .resource_version
-        .context("no resourceVersion")?;
-    let params = WatchParams::default()
-        .fields(&format!("metadata.name={CONFIG}"))
-        .timeout(290);
-    let mut stream = api.watch(&params, &version).await?.boxed();
-    let (stop, mut stopped) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(async move {
-        let (mut changes, mut without) = (0, 0);
-        loop {
-            tokio::select! {
-                _ = &mut stopped => return (changes, without),
-                event = stream.next() => match event {
-                    Some(Ok(WatchEvent::Modified(config) | WatchEvent::Added(config))) => {
-                        changes += 1;
-                        let missing = config.webhooks.unwrap_or_default().iter().any(|w| {
-                            w.client_config.ca_bundle.as_ref().is_none_or(|b| b.0.is_empty())
-                        });
-                        if missing {
-                            without += 1;
-                        }
-                    }
-                    Some(Ok(WatchEvent::Deleted(_))) => without += 1,
-                    Some(_) => {}
-                    None => return (changes, without),
-                },
-            }
-        }
-    });
-    Ok(BundleWatch { stop, task })
-}
-
-fn gpu_pod(name: &str, annotations: serde_json::Value, runtime_class: Option<&str>) -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {
-            "runtimeClassName": runtime_class,
-            "restartPolicy": "Always",
-            "containers": [{"name": "main", "image": "e2e/server:1", "command": ["serve"],
-                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
-        }
-    }))
-    .unwrap()
 }
 
 async fn running_on_virtual_node(
@@ -612,50 +538,4 @@ async fn running_on_virtual_node(
         Ok((on_node && running).then_some(()))
     })
     .await
-}
-
-/// The stored CA and bundle.
-async fn ca_pems(client: &kube::Client) -> anyhow::Result<(String, String)> {
-    let secret = Api::<Secret>::namespaced(client.clone(), NS)
-        .get(&format!("{FULL}-webhook-tls-ca"))
-        .await?;
-    let data = secret.data.context("CA Secret without data")?;
-    let text = |key: &str| -> anyhow::Result<String> {
-        Ok(String::from_utf8(
-            data.get(key).context("missing key")?.0.clone(),
-        )?)
-    };
-    Ok((text("ca.crt")?, text("ca-bundle.crt")?))
-}
-
-/// A client authenticating with a ServiceAccount's token.
-async fn token_client(
-    admin: &kube::Client,
-    kubeconfig: &Path,
-    account: &str,
-) -> anyhow::Result<kube::Client> {
-    let sa = Api::<ServiceAccount>::namespaced(admin.clone(), NS)
-        .get(account)
-        .await?;
-    let secret_name = sa
-        .secrets
-        .and_then(|s| s.first().and_then(|r| r.name.clone()))
-        .context("the ServiceAccount has no token Secret")?;
-    let secret = Api::<Secret>::namespaced(admin.clone(), NS)
-        .get(&secret_name)
-        .await?;
-    let token = String::from_utf8(secret.data.context("no token")?["token"].0.clone())?;
-    let mut config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(kubeconfig)?,
-        &Default::default(),
-    )
-    .await?;
-    config.auth_info = kube::config::AuthInfo {
-        token: Some(token.into()),
-        ..Default::default()
-    };
-    if config.auth_info.token.is_none() {
-        bail!("no token");
-    }
-    Ok(kube::Client::try_from(config)?)
 }

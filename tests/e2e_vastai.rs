@@ -13,8 +13,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
+use base64::Engine as _;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::{Value, json};
@@ -191,7 +192,28 @@ async fn job_bursts_to_vastai(world: &World) -> anyhow::Result<()> {
     namespace(&world.client, ns, &[("runpod.io/provider", "vastai")]).await?;
     let annotations = json!({"vast.ai/gpu-type": "RTX 4090", "vast.ai/region": "Europe",
                              "vast.ai/disk": "30GB"});
-    create_job(&world.client, ns, "train", "e2e/trainer:1", 1, &annotations).await?;
+    // A private image: the pod's imagePullSecrets become the instance's registry login.
+    let auth = base64::engine::general_purpose::STANDARD.encode("e2e-bot:pull-t0ken");
+    let config = json!({"auths": {"https://index.docker.io/v1/": {"auth": auth}}});
+    Api::<Secret>::namespaced(world.client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "regcred"}, "type": "kubernetes.io/dockerconfigjson",
+                "stringData": {".dockerconfigjson": config.to_string()}
+            }))?,
+        )
+        .await?;
+    create_job(
+        &world.client,
+        ns,
+        "train",
+        "e2e/trainer:1",
+        1,
+        &annotations,
+        Some("regcred"),
+    )
+    .await?;
     job_succeeds(&world.client, ns, "train", 1).await?;
     let pod = pods_of_job(&world.client, ns, "train").await?.remove(0);
     let uid = pod.metadata.uid.clone().context("uid")?;
@@ -230,6 +252,10 @@ async fn job_bursts_to_vastai(world: &World) -> anyhow::Result<()> {
         annotation(&pod, "runpod.io/datacenter")
     );
     ensure!(entry["gpu_name"] == "RTX 4090", "GPU {}", entry["gpu_name"]);
+    ensure!(
+        entry["image_login"] == true,
+        "the registry login was not sent: {entry}"
+    );
     ensure!(entry["disk"] == 30.0, "disk {}", entry["disk"]);
     ensure!(
         entry["label"] == format!("rpk:{CLUSTER}:{VAST_NODE}:{uid}"),
@@ -287,7 +313,16 @@ async fn runpod_namespace_stays_on_runpod(world: &World) -> anyhow::Result<()> {
     let ns = "e2e-runpod";
     namespace(&world.client, ns, &[]).await?;
     let before = world.vast.ledger().await?.len();
-    create_job(&world.client, ns, "train", "e2e/trainer:1", 1, &json!({})).await?;
+    create_job(
+        &world.client,
+        ns,
+        "train",
+        "e2e/trainer:1",
+        1,
+        &json!({}),
+        None,
+    )
+    .await?;
     job_succeeds(&world.client, ns, "train", 1).await?;
     let pod = pods_of_job(&world.client, ns, "train").await?.remove(0);
     ensure!(
@@ -397,7 +432,16 @@ async fn lost_answers_and_a_crash_buy_once(
             )
             .await?;
     }
-    create_job(&world.client, ns, "batch", "e2e/trainer:2", 4, &json!({})).await?;
+    create_job(
+        &world.client,
+        ns,
+        "batch",
+        "e2e/trainer:2",
+        4,
+        &json!({}),
+        None,
+    )
+    .await?;
     // The first create has gone out (answered or not): kill the controller mid-way.
     wait::until("a first instance is bought", WAIT, || async {
         let ledger = world.vast.ledger().await?;
@@ -589,6 +633,7 @@ async fn create_job(
     image: &str,
     completions: u32,
     annotations: &Value,
+    pull_secret: Option<&str>,
 ) -> anyhow::Result<()> {
     let mut template_annotations = annotations.clone();
     template_annotations["runpod.io/burst-mode"] = json!("always");
@@ -601,6 +646,17 @@ async fn create_job(
                       "command": ["python", "train.py"],
                       "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
     }))?;
+    let mut job = job;
+    if let (Some(secret), Some(spec)) = (
+        pull_secret,
+        job.spec
+            .as_mut()
+            .and_then(|spec| spec.template.spec.as_mut()),
+    ) {
+        spec.image_pull_secrets = Some(vec![k8s_openapi::api::core::v1::LocalObjectReference {
+            name: secret.to_owned(),
+        }]);
+    }
     Api::<Job>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &job)
         .await?;

@@ -23,6 +23,7 @@ pub mod pods;
 pub mod poller;
 pub mod presence;
 pub mod provider;
+pub mod pull_secrets;
 pub mod runpod_provider;
 pub mod stats;
 pub mod status;

@@ -214,6 +214,8 @@ pub struct ProvisionRequest<'a> {
     pub volumes: &'a Volumes,
     /// GPU types not to try for this pod (e.g. one that was placed outside its datacenters).
     pub excluded_gpu_types: &'a [String],
+    /// Registry logins from the pod's `imagePullSecrets`, for clouds that pull with them.
+    pub pull_credentials: &'a [super::pull_secrets::PullCredential],
 }
 
 /// The instance a provision made or adopted.

@@ -17,11 +17,12 @@ use super::provider::{
     LogEntry, LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned,
     Tags,
 };
+use super::pull_secrets;
 use crate::vastai::buy::{Bought, BuyError};
 use crate::vastai::client::VastClient;
 use crate::vastai::error::VastError;
 use crate::vastai::label::Label;
-use crate::vastai::model::{self, Offer};
+use crate::vastai::model::{self, Offer, RegistryLogin};
 use crate::vastai::query::OfferQuery;
 use crate::vastai::translate;
 
@@ -368,8 +369,20 @@ impl Provider for VastaiProvider {
             })?;
         let env = request.env.container_env(container);
         let query = OfferQuery::for_pod(&wanted, &self.policy, DEFAULT_DISK_GB);
-        let create = translate::create_request(pod, &env, &label, query.disk_gb)
+        let mut create = translate::create_request(pod, &env, &label, query.disk_gb)
             .map_err(|e| ProvisionError::Rejected(e.to_string()))?;
+        if let Some(login) = pull_secrets::credential_for(&create.image, request.pull_credentials) {
+            create.registry = Some(
+                RegistryLogin::new(&login.username, &login.password, &login.registry).map_err(
+                    |problem| {
+                        ProvisionError::Rejected(format!(
+                            "imagePullSecrets for {}: {problem}",
+                            login.registry
+                        ))
+                    },
+                )?,
+            );
+        }
         let offers: Vec<Offer> = self
             .client
             .search(&query)

@@ -100,7 +100,8 @@ app.kubernetes.io/component: {{ index . 1 }}
 - {{ .Values.certs.caRenewBefore | quote }}
 {{- end -}}
 
-{{/* Flags the controller and its drain share: which node, cluster and RunPod account. */}}
+{{/* Flags the controller and its drain share: which node, cluster and cloud account. Call with
+(dict "root" . "node" NODE), NODE as built in _controller.tpl. */}}
 {{- define "runpod-kubelet.controllerArgs" -}}
 - controller
 {{ include "runpod-kubelet.nodeArgs" . }}
@@ -111,18 +112,103 @@ app.kubernetes.io/component: {{ index . 1 }}
 - drain
 {{ include "runpod-kubelet.nodeArgs" . }}
 - --timeout
-- {{ .Values.controller.drain.timeout | quote }}
+- {{ .root.Values.controller.drain.timeout | quote }}
 {{- end -}}
 
+{{- /* The default node passes no --provider (runpod), as before nodes existed. */ -}}
 {{- define "runpod-kubelet.nodeArgs" -}}
+{{- $v := .root.Values -}}
+{{- with .node.provider -}}
+- --provider
+- {{ . }}
+{{ end -}}
 - --nodename
-- {{ .Values.nodeName | quote }}
+- {{ .node.nodeName | quote }}
+{{- if eq .node.provider "vastai" }}
+- --vastai-api-url
+- {{ $v.vastai.apiUrl | quote }}
+{{- else }}
 - --runpod-api-url
-- {{ .Values.runpod.apiUrl | quote }}
-{{- with .Values.controller.clusterId }}
+- {{ $v.runpod.apiUrl | quote }}
+{{- end }}
+{{- with $v.controller.clusterId }}
 - --cluster-id
 - {{ . | quote }}
 {{- end }}
+{{- end -}}
+
+{{/* The Vast.ai installation policy, the same for the webhook and every controller. Only what
+differs from the binary's defaults is passed, so installs without Vast.ai render as before. */}}
+{{- define "runpod-kubelet.vastaiPolicyArgs" -}}
+{{- with .Values.vastai -}}
+{{- if and .regions .countries -}}
+{{- fail "set vastai.regions or vastai.countries, not both" -}}
+{{- end -}}
+{{- with .regions }}
+- --vastai-regions
+- {{ join "," . | quote }}
+{{- end }}
+{{- with .countries }}
+- --vastai-countries
+- {{ join "," . | quote }}
+{{- end }}
+{{- if .datacenterOnly }}
+- --vastai-datacenter-only=true
+{{- end }}
+{{- if not .verifiedOnly }}
+- --vastai-verified-only=false
+{{- end }}
+{{- if ne (float64 .minReliability) 0.98 }}
+- --vastai-min-reliability
+- {{ .minReliability | quote }}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{- define "runpod-kubelet.vastaiKeySecret" -}}
+{{- default (printf "%s-vastai" (include "runpod-kubelet.fullname" .)) .Values.vastai.existingSecret -}}
+{{- end -}}
+
+{{- define "runpod-kubelet.vastaiKeyKey" -}}
+{{- if .Values.vastai.existingSecret -}}{{ .Values.vastai.existingSecretKey }}{{- else -}}VAST_API_KEY{{- end -}}
+{{- end -}}
+
+{{/* The key of a `nodes` entry: call with (list . ENTRY). Its own Secret, else the chart's Secret
+of its provider. */}}
+{{- define "runpod-kubelet.nodeKeyEnv" -}}
+{{- $ := index . 0 -}}
+{{- $node := index . 1 -}}
+{{- $vast := eq $node.provider "vastai" -}}
+{{- $var := ternary "VAST_API_KEY" "RUNPOD_API_KEY" $vast -}}
+{{- $secret := include "runpod-kubelet.apiKeySecret" $ -}}
+{{- $key := include "runpod-kubelet.apiKeyKey" $ -}}
+{{- if $node.existingSecret -}}
+{{- $secret = $node.existingSecret -}}
+{{- $key = default $var $node.existingSecretKey -}}
+{{- else if $vast -}}
+{{- $secret = include "runpod-kubelet.vastaiKeySecret" $ -}}
+{{- $key = include "runpod-kubelet.vastaiKeyKey" $ -}}
+{{- end -}}
+- name: {{ $var }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ $key }}
+{{- end -}}
+
+{{/* Whether the chart's Vast.ai Secret is needed: a vastai node without its own Secret. */}}
+{{- define "runpod-kubelet.needsVastaiSecret" -}}
+{{- if not .Values.vastai.existingSecret -}}
+{{- range .Values.nodes -}}
+{{- if and (eq .provider "vastai") (not .existingSecret) }}true{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Base name of a `nodes` entry's objects (room left for -metrics and -drain): call with
+(list . NODENAME). */}}
+{{- define "runpod-kubelet.nodeControllerName" -}}
+{{- printf "%s-%s" (include "runpod-kubelet.controllerName" (index . 0)) (index . 1) | trunc 55 | trimSuffix "-" -}}
 {{- end -}}
 
 {{/* Hook annotations of the certs Job and its account: call with (list . WEIGHT). Pre-install it

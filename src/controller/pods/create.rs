@@ -20,7 +20,7 @@ use crate::controller::env::{self, ClusterEnvSource};
 use crate::controller::node::ApiHealth;
 use crate::controller::provider::{Provider, ProvisionError, ProvisionRequest, Provisioned};
 use crate::controller::status::View;
-use crate::controller::volumes;
+use crate::controller::{pull_secrets, volumes};
 
 /// Taints the node lifecycle controller puts on an unhealthy node.
 const OUTAGE_TAINTS: [&str; 2] = [
@@ -216,11 +216,21 @@ pub(super) async fn create<P: Provider>(
     ctx.remember(uid, |m| m.nothing_created = false);
     write::waiting(ctx, pod, "ContainerCreating", "creating the RunPod pod").await?;
 
+    // Unreadable pull secrets are not fatal: an image that needs none still runs.
+    let pull_credentials =
+        match pull_secrets::resolve(&ClusterEnvSource(ctx.client.clone()), pod).await {
+            Ok(credentials) => credentials,
+            Err(error) => {
+                warn!(%error, "reading the pod's imagePullSecrets failed");
+                Vec::new()
+            }
+        };
     let request = ProvisionRequest {
         pod,
         env: &resolved,
         volumes: &volumes,
         excluded_gpu_types: &excluded,
+        pull_credentials: &pull_credentials,
     };
     ctx.metrics.creates.inc();
     match provision_marked(ctx, &pods, &name, request).await {

@@ -1,0 +1,258 @@
+{{/* A virtual node's controller: its metrics Service, Deployment and drain Job, for the default
+node (controller.yaml, drain-job.yaml) and each `nodes` entry (nodes.yaml). Call with a NODE
+dict: root (the chart's context), name (of the objects), account (the ServiceAccount), nodeName,
+provider ("" for the default node: no --provider), component and extra (a `nodes` entry: its pods
+also carry runpod.io/node, so no two nodes' Services or Deployments select each other's pods),
+replicas, maxPods, maxGpus, kubeletPort, metricsPort, extraArgs, keyEnv (the key's env YAML). */}}
+
+{{/* Fills the NODE dict: call with (list . ENTRY OUT), ENTRY a `nodes` entry or nil (the default
+node); OUT an empty dict (a template returns only text). */}}
+{{- define "runpod-kubelet.fillNode" -}}
+{{- $ := index . 0 -}}
+{{- $entry := index . 1 -}}
+{{- $out := index . 2 -}}
+{{- $c := $.Values.controller -}}
+{{- $account := include "runpod-kubelet.controllerName" $ -}}
+{{- $_ := set $out "root" $ -}}
+{{- $_ = set $out "account" $account -}}
+{{- if $entry -}}
+{{- $_ = set $out "name" (include "runpod-kubelet.nodeControllerName" (list $ $entry.name)) -}}
+{{- $_ = set $out "nodeName" $entry.name -}}
+{{- $_ = set $out "provider" $entry.provider -}}
+{{- $_ = set $out "component" "node-controller" -}}
+{{- $_ = set $out "extra" true -}}
+{{- $_ = set $out "replicas" (default $c.replicas $entry.replicas) -}}
+{{- $_ = set $out "maxPods" (default $c.maxPods $entry.maxPods) -}}
+{{- $_ = set $out "maxGpus" (default $c.maxGpus $entry.maxGpus) -}}
+{{- $_ = set $out "kubeletPort" (default $c.kubeletPort $entry.kubeletPort) -}}
+{{- $_ = set $out "metricsPort" (default $c.metricsPort $entry.metricsPort) -}}
+{{- $_ = set $out "extraArgs" (default list $entry.extraArgs) -}}
+{{- $_ = set $out "keyEnv" (include "runpod-kubelet.nodeKeyEnv" (list $ $entry)) -}}
+{{- else -}}
+{{- $_ = set $out "name" $account -}}
+{{- $_ = set $out "nodeName" $.Values.nodeName -}}
+{{- $_ = set $out "provider" "" -}}
+{{- $_ = set $out "component" "controller" -}}
+{{- $_ = set $out "extra" false -}}
+{{- $_ = set $out "replicas" $c.replicas -}}
+{{- $_ = set $out "maxPods" $c.maxPods -}}
+{{- $_ = set $out "maxGpus" $c.maxGpus -}}
+{{- $_ = set $out "kubeletPort" $c.kubeletPort -}}
+{{- $_ = set $out "metricsPort" $c.metricsPort -}}
+{{- $_ = set $out "extraArgs" $c.extraArgs -}}
+{{- $_ = set $out "keyEnv" (include "runpod-kubelet.apiKeyEnv" $) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "runpod-kubelet.controllerComponentLabels" -}}
+app.kubernetes.io/component: {{ .component }}
+{{- if .extra }}
+runpod.io/node: {{ .nodeName | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "runpod-kubelet.controllerSelectorLabels" -}}
+{{ include "runpod-kubelet.selectorLabels" (list .root .component) }}
+{{- if .extra }}
+runpod.io/node: {{ .nodeName | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "runpod-kubelet.controllerService" -}}
+{{- $root := .root -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ .name }}-metrics
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "runpod-kubelet.labels" $root | nindent 4 }}
+    {{- include "runpod-kubelet.controllerComponentLabels" . | nindent 4 }}
+spec:
+  selector:
+    {{- include "runpod-kubelet.controllerSelectorLabels" . | nindent 4 }}
+  ports:
+    - name: metrics
+      port: {{ .metricsPort }}
+      targetPort: metrics
+      protocol: TCP
+{{- end -}}
+
+{{- define "runpod-kubelet.controllerDeployment" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ .name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "runpod-kubelet.labels" $root | nindent 4 }}
+    {{- include "runpod-kubelet.controllerComponentLabels" . | nindent 4 }}
+spec:
+  replicas: {{ .replicas }}
+  selector:
+    matchLabels:
+      {{- include "runpod-kubelet.controllerSelectorLabels" . | nindent 6 }}
+  {{- if $v.controller.updateStrategy }}
+  strategy:
+    {{- toYaml $v.controller.updateStrategy | nindent 4 }}
+  {{- else if not $v.controller.leaderElection.enabled }}
+  # Without leader election two controllers must never run at once: the old one goes first.
+  strategy:
+    type: Recreate
+  {{- end }}
+  template:
+    metadata:
+      labels:
+        {{- include "runpod-kubelet.controllerSelectorLabels" . | nindent 8 }}
+      {{- with $v.controller.podAnnotations }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    spec:
+      serviceAccountName: {{ .account }}
+      {{- with $v.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      securityContext:
+        {{- toYaml $v.podSecurityContext | nindent 8 }}
+      containers:
+        - name: controller
+          image: {{ include "runpod-kubelet.image" $root }}
+          imagePullPolicy: {{ $v.image.pullPolicy }}
+          args:
+            {{- include "runpod-kubelet.controllerArgs" (dict "root" $root "node" .) | nindent 12 }}
+            - --kubelet-port
+            - {{ .kubeletPort | quote }}
+            - --metrics-listen
+            - {{ printf "0.0.0.0:%v" .metricsPort | quote }}
+            - --reconcile-interval
+            - {{ $v.controller.reconcileInterval | quote }}
+            - --provision-timeout
+            - {{ $v.controller.provisionTimeout | quote }}
+            - --create-settle
+            - {{ $v.controller.createSettle | quote }}
+            - --outage-grace
+            - {{ $v.controller.outageGrace | quote }}
+            - --max-pending-time
+            - {{ $v.controller.maxPendingTime | quote }}
+            - --pending-job-threshold
+            - {{ $v.controller.pendingJobThreshold | quote }}
+            - --idle-gpu-threshold
+            - {{ $v.controller.idleGpuThreshold | quote }}
+            - --idle-gpu-after
+            - {{ $v.controller.idleGpuAfter | quote }}
+            - --max-pods
+            - {{ .maxPods | quote }}
+            - --max-gpus
+            - {{ .maxGpus | quote }}
+            {{- with $v.controller.concurrency }}
+            - --concurrency
+            - {{ . | quote }}
+            {{- end }}
+            - --max-gpu-price
+            - {{ $v.runpod.maxGpuPrice | quote }}
+            {{- with $v.runpod.datacenterIds }}
+            - --datacenter-ids
+            - {{ join "," . | quote }}
+            {{- end }}
+            {{- with $v.webhook.excludeNamespaces }}
+            - --exclude-namespaces
+            - {{ join "," . | quote }}
+            {{- end }}
+            {{- with include "runpod-kubelet.vastaiPolicyArgs" $root | trim }}
+            {{- . | nindent 12 }}
+            {{- end }}
+            - --leader-elect={{ $v.controller.leaderElection.enabled }}
+            {{- if $v.controller.leaderElection.enabled }}
+            - --leader-elect-lease-duration
+            - {{ $v.controller.leaderElection.leaseDuration | quote }}
+            - --leader-elect-renew-deadline
+            - {{ $v.controller.leaderElection.renewDeadline | quote }}
+            - --leader-elect-retry-period
+            - {{ $v.controller.leaderElection.retryPeriod | quote }}
+            {{- end }}
+            {{- range .extraArgs }}
+            - {{ . | quote }}
+            {{- end }}
+          env:
+            {{- include "runpod-kubelet.commonEnv" $root | nindent 12 }}
+            {{- .keyEnv | nindent 12 }}
+            # The node's InternalIP follows the pod that leads.
+            - name: POD_IP
+              valueFrom:
+                fieldRef:
+                  fieldPath: status.podIP
+            - name: POD_NAME
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.name
+          ports:
+            - name: kubelet
+              containerPort: {{ .kubeletPort }}
+              protocol: TCP
+            - name: metrics
+              containerPort: {{ .metricsPort }}
+              protocol: TCP
+          readinessProbe:
+            httpGet: {path: /readyz, port: metrics}
+            periodSeconds: 10
+          livenessProbe:
+            httpGet: {path: /healthz, port: metrics}
+            periodSeconds: 10
+            failureThreshold: 6
+          resources:
+            {{- toYaml $v.controller.resources | nindent 12 }}
+          securityContext:
+            {{- toYaml $v.securityContext | nindent 12 }}
+      {{- with $v.controller.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.controller.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      affinity:
+        {{- if $v.controller.affinity }}
+        {{- toYaml $v.controller.affinity | nindent 8 }}
+        {{- else }}
+        podAntiAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+            - weight: 100
+              podAffinityTerm:
+                topologyKey: kubernetes.io/hostname
+                labelSelector:
+                  matchLabels:
+                    {{- include "runpod-kubelet.controllerSelectorLabels" . | nindent 20 }}
+        {{- end }}
+{{- end -}}
+
+{{/* The pre-delete drain of a node: every cloud pod of this cluster and node is terminated, the
+job waits until none bills, and the virtual node is deleted. */}}
+{{- define "runpod-kubelet.drainJob" -}}
+{{- $root := .root -}}
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {{ .name }}-drain
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "runpod-kubelet.labels" $root | nindent 4 }}
+    {{- include "runpod-kubelet.controllerComponentLabels" (merge (dict "component" "drain") .) | nindent 4 }}
+  annotations:
+    helm.sh/hook: pre-delete
+    helm.sh/hook-weight: "0"
+    helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+spec:
+  backoffLimit: 2
+  template:
+    metadata:
+      labels:
+        {{- include "runpod-kubelet.controllerSelectorLabels" (merge (dict "component" "drain") .) | nindent 8 }}
+    spec:
+      {{- $args := include "runpod-kubelet.drainArgs" (dict "root" $root "node" .) }}
+      {{- include "runpod-kubelet.jobPod" (list $root .account $args .keyEnv "drain") | nindent 6 }}
+{{- end -}}

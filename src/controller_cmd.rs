@@ -541,6 +541,10 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
                 .vastai
                 .client()
                 .context("configuring the Vast.ai client")?;
+            // Every instance's label names the cluster and the node: refuse ids it cannot hold.
+            runpod_kubelet::vastai::label::Label::new(&setup.cluster_id, &args.nodename, "pod-uid")
+                .map_err(anyhow::Error::msg)
+                .context("--cluster-id and --nodename must fit in a Vast.ai label")?;
             // The node's taints and selection are Vast.ai's; RunPod's datacenter list is not
             // this node's policy.
             setup.admission.allowed_datacenters.clear();
@@ -623,7 +627,7 @@ async fn serve<P: Provider>(
             host_ip: internal_ip.to_string(),
             reconcile_interval: args.reconcile_interval,
             provision_timeout: args.provision_timeout,
-            create_settle: args.create_settle,
+            create_settle: args.create_settle.max(provider.read_lag()),
             outage_grace: args.outage_grace,
             idle: args.idle.settings(),
             admission,

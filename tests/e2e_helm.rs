@@ -478,6 +478,34 @@ async fn scenario(
     .await?;
     drop(after_upgrade);
 
+    // 5b. Dropping a node from `nodes` while it still exists would leave its instances with no
+    //     controller and no drain: the upgrade is refused, and the node is still served.
+    let refused = helm(
+        kubeconfig,
+        &[
+            "upgrade",
+            RELEASE,
+            "charts/runpod-kubelet",
+            "--namespace",
+            NS,
+            "-f",
+            values,
+            "--set-json",
+            "nodes=[]",
+        ],
+    );
+    let message = format!(
+        "{:#}",
+        refused.err().context("dropping a live node was allowed")?
+    );
+    ensure!(
+        message.contains(&format!(
+            "{VAST_NODE:?} was removed but its virtual node still exists"
+        )),
+        "refusal {message}"
+    );
+    support::pods::node_ready_named(client, VAST_NODE).await?;
+
     // 6. helm uninstall: the drain runs first; nothing is left billing or blocking.
     helm(
         kubeconfig,

@@ -105,6 +105,9 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
         &vast.url,
         "--cluster-id",
         CLUSTER,
+        // The simulator's list lags creates by 1.5 s.
+        "--vastai-read-lag",
+        "5s",
     ];
     vast_args.extend(policy);
     let mut vast_controller = ControllerProcess::start(

@@ -181,6 +181,10 @@ impl<P: Provider> Provider for Gated<P> {
         self.inner.instance_noun()
     }
 
+    fn read_lag(&self) -> std::time::Duration {
+        self.inner.read_lag()
+    }
+
     fn name(&self) -> &'static str {
         self.inner.name()
     }

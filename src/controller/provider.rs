@@ -315,6 +315,13 @@ pub trait Provider: Send + Sync + 'static {
     /// Short name: node label value, metrics label.
     fn name(&self) -> &'static str;
 
+    /// How long the cloud's reads may lag a create: the controller waits at least this long
+    /// (beside `--create-settle`) before it takes lists that show nothing as proof that a
+    /// recorded create made nothing.
+    fn read_lag(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// What an instance is called in Events and messages (`RunPod pod`, `Vast.ai instance`).
     fn instance_noun(&self) -> &'static str {
         "RunPod pod"

@@ -167,6 +167,10 @@ fn tags(label: Option<&Label>) -> Tags {
 /// contract end) never run the pod again, so they fail it and the instance is destroyed.
 pub fn state_of(instance: &model::Instance) -> InstanceState {
     use model::InstanceState as Vast;
+    // A destroyed contract that a read still shows.
+    if instance.cur_state.as_deref() == Some("unloaded") {
+        return InstanceState::Terminated;
+    }
     match instance.state() {
         Vast::Provisioning => InstanceState::Provisioning,
         Vast::Created if instance.is_dead() => InstanceState::Error,
@@ -326,6 +330,10 @@ impl Provider for VastaiProvider {
         "Vast.ai instance"
     }
 
+    fn read_lag(&self) -> Duration {
+        self.client.grace_window()
+    }
+
     async fn list(&self) -> Result<Vec<Instance>, ProviderError> {
         let instances = self.client.list(&json!({})).await.map_err(provider_error)?;
         Ok(instances.iter().map(to_instance).collect())
@@ -337,7 +345,15 @@ impl Provider for VastaiProvider {
             return Ok(None);
         };
         let found = self.client.get(id).await.map_err(provider_error)?;
-        Ok(found.as_ref().map(to_instance))
+        match found {
+            Some(instance) => Ok(Some(to_instance(&instance))),
+            // Reads lag a create: an instance this process bought is not gone because a read
+            // does not show it yet.
+            None if self.client.created_lately(id) => Err(ProviderError::Unavailable(format!(
+                "Vast.ai does not show instance {id} yet, which this controller created"
+            ))),
+            None => Ok(None),
+        }
     }
 
     fn constraints(&self, pod: &Pod) -> Result<Constraints, String> {
@@ -394,11 +410,6 @@ impl Provider for VastaiProvider {
             .into_iter()
             .filter(|offer| !request.excluded_gpu_types.contains(&offer.gpu_name))
             .collect();
-        if let Some(price) = cheapest_per_gpu(&offers)
-            && wanted.gpu_names.is_empty()
-        {
-            *self.cheapest.lock().unwrap_or_else(PoisonError::into_inner) = Some(price);
-        }
         if offers.is_empty() {
             return Err(ProvisionError::NoCandidates(format!(
                 "no Vast.ai offer matches the pod now (GPU {}, x{}, at most {} USD/h, {}, \
@@ -475,8 +486,9 @@ impl Provider for VastaiProvider {
         let Some(number) = parse_id(id) else {
             return Ok(FinalLog::default());
         };
-        let lines = match self.client.logs(number, FINAL_LOG_LINES).await {
-            Ok(text) => lines_of(&text),
+        let read = self.client.logs(number, FINAL_LOG_LINES).await;
+        let lines = match &read {
+            Ok(text) => lines_of(text),
             Err(error) => {
                 warn!(instance = number, error = %error, "reading the final Vast.ai log failed");
                 Vec::new()
@@ -494,6 +506,11 @@ impl Provider for VastaiProvider {
                 .as_deref()
                 .and_then(exit_code_from_status),
         };
+        // Without a code and without the log, the caller tries again rather than end the pod
+        // with an unknown code.
+        if let (None, Err(error)) = (code, read) {
+            return Err(provider_error(error));
+        }
         Ok(FinalLog::bounded(code, entries(&lines)))
     }
 
@@ -653,6 +670,8 @@ mod tests {
             let instance = vast(json!({"id": 2, "actual_status": status, "status_msg": message}));
             assert_eq!(state_of(&instance), state, "{status} {message}");
         }
+        let destroyed = vast(json!({"id": 4, "actual_status": "exited", "cur_state": "unloaded"}));
+        assert_eq!(state_of(&destroyed), InstanceState::Terminated);
         let offline = to_instance(&vast(json!({"id": 3, "actual_status": "offline"})));
         assert!(
             offline

@@ -23,15 +23,25 @@ pub struct VastArgs {
     /// Per-request timeout for Vast.ai calls.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_VASTAI_TIMEOUT")]
     pub vastai_timeout: Duration,
+    /// How long Vast.ai's reads may lag a create (undocumented): after an unclear create, and
+    /// after a restart with a create on record, nothing is bought for the pod until label
+    /// lookups this long after it found none.
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_VASTAI_READ_LAG")]
+    pub vastai_read_lag: Duration,
 }
 
 impl VastArgs {
     pub fn client_config(&self) -> VastConfig {
-        VastConfig {
+        let mut config = VastConfig {
             api_url: self.vastai_api_url.clone(),
             request_timeout: self.vastai_timeout,
             ..VastConfig::default()
-        }
+        };
+        // The label lookups after an unclear create span the read lag.
+        let retry = &mut config.retry;
+        let gaps = retry.lookup_attempts.saturating_sub(1).max(1);
+        retry.lookup_interval = self.vastai_read_lag / gaps;
+        config
     }
 
     /// A client with the key from `VAST_API_KEY`.

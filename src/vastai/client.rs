@@ -364,7 +364,24 @@ impl VastClient {
             }
             let url = self.url(&["v1", "instances"], &query);
             let page: ListPage = decode(&self.send(Route::List, Method::GET, url, None).await?)?;
-            instances.extend(page.instances);
+            for row in page.instances {
+                let labelled_ours = row
+                    .get("label")
+                    .and_then(Value::as_str)
+                    .and_then(Label::parse)
+                    .is_some();
+                match serde_json::from_value::<Instance>(row) {
+                    Ok(instance) => instances.push(instance),
+                    // One of ours must never be missing from a list that counts as complete.
+                    Err(error) if labelled_ours => {
+                        return Err(VastError::Decode {
+                            status: 200,
+                            message: format!("a labelled instance could not be read: {error}"),
+                        });
+                    }
+                    Err(error) => debug!(%error, "vastai list row of another tool skipped"),
+                }
+            }
             match page.next_token.filter(|next| !next.is_empty()) {
                 Some(next) if token.as_ref() == Some(&next) => {
                     return Err(VastError::Decode {
@@ -462,6 +479,12 @@ impl VastClient {
         Err(VastError::Timeout {
             timeout: retry.log_poll_interval * retry.log_polls.max(1),
         })
+    }
+
+    /// Whether this client created `id` and has not destroyed it: a read that says it does
+    /// not exist then only lags the create.
+    pub fn created_lately(&self, id: u64) -> bool {
+        self.recent().values().any(|known| *known == id)
     }
 
     fn remember(&self, label: &str, id: u64) {

@@ -274,6 +274,9 @@ pub struct Instance {
     pub actual_status: Option<String>,
     #[serde(default)]
     pub intended_status: Option<String>,
+    /// The contract: `running`, `stopped`, or `unloaded` once destroyed.
+    #[serde(default)]
+    pub cur_state: Option<String>,
     #[serde(default)]
     pub status_msg: Option<String>,
     #[serde(default)]
@@ -337,8 +340,10 @@ pub(crate) struct GetReply {
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct ListPage {
+    /// Rows as they came: each is read on its own, so one odd row of another tool's cannot
+    /// break the list of ours.
     #[serde(default)]
-    pub instances: Vec<Instance>,
+    pub instances: Vec<serde_json::Value>,
     #[serde(default)]
     pub next_token: Option<String>,
 }

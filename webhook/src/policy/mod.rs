@@ -121,8 +121,23 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
         return deny_invalid(pod, namespace, invalid);
     }
     // A choice `cheapest` made is recorded on the pod, so a later review keeps it.
+    // `cheapest` compares only the clouds this pod may go to.
+    let fits = |cloud: Cloud| match cloud {
+        Cloud::RunPod => checks::policy_violations(&effective, gpus, config).is_empty(),
+        Cloud::VastAi => {
+            checks::vastai_unsupported_shape(pod).is_empty()
+                && runpod_contract::vastai::requirements(&effective.values(), gpus, &config.vastai)
+                    .is_ok()
+        }
+    };
+    let prices: BTreeMap<Cloud, f64> = context
+        .cheapest_by_cloud
+        .iter()
+        .filter(|(cloud, _)| fits(**cloud))
+        .map(|(cloud, price)| (*cloud, *price))
+        .collect();
     let (cloud, chose_cheapest) =
-        match resolve_cloud(&effective, &context.namespace_labels, namespace, context) {
+        match resolve_cloud(&effective, &context.namespace_labels, namespace, &prices) {
             Ok((cloud, warning)) => {
                 let chose_cheapest = warning.is_some();
                 warnings.extend(warning);
@@ -270,13 +285,13 @@ fn resolve_mode(
 }
 
 /// The cloud of a burst pod: the effective annotation (pod, then Job), else the namespace
-/// label, else RunPod; `cheapest` picks by the prices the virtual nodes publish, with a warning
-/// saying which and why.
+/// label, else RunPod; `cheapest` picks by the prices the virtual nodes publish (`prices`: only
+/// the clouds the pod may go to), with a warning saying which and why.
 fn resolve_cloud(
     effective: &checks::Effective<'_>,
     namespace_labels: &BTreeMap<String, String>,
     namespace: &str,
-    context: &Context,
+    prices: &BTreeMap<Cloud, f64>,
 ) -> Result<(Cloud, Option<String>), String> {
     let choice = match effective.get(provider::PROVIDER) {
         // Validated with the other annotations.
@@ -297,7 +312,7 @@ fn resolve_cloud(
     Ok(match choice {
         ProviderChoice::Cloud(cloud) => (cloud, None),
         ProviderChoice::Cheapest => {
-            let (cloud, why) = provider::cheapest(&context.cheapest_by_cloud);
+            let (cloud, why) = provider::cheapest(prices);
             (cloud, Some(why))
         }
     })

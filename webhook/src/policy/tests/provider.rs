@@ -160,3 +160,19 @@ fn cheapest_picks_the_cloud_with_the_lower_published_price_and_says_why() {
     };
     assert!(patch_for(&patched, &mutation).0.is_empty());
 }
+
+#[test]
+fn cheapest_leaves_out_the_clouds_the_pod_cannot_use() {
+    let mut context = namespace_with("cheapest");
+    context.cheapest_by_cloud = [(Cloud::RunPod, 0.44), (Cloud::VastAi, 0.31)].into();
+    // Outside the Vast.ai policy: RunPod, although dearer.
+    let asia = annotate(always(gpu_pod()), "vast.ai/region", "Asia");
+    let (verdict, patched) = admit_with(&asia, &context, &vast_config());
+    assert_bursts(&verdict);
+    assert_eq!(annotations(&patched)[PROVIDER], "runpod");
+    // A forbidden RunPod datacenter: Vast.ai.
+    let forbidden = annotate(always(gpu_pod()), contract::DATACENTER_IDS, "US-CA-2");
+    let (verdict, patched) = admit_with(&forbidden, &context, &vast_config());
+    assert_bursts(&verdict);
+    assert_eq!(annotations(&patched)[PROVIDER], "vastai");
+}

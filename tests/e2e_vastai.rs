@@ -87,6 +87,8 @@ struct World {
     client: kube::Client,
     vast: SimulatorProcess,
     runpod: SimulatorProcess,
+    /// The Vast.ai controller's metrics address.
+    vast_metrics: String,
 }
 
 async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
@@ -96,6 +98,7 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
     let policy = ["--vastai-regions", "Europe", "--max-gpu-price", "2"];
     let webhook = WebhookProcess::start(&control_plane.kubeconfig, &policy).await?;
     webhook.register(&client, &["kube-system"]).await?;
+    let vast_metrics = support::webhook::free_port()?.to_string();
     let mut vast_args = vec![
         "--provider",
         "vastai",
@@ -108,6 +111,8 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
         // The simulator's list lags creates by 1.5 s.
         "--vastai-read-lag",
         "5s",
+        "--metrics-listen",
+        &vast_metrics,
     ];
     vast_args.extend(policy);
     let mut vast_controller = ControllerProcess::start(
@@ -126,6 +131,7 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
         client,
         vast,
         runpod,
+        vast_metrics: vast_metrics.clone(),
     };
     let outcome = scenarios(&world, &mut vast_controller).await;
     if outcome.is_err() {
@@ -503,6 +509,7 @@ async fn deletion_destroys_the_instance(world: &World) -> anyhow::Result<()> {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "server", "annotations": {"runpod.io/burst-mode": "always"}},
         "spec": {"containers": [{"name": "main", "image": "e2e/server:1",
+                 "env": [{"name": "SIM_GPU_UTIL", "value": "73"}],
                  "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
     }))?;
     pods.create(&PostParams::default(), &pod).await?;
@@ -516,8 +523,22 @@ async fn deletion_destroys_the_instance(world: &World) -> anyhow::Result<()> {
         labelled(&world.vast, &uid).await?.len() == 1,
         "one instance for the server"
     );
+    // Its GPU utilization, as Vast.ai reports it, on the controller's /metrics.
+    let series = format!(
+        "runpod_kubelet_pod_gpu_utilization_ratio{{namespace=\"{ns}\",pod=\"server\",provider=\"vastai\"}}"
+    );
+    let gpu = wait::until(&series, WAIT, || async {
+        support::controller::metric(&world.vast_metrics, &series).await
+    })
+    .await?;
+    ensure!((gpu - 0.73).abs() < 1e-9, "{series} = {gpu}");
     pods.delete("server", &DeleteParams::default()).await?;
     support::pods::gone(&pods, "server").await?;
+    wait::until("the ended pod's series removed", WAIT, || async {
+        let value = support::controller::metric(&world.vast_metrics, &series).await?;
+        Ok(value.is_none().then_some(()))
+    })
+    .await?;
     let entries = labelled(&world.vast, &uid).await?;
     ensure!(
         entries.len() == 1 && !entries[0]["destroyed_at"].is_null(),

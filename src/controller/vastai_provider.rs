@@ -13,9 +13,9 @@ use serde_json::json;
 use tracing::{debug, warn};
 
 use super::provider::{
-    CheapestPrices, Constraints, Endpoint, Ends, FinalLog, Instance, InstanceState, LogEntries,
-    LogEntry, LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned,
-    Tags,
+    CheapestPrices, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance, InstanceState,
+    LogEntries, LogEntry, LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest,
+    Provisioned, Tags, Usage,
 };
 use super::pull_secrets;
 use crate::vastai::buy::{Bought, BuyError};
@@ -238,8 +238,37 @@ pub fn to_instance(instance: &model::Instance) -> Instance {
         created_at: started_at,
         started_at,
         message,
-        usage: None,
+        usage: (state == InstanceState::Running)
+            .then(|| usage(instance))
+            .flatten(),
     }
+}
+
+/// The live report of a running instance as shares: `cpu_util` and `gpu_util` are fractions
+/// (one `gpu_util` for all its GPUs), memory is `mem_usage` of `mem_limit`. `None` when it
+/// reports nothing.
+fn usage(instance: &model::Instance) -> Option<Usage> {
+    let fraction = |value: Option<f64>| Usage::ratio(value.map(|v| v * 100.0));
+    let memory = match (instance.mem_usage, instance.mem_limit) {
+        (Some(used), Some(limit)) if limit > 0.0 => Usage::ratio(Some(used / limit * 100.0)),
+        _ => None,
+    };
+    let gpu = fraction(instance.gpu_util);
+    let usage = Usage {
+        cpu: fraction(instance.cpu_util),
+        memory,
+        gpus: match gpu {
+            Some(util) => vec![
+                GpuUsage {
+                    util: Some(util),
+                    memory: None
+                };
+                instance.num_gpus.unwrap_or(1).max(1) as usize
+            ],
+            None => Vec::new(),
+        },
+    };
+    (usage.cpu.is_some() || usage.memory.is_some() || !usage.gpus.is_empty()).then_some(usage)
 }
 
 /// The exit code Vast.ai's status message gives (`Container exited with code N`), if any.
@@ -681,6 +710,23 @@ mod tests {
                 .contains("never runs again"),
             "{offline:?}"
         );
+    }
+
+    #[test]
+    fn a_running_instances_report_becomes_shares() {
+        let report = json!({"id": 5, "actual_status": "running", "num_gpus": 2,
+            "cpu_util": 0.25, "gpu_util": 0.9, "mem_usage": 4000.0, "mem_limit": 16000.0});
+        let usage = to_instance(&vast(report.clone())).usage.unwrap();
+        assert_eq!(usage.cpu, Some(0.25));
+        assert_eq!(usage.memory, Some(0.25));
+        assert_eq!(usage.gpus.len(), 2);
+        assert_eq!(usage.gpu_util(), Some(0.9));
+        // Not running, or nothing reported: no report (never zeros).
+        let mut exited = report;
+        exited["actual_status"] = json!("exited");
+        assert!(to_instance(&vast(exited)).usage.is_none());
+        let silent = json!({"id": 6, "actual_status": "running", "gpu_util": null});
+        assert!(to_instance(&vast(silent)).usage.is_none());
     }
 
     #[test]

@@ -296,6 +296,15 @@ pub struct Instance {
     /// Epoch seconds.
     #[serde(default)]
     pub start_date: Option<f64>,
+    /// The live report while running: CPU and GPU utilization as fractions, memory in MB.
+    #[serde(default)]
+    pub cpu_util: Option<f64>,
+    #[serde(default)]
+    pub gpu_util: Option<f64>,
+    #[serde(default)]
+    pub mem_usage: Option<f64>,
+    #[serde(default)]
+    pub mem_limit: Option<f64>,
 }
 
 impl Instance {

@@ -233,9 +233,30 @@ impl Instance {
             "verification": self.offer.verification,
             "reliability2": self.offer.reliability,
             "is_bid": false,
+            // The live report, while running: fractions and MB.
+            "cpu_util": running.then(|| self.utilization("SIM_CPU_UTIL", 3)),
+            "gpu_util": running.then(|| self.utilization("SIM_GPU_UTIL", 50)),
+            "mem_usage": running.then(|| MEM_LIMIT_MB * self.utilization("SIM_MEM_UTIL", 20)),
+            "mem_limit": running.then_some(MEM_LIMIT_MB),
         })
     }
+
+    /// A utilization fraction the instance's env fixes in percent (`SIM_GPU_UTIL=73`), so tests
+    /// can set what it reports; `default` percent otherwise.
+    fn utilization(&self, key: &str, default: u32) -> f64 {
+        let percent = self
+            .order
+            .env
+            .get(key)
+            .and_then(|value| value.trim().parse::<u32>().ok())
+            .unwrap_or(default)
+            .min(100);
+        f64::from(percent) / 100.0
+    }
 }
+
+/// Memory the simulated container may use, in MB.
+const MEM_LIMIT_MB: f64 = 16_000.0;
 
 #[cfg(test)]
 pub(crate) mod tests {

@@ -14,10 +14,15 @@ use tracing::{debug, warn};
 
 use super::provider::{
     CheapestPrices, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance, InstanceState,
-    LogEntries, LogEntry, LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest,
-    Provisioned, Tags, Usage,
+    LogEntries, LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned,
+    Tags, Usage,
 };
 use super::pull_secrets;
+use logs::{async_stream, entries, lines_of};
+
+mod logs;
+#[cfg(test)]
+mod tests;
 use crate::vastai::buy::{Bought, BuyError};
 use crate::vastai::client::VastClient;
 use crate::vastai::error::VastError;
@@ -30,10 +35,6 @@ use crate::vastai::translate;
 pub const DEFAULT_DISK_GB: u32 = 20;
 /// Lines read from a finished instance's log.
 const FINAL_LOG_LINES: u32 = 500;
-/// Lines asked for on each poll of a followed log.
-const FOLLOW_TAIL: u32 = 1000;
-/// How often a followed log is read again.
-const FOLLOW_INTERVAL: Duration = Duration::from_secs(5);
 /// The key of the cheapest price this provider publishes (any GPU inside the policy).
 pub const PRICE_CLASS: &str = "ANY";
 
@@ -283,24 +284,6 @@ pub fn exit_code_from_status(message: &str) -> Option<i32> {
     digits.parse().ok()
 }
 
-/// The lines of `current` that `previous` had not shown: `current` is a newer tail of the same
-/// log, so the longest end of `previous` that it starts with is skipped. Without overlap (the log
-/// moved on by more than a tail) everything is new.
-pub fn new_lines<'a>(previous: &[String], current: &'a [String]) -> &'a [String] {
-    if previous.is_empty() {
-        return current;
-    }
-    // The newest position in `current` where the whole end of `previous` (up to the overlap)
-    // lines up.
-    let longest = previous.len().min(current.len());
-    for overlap in (1..=longest).rev() {
-        if current[..overlap] == previous[previous.len() - overlap..] {
-            return &current[overlap..];
-        }
-    }
-    current
-}
-
 fn provider_error(error: VastError) -> ProviderError {
     match error {
         VastError::Unauthorized { .. } | VastError::InsufficientCredit { .. } => {
@@ -312,20 +295,6 @@ fn provider_error(error: VastError) -> ProviderError {
 
 fn parse_id(id: &str) -> Option<u64> {
     id.trim().parse().ok()
-}
-
-fn lines_of(text: &str) -> Vec<String> {
-    text.lines().map(str::to_owned).collect()
-}
-
-fn entries(lines: &[String]) -> Vec<LogEntry> {
-    lines
-        .iter()
-        .map(|line| LogEntry {
-            timestamp: None,
-            line: line.clone(),
-        })
-        .collect()
 }
 
 fn buy_error(error: BuyError) -> ProvisionError {
@@ -557,236 +526,5 @@ impl Provider for VastaiProvider {
             .unwrap_or_else(PoisonError::into_inner)
             .map(|price| vec![(PRICE_CLASS.to_owned(), price)])
             .unwrap_or_default()
-    }
-}
-
-/// The log as a stream: one read, or with `follow` a read every [`FOLLOW_INTERVAL`] yielding
-/// the new lines, until the instance no longer runs.
-fn async_stream(
-    client: VastClient,
-    id: Option<u64>,
-    tail: Option<u32>,
-    follow: bool,
-) -> impl futures_util::Stream<Item = Result<LogEntry, ProviderError>> + Send {
-    struct State {
-        client: VastClient,
-        id: Option<u64>,
-        tail: Option<u32>,
-        follow: bool,
-        previous: Vec<String>,
-        pending: std::collections::VecDeque<LogEntry>,
-        first: bool,
-        done: bool,
-    }
-    let state = State {
-        client,
-        id,
-        tail,
-        follow,
-        previous: Vec::new(),
-        pending: Default::default(),
-        first: true,
-        done: false,
-    };
-    futures_util::stream::unfold(state, |mut state| async move {
-        loop {
-            if let Some(entry) = state.pending.pop_front() {
-                return Some((Ok(entry), state));
-            }
-            if state.done {
-                return None;
-            }
-            let id = state.id?;
-            if !state.first {
-                tokio::time::sleep(FOLLOW_INTERVAL).await;
-                // The container ended or the instance is gone: one last read, then the end.
-                let running = matches!(
-                    state.client.get(id).await,
-                    Ok(Some(ref instance)) if state_of(instance) == InstanceState::Running
-                        || state_of(instance) == InstanceState::Starting
-                );
-                if !running {
-                    state.done = true;
-                }
-            }
-            let asked = if state.first {
-                state.tail.unwrap_or(FOLLOW_TAIL).min(FOLLOW_TAIL)
-            } else {
-                FOLLOW_TAIL
-            };
-            let text = match state.client.logs(id, asked).await {
-                Ok(text) => text,
-                Err(error) => {
-                    state.done = true;
-                    return Some((Err(provider_error(error)), state));
-                }
-            };
-            let current = lines_of(&text);
-            let fresh = new_lines(&state.previous, &current).to_vec();
-            state.pending.extend(entries(&fresh));
-            state.previous = current;
-            state.first = false;
-            if !state.follow {
-                state.done = true;
-            }
-        }
-    })
-}
-
-/// Per-pod annotations map, for tests of [`VastaiProvider::constraints`].
-#[cfg(test)]
-fn annotated(pairs: &[(&str, &str)]) -> Pod {
-    let annotations: std::collections::BTreeMap<String, String> = pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    serde_json::from_value(json!({
-        "metadata": {"name": "p", "namespace": "ml", "uid": "u-1", "annotations": annotations},
-        "spec": {"containers": [{"name": "main", "image": "img",
-                 "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}
-    }))
-    .unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn vast(value: serde_json::Value) -> model::Instance {
-        serde_json::from_value(value).unwrap()
-    }
-
-    #[test]
-    fn states_labels_and_places_read_as_the_controller_needs() {
-        let running = vast(json!({
-            "id": 42, "label": "rpk:c1:virtual-vastai:u-1", "actual_status": "running",
-            "public_ipaddr": "203.0.113.7", "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": "40022"}]},
-            "dph_total": 0.41, "gpu_name": "RTX 4090", "geolocation": "Poland, PL", "start_date": 1.7e9
-        }));
-        let instance = to_instance(&running);
-        assert_eq!(instance.id, "42");
-        assert_eq!(instance.state, InstanceState::Running);
-        assert_eq!(instance.tags.pod_uid.as_deref(), Some("u-1"));
-        assert_eq!(instance.tags.cluster_id.as_deref(), Some("c1"));
-        assert_eq!(instance.datacenter.as_deref(), Some("PL"));
-        assert_eq!(instance.cost_per_hour, Some(0.41));
-        assert_eq!(
-            instance.endpoints[0].address.as_deref(),
-            Some("203.0.113.7:40022")
-        );
-        assert!(instance.ports_ready());
-        let unlabelled = to_instance(&vast(json!({"id": 1, "label": "my notebook"})));
-        assert_eq!(unlabelled.tags, Tags::default());
-        assert_eq!(unlabelled.state, InstanceState::Provisioning);
-        for (status, message, state) in [
-            ("loading", "", InstanceState::Starting),
-            (
-                "exited",
-                "Container exited with code 3",
-                InstanceState::Exited,
-            ),
-            ("offline", "", InstanceState::Error),
-            ("unknown", "", InstanceState::Error),
-            ("stopped", "", InstanceState::Error),
-            (
-                "created",
-                "OCI runtime create failed: x",
-                InstanceState::Error,
-            ),
-            ("created", "", InstanceState::Starting),
-            ("scheduling", "", InstanceState::Unknown),
-        ] {
-            let instance = vast(json!({"id": 2, "actual_status": status, "status_msg": message}));
-            assert_eq!(state_of(&instance), state, "{status} {message}");
-        }
-        let destroyed = vast(json!({"id": 4, "actual_status": "exited", "cur_state": "unloaded"}));
-        assert_eq!(state_of(&destroyed), InstanceState::Terminated);
-        let offline = to_instance(&vast(json!({"id": 3, "actual_status": "offline"})));
-        assert!(
-            offline
-                .message
-                .as_deref()
-                .unwrap_or_default()
-                .contains("never runs again"),
-            "{offline:?}"
-        );
-    }
-
-    #[test]
-    fn a_running_instances_report_becomes_shares() {
-        let report = json!({"id": 5, "actual_status": "running", "num_gpus": 2,
-            "cpu_util": 0.25, "gpu_util": 0.9, "mem_usage": 4000.0, "mem_limit": 16000.0});
-        let usage = to_instance(&vast(report.clone())).usage.unwrap();
-        assert_eq!(usage.cpu, Some(0.25));
-        assert_eq!(usage.memory, Some(0.25));
-        assert_eq!(usage.gpus.len(), 2);
-        assert_eq!(usage.gpu_util(), Some(0.9));
-        // Not running, or nothing reported: no report (never zeros).
-        let mut exited = report;
-        exited["actual_status"] = json!("exited");
-        assert!(to_instance(&vast(exited)).usage.is_none());
-        let silent = json!({"id": 6, "actual_status": "running", "gpu_util": null});
-        assert!(to_instance(&vast(silent)).usage.is_none());
-    }
-
-    #[test]
-    fn exit_codes_come_from_the_status_message() {
-        assert_eq!(
-            exit_code_from_status("Container exited with code 3"),
-            Some(3)
-        );
-        assert_eq!(
-            exit_code_from_status("container EXITED WITH CODE 0."),
-            Some(0)
-        );
-        assert_eq!(exit_code_from_status("Container exited"), None);
-        assert_eq!(exit_code_from_status(""), None);
-    }
-
-    #[test]
-    fn a_followed_log_yields_each_line_once() {
-        let lines = |text: &str| lines_of(text);
-        let first = lines("a\nb\nc");
-        assert_eq!(new_lines(&[], &first), &first[..]);
-        let second = lines("b\nc\nd\ne");
-        assert_eq!(new_lines(&first, &second), &lines("d\ne")[..]);
-        let same = lines("b\nc\nd\ne");
-        assert!(new_lines(&second, &same).is_empty());
-        // Repeated lines: the longest overlap wins.
-        let repeated = lines("x\nx");
-        assert_eq!(new_lines(&repeated, &lines("x\nx\nx")), &lines("x")[..]);
-        // No overlap: the log moved on by more than a tail.
-        assert_eq!(new_lines(&first, &lines("q\nr")), &lines("q\nr")[..]);
-    }
-
-    #[test]
-    fn cheapest_is_per_gpu() {
-        let offer = |num_gpus: u32, dph_total: f64| -> Offer {
-            serde_json::from_value(json!({"id": 1, "num_gpus": num_gpus, "dph_total": dph_total}))
-                .unwrap()
-        };
-        assert_eq!(cheapest_per_gpu(&[offer(2, 0.6), offer(1, 0.4)]), Some(0.3));
-        assert_eq!(cheapest_per_gpu(&[]), None);
-    }
-
-    #[test]
-    fn constraints_follow_the_policy_and_the_pod() {
-        let policy =
-            VastPolicy::from_flags(&["Europe".into()], &[], false, true, 0.98, Some(0.5)).unwrap();
-        let client = VastClient::new(
-            crate::vastai::client::VastConfig::default(),
-            crate::vastai::client::VastKey::new("k".into()).unwrap(),
-        )
-        .unwrap();
-        let provider = VastaiProvider::new(client, policy, "c1".into(), "virtual-vastai".into());
-        let constraints = provider.constraints(&annotated(&[])).unwrap();
-        assert!(constraints.allowed_datacenters.contains(&"PL".to_owned()));
-        assert!(!constraints.allowed_datacenters.contains(&"US".to_owned()));
-        assert_eq!(constraints.max_price_per_hour, Some(1.0), "0.5 per GPU x 2");
-        assert!(
-            provider
-                .constraints(&annotated(&[("vast.ai/region", "Asia")]))
-                .is_err()
-        );
     }
 }

@@ -120,31 +120,39 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     if !invalid.is_empty() {
         return deny_invalid(pod, namespace, invalid);
     }
+    let choice = match provider_choice(&effective, &context.namespace_labels, namespace) {
+        Ok(choice) => choice,
+        Err(problem) => return deny_invalid(pod, namespace, vec![problem]),
+    };
     // A choice `cheapest` made is recorded on the pod, so a later review keeps it.
-    // `cheapest` compares only the clouds this pod may go to.
-    let fits = |cloud: Cloud| match cloud {
-        Cloud::RunPod => checks::policy_violations(&effective, gpus, config).is_empty(),
-        Cloud::VastAi => {
-            checks::vastai_unsupported_shape(pod).is_empty()
-                && runpod_contract::vastai::requirements(&effective.values(), gpus, &config.vastai)
-                    .is_ok()
+    let chose_cheapest = choice == ProviderChoice::Cheapest;
+    let cloud = match choice {
+        ProviderChoice::Cloud(cloud) => cloud,
+        ProviderChoice::Cheapest => {
+            // Only the clouds this pod may go to are compared; judged only for such pods.
+            let fits = |cloud: Cloud| match cloud {
+                Cloud::RunPod => checks::policy_violations(&effective, gpus, config).is_empty(),
+                Cloud::VastAi => {
+                    checks::vastai_unsupported_shape(pod).is_empty()
+                        && runpod_contract::vastai::requirements(
+                            &effective.values(),
+                            gpus,
+                            &config.vastai,
+                        )
+                        .is_ok()
+                }
+            };
+            let prices: BTreeMap<Cloud, f64> = context
+                .cheapest_by_cloud
+                .iter()
+                .filter(|(cloud, _)| fits(**cloud))
+                .map(|(cloud, price)| (*cloud, *price))
+                .collect();
+            let (cloud, why) = provider::cheapest(&prices);
+            warnings.push(why);
+            cloud
         }
     };
-    let prices: BTreeMap<Cloud, f64> = context
-        .cheapest_by_cloud
-        .iter()
-        .filter(|(cloud, _)| fits(**cloud))
-        .map(|(cloud, price)| (*cloud, *price))
-        .collect();
-    let (cloud, chose_cheapest) =
-        match resolve_cloud(&effective, &context.namespace_labels, namespace, &prices) {
-            Ok((cloud, warning)) => {
-                let chose_cheapest = warning.is_some();
-                warnings.extend(warning);
-                (cloud, chose_cheapest)
-            }
-            Err(problem) => return deny_invalid(pod, namespace, vec![problem]),
-        };
     let mut unsupported = checks::unsupported_shape(pod);
     if cloud == Cloud::VastAi {
         unsupported.extend(checks::vastai_unsupported_shape(pod));
@@ -284,21 +292,19 @@ fn resolve_mode(
     }
 }
 
-/// The cloud of a burst pod: the effective annotation (pod, then Job), else the namespace
-/// label, else RunPod; `cheapest` picks by the prices the virtual nodes publish (`prices`: only
-/// the clouds the pod may go to), with a warning saying which and why.
-fn resolve_cloud(
+/// What a burst pod asks for: the effective `runpod.io/provider` (pod, then Job), else the
+/// namespace label, else RunPod.
+fn provider_choice(
     effective: &checks::Effective<'_>,
     namespace_labels: &BTreeMap<String, String>,
     namespace: &str,
-    prices: &BTreeMap<Cloud, f64>,
-) -> Result<(Cloud, Option<String>), String> {
-    let choice = match effective.get(provider::PROVIDER) {
+) -> Result<ProviderChoice, String> {
+    match effective.get(provider::PROVIDER) {
         // Validated with the other annotations.
         Some(sourced) => ProviderChoice::parse(sourced.value)
-            .map_err(|problem| format!("annotation {}: {problem}", provider::PROVIDER))?,
+            .map_err(|problem| format!("annotation {}: {problem}", provider::PROVIDER)),
         None => match namespace_labels.get(provider::PROVIDER) {
-            None => ProviderChoice::Cloud(Cloud::RunPod),
+            None => Ok(ProviderChoice::Cloud(Cloud::RunPod)),
             Some(value) => ProviderChoice::parse(value).map_err(|problem| {
                 format!(
                     "namespace {namespace} has label {}: {problem}; fix the namespace label or \
@@ -306,16 +312,9 @@ fn resolve_cloud(
                     provider::PROVIDER,
                     provider::PROVIDER
                 )
-            })?,
+            }),
         },
-    };
-    Ok(match choice {
-        ProviderChoice::Cloud(cloud) => (cloud, None),
-        ProviderChoice::Cheapest => {
-            let (cloud, why) = provider::cheapest(prices);
-            (cloud, Some(why))
-        }
-    })
+    }
 }
 
 /// Whether a flag annotation is in force; a malformed value is not, and is refused later by

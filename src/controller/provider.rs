@@ -218,6 +218,17 @@ pub struct ProvisionRequest<'a> {
     pub pull_credentials: &'a [super::pull_secrets::PullCredential],
 }
 
+impl<'a> ProvisionRequest<'a> {
+    /// The pod's one container, or the refusal both clouds give a pod without one.
+    pub fn container(&self) -> Result<&'a k8s_openapi::api::core::v1::Container, ProvisionError> {
+        self.pod
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.containers.first())
+            .ok_or_else(|| ProvisionError::Rejected("the pod has no containers".to_owned()))
+    }
+}
+
 /// The instance a provision made or adopted.
 #[derive(Debug, Clone)]
 pub struct Provisioned {

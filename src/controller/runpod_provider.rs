@@ -302,13 +302,7 @@ impl Provider for RunPodProvider {
             cluster_id: &self.cluster_id,
             node_name: &self.node_name,
         };
-        let container = pod
-            .spec
-            .as_ref()
-            .and_then(|spec| spec.containers.first())
-            .ok_or_else(|| {
-                ProvisionError::Rejected(translate::TranslateError::NoContainer.to_string())
-            })?;
+        let container = request.container()?;
         let env = request.env.container_env(container);
         let mut base = translate::create_request(pod, &env, &origin, first)
             .map_err(|e| ProvisionError::Rejected(e.to_string()))?;

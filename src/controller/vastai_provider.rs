@@ -374,13 +374,7 @@ impl Provider for VastaiProvider {
             ));
         }
         let label = self.label(pod)?;
-        let container = pod
-            .spec
-            .as_ref()
-            .and_then(|spec| spec.containers.first())
-            .ok_or_else(|| {
-                ProvisionError::Rejected(translate::TranslateError::NoContainer.to_string())
-            })?;
+        let container = request.container()?;
         let env = request.env.container_env(container);
         let query = OfferQuery::for_pod(&wanted, &self.policy, DEFAULT_DISK_GB);
         let mut create = translate::create_request(pod, &env, &label, query.disk_gb)

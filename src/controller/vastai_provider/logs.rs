@@ -84,11 +84,13 @@ pub(super) fn async_stream(
             if !state.first {
                 tokio::time::sleep(FOLLOW_INTERVAL).await;
                 // The container ended or the instance is gone: one last read, then the end.
-                let running = matches!(
-                    state.client.get(id).await,
-                    Ok(Some(ref instance)) if state_of(instance) == InstanceState::Running
-                        || state_of(instance) == InstanceState::Starting
-                );
+                let running = match state.client.get(id).await {
+                    Ok(Some(instance)) => matches!(
+                        state_of(&instance),
+                        InstanceState::Running | InstanceState::Starting
+                    ),
+                    _ => false,
+                };
                 if !running {
                     state.done = true;
                 }

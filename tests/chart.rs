@@ -80,6 +80,26 @@ fn idle_gpu_after_takes_bare_seconds_as_an_integer() {
     assert!(!out.status.success());
 }
 
+/// Each set of `--set` values (with a RunPod key) fails `helm template`, saying the text given.
+fn assert_refused(cases: &[(&[&str], &str)]) {
+    for (sets, expected) in cases {
+        let mut args = vec![
+            "template",
+            "r",
+            "charts/runpod-kubelet",
+            "--set",
+            "runpod.apiKey=k",
+        ];
+        for set in *sets {
+            args.extend(["--set", set]);
+        }
+        let out = helm(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{sets:?} was accepted");
+        assert!(stderr.contains(expected), "{sets:?}: {stderr}");
+    }
+}
+
 #[test]
 fn wrong_values_fail_with_a_clear_message() {
     let cases: [(&[&str], &str); 5] = [
@@ -92,22 +112,7 @@ fn wrong_values_fail_with_a_clear_message() {
         (&["runpod.maxGpuPrice=-1"], "/runpod/maxGpuPrice"),
         (&["webhook.replica=2"], "replica"),
     ];
-    for (sets, expected) in cases {
-        let mut args = vec![
-            "template",
-            "r",
-            "charts/runpod-kubelet",
-            "--set",
-            "runpod.apiKey=k",
-        ];
-        for set in sets {
-            args.extend(["--set", set]);
-        }
-        let out = helm(&args);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{sets:?} was accepted");
-        assert!(stderr.contains(expected), "{sets:?}: {stderr}");
-    }
+    assert_refused(&cases);
     let out = helm(&["template", "r", "charts/runpod-kubelet"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("runpod.existingSecret"));

@@ -251,22 +251,7 @@ fn bad_nodes_and_policies_are_refused() {
             "not both",
         ),
     ];
-    for (sets, expected) in cases {
-        let mut args = vec![
-            "template",
-            "r",
-            "charts/runpod-kubelet",
-            "--set",
-            "runpod.apiKey=k",
-        ];
-        for set in sets {
-            args.extend(["--set", set]);
-        }
-        let out = helm(&args);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{sets:?} was accepted");
-        assert!(stderr.contains(expected), "{sets:?}: {stderr}");
-    }
+    super::assert_refused(&cases);
     // A Vast.ai node needs a key.
     let out = helm(&[
         "template",

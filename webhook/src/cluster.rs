@@ -207,22 +207,13 @@ impl ClusterView for KubeCluster {
     }
 
     fn cheapest_by_cloud(&self) -> BTreeMap<Cloud, f64> {
-        let mut lowest: BTreeMap<Cloud, f64> = BTreeMap::new();
-        for node in self.nodes.state() {
-            let Some(cloud) = node_cloud(&node.metadata) else {
-                continue;
-            };
-            let Some(price) = published_prices(&node.metadata)
-                .and_then(|prices| prices.into_values().min_by(f64::total_cmp))
-            else {
-                continue;
-            };
-            lowest
-                .entry(cloud)
-                .and_modify(|current| *current = current.min(price))
-                .or_insert(price);
-        }
-        lowest
+        lowest_prices(self.nodes.state().iter().filter_map(|node| {
+            let cloud = node_cloud(&node.metadata)?;
+            let price = published_prices(&node.metadata)?
+                .into_values()
+                .min_by(f64::total_cmp)?;
+            Some(BTreeMap::from([(cloud, price)]))
+        }))
     }
 }
 
@@ -249,9 +240,9 @@ fn forget_managed_fields<K: kube::Resource>(object: &mut K) {
     object.meta_mut().managed_fields = None;
 }
 
-/// The lowest price per cloud type across nodes.
-fn lowest_prices(per_node: impl Iterator<Item = BTreeMap<String, f64>>) -> BTreeMap<String, f64> {
-    let mut lowest: BTreeMap<String, f64> = BTreeMap::new();
+/// The lowest price per key (cloud type, or cloud) across nodes.
+fn lowest_prices<K: Ord>(per_node: impl Iterator<Item = BTreeMap<K, f64>>) -> BTreeMap<K, f64> {
+    let mut lowest: BTreeMap<K, f64> = BTreeMap::new();
     for prices in per_node {
         for (cloud, price) in prices {
             lowest

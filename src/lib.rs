@@ -2,5 +2,7 @@
 //! The binary in `main.rs` wires these to the command line.
 
 pub mod controller;
+pub mod http;
+pub mod provider;
 pub mod runpod;
 pub mod vastai;

@@ -1,15 +1,10 @@
 //! `runpod-kubelet`: one binary for the admission webhook and (later) the RunPod provider.
 
-mod certs_cmd;
 mod cli;
-mod controller_cmd;
-mod gpus_cmd;
+mod cmd;
 mod logging;
-mod registration_cmd;
 mod shutdown;
-mod simulator_cmd;
 mod supervise;
-mod webhook_cmd;
 
 use clap::Parser;
 
@@ -35,12 +30,12 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async {
         match cli.command {
-            cli::Command::Webhook(args) => webhook_cmd::run(args).await,
-            cli::Command::Certs(args) => certs_cmd::run(&args).await,
-            cli::Command::WebhookConfiguration(args) => registration_cmd::run(&args),
-            cli::Command::Simulator(args) => simulator_cmd::run(args).await,
-            cli::Command::Gpus(args) => gpus_cmd::run(args).await,
-            cli::Command::Controller(args) => controller_cmd::run(*args).await,
+            cli::Command::Webhook(args) => cmd::webhook::run(args).await,
+            cli::Command::Certs(args) => cmd::certs::run(&args).await,
+            cli::Command::WebhookConfiguration(args) => cmd::registration::run(&args),
+            cli::Command::Simulator(args) => cmd::simulator::run(args).await,
+            cli::Command::Gpus(args) => cmd::gpus::run(args).await,
+            cli::Command::Controller(args) => cmd::controller::run(*args).await,
         }
     })
 }

@@ -9,7 +9,8 @@ mod runpod_support;
 
 use futures::StreamExt;
 use runpod_contract::CloudType;
-use runpod_kubelet::runpod::client::{ApiKey, ClientConfig, Deleted, RetryPolicy, RunPodClient};
+use runpod_kubelet::http::ApiKey;
+use runpod_kubelet::runpod::client::{ClientConfig, Deleted, RetryPolicy, RunPodClient};
 use runpod_kubelet::runpod::error::ApiError;
 use runpod_kubelet::runpod::limiter::Priority;
 use runpod_kubelet::runpod::logs::{LogRequest, LogSource};

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use runpod_kubelet::runpod::client::{ApiKey, ClientConfig, RunPodClient};
+use runpod_kubelet::http::ApiKey;
+use runpod_kubelet::runpod::client::{ClientConfig, RunPodClient};
 use runpod_kubelet::runpod::logs::LogRequest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use runpod_kubelet::runpod::client::{ApiKey, ClientConfig, RetryPolicy, RunPodClient};
+use runpod_kubelet::http::ApiKey;
+use runpod_kubelet::runpod::client::{ClientConfig, RetryPolicy, RunPodClient};
 use runpod_kubelet::runpod::error::ApiError;
 use runpod_kubelet::runpod::logs::LogRequest;
 use runpod_simulator::Simulator;

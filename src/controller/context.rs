@@ -12,12 +12,12 @@ use runpod_contract::policy::PolicyConfig;
 use tokio::sync::watch;
 use tracing::warn;
 
-use super::idle::IdleSettings;
-use super::memory::PodMemory;
-use super::metrics::ControllerMetrics;
-use super::node::ApiHealth;
-use super::provider::Instance;
-use super::usage::UsageLedger;
+use crate::controller::memory::PodMemory;
+use crate::controller::metrics::ControllerMetrics;
+use crate::controller::node::health::ApiHealth;
+use crate::controller::usage::UsageLedger;
+use crate::controller::usage::idle::IdleSettings;
+use crate::provider::Instance;
 
 /// Settings from the command line.
 #[derive(Debug, Clone)]
@@ -132,11 +132,6 @@ impl<P> Shared<P> {
             warn!(reason, error = %error, "could not publish an Event");
         }
     }
-}
-
-/// Time from `since` to `now`; zero when `now` is earlier (clocks of different hosts).
-pub fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
-    Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO)
 }
 
 fn truncate(text: &str, max: usize) -> String {

@@ -6,8 +6,8 @@ use std::collections::{HashMap, HashSet};
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::eligibility::Judged;
-use super::provider::{Instance, LogEntry};
+use crate::controller::eligibility::Judged;
+use crate::provider::{Instance, LogEntry};
 
 /// Per Kubernetes pod (by UID).
 #[derive(Debug, Default, Clone)]

@@ -2,35 +2,19 @@
 //! and status, and runs one cloud instance per Kubernetes pod bound to it. The cloud sits
 //! behind the `provider::Provider` seam; RunPod is `runpod_provider`.
 
+pub mod clock;
+pub mod cloud;
 pub mod context;
-pub mod drain;
 pub mod eligibility;
-pub mod env;
-pub mod gate;
-pub mod idle;
 pub mod kubelet_api;
-pub mod kubelet_authn;
-pub mod kubelet_authz;
 pub mod leader;
-pub mod lease;
 pub mod memory;
 pub mod metrics;
 pub mod node;
 pub mod offload;
-pub mod offloader;
 pub mod ops;
 pub mod pods;
-pub mod poller;
-pub mod presence;
-pub mod provider;
-pub mod pull_secrets;
-pub mod runpod_provider;
-pub mod stats;
-pub mod status;
 pub mod usage;
-pub mod usage_watch;
-pub mod vastai_provider;
-pub mod volumes;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -46,16 +30,14 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
+use crate::provider::Provider;
+use cloud::gate::{self, Gate, Gated};
 use context::{Settings, Shared};
-use gate::{Gate, Gated};
 use leader::{ElectionConfig, Fence};
-use metrics::{ControllerMetrics, OutcomeLabel};
-use node::{ApiHealth, NodeConfig, TransitionTimes};
-use presence::{NodeUid, Presence};
-use provider::Provider;
-
-/// How often the node's status is written when nothing changes.
-const NODE_STATUS_INTERVAL: Duration = Duration::from_secs(30);
+use metrics::ControllerMetrics;
+use node::health::ApiHealth;
+use node::presence::{self, Presence};
+use node::{NodeConfig, heartbeat};
 
 /// Everything `run` needs besides the provider.
 pub struct Runtime {
@@ -69,7 +51,7 @@ pub struct Runtime {
     pub metrics: Arc<ControllerMetrics>,
     pub concurrency: u16,
     /// Job offloading: when waiting `delayed` pods move to the virtual node.
-    pub offload: offload::OffloadSettings,
+    pub offload: offload::plan::OffloadSettings,
     /// `None`: no election (`--leader-elect=false`), this process leads at once.
     pub election: Option<ElectionConfig>,
 }
@@ -83,7 +65,7 @@ struct Leading {
     kubelet_tls: Arc<rustls::ServerConfig>,
     metrics: Arc<ControllerMetrics>,
     concurrency: u16,
-    offload: offload::OffloadSettings,
+    offload: offload::plan::OffloadSettings,
     readiness: watch::Sender<ops::LeaderReadiness>,
 }
 
@@ -204,13 +186,13 @@ async fn lead<P: Provider>(
         node.clone(),
         presence.clone(),
     ));
-    tasks.spawn(lease_loop(
+    tasks.spawn(heartbeat::lease_loop(
         client.clone(),
         node.name.clone(),
         presence.subscribe(),
         metrics.clone(),
     ));
-    tasks.spawn(node_status_loop(
+    tasks.spawn(heartbeat::node_status_loop(
         nodes.clone(),
         node.clone(),
         health_rx.clone(),
@@ -234,7 +216,7 @@ async fn lead<P: Provider>(
         });
     let store = controller.store();
 
-    tasks.spawn(poller::run(
+    tasks.spawn(cloud::poller::run(
         shared.clone(),
         store.clone(),
         snapshot_tx,
@@ -247,7 +229,7 @@ async fn lead<P: Provider>(
         shared.clone(),
         store.clone(),
     ));
-    tasks.spawn(offloader::run(shared.clone(), offload, fence.clone()));
+    tasks.spawn(offload::run(shared.clone(), offload, fence.clone()));
     readiness.send_replace(Some(ops::leader_ready(
         store.clone(),
         shared.clone(),
@@ -278,111 +260,4 @@ async fn lead<P: Provider>(
         .await;
     tasks.abort_all();
     Ok(())
-}
-
-/// Renews the node Lease, owned by the node's current UID: at once when the node is registered
-/// again (the garbage collector deletes a Lease whose owner is gone), not while it is missing.
-async fn lease_loop(
-    client: kube::Client,
-    node: String,
-    mut node_uid: NodeUid,
-    metrics: Arc<ControllerMetrics>,
-) {
-    let mut interval = tokio::time::interval(lease::RENEW_INTERVAL);
-    loop {
-        tokio::select! {
-            _ = interval.tick() => {}
-            changed = node_uid.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-        }
-        let Some(uid) = node_uid.borrow_and_update().clone() else {
-            continue;
-        };
-        match lease::renew(&client, &node, Some(&uid)).await {
-            Ok(()) => {
-                metrics
-                    .lease_renewals
-                    .get_or_create(&OutcomeLabel { outcome: "ok" })
-                    .inc();
-            }
-            Err(error) => {
-                metrics
-                    .lease_renewals
-                    .get_or_create(&OutcomeLabel { outcome: "error" })
-                    .inc();
-                warn!(error = %error, "renewing the node Lease failed");
-            }
-        }
-    }
-}
-
-/// Writes the node's status and taints while our node exists: every 30 s, when the API health
-/// changes, and at once when the node is registered again (a 404 asks for a new look).
-async fn node_status_loop<P: Provider>(
-    nodes: Api<Node>,
-    config: NodeConfig,
-    mut health: watch::Receiver<ApiHealth>,
-    provider: Arc<P>,
-    presence: Arc<Presence>,
-) {
-    let mut node_uid = presence.subscribe();
-    let mut written_uid = None;
-    let mut transitions = TransitionTimes::default();
-    loop {
-        let current = health.borrow_and_update().clone();
-        let uid = node_uid.borrow_and_update().clone();
-        if uid.is_some() {
-            if uid != written_uid {
-                // A new node object: its conditions start now.
-                if written_uid.is_some() {
-                    transitions = TransitionTimes::default();
-                }
-                written_uid.clone_from(&uid);
-            }
-            write_node(
-                &nodes,
-                &config,
-                &current,
-                &transitions,
-                &*provider,
-                &presence,
-            )
-            .await;
-        }
-        let _ = tokio::time::timeout(NODE_STATUS_INTERVAL, async {
-            tokio::select! {
-                changed = health.changed() => changed,
-                changed = node_uid.changed() => changed,
-            }
-        })
-        .await;
-    }
-}
-
-/// One status apply and one taint/annotation sync.
-async fn write_node<P: Provider>(
-    nodes: &Api<Node>,
-    config: &NodeConfig,
-    health: &ApiHealth,
-    transitions: &TransitionTimes,
-    provider: &P,
-    presence: &Presence,
-) {
-    match node::apply_status(nodes, config, health, transitions).await {
-        Ok(()) => {}
-        Err(kube::Error::Api(status)) if status.code == 404 => {
-            warn!(node = %config.name, "the virtual node is missing; registering it again");
-            presence.missing();
-            return;
-        }
-        Err(error) => warn!(error = %error, "writing the node status failed"),
-    }
-    let prices = provider.cheapest_prices();
-    let cheapest = (!prices.is_empty()).then(|| runpod_contract::format_cheapest_prices(&prices));
-    if let Err(error) = node::sync_spec(nodes, config, health, cheapest).await {
-        warn!(error = %error, "updating the node's taints failed");
-    }
 }

@@ -18,9 +18,9 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::context::Shared;
-use super::node::ApiHealth;
-use super::presence::NodeUid;
+use crate::controller::context::Shared;
+use crate::controller::node::health::ApiHealth;
+use crate::controller::node::presence::NodeUid;
 
 /// Readiness of the leader's work; `None` while this replica is a standby.
 pub type LeaderReadiness = Option<Arc<dyn Fn() -> Result<(), String> + Send + Sync>>;

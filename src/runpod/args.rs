@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::client::{ApiKey, ClientConfig, ConfigError, RunPodClient};
+use super::client::{ClientConfig, ConfigError, RunPodClient, api_key_from_env};
 
 /// `--runpod-*` flags.
 #[derive(Debug, Clone, Args)]
@@ -43,6 +43,6 @@ impl RunPodArgs {
 
     /// A client with the key from `RUNPOD_API_KEY`.
     pub fn client(&self) -> Result<RunPodClient, ConfigError> {
-        RunPodClient::new(self.client_config(), ApiKey::from_env()?)
+        RunPodClient::new(self.client_config(), api_key_from_env()?)
     }
 }

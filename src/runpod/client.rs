@@ -2,7 +2,6 @@
 //! classification) and the retry rules for idempotent calls. Creates are never retried here;
 //! `placement` owns that, because a failed create may still have made a billed pod.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,45 +17,11 @@ use super::error::{ApiError, Recovery};
 use super::limiter::{Permit, Priority, RateLimiter};
 use super::metrics::RunPodMetrics;
 use super::model::{CreatePodRequest, Pod, PodAction, PodList, PodStatus, UpdatePodRequest};
+use crate::http::{ApiKey, KeyError, error_chain, tls_config};
 use runpod_contract::CloudType;
 
 /// The environment variable holding the key; never a flag, so it stays out of `ps` output.
 pub const API_KEY_ENV: &str = "RUNPOD_API_KEY";
-
-/// The bearer key. Its `Debug` is redacted and it has no `Display`, so it cannot end up in a
-/// log line or an error message by accident.
-#[derive(Clone)]
-pub struct ApiKey(String);
-
-impl ApiKey {
-    /// Reads `RUNPOD_API_KEY`.
-    pub fn from_env() -> Result<ApiKey, ConfigError> {
-        let key = std::env::var(API_KEY_ENV).map_err(|_| ConfigError::MissingKey)?;
-        ApiKey::new(key)
-    }
-
-    /// Checks the key can be sent as a header value.
-    pub fn new(key: String) -> Result<ApiKey, ConfigError> {
-        let key = key.trim().to_owned();
-        if key.is_empty() {
-            return Err(ConfigError::MissingKey);
-        }
-        if !key.bytes().all(|byte| byte.is_ascii_graphic()) {
-            return Err(ConfigError::MalformedKey);
-        }
-        Ok(ApiKey(key))
-    }
-
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ApiKey(<redacted>)")
-    }
-}
 
 /// Start-up problems with the client configuration.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +36,21 @@ pub enum ConfigError {
     BadUrl { url: String, reason: String },
     #[error("could not build the HTTP client: {0}")]
     Http(String),
+}
+
+impl From<KeyError> for ConfigError {
+    fn from(error: KeyError) -> Self {
+        match error {
+            KeyError::Missing => ConfigError::MissingKey,
+            KeyError::Malformed => ConfigError::MalformedKey,
+        }
+    }
+}
+
+/// Reads the key from `RUNPOD_API_KEY`.
+pub fn api_key_from_env() -> Result<ApiKey, ConfigError> {
+    let key = std::env::var(API_KEY_ENV).map_err(|_| ConfigError::MissingKey)?;
+    Ok(ApiKey::new(key)?)
 }
 
 /// Backoff and lookup timings.
@@ -653,26 +633,4 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         .parse::<u64>()
         .ok()
         .map(|secs| Duration::from_secs(secs).min(MAX_RETRY_AFTER))
-}
-
-/// The error and its sources, e.g. "error sending request: connection refused".
-pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
-pub(crate) fn tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
-    let roots = rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth())
 }

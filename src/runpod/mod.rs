@@ -12,6 +12,7 @@ pub mod logs;
 pub mod metrics;
 pub mod model;
 pub mod placement;
+pub mod provider;
 pub mod select;
 pub mod translate;
 pub mod wrapper;

@@ -15,14 +15,7 @@ use runpod_contract::{self as contract, DISK, PORTS, REGISTRY_AUTH_ID, TEMPLATE_
 
 use super::model::{CreatePodRequest, GpuSpec};
 use super::select::Candidate;
-
-/// Env tags on every pod we create, so pods can be matched back to the cluster, node and
-/// Kubernetes pod (and orphans found) without trusting the free-text name.
-pub const TAG_CLUSTER: &str = "RUNPOD_KUBELET_CLUSTER";
-pub const TAG_NODE: &str = "RUNPOD_KUBELET_NODE";
-pub const TAG_POD_UID: &str = "RUNPOD_KUBELET_POD_UID";
-pub const TAG_NAMESPACE: &str = "RUNPOD_KUBELET_NAMESPACE";
-pub const TAG_POD_NAME: &str = "RUNPOD_KUBELET_POD_NAME";
+use crate::provider::{TAG_CLUSTER, TAG_NAMESPACE, TAG_NODE, TAG_POD_NAME, TAG_POD_UID};
 
 /// RunPod accepts names of up to 191 characters (v1 schema); we stay under it.
 pub const MAX_NAME_LEN: usize = 191;

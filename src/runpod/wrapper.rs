@@ -21,9 +21,6 @@
 //! at start reports the same code again, tries the self-stop again and exits with it, without
 //! running the command (or writing the volume files).
 
-/// The prefix of the wrapper's last log line; the simulator and the controller look for it.
-pub const EXIT_CODE_PREFIX: &str = "runpod-kubelet: exit-code=";
-
 /// Where the wrapper records the code of a run that ended: on the container disk, not on a
 /// volume. The restart RunPod makes when the container's process exits is taken to keep the
 /// container, as the completion design already assumes for its log (where the controller finds
@@ -238,18 +235,10 @@ fn wrapped_args_at(
     shlex::try_join(all).map(Some).map_err(|e| e.to_string())
 }
 
-/// The exit code the wrapper reported last in `lines`, if any.
-pub fn exit_code<'a>(lines: impl IntoIterator<Item = &'a str>) -> Option<i32> {
-    lines
-        .into_iter()
-        .filter_map(|line| line.trim().strip_prefix(EXIT_CODE_PREFIX))
-        .filter_map(|code| code.trim().parse::<i32>().ok())
-        .last()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::{EXIT_CODE_PREFIX, exit_code};
 
     fn words(list: &[&str]) -> Vec<String> {
         list.iter().map(|w| (*w).to_owned()).collect()

@@ -18,7 +18,7 @@ use super::model::{
 };
 use super::pacer::{Pacer, Paces, Route, backoff};
 use super::query::OfferQuery;
-use crate::runpod::client::{ApiKey, ConfigError as RunPodConfigError, error_chain, tls_config};
+use crate::http::{ApiKey, KeyError, error_chain, tls_config};
 
 /// The environment variable holding the key; never a flag, so it stays out of `ps` output.
 pub const API_KEY_ENV: &str = "VAST_API_KEY";
@@ -28,7 +28,7 @@ const PAGE: u32 = 25;
 /// A list longer than this many pages is refused (a cursor that never ends).
 const MAX_PAGES: usize = 400;
 
-/// The key: RunPod's key type (redacted `Debug`, no `Display`, header-safe) under Vast.ai's
+/// The key: the shared key type (redacted `Debug`, no `Display`, header-safe) under Vast.ai's
 /// variable and messages.
 #[derive(Debug, Clone)]
 pub struct VastKey(ApiKey);
@@ -41,8 +41,8 @@ impl VastKey {
 
     pub fn new(key: String) -> Result<VastKey, ConfigError> {
         ApiKey::new(key).map(VastKey).map_err(|error| match error {
-            RunPodConfigError::MalformedKey => ConfigError::MalformedKey,
-            _ => ConfigError::MissingKey,
+            KeyError::Malformed => ConfigError::MalformedKey,
+            KeyError::Missing => ConfigError::MissingKey,
         })
     }
 }

@@ -9,5 +9,6 @@ pub mod error;
 pub mod label;
 pub mod model;
 pub mod pacer;
+pub mod provider;
 pub mod query;
 pub mod translate;

@@ -12,7 +12,7 @@ use runpod_contract::env::command_words;
 
 use super::label::Label;
 use super::model::CreateRequest;
-use crate::runpod::translate::{TAG_CLUSTER, TAG_NAMESPACE, TAG_NODE, TAG_POD_NAME, TAG_POD_UID};
+use crate::provider::{TAG_CLUSTER, TAG_NAMESPACE, TAG_NODE, TAG_POD_NAME, TAG_POD_UID};
 
 /// Why a pod cannot be created on Vast.ai as it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -14,13 +14,14 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::{ReconcileError, SHORT, annotation, bound_at, finish, pods_in_namespace_of, write};
-use crate::controller::context::{Shared, Snapshot, elapsed};
+use crate::controller::clock::elapsed;
+use crate::controller::context::{Shared, Snapshot};
 use crate::controller::eligibility::{self, Judged, Refusal};
-use crate::controller::env::{self, ClusterEnvSource};
-use crate::controller::node::ApiHealth;
-use crate::controller::provider::{Provider, ProvisionError, ProvisionRequest, Provisioned};
-use crate::controller::status::View;
-use crate::controller::{pull_secrets, volumes};
+use crate::controller::node::health::ApiHealth;
+use crate::controller::pods::inputs::env::{self, ClusterEnvSource};
+use crate::controller::pods::inputs::{pull_secrets, volumes};
+use crate::controller::pods::status::View;
+use crate::provider::{Provider, ProvisionError, ProvisionRequest, Provisioned};
 
 /// Taints the node lifecycle controller puts on an unhealthy node.
 const OUTAGE_TAINTS: [&str; 2] = [

@@ -10,9 +10,10 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{annotation, bound_at};
-use crate::controller::context::{Snapshot, elapsed};
-use crate::controller::provider::{Instance, InstanceState};
-use crate::controller::status::{self, RecordedEnd};
+use crate::controller::clock::elapsed;
+use crate::controller::context::Snapshot;
+use crate::controller::pods::status::{self, RecordedEnd};
+use crate::provider::{Instance, InstanceState};
 
 /// What this leader remembers about the pod that the decision needs.
 #[derive(Debug, Default)]
@@ -248,7 +249,7 @@ fn mentions_image(message: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::provider::Tags;
+    use crate::provider::Tags;
     use runpod_contract::POD_ID;
     use serde_json::json;
 

@@ -12,9 +12,10 @@ use runpod_contract::ENDED;
 use serde_json::json;
 
 use super::{ReconcileError, SHORT, pods_in_namespace_of, write};
-use crate::controller::context::{Shared, elapsed};
-use crate::controller::provider::{Ends, Instance, InstanceState, Provider};
-use crate::controller::status::{RecordedEnd, View};
+use crate::controller::clock::elapsed;
+use crate::controller::context::Shared;
+use crate::controller::pods::status::{RecordedEnd, View};
+use crate::provider::{Ends, Instance, InstanceState, Provider};
 
 /// Ends a pod: terminate the instance, confirm, and only then write the terminal phase (a
 /// terminal pod can be removed by anyone at once, taking the record of the instance with it).

@@ -6,6 +6,8 @@
 mod create;
 pub mod decide;
 mod finish;
+pub mod inputs;
+pub mod status;
 mod track;
 mod write;
 
@@ -23,7 +25,7 @@ pub use track::{endpoints_annotation, instance_annotations};
 
 use super::context::Shared;
 use super::memory::PodMemory;
-use super::provider::{Ends, Provider, ProviderError};
+use crate::provider::{Ends, Provider, ProviderError};
 use decide::{Remembered, Step};
 
 /// Why a reconcile failed; it is retried.

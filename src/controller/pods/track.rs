@@ -10,10 +10,11 @@ use tracing::{info, warn};
 
 use super::decide::{self, TrackStep};
 use super::{ReconcileError, SHORT, finish, write};
-use crate::controller::context::{Settings, Shared, Snapshot, elapsed};
-use crate::controller::node::ApiHealth;
-use crate::controller::provider::{Instance, InstanceState, Provider};
-use crate::controller::status::{RecordedEnd, View};
+use crate::controller::clock::elapsed;
+use crate::controller::context::{Settings, Shared, Snapshot};
+use crate::controller::node::health::ApiHealth;
+use crate::controller::pods::status::{RecordedEnd, View};
+use crate::provider::{Instance, InstanceState, Provider};
 
 /// Failed reads of a finished container's log (while the API otherwise answers) before the
 /// pod is finished with its exit code unknown: a log endpoint that keeps refusing must not
@@ -386,7 +387,7 @@ async fn exit_code<P: Provider>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::provider::{Endpoint, InstanceState, Tags};
+    use crate::provider::{Endpoint, InstanceState, Tags};
     use runpod_contract::POD_ID;
 
     fn instance(id: &str) -> Instance {

@@ -10,8 +10,8 @@ use tracing::debug;
 use super::track::instance_annotations;
 use super::{ReconcileError, annotation, pods_in_namespace_of};
 use crate::controller::context::Shared;
-use crate::controller::provider::{Instance, Provider};
-use crate::controller::status::{self, View};
+use crate::controller::pods::status::{self, View};
+use crate::provider::{Instance, Provider};
 
 pub(super) async fn waiting<P>(
     ctx: &Shared<P>,

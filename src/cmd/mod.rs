@@ -1,0 +1,9 @@
+//! One module per subcommand: each parses what its flags mean and wires the library to them.
+
+pub mod certs;
+pub mod controller;
+pub mod flags;
+pub mod gpus;
+pub mod registration;
+pub mod simulator;
+pub mod webhook;

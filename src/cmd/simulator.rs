@@ -1,0 +1,97 @@
+//! `runpod-kubelet simulator`: the RunPod REST v2 simulator (`tests/simulator`), or with
+//! `--cloud vastai` the Vast.ai one (`tests/vastai-simulator`), as a process, for e2e tests
+//! and the demo, which cannot reach either cloud. Plain HTTP on loopback by default.
+//!
+//! The API key comes from `RUNPOD_API_KEY` (`VAST_API_KEY` for Vast.ai) only (never a flag,
+//! never logged): when set, only that key is accepted; when unset, any key is.
+
+use std::io::Write as _;
+use std::path::Path;
+
+use anyhow::Context as _;
+use runpod_simulator::Simulator;
+use runpod_simulator::scenario::Scenario;
+use tokio::net::TcpListener;
+use vastai_simulator::VastSimulator;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+#[derive(Debug, Args)]
+pub struct SimulatorArgs {
+    /// Address to serve plain HTTP on; port 0 picks a free port (printed on start).
+    #[arg(long, default_value = "127.0.0.1:8089", env = "RUNPOD_KUBELET_LISTEN")]
+    pub listen: SocketAddr,
+    /// JSON scenario (catalogue or offers, rate limits, timings, image rules, faults) in the
+    /// chosen cloud's format; default: a realistic market.
+    #[arg(long, env = "RUNPOD_KUBELET_SCENARIO")]
+    pub scenario: Option<PathBuf>,
+    /// Which cloud to simulate.
+    #[arg(long, value_enum, default_value_t = SimulatedCloud::Runpod, env = "RUNPOD_KUBELET_SIMULATED_CLOUD")]
+    pub cloud: SimulatedCloud,
+}
+
+/// The clouds `simulator` can serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SimulatedCloud {
+    /// RunPod REST v2 (`/v2/...`); key from `RUNPOD_API_KEY`.
+    Runpod,
+    /// Vast.ai (`/api/v0/...`, `/api/v1/...`); key from `VAST_API_KEY`.
+    Vastai,
+}
+
+pub async fn run(args: SimulatorArgs) -> anyhow::Result<()> {
+    let (name, key_env) = match args.cloud {
+        SimulatedCloud::Runpod => ("runpod", "RUNPOD_API_KEY"),
+        SimulatedCloud::Vastai => ("vastai", "VAST_API_KEY"),
+    };
+    let loading = |path: &Path| format!("loading the simulator scenario {}", path.display());
+    // Loaded before binding: a bad scenario fails without a port line.
+    let scenario = match (args.cloud, &args.scenario) {
+        (SimulatedCloud::Runpod, Some(path)) => {
+            Scenarios::Runpod(Scenario::from_file(path).with_context(|| loading(path))?)
+        }
+        (SimulatedCloud::Runpod, None) => Scenarios::Runpod(Scenario::default()),
+        (SimulatedCloud::Vastai, Some(path)) => Scenarios::Vastai(
+            vastai_simulator::Scenario::from_file(path)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| loading(path))?,
+        ),
+        (SimulatedCloud::Vastai, None) => Scenarios::Vastai(vastai_simulator::Scenario::default()),
+    };
+    let api_key = std::env::var(key_env).ok().filter(|key| !key.is_empty());
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    // Tests parse this line for the real port (with --listen 127.0.0.1:0).
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "{name} simulator listening on http://{addr}")?;
+    stdout.flush()?;
+    tracing::info!(
+        listen = %addr,
+        scenario = ?args.scenario,
+        api_key_required = api_key.is_some(),
+        "{name} simulator serving"
+    );
+    let shutdown = crate::shutdown::signal();
+    match scenario {
+        Scenarios::Runpod(scenario) => {
+            Simulator::serve(listener, scenario, api_key, shutdown).await
+        }
+        Scenarios::Vastai(scenario) => {
+            VastSimulator::serve(listener, scenario, api_key, shutdown).await
+        }
+    }
+    .with_context(|| format!("serving the {name} simulator"))?;
+    tracing::info!("{name} simulator stopped");
+    Ok(())
+}
+
+/// The scenario of the chosen cloud.
+enum Scenarios {
+    Runpod(Scenario),
+    Vastai(vastai_simulator::Scenario),
+}

@@ -1,0 +1,410 @@
+//! The seam between the virtual kubelet and a GPU cloud. The node and pod machinery only sees
+//! these types, so a second cloud (Vast.ai) can be added behind the same trait without touching
+//! the reconcile logic.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use futures_util::Stream;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+
+pub mod request;
+
+pub use request::ProvisionRequest;
+
+/// Env tags on every instance we create (the cloud's env or label), so instances can be
+/// matched back to the cluster, node and Kubernetes pod (and orphans found) without trusting
+/// the free-text name. Both clouds use the same names.
+pub const TAG_CLUSTER: &str = "RUNPOD_KUBELET_CLUSTER";
+pub const TAG_NODE: &str = "RUNPOD_KUBELET_NODE";
+pub const TAG_POD_UID: &str = "RUNPOD_KUBELET_POD_UID";
+pub const TAG_NAMESPACE: &str = "RUNPOD_KUBELET_NAMESPACE";
+pub const TAG_POD_NAME: &str = "RUNPOD_KUBELET_POD_NAME";
+
+/// What the container wrapper prints when its command ends, on either cloud.
+pub const EXIT_CODE_PREFIX: &str = "runpod-kubelet: exit-code=";
+
+/// The exit code the wrapper reported last in `lines`, if any.
+pub fn exit_code<'a>(lines: impl IntoIterator<Item = &'a str>) -> Option<i32> {
+    lines
+        .into_iter()
+        .filter_map(|line| line.trim().strip_prefix(EXIT_CODE_PREFIX))
+        .filter_map(|code| code.trim().parse::<i32>().ok())
+        .last()
+}
+
+/// Ownership tags every instance carries, set at create time. Matching is done on these,
+/// never on names or on annotations a user could edit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tags {
+    pub cluster_id: Option<String>,
+    pub node_name: Option<String>,
+    pub pod_uid: Option<String>,
+}
+
+/// Lifecycle of an instance, in the cloud's terms mapped to a common set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InstanceState {
+    Provisioning,
+    Starting,
+    Running,
+    /// Stopped: the container ended (or was stopped); an exited instance still bills storage.
+    Exited,
+    Error,
+    Terminated,
+    Unknown,
+}
+
+/// What terminating an instance ends: when calls queue behind the quota, those that end GPU
+/// billing go first, then the release of stopped instances (storage), then everything else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ends {
+    /// The instance may still be running: its GPU bills until this call.
+    GpuBilling,
+    /// The instance is stopped: only its storage bills.
+    Storage,
+}
+
+impl InstanceState {
+    /// What terminating an instance in this state ends (unknown states count as running).
+    pub fn termination_ends(self) -> Ends {
+        match self {
+            InstanceState::Exited | InstanceState::Terminated => Ends::Storage,
+            _ => Ends::GpuBilling,
+        }
+    }
+
+    /// Still holding (and billing) resources.
+    pub fn is_live(self) -> bool {
+        !matches!(self, InstanceState::Terminated)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceState::Provisioning => "provisioning",
+            InstanceState::Starting => "starting",
+            InstanceState::Running => "running",
+            InstanceState::Exited => "exited",
+            InstanceState::Error => "error",
+            InstanceState::Terminated => "terminated",
+            InstanceState::Unknown => "unknown",
+        }
+    }
+}
+
+/// How one container port can be reached from outside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub port: u32,
+    /// `http` or `tcp`.
+    pub protocol: String,
+    /// `https://…` for http ports, `IP:PORT` for tcp ports; `None` until published.
+    pub address: Option<String>,
+}
+
+/// A cloud's live utilization report for one instance. Clouds report shares, not amounts:
+/// every figure is a ratio in 0..=1, `None` where the cloud left it out.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Usage {
+    /// Share of the CPU the instance was given.
+    pub cpu: Option<f64>,
+    /// Share of the memory the instance was given.
+    pub memory: Option<f64>,
+    /// One entry per GPU.
+    pub gpus: Vec<GpuUsage>,
+}
+
+/// Utilization of one GPU, ratios in 0..=1.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GpuUsage {
+    pub util: Option<f64>,
+    pub memory: Option<f64>,
+}
+
+impl Usage {
+    /// A percentage (0–100) as a ratio, clamped into 0..=1; `None` for a missing or
+    /// non-finite figure.
+    pub fn ratio(percent: Option<f64>) -> Option<f64> {
+        percent
+            .filter(|p| p.is_finite())
+            .map(|p| (p / 100.0).clamp(0.0, 1.0))
+    }
+
+    /// The mean compute utilization of the GPUs that reported one.
+    pub fn gpu_util(&self) -> Option<f64> {
+        mean(self.gpus.iter().filter_map(|g| g.util))
+    }
+
+    /// The mean memory utilization of the GPUs that reported one.
+    pub fn gpu_memory(&self) -> Option<f64> {
+        mean(self.gpus.iter().filter_map(|g| g.memory))
+    }
+
+    /// The busiest GPU's utilization: a pod is idle only when every GPU is.
+    pub fn gpu_busiest(&self) -> Option<f64> {
+        self.gpus
+            .iter()
+            .filter_map(|g| g.util)
+            .fold(None, |max: Option<f64>, u| {
+                Some(max.map_or(u, |m| m.max(u)))
+            })
+    }
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let (sum, count) = values.fold((0.0, 0u32), |(sum, count), v| (sum + v, count + 1));
+    (count > 0).then(|| sum / f64::from(count))
+}
+
+/// One cloud instance as the last list showed it.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    pub id: String,
+    pub name: String,
+    pub tags: Tags,
+    pub state: InstanceState,
+    /// Seconds the container has been up; going back means it restarted.
+    pub uptime_secs: Option<u64>,
+    pub cost_per_hour: Option<f64>,
+    pub gpu_type: Option<String>,
+    pub datacenter: Option<String>,
+    pub endpoints: Vec<Endpoint>,
+    /// A public IP of the instance, when it has one.
+    pub ip: Option<String>,
+    pub created_at: Option<Timestamp>,
+    pub started_at: Option<Timestamp>,
+    /// The cloud's last message about the instance (an error), if any.
+    pub message: Option<String>,
+    /// The live utilization report of this list; `None` when there is none (not running, or
+    /// carried forward from an earlier list): such an instance's usage is not shown at all.
+    pub usage: Option<Usage>,
+}
+
+impl Instance {
+    /// Ready to serve: running, and every TCP port published.
+    pub fn ports_ready(&self) -> bool {
+        self.state == InstanceState::Running
+            && self
+                .endpoints
+                .iter()
+                .filter(|endpoint| endpoint.protocol == "tcp")
+                .all(|endpoint| endpoint.address.is_some())
+    }
+}
+
+/// Where a pod may run and what it may cost, for verifying a placement the cloud made.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Constraints {
+    /// Empty: anywhere.
+    pub allowed_datacenters: Vec<String>,
+    pub max_price_per_hour: Option<f64>,
+}
+
+impl Constraints {
+    /// Why `instance` breaks these constraints, if it does.
+    pub fn violation(&self, instance: &Instance) -> Option<String> {
+        if !self.allowed_datacenters.is_empty() {
+            match instance.datacenter.as_deref() {
+                Some(dc) if self.allowed_datacenters.iter().any(|allowed| allowed == dc) => {}
+                Some(dc) => {
+                    return Some(format!(
+                        "placed in datacenter {dc}, outside the allowed {}",
+                        self.allowed_datacenters.join(",")
+                    ));
+                }
+                // Not placed yet: nothing to verify.
+                None => {}
+            }
+        }
+        match (self.max_price_per_hour, instance.cost_per_hour) {
+            // A small tolerance for prices rounded differently by the list and the catalogue.
+            (Some(cap), Some(cost)) if cost > cap + 1e-6 => Some(format!(
+                "billed {cost:.3} USD/h, above the pod's cap of {cap:.3} USD/h"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// The instance a provision made or adopted.
+#[derive(Debug, Clone)]
+pub struct Provisioned {
+    pub instance: Instance,
+    /// The offer chosen, for the Event: GPU type, price and datacenter preference.
+    pub summary: String,
+    /// Offers refused before this one (capacity, access), for the Event.
+    pub refusals: Vec<String>,
+    /// Other instances for the same pod that the cloud showed; to be terminated.
+    pub duplicates: Vec<Instance>,
+    /// An earlier attempt's outcome was unknown: another instance may appear later.
+    pub possibly_duplicated: bool,
+}
+
+/// Why nothing was provisioned, classified by what the controller should do about it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProvisionError {
+    /// No offer satisfies the pod: wait and retry (the catalogue changes).
+    #[error("{0}")]
+    NoCandidates(String),
+    /// Every offer was out of capacity: Event `NoGpuCapacity`, retry with backoff.
+    #[error("{0}")]
+    NoCapacity(String),
+    /// The pod itself cannot be run as it is: fail it with this message.
+    #[error("{0}")]
+    Rejected(String),
+    /// The account cannot create anything (key rejected, out of funds): mark the node.
+    #[error("{0}")]
+    AccountBlocked(String),
+    /// The outcome is unknown (an instance may exist); never fail the pod on this.
+    #[error("{0}")]
+    Unsettled(String),
+}
+
+/// A failed call whose effect is known not to have happened.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProviderError {
+    /// The account is refused (bad key, 402): the node reports it.
+    #[error("account refused: {0}")]
+    Account(String),
+    /// Anything else: the cloud is unreachable, slow or failing.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// How `kubectl logs` wants the log.
+#[derive(Debug, Clone, Default)]
+pub struct LogOptions {
+    pub follow: bool,
+    pub tail_lines: Option<u32>,
+    pub since: Option<Timestamp>,
+}
+
+/// One log line with its timestamp, when the cloud gives one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEntry {
+    pub timestamp: Option<String>,
+    pub line: String,
+}
+
+/// What is kept of a finished container's log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FinalLog {
+    pub exit_code: Option<i32>,
+    /// The last lines, bounded by [`FINAL_LOG_BYTES`].
+    pub lines: Vec<LogEntry>,
+}
+
+/// At most this much of a finished container's log is kept in memory per pod.
+pub const FINAL_LOG_BYTES: usize = 32 * 1024;
+
+impl FinalLog {
+    /// Keeps the newest lines that fit in [`FINAL_LOG_BYTES`].
+    pub fn bounded(exit_code: Option<i32>, mut lines: Vec<LogEntry>) -> FinalLog {
+        let mut total = 0usize;
+        let keep_from = lines
+            .iter()
+            .rposition(|entry| {
+                total += entry.line.len() + entry.timestamp.as_ref().map_or(0, String::len) + 1;
+                total > FINAL_LOG_BYTES
+            })
+            .map_or(0, |index| index + 1);
+        lines.drain(..keep_from);
+        FinalLog { exit_code, lines }
+    }
+}
+
+pub type LogEntries = Pin<Box<dyn Stream<Item = Result<LogEntry, ProviderError>> + Send>>;
+
+/// Cheapest price per GPU per hour for each offer class (e.g. `SECURE`, `COMMUNITY`).
+pub type CheapestPrices = Vec<(String, f64)>;
+
+/// A GPU cloud, as the virtual kubelet needs it.
+pub trait Provider: Send + Sync + 'static {
+    /// Short name: node label value, metrics label.
+    fn name(&self) -> &'static str;
+
+    /// How long the cloud's reads may lag a create: the controller waits at least this long
+    /// (beside `--create-settle`) before it takes lists that show nothing as proof that a
+    /// recorded create made nothing.
+    fn read_lag(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
+    /// What an instance is called in Events and messages (`RunPod pod`, `Vast.ai instance`).
+    fn instance_noun(&self) -> &'static str {
+        "RunPod pod"
+    }
+
+    /// The pod annotation that holds the instance id (written by the controller only).
+    fn id_annotation(&self) -> &'static str {
+        runpod_contract::POD_ID
+    }
+
+    /// Every instance of the account in one call. Only a successful answer is a complete list.
+    fn list(&self) -> impl Future<Output = Result<Vec<Instance>, ProviderError>> + Send;
+
+    /// One instance by id, asked directly: `None` only when the cloud says it does not exist
+    /// (404). A list that omits an instance is no evidence that it is gone; this answer is.
+    fn lookup(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<Instance>, ProviderError>> + Send;
+
+    /// Where `pod` may run and what it may cost, from its annotations and the cluster's limits.
+    fn constraints(&self, pod: &Pod) -> Result<Constraints, String>;
+
+    /// Creates the one instance of `request.pod`. The caller has established that none exists
+    /// (no create was ever recorded, or complete lists taken after the last one settled show
+    /// none), so an implementation need not look it up first; it must still settle an
+    /// ambiguous create of its own before trying anything else.
+    fn provision(
+        &self,
+        request: ProvisionRequest<'_>,
+    ) -> impl Future<Output = Result<Provisioned, ProvisionError>> + Send;
+
+    /// Stops the container (SIGTERM) without releasing the machine. `true` when the provider
+    /// accepted the stop (GPU billing ended); `false` when there was nothing it would stop (already
+    /// stopped, gone, or refused).
+    fn stop(&self, id: &str) -> impl Future<Output = Result<bool, ProviderError>> + Send;
+
+    /// Terminates and releases the instance; an instance already gone counts as done. `ends`
+    /// says whether this ends GPU billing, which puts it ahead of other calls when they queue.
+    fn terminate(
+        &self,
+        id: &str,
+        ends: Ends,
+    ) -> impl Future<Output = Result<(), ProviderError>> + Send;
+
+    /// The end of the instance's log, read once after its container ended: the exit code it
+    /// reported, and the last lines, kept so `kubectl logs` works after the instance is gone.
+    fn final_log(&self, id: &str) -> impl Future<Output = Result<FinalLog, ProviderError>> + Send;
+
+    /// The instance's container log.
+    fn logs(&self, id: &str, options: LogOptions) -> LogEntries;
+
+    /// The cheapest price per GPU per offer class, from the provider's cached catalogue.
+    fn cheapest_prices(&self) -> CheapestPrices;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_final_log_keeps_the_newest_lines_within_its_bound() {
+        let lines: Vec<LogEntry> = (0..10_000)
+            .map(|i| LogEntry {
+                timestamp: None,
+                line: format!("line {i:05}"),
+            })
+            .collect();
+        let kept = FinalLog::bounded(Some(0), lines);
+        let bytes: usize = kept.lines.iter().map(|e| e.line.len() + 1).sum();
+        assert!(bytes <= FINAL_LOG_BYTES, "{bytes}");
+        assert!(bytes > FINAL_LOG_BYTES - 20, "fills the bound: {bytes}");
+        assert_eq!(kept.lines.last().unwrap().line, "line 09999");
+        let few = FinalLog::bounded(None, kept.lines[..3].to_vec());
+        assert_eq!(few.lines.len(), 3);
+    }
+}

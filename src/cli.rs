@@ -47,7 +47,7 @@ pub enum Command {
     Gpus(crate::cmd::gpus::GpusArgs),
     /// Run the virtual kubelet: register the virtual node and run the pods bound to it on
     /// RunPod. The API key comes from `RUNPOD_API_KEY` only.
-    Controller(Box<crate::cmd::controller::ControllerArgs>),
+    Controller(Box<crate::cmd::controller::args::ControllerArgs>),
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use runpod_kubelet::http::ApiKey;
-use runpod_kubelet::runpod::client::{ClientConfig, RunPodClient};
+use runpod_kubelet::runpod::client::RunPodClient;
+use runpod_kubelet::runpod::config::ClientConfig;
 use runpod_kubelet::runpod::logs::LogRequest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;

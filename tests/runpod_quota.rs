@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use runpod_kubelet::http::ApiKey;
-use runpod_kubelet::runpod::client::{ClientConfig, RunPodClient};
+use runpod_kubelet::runpod::client::RunPodClient;
+use runpod_kubelet::runpod::config::ClientConfig;
 use runpod_simulator::scenario::{RateLimitSpec, ResetStyle, Scenario, WindowModel};
 use runpod_simulator::{Operation, Simulator};
 use runpod_support::{candidate, request_for};

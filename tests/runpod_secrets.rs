@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use runpod_kubelet::http::ApiKey;
-use runpod_kubelet::runpod::client::{ClientConfig, RetryPolicy, RunPodClient};
+use runpod_kubelet::runpod::client::RunPodClient;
+use runpod_kubelet::runpod::config::{ClientConfig, RetryPolicy};
 use runpod_kubelet::runpod::error::ApiError;
 use runpod_kubelet::runpod::logs::LogRequest;
 use runpod_simulator::Simulator;
@@ -121,7 +122,7 @@ async fn the_key_never_leaks() {
     client.delete_pod(&placed.pod.id).await.unwrap();
 
     // The environment-variable path reports a missing key without any value.
-    texts.push(runpod_kubelet::runpod::client::ConfigError::MissingKey.to_string());
+    texts.push(runpod_kubelet::runpod::config::ConfigError::MissingKey.to_string());
 
     let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert!(logs.contains("runpod request"), "the capture works: {logs}");

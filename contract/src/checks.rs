@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate as contract;
+use crate::config::{OwningJob, PolicyConfig};
 use crate::pod::{ContainerView, PodView, VolumeView};
-use crate::policy::{OwningJob, PolicyConfig};
 use crate::{CloudType, PortSpec};
 
 /// An effective annotation value and where it came from.

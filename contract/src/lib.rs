@@ -5,6 +5,7 @@
 
 mod annotations;
 pub mod checks;
+pub mod config;
 pub mod env;
 pub mod pod;
 pub mod policy;

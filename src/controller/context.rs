@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder};
-use runpod_contract::policy::PolicyConfig;
+use runpod_contract::config::PolicyConfig;
 use tokio::sync::watch;
 use tracing::warn;
 

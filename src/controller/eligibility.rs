@@ -10,8 +10,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use runpod_contract as contract;
+use runpod_contract::checks::gpu_count;
+use runpod_contract::config::PolicyConfig;
 use runpod_contract::pod::PodView;
-use runpod_contract::policy::{self, PolicyConfig, Untouched};
+use runpod_contract::policy::{self, Untouched};
 
 /// Why the controller will not run a pod, for its Event and status.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,7 +99,7 @@ pub fn refusal(
             fail: false,
         });
     }
-    if policy::gpu_count(pod) == 0 {
+    if gpu_count(pod) == 0 {
         return Some(Refusal {
             reason: "NotRunOnRunPod",
             message: format!(

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::client::{ClientConfig, ConfigError, RunPodClient, api_key_from_env};
+use super::client::RunPodClient;
+use super::config::{ClientConfig, ConfigError, api_key_from_env};
 
 /// `--runpod-*` flags.
 #[derive(Debug, Clone, Args)]

@@ -328,10 +328,10 @@ impl Cursor {
 /// The wait before reopening after the `n`-th (1-based) empty close in a row: doubling from
 /// `EMPTY_CLOSE_FIRST_DELAY` to `EMPTY_CLOSE_MAX_DELAY`, jittered so many followers spread out.
 fn empty_close_delay(n: u32) -> Duration {
-    let backoff = super::client::RetryPolicy {
+    let backoff = super::config::RetryPolicy {
         base_delay: EMPTY_CLOSE_FIRST_DELAY,
         max_delay: EMPTY_CLOSE_MAX_DELAY,
-        ..super::client::RetryPolicy::default()
+        ..super::config::RetryPolicy::default()
     };
     backoff.backoff(n.saturating_sub(1))
 }

@@ -5,6 +5,7 @@ pub mod args;
 pub mod catalog;
 pub mod catalogue_cache;
 pub mod client;
+pub mod config;
 pub mod decode;
 pub mod error;
 pub mod limiter;

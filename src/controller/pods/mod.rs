@@ -21,7 +21,6 @@ use kube::runtime::controller::Action;
 use tracing::instrument;
 
 pub use create::{marker_refresh, outage_tolerations};
-pub use track::{endpoints_annotation, instance_annotations};
 
 use super::context::Shared;
 use super::memory::PodMemory;

@@ -5,7 +5,6 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
-use runpod_contract::{COST_PER_HR, DATACENTER, ENDPOINTS, GPU_TYPE};
 use tracing::{info, warn};
 
 use super::decide::{self, TrackStep};
@@ -20,43 +19,6 @@ use crate::provider::{Instance, InstanceState, Provider};
 /// pod is finished with its exit code unknown: a log endpoint that keeps refusing must not
 /// keep a stopped pod billing storage, nor its Job from completing.
 pub const LOG_READ_ATTEMPTS: u32 = 5;
-
-/// `8080/http=https://…,22/tcp=IP:PORT` for the ports that are published.
-pub fn endpoints_annotation(instance: &Instance) -> String {
-    instance
-        .endpoints
-        .iter()
-        .filter_map(|e| {
-            Some(format!(
-                "{}/{}={}",
-                e.port,
-                e.protocol,
-                e.address.as_deref()?
-            ))
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// The controller-owned annotations that describe `instance`.
-pub fn instance_annotations(
-    instance: &Instance,
-    id_annotation: &'static str,
-) -> Vec<(&'static str, Option<String>)> {
-    vec![
-        (id_annotation, Some(instance.id.clone())),
-        (
-            COST_PER_HR,
-            instance.cost_per_hour.map(|c| format!("{c:.3}")),
-        ),
-        (GPU_TYPE, instance.gpu_type.clone()),
-        (DATACENTER, instance.datacenter.clone()),
-        (
-            ENDPOINTS,
-            Some(endpoints_annotation(instance)).filter(|e| !e.is_empty()),
-        ),
-    ]
-}
 
 /// An instance that was there is missing from lists that had time to show it: RunPod is asked
 /// for it by id (at most once per settle time); only a 404 (or a terminated answer, or one
@@ -387,8 +349,9 @@ async fn exit_code<P: Provider>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::pods::write::instance_annotations;
     use crate::provider::{Endpoint, InstanceState, Tags};
-    use runpod_contract::POD_ID;
+    use runpod_contract::{COST_PER_HR, ENDPOINTS, POD_ID};
 
     fn instance(id: &str) -> Instance {
         Instance {

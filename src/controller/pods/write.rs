@@ -4,14 +4,51 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
+use runpod_contract::{COST_PER_HR, DATACENTER, ENDPOINTS, GPU_TYPE};
 use serde_json::json;
 use tracing::debug;
 
-use super::track::instance_annotations;
 use super::{ReconcileError, annotation, pods_in_namespace_of};
 use crate::controller::context::Shared;
 use crate::controller::pods::status::{self, View};
 use crate::provider::{Instance, Provider};
+
+/// `8080/http=https://…,22/tcp=IP:PORT` for the ports that are published.
+pub(crate) fn endpoints_annotation(instance: &Instance) -> String {
+    instance
+        .endpoints
+        .iter()
+        .filter_map(|e| {
+            Some(format!(
+                "{}/{}={}",
+                e.port,
+                e.protocol,
+                e.address.as_deref()?
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The controller-owned annotations that describe `instance`.
+pub(crate) fn instance_annotations(
+    instance: &Instance,
+    id_annotation: &'static str,
+) -> Vec<(&'static str, Option<String>)> {
+    vec![
+        (id_annotation, Some(instance.id.clone())),
+        (
+            COST_PER_HR,
+            instance.cost_per_hour.map(|c| format!("{c:.3}")),
+        ),
+        (GPU_TYPE, instance.gpu_type.clone()),
+        (DATACENTER, instance.datacenter.clone()),
+        (
+            ENDPOINTS,
+            Some(endpoints_annotation(instance)).filter(|e| !e.is_empty()),
+        ),
+    ]
+}
 
 pub(super) async fn waiting<P>(
     ctx: &Shared<P>,

@@ -146,7 +146,7 @@ pub fn requirements(pod: &Pod, limits: &ClusterLimits) -> Result<Requirements, R
     }
 
     Ok(Requirements {
-        gpu_count: runpod_contract::policy::gpu_count(pod).max(1),
+        gpu_count: runpod_contract::checks::gpu_count(pod).max(1),
         min_memory_gb,
         gpu_types,
         cloud,

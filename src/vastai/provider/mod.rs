@@ -108,7 +108,7 @@ impl VastaiProvider {
 
     fn requirements(&self, pod: &Pod) -> Result<Requirements, String> {
         let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-        let gpus = runpod_contract::policy::gpu_count(pod);
+        let gpus = runpod_contract::checks::gpu_count(pod);
         contract_vastai::requirements(&annotations, gpus, &self.policy)
             .map_err(|problems| problems.join("; "))
     }

@@ -14,7 +14,8 @@ pub(crate) use checks::view_gpu_count;
 pub use checks::{detect_ports, gpu_count};
 pub use mutation::Mutation;
 use runpod_contract::checks;
-pub use runpod_contract::policy::{OwningJob, PolicyConfig, Untouched, cannot_run, opt_in, screen};
+pub use runpod_contract::config::{OwningJob, PolicyConfig};
+pub use runpod_contract::policy::{Untouched, cannot_run, opt_in, screen};
 use runpod_contract::provider::{self, Cloud, ProviderChoice};
 
 /// What the cluster knows about the pod's surroundings, looked up by the caller.

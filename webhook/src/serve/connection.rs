@@ -8,7 +8,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -21,6 +20,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
+use super::activity::{Activity, InFlight};
 use super::header_deadline::HeaderDeadline;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -140,65 +140,6 @@ impl Connection {
     }
 }
 
-/// Requests in flight on one connection, how many have started, and when the last one started
-/// or ended.
-pub(super) struct Activity {
-    started: Instant,
-    in_flight: AtomicUsize,
-    requests_started: AtomicU64,
-    /// Milliseconds after `started`.
-    last_change_ms: AtomicU64,
-}
-
-impl Activity {
-    fn new() -> Self {
-        Self {
-            started: Instant::now(),
-            in_flight: AtomicUsize::new(0),
-            requests_started: AtomicU64::new(0),
-            last_change_ms: AtomicU64::new(0),
-        }
-    }
-
-    pub(super) fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Acquire)
-    }
-
-    /// Requests whose headers were complete and handed to the service.
-    pub(super) fn requests_started(&self) -> u64 {
-        self.requests_started.load(Ordering::Acquire)
-    }
-
-    fn touch(&self) {
-        let elapsed = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_change_ms.store(elapsed, Ordering::Release);
-    }
-
-    /// How long nothing has been in flight; zero while something is.
-    fn idle_for(&self) -> Duration {
-        if self.in_flight() > 0 {
-            return Duration::ZERO;
-        }
-        let last = Duration::from_millis(self.last_change_ms.load(Ordering::Acquire));
-        self.started.elapsed().saturating_sub(last)
-    }
-
-    /// When the connection becomes idle for `timeout` if nothing happens meanwhile.
-    fn idle_deadline(&self, timeout: Duration) -> Instant {
-        Instant::now() + timeout.saturating_sub(self.idle_for())
-    }
-}
-
-/// Ends a request's activity when its handler finishes (or is dropped).
-struct InFlight(Arc<Activity>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.touch();
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// The router as a hyper service, counting requests in flight.
 #[derive(Clone)]
 struct Tracked {
@@ -212,12 +153,7 @@ impl hyper::service::Service<http::Request<Incoming>> for Tracked {
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
-        self.activity.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.activity
-            .requests_started
-            .fetch_add(1, Ordering::AcqRel);
-        self.activity.touch();
-        let in_flight = InFlight(Arc::clone(&self.activity));
+        let in_flight = InFlight::start(Arc::clone(&self.activity));
         let handled = self.inner.call(request);
         Box::pin(async move {
             let _in_flight = in_flight;

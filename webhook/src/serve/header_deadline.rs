@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-use super::connection::Activity;
+use super::activity::Activity;
 
 /// A stream that fails its reads once a request's headers take longer than `timeout`.
 pub(super) struct HeaderDeadline<S> {

@@ -2,6 +2,7 @@
 //! hold a connection, a request or the server's memory forever: handshake, header and body
 //! timeouts, an idle timeout, h2 keep-alive, and limits on connections and h2 streams.
 
+mod activity;
 mod connection;
 mod header_deadline;
 

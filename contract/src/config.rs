@@ -1,0 +1,55 @@
+//! What an installation configures (the cluster-wide policy) and what a pod inherits from its
+//! Job: the inputs of the checks and the rules, kept apart from both so neither imports the
+//! other.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Cluster-wide policy, from the webhook's flags.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyConfig {
+    /// Datacenters pods may ask for; empty means any.
+    pub allowed_datacenters: Vec<String>,
+    /// Highest USD per hour per GPU a pod may offer; `None` means no cap.
+    pub max_gpu_price: Option<f64>,
+    /// Namespaces whose pods are never touched (the chart's own); `kube-system` always is.
+    pub excluded_namespaces: BTreeSet<String>,
+    /// Where Vast.ai pods may run and what they may cost (`--vastai-*`, `--max-gpu-price`).
+    pub vastai: crate::vastai::VastPolicy,
+}
+
+impl PolicyConfig {
+    /// From the flags the webhook and the controller share: `kube-system` is excluded by
+    /// [`crate::policy::screen`] itself, the component's own namespace (`POD_NAMESPACE`) here.
+    pub fn from_flags(
+        exclude_namespaces: &[String],
+        datacenter_ids: &[String],
+        max_gpu_price: f64,
+        own_namespace: Option<String>,
+    ) -> PolicyConfig {
+        let trimmed = |items: &[String]| -> Vec<String> {
+            items
+                .iter()
+                .map(|item| item.trim().to_owned())
+                .filter(|item| !item.is_empty())
+                .collect()
+        };
+        let mut excluded: BTreeSet<String> = trimmed(exclude_namespaces).into_iter().collect();
+        excluded.extend(own_namespace.filter(|ns| !ns.is_empty()));
+        PolicyConfig {
+            allowed_datacenters: trimmed(datacenter_ids),
+            max_gpu_price: Some(max_gpu_price),
+            excluded_namespaces: excluded,
+            vastai: crate::vastai::VastPolicy {
+                max_gpu_price: Some(max_gpu_price),
+                ..crate::vastai::VastPolicy::default()
+            },
+        }
+    }
+}
+
+/// The Job a pod belongs to, for the annotation fallback.
+#[derive(Debug, Clone, Default)]
+pub struct OwningJob {
+    pub name: String,
+    pub annotations: BTreeMap<String, String>,
+}

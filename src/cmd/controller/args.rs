@@ -1,0 +1,235 @@
+//! The controller's flags (with the Go kubelet's names as aliases); each also reads
+//! `RUNPOD_KUBELET_<FLAG>` from the environment.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use runpod_kubelet::controller::usage::idle::IdleSettings;
+use runpod_kubelet::runpod::args::RunPodArgs;
+use runpod_kubelet::vastai::args::{VastArgs, VastPolicyArgs};
+
+use crate::cmd::flags::{percent, positive_duration, seconds_or_duration};
+
+/// Idle GPUs: when a burst pod's GPUs count as idle (a Warning Event `GpuIdle`, a metric).
+#[derive(Debug, Args)]
+pub struct IdleGpuArgs {
+    /// Utilization, in percent, below which every GPU of a pod must stay to count as idle.
+    #[arg(long, default_value_t = 5.0, value_parser = percent, env = "RUNPOD_KUBELET_IDLE_GPU_THRESHOLD")]
+    pub idle_gpu_threshold: f64,
+    /// How long a pod's GPUs must stay idle before it is reported (bare seconds accepted; `0`
+    /// turns the check off).
+    #[arg(long, default_value = "30m", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_IDLE_GPU_AFTER")]
+    pub idle_gpu_after: Duration,
+}
+
+impl IdleGpuArgs {
+    pub fn settings(&self) -> IdleSettings {
+        IdleSettings {
+            threshold: self.idle_gpu_threshold / 100.0,
+            after: self.idle_gpu_after,
+        }
+    }
+}
+
+/// A percentage from 0 to 100.
+/// `controller` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ControllerCommand {
+    /// Terminate every RunPod pod of this cluster and node, wait until none bills, and remove
+    /// the virtual node (for uninstalling; a running controller is told to create nothing more).
+    Drain(DrainArgs),
+}
+
+/// The cloud a controller runs its node's pods on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CloudArg {
+    Runpod,
+    Vastai,
+}
+
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    /// Name of the virtual node.
+    #[arg(
+        long,
+        default_value = "virtual-runpod",
+        env = "RUNPOD_KUBELET_NODENAME"
+    )]
+    pub nodename: String,
+    /// The cloud of the node (`runpod` or `vastai`).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "runpod",
+        env = "RUNPOD_KUBELET_PROVIDER"
+    )]
+    pub provider: CloudArg,
+    #[command(flatten)]
+    pub runpod: RunPodArgs,
+    #[command(flatten)]
+    pub vastai: VastArgs,
+    /// Tag of this cluster (as given to the controller); default: the UID of kube-system.
+    #[arg(long, env = "RUNPOD_KUBELET_CLUSTER_ID")]
+    pub cluster_id: Option<String>,
+    /// Give up (exit non-zero, naming what still bills) after this long.
+    #[arg(long, default_value = "5m", value_parser = positive_duration, env = "RUNPOD_KUBELET_TIMEOUT")]
+    pub timeout: Duration,
+    /// Seed compatibility: the kubeconfig (same as KUBECONFIG).
+    #[arg(long, env = "RUNPOD_KUBELET_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    #[command(subcommand)]
+    pub command: Option<ControllerCommand>,
+    /// Name of the virtual node (shared with the webhook).
+    #[arg(
+        long,
+        default_value = "virtual-runpod",
+        env = "RUNPOD_KUBELET_NODENAME"
+    )]
+    pub nodename: String,
+    /// The cloud this node's pods run on: `runpod`, or `vastai` (key from `VAST_API_KEY`).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "runpod",
+        env = "RUNPOD_KUBELET_PROVIDER"
+    )]
+    pub provider: CloudArg,
+    #[command(flatten)]
+    pub runpod: RunPodArgs,
+    #[command(flatten)]
+    pub vastai: VastArgs,
+    #[command(flatten)]
+    pub vastai_policy: VastPolicyArgs,
+    #[command(flatten)]
+    pub idle: IdleGpuArgs,
+    /// Datacenters RunPod pods may be placed in (comma-separated); empty allows any.
+    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_DATACENTER_IDS")]
+    pub datacenter_ids: Vec<String>,
+    /// Cap in USD per hour per GPU.
+    #[arg(long, default_value_t = 0.5, env = "RUNPOD_KUBELET_MAX_GPU_PRICE")]
+    pub max_gpu_price: f64,
+    /// Tag of this cluster on every RunPod pod; default: the UID of the kube-system namespace,
+    /// so two clusters sharing an account never collect each other's pods.
+    #[arg(long, env = "RUNPOD_KUBELET_CLUSTER_ID")]
+    pub cluster_id: Option<String>,
+    /// How often RunPod's pod list is read (bare seconds accepted, as in the seed).
+    #[arg(long, default_value = "10s", value_parser = positive_duration, env = "RUNPOD_KUBELET_RECONCILE_INTERVAL")]
+    pub reconcile_interval: Duration,
+    /// A pod with no running RunPod pod after this long fails with ProvisioningTimeout.
+    #[arg(long, default_value = "15m", value_parser = positive_duration, env = "RUNPOD_KUBELET_PROVISION_TIMEOUT")]
+    pub provision_timeout: Duration,
+    /// After a create with an unknown outcome, how long RunPod's list must have had to show
+    /// the pod before another create is allowed.
+    #[arg(long, default_value = "30s", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_CREATE_SETTLE")]
+    pub create_settle: Duration,
+    /// Port of the kubelet API (logs).
+    #[arg(
+        long,
+        alias = "listen-port",
+        default_value_t = 10250,
+        env = "RUNPOD_KUBELET_KUBELET_PORT"
+    )]
+    pub kubelet_port: u16,
+    /// Address the node advertises (the apiserver dials it for logs); default `POD_IP`, else
+    /// 127.0.0.1.
+    #[arg(long, env = "RUNPOD_KUBELET_INTERNAL_IP")]
+    pub internal_ip: Option<IpAddr>,
+    /// PEM serving certificate of the kubelet API; default: self-signed in memory.
+    #[arg(
+        long,
+        requires = "kubelet_tls_key",
+        env = "RUNPOD_KUBELET_KUBELET_TLS_CERT"
+    )]
+    pub kubelet_tls_cert: Option<PathBuf>,
+    #[arg(
+        long,
+        requires = "kubelet_tls_cert",
+        env = "RUNPOD_KUBELET_KUBELET_TLS_KEY"
+    )]
+    pub kubelet_tls_key: Option<PathBuf>,
+    /// CA that kubelet API callers' client certificates must chain to; default: the cluster CA.
+    #[arg(long, env = "RUNPOD_KUBELET_KUBELET_CLIENT_CA")]
+    pub kubelet_client_ca: Option<PathBuf>,
+    /// Plain-HTTP address of /healthz, /readyz and /metrics.
+    #[arg(
+        long,
+        alias = "health-server-address",
+        env = "RUNPOD_KUBELET_METRICS_LISTEN"
+    )]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Pods the node accepts.
+    #[arg(long, default_value_t = 100, env = "RUNPOD_KUBELET_MAX_PODS")]
+    pub max_pods: u32,
+    /// GPUs the node advertises.
+    #[arg(long, default_value_t = 64, env = "RUNPOD_KUBELET_MAX_GPUS")]
+    pub max_gpus: u32,
+    /// Job offloading: how long a `delayed` pod waits for a local GPU, from its creation,
+    /// before it moves to the virtual node (a duration, or bare seconds as in the seed; `0`:
+    /// as soon as the scheduler finds no local node). `runpod.io/max-pending-time` overrides.
+    #[arg(long, default_value = "0", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_MAX_PENDING_TIME")]
+    pub max_pending_time: Duration,
+    /// Job offloading: how many `delayed` pods may wait for a local GPU at once; the
+    /// longest-waiting ones above it move to the virtual node.
+    #[arg(
+        long,
+        default_value_t = 1,
+        env = "RUNPOD_KUBELET_PENDING_JOB_THRESHOLD"
+    )]
+    pub pending_job_threshold: usize,
+    /// More namespaces whose pods are never run (comma-separated), as the webhook's flag;
+    /// `kube-system` and the controller's own namespace (`POD_NAMESPACE`) always are.
+    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
+    pub exclude_namespaces: Vec<String>,
+    /// How long burst pods tolerate an unreachable or not-ready virtual node.
+    #[arg(long, default_value = "1h", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_OUTAGE_GRACE")]
+    pub outage_grace: Duration,
+    /// Pods reconciled at once (default: `--max-pods`). A reconcile waiting for the RunPod
+    /// quota holds its slot, so with fewer slots than pods a deleted pod's stop could wait
+    /// behind creates queued for the quota instead of going first.
+    #[arg(long, env = "RUNPOD_KUBELET_CONCURRENCY")]
+    pub concurrency: Option<u16>,
+    /// Elect one leader among the replicas (Lease); `--leader-elect=false` for a single local
+    /// run.
+    #[arg(
+        long,
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        env = "RUNPOD_KUBELET_LEADER_ELECT"
+    )]
+    pub leader_elect: bool,
+    /// How long a leader's lease lasts without renewal (a standby takes over after it).
+    #[arg(long, default_value = "15s", value_parser = positive_duration, env = "RUNPOD_KUBELET_LEADER_ELECT_LEASE_DURATION")]
+    pub leader_elect_lease_duration: Duration,
+    /// A leader that has not renewed for this long stops all work and exits.
+    #[arg(long, default_value = "10s", value_parser = positive_duration, env = "RUNPOD_KUBELET_LEADER_ELECT_RENEW_DEADLINE")]
+    pub leader_elect_renew_deadline: Duration,
+    /// How often the lease is renewed or tried.
+    #[arg(long, default_value = "2s", value_parser = positive_duration, env = "RUNPOD_KUBELET_LEADER_ELECT_RETRY_PERIOD")]
+    pub leader_elect_retry_period: Duration,
+    /// Name of the election Lease; default `runpod-kubelet-<nodename>`.
+    #[arg(long, env = "RUNPOD_KUBELET_LEADER_ELECT_RESOURCE_NAME")]
+    pub leader_elect_resource_name: Option<String>,
+    /// Namespace of the election Lease; default `POD_NAMESPACE`, else `default`.
+    #[arg(long, env = "RUNPOD_KUBELET_LEADER_ELECT_RESOURCE_NAMESPACE")]
+    pub leader_elect_resource_namespace: Option<String>,
+    /// Seed compatibility: the seed's kubeconfig flag (same as KUBECONFIG).
+    #[arg(long, env = "RUNPOD_KUBELET_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Seed compatibility: accepted and ignored (pods in every namespace are served).
+    #[arg(long, hide = true)]
+    pub namespace: Option<String>,
+    /// Seed compatibility: accepted and ignored (the node is linux).
+    #[arg(long, hide = true)]
+    pub os: Option<String>,
+    /// Seed compatibility: accepted and ignored (settings come from flags).
+    #[arg(long, hide = true)]
+    pub provider_config: Option<PathBuf>,
+}

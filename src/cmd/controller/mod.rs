@@ -1,0 +1,335 @@
+//! `runpod-kubelet controller`: flags (with the seed kubelet's names as aliases), the cluster
+//! id, the kubelet API's TLS, and the RunPod provider, handed to `controller::run`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use runpod_kubelet::controller::context::Settings;
+use runpod_kubelet::controller::leader::{self, ElectionConfig};
+use runpod_kubelet::controller::metrics::ControllerMetrics;
+use runpod_kubelet::controller::node::NodeConfig;
+use runpod_kubelet::controller::node::drain::DrainConfig;
+use runpod_kubelet::controller::{self, Runtime, kubelet_api};
+use runpod_kubelet::provider::Provider;
+use runpod_kubelet::runpod::catalogue_cache::CatalogueCache;
+use runpod_kubelet::runpod::metrics::RunPodMetrics;
+use runpod_kubelet::runpod::provider::RunPodProvider;
+use runpod_kubelet::runpod::select::ClusterLimits;
+use runpod_kubelet::vastai::provider::VastaiProvider;
+use tokio::net::TcpListener;
+
+pub mod args;
+mod kubelet_tls;
+
+use args::{CloudArg, ControllerArgs, ControllerCommand, DrainArgs};
+
+async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<(kube::Client, kube::Config)> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?,
+    };
+    Ok((kube::Client::try_from(config.clone())?, config))
+}
+
+/// `--cluster-id`, else the UID of the kube-system namespace.
+async fn cluster_id(client: &kube::Client, flag: Option<&str>) -> anyhow::Result<String> {
+    match flag {
+        Some(id) if !id.trim().is_empty() => Ok(id.trim().to_owned()),
+        _ => Api::<Namespace>::all(client.clone())
+            .get("kube-system")
+            .await
+            .context("reading the kube-system namespace for the default --cluster-id")?
+            .metadata
+            .uid
+            .context("kube-system has no uid"),
+    }
+}
+
+/// The election settings from the flags; `None` with `--leader-elect=false`.
+fn election(args: &ControllerArgs, internal_ip: IpAddr) -> anyhow::Result<Option<ElectionConfig>> {
+    if !args.leader_elect {
+        return Ok(None);
+    }
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "runpod-kubelet".into());
+    let namespace = args
+        .leader_elect_resource_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .filter(|n| !n.trim().is_empty())
+        .unwrap_or_else(|| "default".into());
+    let config = ElectionConfig {
+        lease_name: args
+            .leader_elect_resource_name
+            .clone()
+            .filter(|n| !n.trim().is_empty())
+            .unwrap_or_else(|| format!("runpod-kubelet-{}", args.nodename)),
+        namespace,
+        identity: leader::identity(&host, &internal_ip.to_string()),
+        lease_duration: args.leader_elect_lease_duration,
+        renew_deadline: args.leader_elect_renew_deadline,
+        retry_period: args.leader_elect_retry_period,
+    };
+    config.validate()?;
+    Ok(Some(config))
+}
+
+/// `controller drain`.
+async fn drain(args: DrainArgs) -> anyhow::Result<()> {
+    let (client, _) = kube_client(args.kubeconfig.as_ref()).await?;
+    let cluster_id = cluster_id(&client, args.cluster_id.as_deref()).await?;
+    tracing::info!(node = %args.nodename, cluster_id = %cluster_id, timeout = ?args.timeout, "draining");
+    let config = DrainConfig {
+        node_name: args.nodename.clone(),
+        cluster_id,
+        timeout: args.timeout,
+        poll_interval: Duration::from_secs(2),
+        ack_wait: Duration::from_secs(60),
+    };
+    let report = match args.provider {
+        CloudArg::Runpod => {
+            let runpod_client = args
+                .runpod
+                .client()
+                .context("configuring the RunPod client")?;
+            let provider = RunPodProvider::new(
+                runpod_client,
+                CatalogueCache::new(),
+                ClusterLimits {
+                    max_gpu_price: 0.0,
+                    data_center_ids: vec![],
+                },
+                config.cluster_id.clone(),
+                args.nodename.clone(),
+            );
+            controller::node::drain::drain(client, &provider, &config).await?
+        }
+        CloudArg::Vastai => {
+            let vast_client = args
+                .vastai
+                .client()
+                .context("configuring the Vast.ai client")?;
+            let provider = VastaiProvider::new(
+                vast_client,
+                Default::default(),
+                config.cluster_id.clone(),
+                args.nodename.clone(),
+            );
+            controller::node::drain::drain(client, &provider, &config).await?
+        }
+    };
+    tracing::info!(
+        terminated = report.terminated.len(),
+        pods_removed = report.pods_removed,
+        node_removed = report.node_removed,
+        foreign_node = report.foreign_node,
+        "drained: nothing of this cluster and node bills any more"
+    );
+    Ok(())
+}
+
+pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
+    if let Some(ControllerCommand::Drain(drain_args)) = args.command.take() {
+        return drain(drain_args).await;
+    }
+    if args.provider_config.is_some() || args.namespace.is_some() || args.os.is_some() {
+        tracing::warn!(
+            "--provider-config, --namespace and --os are accepted for compatibility and ignored"
+        );
+    }
+    anyhow::ensure!(
+        args.max_gpu_price.is_finite() && args.max_gpu_price > 0.0,
+        "--max-gpu-price must be a positive number"
+    );
+    let (client, config) = kube_client(args.kubeconfig.as_ref()).await?;
+    let cluster_id = cluster_id(&client, args.cluster_id.as_deref()).await?;
+    let internal_ip = match args.internal_ip {
+        Some(ip) => ip,
+        None => std::env::var("POD_IP")
+            .ok()
+            .and_then(|ip| ip.parse().ok())
+            .unwrap_or(IpAddr::from([127, 0, 0, 1])),
+    };
+    let election = election(&args, internal_ip)?;
+
+    let mut registry = prometheus_client::registry::Registry::with_prefix("runpod_kubelet");
+    let runpod_metrics = RunPodMetrics::register(&mut registry);
+    let metrics = ControllerMetrics::register(&mut registry);
+    let mut admission = runpod_webhook::policy::PolicyConfig::from_flags(
+        &args.exclude_namespaces,
+        &args.datacenter_ids,
+        args.max_gpu_price,
+        std::env::var("POD_NAMESPACE").ok(),
+    );
+    admission.vastai = args
+        .vastai_policy
+        .policy(args.max_gpu_price)
+        .map_err(anyhow::Error::msg)?;
+    let mut setup = Setup {
+        cluster_id,
+        internal_ip,
+        election,
+        registry,
+        metrics,
+        admission,
+    };
+    match args.provider {
+        CloudArg::Runpod => {
+            let runpod_client = args
+                .runpod
+                .client()
+                .context("configuring the RunPod client")?
+                .with_metrics(runpod_metrics);
+            let catalogue = CatalogueCache::new();
+            catalogue.spawn_refresher(runpod_client.clone(), Duration::from_secs(300));
+            let limits = ClusterLimits {
+                max_gpu_price: args.max_gpu_price,
+                data_center_ids: args
+                    .datacenter_ids
+                    .iter()
+                    .map(|d| d.trim().to_owned())
+                    .filter(|d| !d.is_empty())
+                    .collect(),
+            };
+            let provider = Arc::new(RunPodProvider::new(
+                runpod_client,
+                catalogue,
+                limits,
+                setup.cluster_id.clone(),
+                args.nodename.clone(),
+            ));
+            serve(provider, args, config, client, setup).await
+        }
+        CloudArg::Vastai => {
+            let vast_client = args
+                .vastai
+                .client()
+                .context("configuring the Vast.ai client")?;
+            // Every instance's label names the cluster and the node: refuse ids it cannot hold.
+            runpod_kubelet::vastai::label::Label::new(&setup.cluster_id, &args.nodename, "pod-uid")
+                .map_err(anyhow::Error::msg)
+                .context("--cluster-id and --nodename must fit in a Vast.ai label")?;
+            // The node's taints and selection are Vast.ai's; RunPod's datacenter list is not
+            // this node's policy.
+            setup.admission.allowed_datacenters.clear();
+            let provider = Arc::new(VastaiProvider::new(
+                vast_client,
+                setup.admission.vastai.clone(),
+                setup.cluster_id.clone(),
+                args.nodename.clone(),
+            ));
+            provider.spawn_price_refresher(Duration::from_secs(300));
+            serve(provider, args, config, client, setup).await
+        }
+    }
+}
+
+/// What `run` settles before the provider is chosen.
+struct Setup {
+    cluster_id: String,
+    internal_ip: IpAddr,
+    election: Option<ElectionConfig>,
+    registry: prometheus_client::registry::Registry,
+    metrics: Arc<ControllerMetrics>,
+    admission: runpod_webhook::policy::PolicyConfig,
+}
+
+/// Binds the listeners and runs the controller with `provider`.
+async fn serve<P: Provider>(
+    provider: Arc<P>,
+    args: ControllerArgs,
+    config: kube::Config,
+    client: kube::Client,
+    setup: Setup,
+) -> anyhow::Result<()> {
+    let Setup {
+        cluster_id,
+        internal_ip,
+        election,
+        registry,
+        metrics,
+        admission,
+    } = setup;
+    let (certs, key) = kubelet_tls::kubelet_identity(&args, internal_ip)?;
+    let kubelet_tls =
+        kubelet_api::server_config(certs, key, kubelet_tls::client_ca(&args, &config)?)?;
+    let kubelet_listener = TcpListener::bind(SocketAddr::new(
+        IpAddr::from([0, 0, 0, 0]),
+        args.kubelet_port,
+    ))
+    .await
+    .with_context(|| format!("binding the kubelet API port {}", args.kubelet_port))?;
+    let metrics_listener = match args.metrics_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?,
+        ),
+        None => None,
+    };
+    tracing::info!(
+        node = %args.nodename,
+        cluster_id = %cluster_id,
+        provider = provider.name(),
+        kubelet_port = args.kubelet_port,
+        "controller starting"
+    );
+    let runtime = Runtime {
+        client,
+        node: NodeConfig {
+            name: args.nodename.clone(),
+            provider: provider.name(),
+            internal_ip: internal_ip.to_string(),
+            kubelet_port: args.kubelet_port,
+            max_pods: args.max_pods,
+            max_gpus: args.max_gpus,
+            cpu: "1000".into(),
+            memory: "4Ti".into(),
+        },
+        settings: Settings {
+            node_name: args.nodename.clone(),
+            cluster_id,
+            host_ip: internal_ip.to_string(),
+            reconcile_interval: args.reconcile_interval,
+            provision_timeout: args.provision_timeout,
+            create_settle: args.create_settle.max(provider.read_lag()),
+            outage_grace: args.outage_grace,
+            idle: args.idle.settings(),
+            admission,
+        },
+        kubelet_listener,
+        kubelet_tls,
+        metrics_listener,
+        registry,
+        metrics,
+        offload: runpod_kubelet::controller::offload::plan::OffloadSettings {
+            max_pending_time: args.max_pending_time,
+            pending_job_threshold: args.pending_job_threshold,
+        },
+        concurrency: args
+            .concurrency
+            .unwrap_or_else(|| u16::try_from(args.max_pods).unwrap_or(u16::MAX))
+            .max(1),
+        election,
+    };
+    controller::run(provider, runtime, crate::shutdown::signal()).await
+}

@@ -1,0 +1,43 @@
+//! Instances and settings for the tests of the list loop and the garbage collector.
+
+use std::time::Duration;
+
+use crate::controller::context::Settings;
+use crate::provider::{Instance, InstanceState, Tags};
+
+pub fn instance(id: &str, cluster: &str, node: &str, uid: Option<&str>) -> Instance {
+    Instance {
+        id: id.into(),
+        name: id.into(),
+        tags: Tags {
+            cluster_id: Some(cluster.into()),
+            node_name: Some(node.into()),
+            pod_uid: uid.map(str::to_owned),
+        },
+        state: InstanceState::Running,
+        uptime_secs: None,
+        cost_per_hour: Some(0.5),
+        gpu_type: None,
+        datacenter: None,
+        endpoints: vec![],
+        ip: None,
+        created_at: None,
+        started_at: None,
+        message: None,
+        usage: None,
+    }
+}
+
+pub fn settings() -> Settings {
+    Settings {
+        node_name: "vr".into(),
+        cluster_id: "c1".into(),
+        host_ip: "127.0.0.1".into(),
+        reconcile_interval: Duration::from_secs(10),
+        provision_timeout: Duration::from_secs(900),
+        create_settle: Duration::from_secs(30),
+        outage_grace: Duration::from_secs(3600),
+        admission: Default::default(),
+        idle: Default::default(),
+    }
+}

@@ -1,0 +1,380 @@
+//! Garbage collection after each complete list: instances this node made whose pod is gone,
+//! instances of this cluster tagged with another node's name whose pod exists nowhere in the
+//! cluster, and (reported, never touched) instances of another cluster carrying this node's
+//! name. The choices are pure; `Collector` keeps what they need between lists and carries
+//! them out.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::ListParams;
+use tracing::{info, warn};
+
+use crate::controller::clock::elapsed;
+use crate::controller::context::{Settings, Shared, Snapshot};
+use crate::provider::{Instance, Provider};
+
+/// How old the cluster-wide list of pod UIDs may be before other nodes' instances are checked
+/// against a new one.
+const CLUSTER_PODS_MAX_AGE: Duration = Duration::from_secs(300);
+
+/// Live instances of this cluster tagged with another node's name (the node was renamed, or
+/// another virtual node of this cluster made them): candidates for garbage collection when
+/// their pod exists nowhere in the cluster.
+pub fn other_nodes<'a>(
+    instances: &'a [Instance],
+    settings: &'a Settings,
+) -> impl Iterator<Item = &'a Instance> + 'a {
+    instances.iter().filter(|i| {
+        i.state.is_live()
+            && i.tags.pod_uid.is_some()
+            && i.tags.cluster_id.as_deref() == Some(settings.cluster_id.as_str())
+            && i.tags.node_name.as_deref() != Some(settings.node_name.as_str())
+    })
+}
+
+/// Live instances tagged with this node's name but another cluster id: `--cluster-id` changed,
+/// or another cluster with an explicit id uses the same node name on this account. They are
+/// reported, never touched: they may be another cluster's running work. (Two clusters cloned
+/// from one etcd backup share the default cluster id, the kube-system UID, and cannot be told
+/// apart here: only an explicit `--cluster-id` separates them.)
+pub fn foreign<'a>(
+    instances: &'a [Instance],
+    settings: &'a Settings,
+) -> impl Iterator<Item = &'a Instance> + 'a {
+    instances.iter().filter(|i| {
+        i.state.is_live()
+            && i.tags.node_name.as_deref() == Some(settings.node_name.as_str())
+            && i.tags.cluster_id.is_some()
+            && i.tags.cluster_id.as_deref() != Some(settings.cluster_id.as_str())
+    })
+}
+
+/// Orphans: live, ours, tagged with a pod UID that no Kubernetes pod on the node has, and seen
+/// for longer than the settle time (a pod just bound may not be in this replica's cache yet).
+pub fn orphans<'a>(
+    snapshot: &'a Snapshot,
+    pod_uids: &HashSet<String>,
+    first_seen: &HashMap<String, Timestamp>,
+    settle: Duration,
+) -> Vec<&'a Instance> {
+    snapshot
+        .instances
+        .iter()
+        .filter(|i| i.state.is_live())
+        .filter(|i| match i.tags.pod_uid.as_deref() {
+            Some(uid) => !pod_uids.contains(uid),
+            None => false,
+        })
+        .filter(|i| {
+            first_seen
+                .get(&i.id)
+                .is_some_and(|seen| elapsed(*seen, snapshot.taken_at) >= settle)
+        })
+        .collect()
+}
+
+/// Whether the cluster's pods must be listed again for the settled instances of other nodes:
+/// never listed, the list is old, or one of them names a pod that list did not have (several
+/// virtual nodes of one cluster always have instances here, so not at every round).
+pub fn cluster_list_due(
+    listed: Option<&(Timestamp, HashSet<String>)>,
+    settled_elsewhere: &[&Instance],
+    now: Timestamp,
+) -> bool {
+    if settled_elsewhere.is_empty() {
+        return false;
+    }
+    listed.is_none_or(|(at, known)| {
+        elapsed(*at, now) >= CLUSTER_PODS_MAX_AGE
+            || settled_elsewhere
+                .iter()
+                .any(|i| !known.contains(&uid_of(i)))
+    })
+}
+
+/// Other nodes' instances whose pod is missing from a cluster list taken after the instance
+/// was first seen (its pod existed before it, so a pod missing from that list is really gone).
+pub fn gone_elsewhere<'a>(
+    settled_elsewhere: Vec<&'a Instance>,
+    listed: &(Timestamp, HashSet<String>),
+    first_seen: &HashMap<String, Timestamp>,
+) -> Vec<&'a Instance> {
+    let (listed_at, known) = listed;
+    settled_elsewhere
+        .into_iter()
+        .filter(|i| {
+            !known.contains(&uid_of(i))
+                && first_seen.get(&i.id).is_some_and(|seen| seen <= listed_at)
+        })
+        .collect()
+}
+
+fn uid_of(instance: &Instance) -> String {
+    instance.tags.pod_uid.clone().unwrap_or_default()
+}
+
+/// What garbage collection remembers between lists.
+#[derive(Debug, Default)]
+pub struct Collector {
+    /// When each listed instance (ours and other nodes') was first seen.
+    first_seen: HashMap<String, Timestamp>,
+    /// Another cluster's instances already reported.
+    reported_foreign: HashSet<String>,
+    /// The cluster's pod UIDs and when they were listed.
+    cluster_uids: Option<(Timestamp, HashSet<String>)>,
+}
+
+impl Collector {
+    /// Notes when each instance of a new list was first seen; forgets the ones no longer listed.
+    pub fn see(&mut self, snapshot: &Snapshot, elsewhere: &[Instance]) {
+        for instance in snapshot.instances.iter().chain(elsewhere) {
+            self.first_seen
+                .entry(instance.id.clone())
+                .or_insert(snapshot.taken_at);
+        }
+        self.first_seen.retain(|id, _| {
+            snapshot
+                .instances
+                .iter()
+                .chain(elsewhere)
+                .any(|i| &i.id == id)
+        });
+    }
+
+    /// Terminates what the list shows to be garbage: this node's orphans, and other nodes'
+    /// instances whose pod exists nowhere in the cluster.
+    pub async fn collect<P: Provider>(
+        &mut self,
+        shared: &Shared<P>,
+        pod_uids: &HashSet<String>,
+        snapshot: &Snapshot,
+        elsewhere: Vec<Instance>,
+    ) {
+        let settle = shared.settings.create_settle;
+        let mut collect: Vec<&Instance> = orphans(snapshot, pod_uids, &self.first_seen, settle);
+        let elsewhere_snapshot = Snapshot {
+            taken_at: snapshot.taken_at,
+            instances: elsewhere,
+            confirmed_at: None,
+        };
+        let settled_elsewhere = orphans(
+            &elsewhere_snapshot,
+            &HashSet::new(),
+            &self.first_seen,
+            settle,
+        );
+        if cluster_list_due(
+            self.cluster_uids.as_ref(),
+            &settled_elsewhere,
+            snapshot.taken_at,
+        ) {
+            match cluster_pod_uids(&shared.client).await {
+                Ok(uids) => self.cluster_uids = Some((snapshot.taken_at, uids)),
+                Err(error) => {
+                    warn!(error = %error, cloud = shared.provider.name(), "listing the cluster's pods failed; other nodes' instances are not collected this time")
+                }
+            }
+        }
+        if let Some(listed) = &self.cluster_uids {
+            collect.extend(gone_elsewhere(settled_elsewhere, listed, &self.first_seen));
+        }
+        for orphan in collect {
+            info!(instance = %orphan.id, cloud = shared.provider.name(), pod_uid = ?orphan.tags.pod_uid, node = ?orphan.tags.node_name, "terminating an instance whose Kubernetes pod is gone");
+            match shared
+                .provider
+                .terminate(&orphan.id, orphan.state.termination_ends())
+                .await
+            {
+                Ok(()) => {
+                    shared.metrics.garbage_collected.inc();
+                }
+                Err(error) => {
+                    warn!(instance = %orphan.id, error = %error, "garbage collection failed")
+                }
+            }
+        }
+    }
+
+    /// Logs, counts and (when the set changes) puts an Event on the node for instances tagged
+    /// with this node's name but another cluster id.
+    pub async fn report_foreign<P: Provider>(
+        &mut self,
+        shared: &Shared<P>,
+        instances: &[Instance],
+    ) {
+        let reported = &mut self.reported_foreign;
+        let found: Vec<&Instance> = foreign(instances, &shared.settings).collect();
+        shared
+            .metrics
+            .foreign_instances
+            .set(i64::try_from(found.len()).unwrap_or(i64::MAX));
+        let ids: HashSet<String> = found.iter().map(|i| i.id.clone()).collect();
+        if ids.is_empty() || ids == *reported {
+            *reported = ids;
+            return;
+        }
+        let listed: Vec<String> = found
+            .iter()
+            .map(|i| {
+                format!(
+                    "{} (cluster {})",
+                    i.id,
+                    i.tags.cluster_id.as_deref().unwrap_or("?")
+                )
+            })
+            .collect();
+        let message = format!(
+            "RunPod pods tagged with this node's name but another cluster id are left alone: {}. \
+             If this cluster was cloned from another, or --cluster-id changed, set an explicit \
+             --cluster-id and terminate these in RunPod's console if nothing owns them",
+            listed.join(", ")
+        );
+        warn!(instances = ?ids, "RunPod pods of another cluster carry this node's name");
+        let node = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(shared.settings.node_name.clone()),
+            ..Default::default()
+        };
+        let event = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: "ForeignRunPodPods".into(),
+            note: Some(message),
+            action: "ForeignRunPodPods".into(),
+            secondary: None,
+        };
+        if let Err(error) = shared.recorder.publish(&event, &node).await {
+            warn!(error = %error, "could not publish an Event on the node");
+        }
+        *reported = ids;
+    }
+}
+
+/// Every pod UID in the cluster, on any node.
+async fn cluster_pod_uids(client: &kube::Client) -> Result<HashSet<String>, kube::Error> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let list = pods.list_metadata(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|pod| pod.metadata.uid)
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::cloud::fixtures::{instance, settings};
+    use crate::provider::InstanceState;
+
+    #[test]
+    fn another_nodes_instances_are_candidates_and_another_clusters_are_foreign() {
+        let mut gone = instance("done", "c1", "old-name", Some("u9"));
+        gone.state = InstanceState::Terminated;
+        let all = vec![
+            instance("mine", "c1", "vr", Some("u1")),
+            instance("renamed", "c1", "old-name", Some("u2")),
+            gone,
+            instance("untagged-pod", "c1", "old-name", None),
+            instance("cloned", "c2", "vr", Some("u3")),
+            instance("stranger", "c2", "elsewhere", Some("u4")),
+        ];
+        let settings = settings();
+        let ids = |it: Vec<&Instance>| it.iter().map(|i| i.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(other_nodes(&all, &settings).collect()), ["renamed"]);
+        assert_eq!(ids(foreign(&all, &settings).collect()), ["cloned"]);
+    }
+
+    #[test]
+    fn orphans_need_a_missing_uid_and_settled_age() {
+        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let t1: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+        let snapshot = Snapshot {
+            taken_at: t1,
+            confirmed_at: None,
+            instances: vec![
+                instance("alive", "c1", "vr", Some("u-alive")),
+                instance("orphan", "c1", "vr", Some("u-gone")),
+                instance("young", "c1", "vr", Some("u-gone2")),
+                instance("no-uid", "c1", "vr", None),
+            ],
+        };
+        let uids: HashSet<String> = ["u-alive".to_owned()].into();
+        let seen: HashMap<String, Timestamp> = [
+            ("alive".to_owned(), t0),
+            ("orphan".to_owned(), t0),
+            ("young".to_owned(), t1),
+            ("no-uid".to_owned(), t0),
+        ]
+        .into();
+        let found: Vec<_> = orphans(&snapshot, &uids, &seen, Duration::from_secs(30))
+            .into_iter()
+            .map(|i| i.id.as_str())
+            .collect();
+        assert_eq!(found, ["orphan"]);
+    }
+
+    #[test]
+    fn the_cluster_is_listed_when_never_listed_old_or_missing_a_pod() {
+        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let soon: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+        let late: Timestamp = "2026-01-01T00:06:00Z".parse().unwrap();
+        let known = instance("k", "c1", "other", Some("u-known"));
+        let new = instance("n", "c1", "other", Some("u-new"));
+        let listed = (t0, HashSet::from(["u-known".to_owned()]));
+        let cases: [(
+            &str,
+            Option<&(Timestamp, HashSet<String>)>,
+            Vec<&Instance>,
+            Timestamp,
+            bool,
+        ); 5] = [
+            ("nothing settled elsewhere", None, vec![], soon, false),
+            ("never listed", None, vec![&known], soon, true),
+            (
+                "fresh list knows the pod",
+                Some(&listed),
+                vec![&known],
+                soon,
+                false,
+            ),
+            (
+                "fresh list lacks the pod",
+                Some(&listed),
+                vec![&new],
+                soon,
+                true,
+            ),
+            ("old list", Some(&listed), vec![&known], late, true),
+        ];
+        for (case, listed, settled, now, due) in cases {
+            assert_eq!(cluster_list_due(listed, &settled, now), due, "{case}");
+        }
+    }
+
+    #[test]
+    fn only_instances_seen_before_the_cluster_list_and_missing_from_it_are_gone() {
+        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let t1: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+        let t2: Timestamp = "2026-01-01T00:02:00Z".parse().unwrap();
+        let alive = instance("alive", "c1", "other", Some("u-alive"));
+        let gone = instance("gone", "c1", "other", Some("u-gone"));
+        let newer = instance("newer", "c1", "other", Some("u-newer"));
+        let listed = (t1, HashSet::from(["u-alive".to_owned()]));
+        let seen: HashMap<String, Timestamp> = [
+            ("alive".to_owned(), t0),
+            ("gone".to_owned(), t0),
+            ("newer".to_owned(), t2),
+        ]
+        .into();
+        let found: Vec<&str> = gone_elsewhere(vec![&alive, &gone, &newer], &listed, &seen)
+            .into_iter()
+            .map(|i| i.id.as_str())
+            .collect();
+        assert_eq!(found, ["gone"]);
+    }
+}

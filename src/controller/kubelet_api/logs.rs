@@ -1,0 +1,282 @@
+//! `GET /containerLogs/{namespace}/{pod}/{container}`: `kubectl logs` read from the cloud, with
+//! the kubelet's parameters (`follow`, `tailLines`, `sinceSeconds`, `sinceTime`, `timestamps`,
+//! `limitBytes`); bad ones are a 400.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::ObjectRef;
+use serde::Deserialize;
+
+use super::ApiState;
+use crate::provider::{LogEntry, LogOptions, Provider};
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct LogQuery {
+    follow: Option<String>,
+    tail_lines: Option<String>,
+    since_seconds: Option<String>,
+    since_time: Option<String>,
+    timestamps: Option<String>,
+}
+
+fn bad_request(message: String) -> Response {
+    (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response()
+}
+
+fn flag(value: &Option<String>, name: &str) -> Result<bool, String> {
+    match value.as_deref() {
+        None | Some("") | Some("false") | Some("0") => Ok(false),
+        Some("true") | Some("1") => Ok(true),
+        Some(other) => Err(format!("{name}={other:?} is not a boolean")),
+    }
+}
+
+/// The log options a query asks for, or a 400 naming the bad parameter.
+fn options(query: &LogQuery, now: Timestamp) -> Result<(LogOptions, bool), String> {
+    let follow = flag(&query.follow, "follow")?;
+    let timestamps = flag(&query.timestamps, "timestamps")?;
+    let tail_lines = match &query.tail_lines {
+        None => None,
+        Some(value) => Some(
+            value
+                .parse::<i64>()
+                .ok()
+                .filter(|n| *n >= 0)
+                .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+                .ok_or_else(|| format!("tailLines={value:?} is not a non-negative integer"))?,
+        ),
+    };
+    let since = match (&query.since_seconds, &query.since_time) {
+        (Some(_), Some(_)) => {
+            return Err("sinceSeconds and sinceTime cannot both be set".into());
+        }
+        (Some(seconds), None) => {
+            let seconds = seconds
+                .parse::<i64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("sinceSeconds={seconds:?} is not a positive integer"))?;
+            Some(
+                now.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(seconds))
+                    .unwrap_or(Timestamp::UNIX_EPOCH),
+            )
+        }
+        (None, Some(time)) => Some(
+            time.parse::<Timestamp>()
+                .map_err(|_| format!("sinceTime={time:?} is not an RFC 3339 time"))?,
+        ),
+        (None, None) => None,
+    };
+    Ok((
+        LogOptions {
+            follow,
+            tail_lines,
+            since,
+        },
+        timestamps,
+    ))
+}
+
+pub(super) async fn container_logs<P: Provider>(
+    State(state): State<Arc<ApiState<P>>>,
+    Path((namespace, name, container)): Path<(String, String, String)>,
+    Query(query): Query<LogQuery>,
+) -> Response {
+    let (options, timestamps) = match options(&query, Timestamp::now()) {
+        Ok(parsed) => parsed,
+        Err(message) => return bad_request(message),
+    };
+    let Some(pod) = state.pods.get(&ObjectRef::new(&name).within(&namespace)) else {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("pod {namespace}/{name} is not on this node\n"),
+        )
+            .into_response();
+    };
+    let known = pod
+        .spec
+        .as_ref()
+        .is_some_and(|s| s.containers.iter().any(|c| c.name == container));
+    if !known {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("pod {namespace}/{name} has no container {container:?}\n"),
+        )
+            .into_response();
+    }
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    // A finished container: its instance is terminated, so serve what was kept of its log.
+    if let Some(kept) = state.shared.remember(&uid, |m| m.final_log.clone()) {
+        let text: String = kept_lines(&kept, &options)
+            .map(|entry| log_line(entry, timestamps))
+            .collect();
+        return (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            text,
+        )
+            .into_response();
+    }
+    let instance_id = state
+        .shared
+        .latest()
+        .and_then(|snapshot| snapshot.for_pod(&uid).next().map(|i| i.id.clone()))
+        .or_else(|| {
+            state
+                .shared
+                .remember(&uid, |m| m.instance.as_ref().map(|(id, _)| id.clone()))
+        });
+    let Some(instance_id) = instance_id else {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!(
+                "container {container:?} in pod {namespace}/{name} is waiting to start on RunPod\n"
+            ),
+        )
+            .into_response();
+    };
+    let lines = state
+        .shared
+        .provider
+        .logs(&instance_id, options)
+        .map(move |item| match item {
+            Ok(entry) => {
+                let text = log_line(&entry, timestamps);
+                Ok::<_, std::io::Error>(text)
+            }
+            Err(error) => Err(std::io::Error::other(error.to_string())),
+        });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Body::from_stream(lines))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// One line as `kubectl logs` shows it, with its timestamp first when asked for.
+fn log_line(entry: &LogEntry, timestamps: bool) -> String {
+    match (&entry.timestamp, timestamps) {
+        (Some(ts), true) => format!("{ts} {}\n", entry.line),
+        _ => format!("{}\n", entry.line),
+    }
+}
+
+/// The kept lines `options` asks for: newer than `since` (lines without a readable timestamp
+/// are kept), then the last `tail_lines`.
+fn kept_lines<'a>(
+    kept: &'a [LogEntry],
+    options: &LogOptions,
+) -> impl Iterator<Item = &'a LogEntry> + 'a {
+    let since = options.since;
+    let recent: Vec<&LogEntry> = kept
+        .iter()
+        .filter(move |entry| {
+            let stamp = entry
+                .timestamp
+                .as_deref()
+                .and_then(|ts| ts.parse::<Timestamp>().ok());
+            match (since, stamp) {
+                (Some(since), Some(stamp)) => stamp >= since,
+                _ => true,
+            }
+        })
+        .collect();
+    let skip = options
+        .tail_lines
+        .map_or(0, |tail| recent.len().saturating_sub(tail as usize));
+    recent.into_iter().skip(skip)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(pairs: &[(&str, &str)]) -> LogQuery {
+        let text = pairs
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("&");
+        serde_urlencoded_like(&text)
+    }
+
+    fn serde_urlencoded_like(text: &str) -> LogQuery {
+        let uri: axum::http::Uri = format!("/x?{text}").parse().unwrap();
+        Query::<LogQuery>::try_from_uri(&uri).unwrap().0
+    }
+
+    #[test]
+    fn log_parameters_parse_and_bad_ones_are_400() {
+        let now: Timestamp = "2026-01-01T00:10:00Z".parse().unwrap();
+        let (opts, ts) = options(
+            &query(&[
+                ("follow", "true"),
+                ("tailLines", "5"),
+                ("sinceSeconds", "60"),
+                ("timestamps", "true"),
+            ]),
+            now,
+        )
+        .unwrap();
+        assert!(opts.follow && ts);
+        assert_eq!(opts.tail_lines, Some(5));
+        assert_eq!(opts.since.unwrap().to_string(), "2026-01-01T00:09:00Z");
+        let (opts, _) = options(&query(&[("sinceTime", "2026-01-01T00:00:00Z")]), now).unwrap();
+        assert_eq!(opts.since.unwrap().to_string(), "2026-01-01T00:00:00Z");
+        for bad in [
+            vec![("tailLines", "-1")],
+            vec![("tailLines", "x")],
+            vec![("sinceSeconds", "0")],
+            vec![("sinceTime", "yesterday")],
+            vec![("follow", "maybe")],
+            vec![("sinceSeconds", "5"), ("sinceTime", "2026-01-01T00:00:00Z")],
+        ] {
+            let message = options(&query(&bad), now).unwrap_err();
+            assert_eq!(
+                bad_request(message).status(),
+                StatusCode::BAD_REQUEST,
+                "{bad:?}"
+            );
+        }
+    }
+
+    fn entry(ts: &str, line: &str) -> LogEntry {
+        LogEntry {
+            timestamp: Some(ts.to_owned()),
+            line: line.to_owned(),
+        }
+    }
+
+    #[test]
+    fn kept_lines_honour_since_and_tail() {
+        let kept = [
+            entry("2026-11-23T10:00:00Z", "one"),
+            entry("2026-11-23T10:00:10Z", "two"),
+            entry("2026-11-23T10:00:20Z", "three"),
+        ];
+        let lines = |options: LogOptions| -> Vec<String> {
+            kept_lines(&kept, &options)
+                .map(|e| e.line.clone())
+                .collect()
+        };
+        assert_eq!(lines(LogOptions::default()), ["one", "two", "three"]);
+        let tail = LogOptions {
+            tail_lines: Some(2),
+            ..LogOptions::default()
+        };
+        assert_eq!(lines(tail), ["two", "three"]);
+        let since = LogOptions {
+            since: Some("2026-11-23T10:00:05Z".parse().unwrap()),
+            tail_lines: Some(5),
+            ..LogOptions::default()
+        };
+        assert_eq!(lines(since), ["two", "three"]);
+    }
+}

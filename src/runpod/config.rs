@@ -1,0 +1,99 @@
+//! The RunPod client's settings: where the key comes from, the API root, timeouts, the assumed
+//! quota and the retry timings, and what can be wrong with them at start-up.
+
+use std::time::Duration;
+
+use crate::http::{ApiKey, KeyError};
+
+/// The environment variable holding the key; never a flag, so it stays out of `ps` output.
+pub const API_KEY_ENV: &str = "RUNPOD_API_KEY";
+
+/// Start-up problems with the client configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "{API_KEY_ENV} is not set or empty; put the RunPod API key in that variable (from a Secret)"
+    )]
+    MissingKey,
+    #[error("{API_KEY_ENV} contains characters that cannot be sent in an HTTP header")]
+    MalformedKey,
+    #[error("--runpod-api-url {url:?} is not an http(s) URL: {reason}")]
+    BadUrl { url: String, reason: String },
+    #[error("could not build the HTTP client: {0}")]
+    Http(String),
+}
+
+impl From<KeyError> for ConfigError {
+    fn from(error: KeyError) -> Self {
+        match error {
+            KeyError::Missing => ConfigError::MissingKey,
+            KeyError::Malformed => ConfigError::MalformedKey,
+        }
+    }
+}
+
+/// Reads the key from `RUNPOD_API_KEY`.
+pub fn api_key_from_env() -> Result<ApiKey, ConfigError> {
+    let key = std::env::var(API_KEY_ENV).map_err(|_| ConfigError::MissingKey)?;
+    Ok(ApiKey::new(key)?)
+}
+
+/// Backoff and lookup timings.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Tries per request (and per placement candidate) for transient failures.
+    pub attempts: u32,
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+    /// After an ambiguous create, how often to look for the pod by name (the list lags).
+    pub lookup_attempts: u32,
+    pub lookup_interval: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 4,
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(10),
+            lookup_attempts: 4,
+            lookup_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Full-jitter exponential backoff for attempt `n` (0-based).
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let ceiling = self
+            .base_delay
+            .saturating_mul(2u32.saturating_pow(attempt.min(16)))
+            .min(self.max_delay);
+        let millis = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(fastrand::u64(millis / 2..=millis.max(1)))
+    }
+}
+
+/// Client settings, from the controller's flags.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Server root, e.g. `https://api.runpod.io`; paths `/v2/...` are appended.
+    pub api_url: String,
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// The quota assumed until the service's `RateLimit-Policy` header says otherwise.
+    pub requests_per_minute: u32,
+    pub retry: RetryPolicy,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            api_url: "https://api.runpod.io".to_owned(),
+            request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            requests_per_minute: 60,
+            retry: RetryPolicy::default(),
+        }
+    }
+}

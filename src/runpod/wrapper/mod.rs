@@ -1,0 +1,239 @@
+//! The completion wrapper. RunPod restarts a container whose process exits (its pods are meant
+//! to run until stopped), so a batch container would run again and again. The wrapper runs the
+//! pod's command under `sh`, prints `runpod-kubelet: exit-code=<N>` as its last line, and stops
+//! its own RunPod pod through the pod-scoped key RunPod injects (`runpodctl` and
+//! `$RUNPOD_POD_ID`). The controller sees the pod EXITED in its list and reads the code from the
+//! log. If the self-stop fails, the wrapper just ends: RunPod restarts the container and the
+//! controller, seeing the uptime go back, still finds the code in the log.
+//!
+//! The wrapper's `sh` is the container's PID 1, and the kernel drops a signal to PID 1 that has
+//! no handler, so without help a stop's SIGTERM would never reach the command (it would only be
+//! killed at the end of the grace period). The wrapper therefore runs the command as a
+//! background child, traps TERM and INT, passes them on to the child and waits again until the
+//! child has really ended (a trap cuts a `wait` short). One limit of POSIX sh remains: a
+//! background command starts with INT ignored, so INT reaches only programs that install their
+//! own INT handler (Python's `signal.signal`, Go's `signal.Notify`, Node's `process.on`), not a
+//! plain `sh` or Python's default `KeyboardInterrupt`. TERM is not affected. The command's stdin
+//! is `/dev/null`, as for any background command (Kubernetes `stdin` is not supported anyway).
+//!
+//! Where the self-stop fails, the restarted container must not run the command again: before
+//! reporting, the wrapper writes the code to [`EXIT_MARKER`], and a wrapper that finds that file
+//! at start reports the same code again, tries the self-stop again and exits with it, without
+//! running the command (or writing the volume files).
+
+/// Where the wrapper records the code of a run that ended: on the container disk, not on a
+/// volume. The restart RunPod makes when the container's process exits is taken to keep the
+/// container, as the completion design already assumes for its log (where the controller finds
+/// the code after such a restart), and with it the writable layer that `/tmp` belongs to; were
+/// the layer renewed, the marker would be gone and the command would run again, as without it.
+/// RunPod wipes the container disk when the pod is stopped and started or reset, and the
+/// controller never starts a RunPod pod again for another run, so a marker does not outlive its
+/// run. Not the volume mount (`/workspace`): it may be a network volume that other pods share
+/// and that outlives the pod, where a marker would keep a later pod's command from running.
+/// `/tmp` rather than `/` because an image's non-root user can write there.
+pub const EXIT_MARKER: &str = "/tmp/runpod-kubelet-exit-code";
+
+/// `$0` of the wrapper script, so `ps` shows what runs.
+const SCRIPT_NAME: &str = "runpod-kubelet-wrapper";
+
+/// The start of every script that reports a code (after `marker=<path>`, before the volume
+/// files are written): the helpers below, and the replay of a code already recorded. Function
+/// names carry a prefix so that a command named like one of them (`"$@"` looks up functions
+/// first) still runs the program.
+///
+/// - `runpod_kubelet_finish CODE` records the code (written aside, then renamed, so a restart
+///   never finds half a file), prints the exit line, stops the pod and exits with the code.
+/// - `runpod_kubelet_run WORDS...` runs the words as a background child until it has ended, its
+///   code in `$rc`. A signal that came while no child ran is passed to the next one as it starts.
+///   A `wait` during which a trap ran is repeated (the trap may have cut it short); should the
+///   child have ended just before the trap, the repeated `wait` returns the same code again in
+///   dash, busybox ash and bash.
+/// - `$signal` is the last signal received, so `OnFailure` does not start another attempt.
+const PRELUDE: &str = r#"runpod_kubelet_stop_self() {
+  if [ -n "${RUNPOD_POD_ID:-}" ] && command -v runpodctl >/dev/null 2>&1; then
+    runpodctl stop pod "$RUNPOD_POD_ID" >/dev/null 2>&1
+  fi
+}
+runpod_kubelet_finish() {
+  { printf '%s\n' "$1" >"$marker.new" && mv -f "$marker.new" "$marker"; } 2>/dev/null
+  echo "runpod-kubelet: exit-code=$1"
+  runpod_kubelet_stop_self
+  exit "$1"
+}
+if [ -f "$marker" ] && read -r code <"$marker"; then
+  runpod_kubelet_finish "$code"
+fi
+child= pending= signal= caught=
+runpod_kubelet_forward() {
+  signal=$1 caught=1
+  if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null; else pending=$1; fi
+}
+trap 'runpod_kubelet_forward TERM' TERM
+trap 'runpod_kubelet_forward INT' INT
+runpod_kubelet_run() {
+  "$@" &
+  child=$!
+  if [ -n "$pending" ]; then kill -s "$pending" "$child" 2>/dev/null; pending=; fi
+  while :; do
+    caught=
+    wait "$child"; rc=$?
+    [ -n "$caught" ] || break
+  done
+  child=
+}
+"#;
+
+/// Run once, report, stop (restartPolicy Never).
+const RUN_ONCE: &str = r#"runpod_kubelet_run "$@"
+runpod_kubelet_finish "$rc""#;
+
+/// Run until it succeeds, reporting every exit, then stop (restartPolicy OnFailure). A signal
+/// ends the loop: the attempt it stopped is the last, and a signal during the pause between
+/// attempts ends the pause at once.
+const UNTIL_SUCCESS: &str = r#"while :; do
+  runpod_kubelet_run "$@"; code=$rc
+  [ "$code" -eq 0 ] && break
+  [ -n "$signal" ] && break
+  echo "runpod-kubelet: exit-code=$code"
+  runpod_kubelet_run sleep 10
+  [ -n "$signal" ] && break
+done
+runpod_kubelet_finish "$code""#;
+
+/// How a pod's container ends, from its `restartPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// `Never`: run once.
+    RunOnce,
+    /// `OnFailure`: run again after a failure, end after a success.
+    UntilSuccess,
+    /// `Always`: never ends; RunPod's own restarts do the job, no wrapper.
+    Forever,
+}
+
+/// Prefix of the env vars that carry mounted files' contents (base64), one per file.
+pub const FILE_ENV_PREFIX: &str = "RUNPOD_KUBELET_FILE_";
+
+/// Exit code reported when the volume files cannot be written (as a shell reports a command
+/// that cannot run).
+pub const SETUP_FAILED_CODE: i32 = 126;
+
+/// A file the wrapper writes before the command runs.
+pub struct FileToWrite<'a> {
+    pub path: &'a str,
+    pub content: &'a [u8],
+    pub mode: u32,
+}
+
+/// Shell that writes a pod's mounted files, and the env that carries their contents. Contents
+/// travel in env, never in `args`, so they are not in the command line RunPod shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setup {
+    script: String,
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+impl Setup {
+    /// `None` when there is nothing to write.
+    pub fn new(files: &[FileToWrite<'_>], directories: &[String]) -> Result<Option<Setup>, String> {
+        use base64::Engine as _;
+        if files.is_empty() && directories.is_empty() {
+            return Ok(None);
+        }
+        let quote = |text: &str| {
+            shlex::try_quote(text)
+                .map(|q| q.into_owned())
+                .map_err(|e| format!("path {text:?}: {e}"))
+        };
+        let mut steps = Vec::new();
+        let mut env = std::collections::BTreeMap::new();
+        for directory in directories {
+            steps.push(format!("mkdir -p {}", quote(directory)?));
+        }
+        for (index, file) in files.iter().enumerate() {
+            let var = format!("{FILE_ENV_PREFIX}{index}");
+            let parent = file.path.rsplit_once('/').map_or("/", |(dir, _)| dir);
+            let parent = if parent.is_empty() { "/" } else { parent };
+            let path = quote(file.path)?;
+            steps.push(format!(
+                "mkdir -p {parent} && printf '%s' \"${var}\" | base64 -d > {path} && chmod {mode:o} {path}",
+                parent = quote(parent)?,
+                mode = file.mode & 0o777,
+            ));
+            env.insert(
+                var,
+                base64::engine::general_purpose::STANDARD.encode(file.content),
+            );
+        }
+        let unset: Vec<&str> = env.keys().map(String::as_str).collect();
+        let script = format!(
+            "runpod_kubelet_setup() {{\n  {steps}\n}}\n\
+             runpod_kubelet_setup || {{ echo \"runpod-kubelet: could not write the pod's volume files \
+             (the image needs sh, mkdir, base64 and a writable filesystem)\" >&2; \
+             set -- sh -c 'exit {SETUP_FAILED_CODE}'; }}\n{unset}",
+            steps = steps.join(" &&\n  "),
+            unset = if unset.is_empty() {
+                String::new()
+            } else {
+                format!("unset {}\n", unset.join(" "))
+            },
+        );
+        Ok(Some(Setup { script, env }))
+    }
+}
+
+/// The v2 `args` string that runs `words` under the wrapper, or `None` when the pod is not
+/// wrapped (nothing to set up and no command to wrap, or it runs forever anyway). With a
+/// `setup`, the files are written first; a pod that needs files but has no command cannot be
+/// wrapped, which is an error (the image's own CMD is unknown here).
+pub fn wrapped_args(
+    words: &[String],
+    completion: Completion,
+    setup: Option<&Setup>,
+) -> Result<Option<String>, String> {
+    wrapped_args_at(words, completion, setup, EXIT_MARKER)
+}
+
+/// [`wrapped_args`] with the exit marker at `marker` (tests use a directory of their own).
+fn wrapped_args_at(
+    words: &[String],
+    completion: Completion,
+    setup: Option<&Setup>,
+    marker: &str,
+) -> Result<Option<String>, String> {
+    let body = match completion {
+        Completion::Forever => "exec \"$@\"",
+        Completion::RunOnce => RUN_ONCE,
+        Completion::UntilSuccess => UNTIL_SUCCESS,
+    };
+    if words.is_empty() {
+        return match setup {
+            None => Ok(None),
+            Some(_) => Err(
+                "the pod mounts configMap, secret, downwardAPI or emptyDir volumes, \
+                 which are written by a wrapper around the container's command, but the \
+                 container sets no command or args: set `command` (the image's entrypoint)"
+                    .into(),
+            ),
+        };
+    }
+    let prelude = match completion {
+        Completion::Forever => String::new(),
+        Completion::RunOnce | Completion::UntilSuccess => {
+            let marker = shlex::try_quote(marker).map_err(|e| format!("marker {marker:?}: {e}"))?;
+            format!("marker={marker}\n{PRELUDE}")
+        }
+    };
+    let script = match (setup, completion) {
+        (None, Completion::Forever) => return Ok(None),
+        (None, _) => format!("{prelude}{body}"),
+        (Some(setup), _) => format!("{prelude}{}{body}", setup.script),
+    };
+    let all = ["sh", "-c", script.as_str(), SCRIPT_NAME]
+        .into_iter()
+        .chain(words.iter().map(String::as_str));
+    shlex::try_join(all).map(Some).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,459 @@
+use super::*;
+use crate::provider::{EXIT_CODE_PREFIX, exit_code};
+
+fn words(list: &[&str]) -> Vec<String> {
+    list.iter().map(|w| (*w).to_owned()).collect()
+}
+
+#[test]
+fn wrapped_args_split_back_into_the_script_and_the_exact_words() {
+    let original = words(&["python", "train.py", "--name", "it's a \"test\" $HOME"]);
+    let args = wrapped_args(&original, Completion::RunOnce, None)
+        .unwrap()
+        .unwrap();
+    let split = shlex::split(&args).unwrap();
+    assert_eq!(split[0..2], ["sh", "-c"]);
+    assert!(split[2].contains(EXIT_CODE_PREFIX));
+    assert!(split[2].contains("runpodctl stop pod"));
+    assert!(split[2].starts_with(&format!("marker={EXIT_MARKER}\n")));
+    assert_eq!(split[3], SCRIPT_NAME);
+    assert_eq!(split[4..], original[..]);
+}
+
+#[test]
+fn the_script_reports_the_exit_code_and_stops_itself() {
+    // Runs the real script with a fake runpodctl on PATH: the command's code is printed
+    // last and the pod-scoped stop is called with the pod's own id.
+    let dir = tempfile::tempdir().unwrap();
+    let stub = dir.path().join("runpodctl");
+    let called = dir.path().join("called");
+    std::fs::write(
+        &stub,
+        format!("#!/bin/sh\necho \"$@\" > {}\n", called.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let argv = wrapper_in(
+        dir.path(),
+        &["sh", "-c", "echo hi; exit 3"],
+        Completion::RunOnce,
+        None,
+    );
+    let output = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .env("PATH", format!("{}:/usr/bin:/bin", dir.path().display()))
+        .env("RUNPOD_POD_ID", "pod123")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(stdout, "hi\nrunpod-kubelet: exit-code=3\n");
+    assert_eq!(output.status.code(), Some(3));
+    assert_eq!(
+        std::fs::read_to_string(called).unwrap(),
+        "stop pod pod123\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("exit-code")).unwrap(),
+        "3\n"
+    );
+}
+
+#[test]
+fn until_success_runs_again_after_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran-once");
+    let command = format!(
+        "if [ -e {m} ]; then exit 0; else touch {m}; exit 4; fi",
+        m = marker.display()
+    );
+    let args = wrapped_args_at(
+        &words(&["sh", "-c", &command]),
+        Completion::UntilSuccess,
+        None,
+        &dir.path().join("exit-code").display().to_string(),
+    )
+    .unwrap()
+    .unwrap()
+    .replace("sleep 10", "sleep 0");
+    let argv = shlex::split(&args).unwrap();
+    let output = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .env_remove("RUNPOD_POD_ID")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(
+        stdout,
+        "runpod-kubelet: exit-code=4\nrunpod-kubelet: exit-code=0\n"
+    );
+}
+
+/// The wrapper's argv for `list`, its exit marker at `dir/exit-code`.
+fn wrapper_in(
+    dir: &std::path::Path,
+    list: &[&str],
+    completion: Completion,
+    setup: Option<&Setup>,
+) -> Vec<String> {
+    let marker = dir.join("exit-code").display().to_string();
+    let args = wrapped_args_at(&words(list), completion, setup, &marker)
+        .unwrap()
+        .unwrap();
+    shlex::split(&args).unwrap()
+}
+
+/// The shells the script is run under: `sh` (dash here), and busybox's ash and bash where
+/// installed, as images' `/bin/sh` is one of these.
+fn shells() -> Vec<Vec<&'static str>> {
+    let installed = |name: &str| {
+        ["/usr/bin", "/bin"]
+            .iter()
+            .any(|dir| std::path::Path::new(dir).join(name).exists())
+    };
+    let mut shells = vec![vec!["sh"]];
+    if installed("busybox") {
+        shells.push(vec!["busybox", "sh"]);
+    }
+    if installed("bash") {
+        shells.push(vec!["bash", "--posix"]);
+    }
+    shells
+}
+
+/// `argv` (a wrapper, `sh` first) run under `shell` instead.
+fn under(shell: &[&str], argv: &[String]) -> std::process::Command {
+    let mut command = std::process::Command::new(shell[0]);
+    command.args(&shell[1..]).args(&argv[1..]);
+    command
+}
+
+/// Starts the wrapper, waits until its command has created `ready`, sends the wrapper
+/// `signal` (as RunPod's stop sends TERM to PID 1), and returns what it printed.
+fn signal_the_wrapper(
+    shell: &[&str],
+    argv: &[String],
+    ready: &std::path::Path,
+    signal: &str,
+) -> std::process::Output {
+    use std::process::Stdio;
+    let mut command = under(shell, argv);
+    if signal == "INT" {
+        // A container's PID 1 starts with default signal dispositions; a test run from a
+        // background job inherits INT ignored, which a shell then cannot trap (POSIX).
+        // perl resets it and execs the wrapper in its place (same PID).
+        let mut reset = std::process::Command::new("perl");
+        reset
+            .args([
+                "-e",
+                r#"$SIG{INT} = "DEFAULT"; exec @ARGV or die "exec: $!""#,
+                "--",
+            ])
+            .arg(command.get_program())
+            .args(command.get_args());
+        command = reset;
+    }
+    let wrapper = command
+        .env_remove("RUNPOD_POD_ID")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !ready.exists() {
+        assert!(std::time::Instant::now() < deadline, "{shell:?}: no start");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let sent = std::process::Command::new("sh")
+        .args(["-c", r#"kill -s "$1" "$2""#, "sh", signal])
+        .arg(wrapper.id().to_string())
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    wrapper.wait_with_output().unwrap()
+}
+
+#[test]
+fn term_reaches_the_command_and_its_code_is_reported() {
+    // A plain `sh` command that traps TERM; without the wrapper passing it on, the command
+    // would sleep on and end with "not signalled" and code 1.
+    let command = r#"trap 'kill "$s"; echo TERM >"$0"; exit 7' TERM
+        sleep 20 & s=$!; : >"$1"; wait "$s"; echo not signalled; exit 1"#;
+    for shell in shells() {
+        let dir = tempfile::tempdir().unwrap();
+        let (got, ready) = (dir.path().join("got"), dir.path().join("ready"));
+        let (got_arg, ready_arg) = (got.display().to_string(), ready.display().to_string());
+        let argv = wrapper_in(
+            dir.path(),
+            &["sh", "-c", command, &got_arg, &ready_arg],
+            Completion::RunOnce,
+            None,
+        );
+        let output = signal_the_wrapper(&shell, &argv, &ready, "TERM");
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        assert_eq!(stdout, "runpod-kubelet: exit-code=7\n", "{shell:?}");
+        assert_eq!(output.status.code(), Some(7), "{shell:?}");
+        assert_eq!(std::fs::read_to_string(&got).unwrap(), "TERM\n");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("exit-code")).unwrap(),
+            "7\n"
+        );
+    }
+}
+
+#[test]
+fn int_reaches_a_command_with_its_own_handler() {
+    // A background command starts with INT ignored (POSIX), which a shell's `trap` cannot
+    // undo; a program that installs its own handler (perl here) gets the INT passed on.
+    let command = r#"$SIG{INT} = sub { open my $f, '>', $ARGV[0] or die; print $f "INT\n";
+        close $f; exit 7 }; open my $r, '>', $ARGV[1] or die; close $r; sleep 20;
+        print "not signalled\n"; exit 1"#;
+    for shell in shells() {
+        let dir = tempfile::tempdir().unwrap();
+        let (got, ready) = (dir.path().join("got"), dir.path().join("ready"));
+        let (got_arg, ready_arg) = (got.display().to_string(), ready.display().to_string());
+        let argv = wrapper_in(
+            dir.path(),
+            &["perl", "-e", command, &got_arg, &ready_arg],
+            Completion::RunOnce,
+            None,
+        );
+        let output = signal_the_wrapper(&shell, &argv, &ready, "INT");
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        assert_eq!(stdout, "runpod-kubelet: exit-code=7\n", "{shell:?}");
+        assert_eq!(output.status.code(), Some(7), "{shell:?}");
+        assert_eq!(std::fs::read_to_string(&got).unwrap(), "INT\n");
+    }
+}
+
+#[test]
+fn a_signal_ends_on_failure_retries_at_once() {
+    // The command fails; TERM comes during the attempt or the 10 s pause after it. Either
+    // way there is no second attempt, and the last line carries the code the wrapper ends with.
+    let command = r#"echo try >>"$0"; : >"$1"; exit 4"#;
+    for shell in shells() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tries, ready) = (dir.path().join("tries"), dir.path().join("ready"));
+        let (tries_arg, ready_arg) = (tries.display().to_string(), ready.display().to_string());
+        let argv = wrapper_in(
+            dir.path(),
+            &["sh", "-c", command, &tries_arg, &ready_arg],
+            Completion::UntilSuccess,
+            None,
+        );
+        let started = std::time::Instant::now();
+        let output = signal_the_wrapper(&shell, &argv, &ready, "TERM");
+        // The pause between attempts is 10 s: ending sooner means the signal cut it short
+        // (no tighter bound: a loaded machine is slow to start the wrapper).
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{shell:?}"
+        );
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        assert_eq!(exit_code(stdout.lines()), output.status.code(), "{stdout}");
+        assert!(matches!(output.status.code(), Some(4 | 143)), "{stdout}");
+        assert_eq!(
+            std::fs::read_to_string(&tries).unwrap(),
+            "try\n",
+            "{shell:?}"
+        );
+    }
+}
+
+#[test]
+fn a_restarted_wrapper_reports_the_recorded_code_without_running_the_command_again() {
+    // No runpodctl, so the self-stop fails and RunPod would restart the container: the
+    // second run, with the first one's marker, must not run the command again.
+    for dir in ["/usr/bin", "/bin"] {
+        assert!(!std::path::Path::new(dir).join("runpodctl").exists());
+    }
+    let command = r#"echo ran >>"$0"; exit "$1""#;
+    for shell in shells() {
+        for (completion, code) in [(Completion::RunOnce, "5"), (Completion::UntilSuccess, "0")] {
+            let dir = tempfile::tempdir().unwrap();
+            let counter = dir.path().join("counter");
+            let counter_arg = counter.display().to_string();
+            let argv = wrapper_in(
+                dir.path(),
+                &["sh", "-c", command, &counter_arg, code],
+                completion,
+                None,
+            );
+            for run in ["first", "restarted"] {
+                let output = under(&shell, &argv)
+                    .env("PATH", "/usr/bin:/bin")
+                    .env("RUNPOD_POD_ID", "pod123")
+                    .output()
+                    .unwrap();
+                let context = format!("{shell:?} {completion:?} {run}");
+                let stdout = String::from_utf8(output.stdout).unwrap();
+                assert_eq!(
+                    stdout,
+                    format!("runpod-kubelet: exit-code={code}\n"),
+                    "{context}"
+                );
+                assert_eq!(output.status.code(), code.parse().ok(), "{context}");
+                assert!(output.stderr.is_empty(), "{context}");
+                assert_eq!(
+                    std::fs::read_to_string(&counter).unwrap(),
+                    "ran\n",
+                    "{context}"
+                );
+                assert_eq!(
+                    std::fs::read_to_string(dir.path().join("exit-code")).unwrap(),
+                    format!("{code}\n"),
+                    "{context}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_marker_that_cannot_be_written_only_loses_the_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let argv = wrapper_in(
+        &dir.path().join("missing"),
+        &["sh", "-c", "exit 3"],
+        Completion::RunOnce,
+        None,
+    );
+    for shell in shells() {
+        let output = under(&shell, &argv)
+            .env_remove("RUNPOD_POD_ID")
+            .output()
+            .unwrap();
+        assert_eq!(output.stdout, b"runpod-kubelet: exit-code=3\n", "{shell:?}");
+        assert!(output.stderr.is_empty(), "{shell:?}");
+        assert_eq!(output.status.code(), Some(3), "{shell:?}");
+    }
+}
+
+#[test]
+fn forever_and_commandless_pods_are_not_wrapped() {
+    assert_eq!(
+        wrapped_args(&words(&["serve"]), Completion::Forever, None),
+        Ok(None)
+    );
+    assert_eq!(wrapped_args(&[], Completion::RunOnce, None), Ok(None));
+}
+
+#[test]
+fn the_last_reported_code_wins_and_noise_is_ignored() {
+    let log = [
+        "starting",
+        "runpod-kubelet: exit-code=4",
+        "runpod-kubelet: exit-code=oops",
+        "  runpod-kubelet: exit-code=0  ",
+        "bye",
+    ];
+    assert_eq!(exit_code(log), Some(0));
+    assert_eq!(exit_code(["runpod-kubelet: exit-code="]), None);
+    assert_eq!(exit_code(["no code here"]), None);
+}
+
+fn run_script(
+    args: &str,
+    envs: &std::collections::BTreeMap<String, String>,
+) -> std::process::Output {
+    let argv = shlex::split(args).unwrap();
+    std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .envs(envs)
+        .env_remove("RUNPOD_POD_ID")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn setup_writes_the_files_before_the_command_and_keeps_contents_out_of_args() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().display().to_string();
+    let secret_path = format!("{root}/secrets/it's here/token");
+    let config_path = format!("{root}/etc/app.yaml");
+    let scratch = format!("{root}/scratch");
+    let secret: &[u8] = &[0, 159, 146, 150, b'\n', b'\''];
+    let files = [
+        FileToWrite {
+            path: &secret_path,
+            content: secret,
+            mode: 0o400,
+        },
+        FileToWrite {
+            path: &config_path,
+            content: b"lr: 0.1\n",
+            mode: 0o644,
+        },
+    ];
+    let setup = Setup::new(&files, std::slice::from_ref(&scratch))
+        .unwrap()
+        .unwrap();
+    assert_eq!(setup.env.len(), 2);
+    for completion in [Completion::RunOnce, Completion::Forever] {
+        let command = format!(
+            "cat {config_path:?}; ls -d {scratch:?}; env | grep -c {FILE_ENV_PREFIX} || true"
+        );
+        let marker = dir.path().join(format!("exit-code-{completion:?}"));
+        let args = wrapped_args_at(
+            &words(&["sh", "-c", &command]),
+            completion,
+            Some(&setup),
+            &marker.display().to_string(),
+        )
+        .unwrap()
+        .unwrap();
+        assert!(!args.contains("lr: 0.1"), "contents travel in env only");
+        let output = run_script(&args, &setup.env);
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        assert!(
+            stdout.starts_with(&format!("lr: 0.1\n{scratch}\n0\n")),
+            "{stdout}"
+        );
+        assert_eq!(std::fs::read(&secret_path).unwrap(), secret);
+        let mode = std::fs::metadata(&secret_path)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o400);
+        std::fs::set_permissions(&secret_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+}
+
+#[test]
+fn a_failed_setup_is_reported_as_exit_code_126_without_running_the_command() {
+    let setup = Setup::new(
+        &[FileToWrite {
+            path: "/proc/runpod-kubelet-cannot-write-here/file",
+            content: b"x",
+            mode: 0o644,
+        }],
+        &[],
+    )
+    .unwrap()
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("exit-code").display().to_string();
+    let args = wrapped_args_at(
+        &words(&["echo", "ran"]),
+        Completion::RunOnce,
+        Some(&setup),
+        &marker,
+    )
+    .unwrap()
+    .unwrap();
+    let output = run_script(&args, &setup.env);
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(stdout, "runpod-kubelet: exit-code=126\n");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("could not write the pod's volume files")
+    );
+}
+
+#[test]
+fn files_without_a_command_cannot_be_wrapped() {
+    let setup = Setup::new(&[], &["/scratch".to_owned()]).unwrap().unwrap();
+    let error = wrapped_args(&[], Completion::Forever, Some(&setup)).unwrap_err();
+    assert!(error.contains("set `command`"), "{error}");
+    assert_eq!(Setup::new(&[], &[]), Ok(None));
+}

@@ -326,13 +326,14 @@ mod tests {
         let known = instance("k", "c1", "other", Some("u-known"));
         let new = instance("n", "c1", "other", Some("u-new"));
         let listed = (t0, HashSet::from(["u-known".to_owned()]));
-        let cases: [(
-            &str,
-            Option<&(Timestamp, HashSet<String>)>,
-            Vec<&Instance>,
+        type Case<'a> = (
+            &'a str,
+            Option<&'a (Timestamp, HashSet<String>)>,
+            Vec<&'a Instance>,
             Timestamp,
             bool,
-        ); 5] = [
+        );
+        let cases: [Case<'_>; 5] = [
             ("nothing settled elsewhere", None, vec![], soon, false),
             ("never listed", None, vec![&known], soon, true),
             (

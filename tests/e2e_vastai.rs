@@ -286,6 +286,32 @@ async fn job_bursts_to_vastai(world: &World) -> anyhow::Result<()> {
         created.starts_with(&format!("Vast.ai instance {}: ", entry["id"])),
         "Event {created:?}"
     );
+    // Everything a person reads about a Vast.ai pod names Vast.ai: no Event message, status
+    // message or container id says RunPod (Event reasons keep their names).
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    for (reason, message) in support::pods::events(&world.client, ns, name).await? {
+        ensure!(
+            !message.contains("RunPod") && !message.contains("runpod://"),
+            "Event {reason} of a Vast.ai pod names RunPod: {message:?}"
+        );
+    }
+    let status = serde_json::to_string(&pod.status)?;
+    ensure!(
+        !status.contains("RunPod") && !status.contains("runpod://"),
+        "the status of a Vast.ai pod names RunPod: {status}"
+    );
+    let container_id = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.container_id.clone())
+        .unwrap_or_default();
+    // Set once the controller saw the instance running (a very short Job may end first).
+    ensure!(
+        container_id.is_empty() || container_id == format!("vastai://{}", entry["id"]),
+        "container id {container_id:?}"
+    );
     // The instance is gone, yet `kubectl logs` (through the apiserver) shows its output.
     let log = Api::<Pod>::namespaced(world.client.clone(), ns)
         .logs(pod.metadata.name.as_deref().unwrap(), &LogParams::default())

@@ -15,6 +15,8 @@ use runpod_contract::config::PolicyConfig;
 use runpod_contract::pod::PodView;
 use runpod_contract::policy::{self, Untouched};
 
+use crate::provider::CloudName;
+
 /// Why the controller will not run a pod, for its Event and status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -81,6 +83,7 @@ pub fn refusal(
     pod: &Pod,
     namespace_labels: &BTreeMap<String, String>,
     policy: &PolicyConfig,
+    cloud: CloudName,
 ) -> Option<Refusal> {
     let owner_kinds: Vec<&str> = pod
         .metadata
@@ -95,7 +98,7 @@ pub fn refusal(
     if owner_kinds.contains(&"DaemonSet") {
         return Some(Refusal {
             reason: "NotRunOnRunPod",
-            message: "DaemonSet pods are not run on RunPod".into(),
+            message: format!("DaemonSet pods are not run on {}", cloud.title),
             fail: false,
         });
     }
@@ -103,8 +106,9 @@ pub fn refusal(
         return Some(Refusal {
             reason: "NotRunOnRunPod",
             message: format!(
-                "the pod requests no {}: only GPU pods are run on RunPod",
-                contract::GPU_RESOURCE
+                "the pod requests no {}: only GPU pods are run on {}",
+                contract::GPU_RESOURCE,
+                cloud.title
             ),
             fail: false,
         });
@@ -138,7 +142,7 @@ pub fn refusal(
         };
         return Some(Refusal {
             reason: NOT_OPTED_IN,
-            message: format!("not run on RunPod: {message}"),
+            message: format!("not run on {}: {message}", cloud.title),
             fail: false,
         });
     }
@@ -146,7 +150,11 @@ pub fn refusal(
     if !problems.is_empty() {
         return Some(Refusal {
             reason: "CannotRunOnRunPod",
-            message: format!("RunPod cannot run this pod: {}", problems.join("; ")),
+            message: format!(
+                "{} cannot run this pod: {}",
+                cloud.title,
+                problems.join("; ")
+            ),
             fail: !recreated,
         });
     }
@@ -290,13 +298,23 @@ mod tests {
             ),
         ];
         for (name, pod, labels, expected) in cases {
-            assert_eq!(reason(refusal(&pod, labels, &policy())), expected, "{name}");
+            assert_eq!(
+                reason(refusal(&pod, labels, &policy(), CloudName::RUNPOD)),
+                expected,
+                "{name}"
+            );
         }
     }
 
     #[test]
     fn messages_say_what_to_change() {
-        let refused = refusal(&pod(json!({})), &BTreeMap::new(), &policy()).unwrap();
+        let refused = refusal(
+            &pod(json!({})),
+            &BTreeMap::new(),
+            &policy(),
+            CloudName::RUNPOD,
+        )
+        .unwrap();
         assert!(
             refused.message.contains("namespace team")
                 && refused.message.contains("runpod.io/burst=enabled"),
@@ -307,6 +325,7 @@ mod tests {
             &pod(json!({"metadata": {"annotations": {"runpod.io/datacenter-ids": "US-TX-3"}}})),
             &enabled(),
             &policy(),
+            CloudName::RUNPOD,
         )
         .unwrap();
         assert!(refused.message.contains("US-TX-3") && refused.message.contains("EU-RO-1"));
@@ -320,7 +339,12 @@ mod tests {
                 .unwrap()
         };
         let not_opted_in = Judged {
-            refusal: refusal(&pod(json!({})), &BTreeMap::new(), &policy()),
+            refusal: refusal(
+                &pod(json!({})),
+                &BTreeMap::new(),
+                &policy(),
+                CloudName::RUNPOD,
+            ),
             label: None,
             at,
         };
@@ -338,6 +362,7 @@ mod tests {
                 &pod(json!({"spec": {"initContainers": [{"name": "i", "image": "b"}]}})),
                 &enabled(),
                 &policy(),
+                CloudName::RUNPOD,
             ),
             label: None,
             at,

@@ -23,6 +23,12 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
+/// What kind of error it was.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: &'static str,
@@ -43,7 +49,8 @@ pub struct ControllerMetrics {
     pub pods_by_state: Family<StateLabel, Gauge>,
     pub cost_per_hour: Gauge<f64, AtomicU64>,
     pub lease_renewals: Family<OutcomeLabel, Counter>,
-    pub reconcile_errors: Counter,
+    /// Failed reconciles by `ReconcileError::metric_label`.
+    pub reconcile_errors: Family<KindLabel, Counter>,
     pub creates: Counter,
     pub terminations: Counter,
     pub garbage_collected: Counter,
@@ -86,7 +93,7 @@ impl ControllerMetrics {
         );
         registry.register(
             "cost_per_hour_usd",
-            "What the RunPod pods of this cluster and node cost per hour now",
+            "What the cloud instances of this cluster and node cost per hour now",
             metrics.cost_per_hour.clone(),
         );
         registry.register(
@@ -106,17 +113,17 @@ impl ControllerMetrics {
         );
         registry.register(
             "runpod_terminations",
-            "RunPod pods terminated",
+            "Cloud instances terminated",
             metrics.terminations.clone(),
         );
         registry.register(
             "garbage_collected",
-            "Tagged RunPod pods terminated because no Kubernetes pod matches them",
+            "Tagged cloud instances terminated because no Kubernetes pod matches them",
             metrics.garbage_collected.clone(),
         );
         registry.register(
             "foreign_instances",
-            "Live RunPod pods tagged with this node's name but another cluster id (never touched: check --cluster-id)",
+            "Live cloud instances tagged with this node's name but another cluster id (never touched: check --cluster-id)",
             metrics.foreign_instances.clone(),
         );
         registry.register(
@@ -126,7 +133,7 @@ impl ControllerMetrics {
         );
         registry.register(
             "runpod_lists",
-            "Complete lists of RunPod pods by outcome",
+            "Complete lists of cloud instances by outcome",
             metrics.lists.clone(),
         );
         registry.register(

@@ -250,8 +250,13 @@ async fn lead<P: Provider>(
                 }
             },
             move |_pod, error: &pods::ReconcileError, _ctx| {
-                warn!(error = %error, "reconcile failed; retrying");
-                errors.reconcile_errors.inc();
+                warn!(error = %error, kind = error.metric_label(), "reconcile failed; retrying");
+                errors
+                    .reconcile_errors
+                    .get_or_create(&metrics::KindLabel {
+                        kind: error.metric_label(),
+                    })
+                    .inc();
                 Action::requeue(Duration::from_secs(5))
             },
             shared,

@@ -50,7 +50,7 @@ pub async fn serve(
 }
 
 /// The leader's readiness: our node exists, pod cache synced, RunPod listed and reachable.
-pub fn leader_ready<P: Send + Sync + 'static>(
+pub fn leader_ready<P: crate::provider::Provider>(
     pods: Store<Pod>,
     shared: Arc<Shared<P>>,
     node_uid: NodeUid,
@@ -65,7 +65,8 @@ pub fn leader_ready<P: Send + Sync + 'static>(
             Ok(())
         } else {
             Err(format!(
-                "virtual node exists: {node}, pod cache synced: {synced}, RunPod listed: {listed}, RunPod reachable: {reachable}"
+                "virtual node exists: {node}, pod cache synced: {synced}, {cloud} listed: {listed}, {cloud} reachable: {reachable}",
+                cloud = shared.provider.cloud().title
             ))
         }
     })

@@ -319,10 +319,46 @@ pub type LogEntries = Pin<Box<dyn Stream<Item = Result<LogEntry, ProviderError>>
 /// Cheapest price per GPU per hour for each offer class (e.g. `SECURE`, `COMMUNITY`).
 pub type CheapestPrices = Vec<(String, f64)>;
 
+/// How a cloud is named to users: in messages, Events, log lines and container ids. Event
+/// reasons keep their names (users alert on them); everything a person reads names the cloud
+/// the pod really runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CloudName {
+    /// The provider's name in flags, labels and metrics (`runpod`, `vastai`).
+    pub name: &'static str,
+    /// The cloud's own name (`RunPod`, `Vast.ai`).
+    pub title: &'static str,
+    /// What one instance is called there (`RunPod pod`, `Vast.ai instance`).
+    pub instance: &'static str,
+}
+
+impl CloudName {
+    pub const RUNPOD: CloudName = CloudName {
+        name: "runpod",
+        title: "RunPod",
+        instance: "RunPod pod",
+    };
+    pub const VASTAI: CloudName = CloudName {
+        name: "vastai",
+        title: "Vast.ai",
+        instance: "Vast.ai instance",
+    };
+
+    /// The container id the pod status shows, e.g. `vastai://123`.
+    pub fn container_id(self, id: &str) -> String {
+        format!("{}://{id}", self.name)
+    }
+}
+
 /// A GPU cloud, as the virtual kubelet needs it.
 pub trait Provider: Send + Sync + 'static {
+    /// Which cloud this is, for names in messages and metrics.
+    fn cloud(&self) -> CloudName;
+
     /// Short name: node label value, metrics label.
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &'static str {
+        self.cloud().name
+    }
 
     /// How long the cloud's reads may lag a create: the controller waits at least this long
     /// (beside `--create-settle`) before it takes lists that show nothing as proof that a
@@ -333,7 +369,7 @@ pub trait Provider: Send + Sync + 'static {
 
     /// What an instance is called in Events and messages (`RunPod pod`, `Vast.ai instance`).
     fn instance_noun(&self) -> &'static str {
-        "RunPod pod"
+        self.cloud().instance
     }
 
     /// The pod annotation that holds the instance id (written by the controller only).

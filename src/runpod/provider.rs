@@ -14,9 +14,9 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use crate::provider::{
-    CheapestPrices, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance, InstanceState,
-    LogEntries, LogEntry, LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest,
-    Provisioned, Tags, Usage,
+    CheapestPrices, CloudName, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance,
+    InstanceState, LogEntries, LogEntry, LogOptions, Provider, ProviderError, ProvisionError,
+    ProvisionRequest, Provisioned, Tags, Usage,
 };
 use crate::runpod::catalogue_cache::CatalogueCache;
 use crate::runpod::client::RunPodClient;
@@ -250,8 +250,8 @@ fn usage(runtime: &model::Runtime) -> Option<Usage> {
 }
 
 impl Provider for RunPodProvider {
-    fn name(&self) -> &'static str {
-        "runpod"
+    fn cloud(&self) -> CloudName {
+        CloudName::RUNPOD
     }
 
     async fn list(&self) -> Result<Vec<Instance>, ProviderError> {

@@ -21,8 +21,8 @@ use tracing::{info, warn};
 
 use crate::controller::leader::Fence;
 use crate::provider::{
-    CheapestPrices, Constraints, Ends, FinalLog, Instance, LogEntries, LogOptions, Provider,
-    ProviderError, ProvisionError, ProvisionRequest, Provisioned,
+    CheapestPrices, CloudName, Constraints, Ends, FinalLog, Instance, LogEntries, LogOptions,
+    Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned,
 };
 
 /// Whether creates are allowed, from the node as last seen.
@@ -106,7 +106,7 @@ impl Gate {
 
     /// Admits one create, or says why not. Checked and counted under one lock, so that once
     /// the gate is closed the count can only go down.
-    fn begin_create(self: &Arc<Self>) -> Result<CreatePermit, String> {
+    fn begin_create(self: &Arc<Self>, noun: &str) -> Result<CreatePermit, String> {
         if !self.fence.is_valid() {
             return Err("not the leader (lease not renewed): nothing is created".into());
         }
@@ -118,11 +118,11 @@ impl Gate {
             }
             DrainState::Unknown => Err("the virtual node has not been read yet".into()),
             DrainState::Draining(_) => Err(format!(
-                "the virtual node is being drained ({DRAINING_ANNOTATION}): no RunPod pod is created"
+                "the virtual node is being drained ({DRAINING_ANNOTATION}): no {noun} is created"
             )),
-            DrainState::NodeGone => {
-                Err("the virtual node was removed: no RunPod pod is created".into())
-            }
+            DrainState::NodeGone => Err(format!(
+                "the virtual node was removed: no {noun} is created"
+            )),
         }
     }
 
@@ -142,7 +142,7 @@ impl Gate {
             Ok(())
         } else {
             Err(ProviderError::Unavailable(
-                "not the leader (lease not renewed): no RunPod call".into(),
+                "not the leader (lease not renewed): no call to the cloud".into(),
             ))
         }
     }
@@ -177,16 +177,12 @@ impl<P: Provider> Provider for Gated<P> {
         self.inner.id_annotation()
     }
 
-    fn instance_noun(&self) -> &'static str {
-        self.inner.instance_noun()
-    }
-
     fn read_lag(&self) -> std::time::Duration {
         self.inner.read_lag()
     }
 
-    fn name(&self) -> &'static str {
-        self.inner.name()
+    fn cloud(&self) -> CloudName {
+        self.inner.cloud()
     }
 
     async fn list(&self) -> Result<Vec<Instance>, ProviderError> {
@@ -209,7 +205,7 @@ impl<P: Provider> Provider for Gated<P> {
     ) -> Result<Provisioned, ProvisionError> {
         let _permit = self
             .gate
-            .begin_create()
+            .begin_create(self.inner.instance_noun())
             .map_err(ProvisionError::NoCandidates)?;
         self.inner.provision(request).await
     }
@@ -323,13 +319,13 @@ mod tests {
     async fn creates_wait_for_the_node_and_stop_at_a_drain() {
         let gate = Gate::new(Fence::open());
         assert!(
-            gate.begin_create().is_err(),
+            gate.begin_create("RunPod pod").is_err(),
             "closed until the node is seen"
         );
         gate.set_drain(DrainState::Open);
-        let permit = gate.begin_create().unwrap();
+        let permit = gate.begin_create("RunPod pod").unwrap();
         gate.set_drain(DrainState::Draining("t".into()));
-        let refused = gate.begin_create().err().unwrap();
+        let refused = gate.begin_create("RunPod pod").err().unwrap();
         assert!(refused.contains("drained"), "{refused}");
         // The create under way holds the drain acknowledgement back until it returns.
         let waiting = {
@@ -348,7 +344,7 @@ mod tests {
         drop(tx);
         let gate = Gate::new(Fence::elected(rx));
         gate.set_drain(DrainState::Open);
-        assert!(gate.begin_create().is_err());
+        assert!(gate.begin_create("RunPod pod").is_err());
         assert!(gate.check_fence().is_err());
     }
 }

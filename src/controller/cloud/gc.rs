@@ -228,12 +228,14 @@ impl Collector {
             })
             .collect();
         let message = format!(
-            "RunPod pods tagged with this node's name but another cluster id are left alone: {}. \
+            "{}s tagged with this node's name but another cluster id are left alone: {}. \
              If this cluster was cloned from another, or --cluster-id changed, set an explicit \
-             --cluster-id and terminate these in RunPod's console if nothing owns them",
-            listed.join(", ")
+             --cluster-id and terminate these in {}'s console if nothing owns them",
+            shared.provider.instance_noun(),
+            listed.join(", "),
+            shared.provider.cloud().title
         );
-        warn!(instances = ?ids, "RunPod pods of another cluster carry this node's name");
+        warn!(instances = ?ids, cloud = shared.provider.name(), "instances of another cluster carry this node's name");
         let node = k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Node".into()),

@@ -89,13 +89,14 @@ pub async fn run<P: Provider>(
         let available = matches!(*health.borrow(), ApiHealth::Available);
         metrics.cloud_api_available.set(i64::from(available));
         let started = Timestamp::now();
-        debug!("listing RunPod pods");
+        debug!(cloud = provider.name(), "listing instances");
         // A list that hangs must not stop every later one.
         let listed = match tokio::time::timeout(LIST_TIMEOUT, provider.list()).await {
             Ok(listed) => listed,
-            Err(_) => Err(ProviderError::Unavailable(
-                "listing RunPod pods timed out".into(),
-            )),
+            Err(_) => Err(ProviderError::Unavailable(format!(
+                "listing {}s timed out",
+                provider.instance_noun()
+            ))),
         };
         let instances = match listed {
             Ok(instances) => instances,
@@ -105,7 +106,7 @@ pub async fn run<P: Provider>(
                     .lists
                     .get_or_create(&crate::controller::metrics::OutcomeLabel { outcome: "error" })
                     .inc();
-                warn!(error = %error, failures, "listing RunPod pods failed");
+                warn!(error = %error, failures, cloud = provider.name(), "listing instances failed");
                 usage.outage(&shared);
                 let unavailable = match &error {
                     ProviderError::Account(message) => Some(("AccountRefused", message.clone())),

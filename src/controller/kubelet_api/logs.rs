@@ -137,7 +137,8 @@ pub(super) async fn container_logs<P: Provider>(
         return (
             StatusCode::BAD_REQUEST,
             format!(
-                "container {container:?} in pod {namespace}/{name} is waiting to start on RunPod\n"
+                "container {container:?} in pod {namespace}/{name} is waiting to start on {}\n",
+                state.shared.provider.cloud().title
             ),
         )
             .into_response();

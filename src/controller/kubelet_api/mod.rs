@@ -70,10 +70,10 @@ fn router<P: Provider>(
         )
         .route("/stats/summary", get(stats_summary::<P>))
         .route("/metrics/resource", get(resource_metrics::<P>))
-        .route("/exec/{*rest}", any(not_implemented))
-        .route("/attach/{*rest}", any(not_implemented))
-        .route("/portForward/{*rest}", any(not_implemented))
-        .route("/run/{*rest}", any(not_implemented))
+        .route("/exec/{*rest}", any(not_implemented::<P>))
+        .route("/attach/{*rest}", any(not_implemented::<P>))
+        .route("/portForward/{*rest}", any(not_implemented::<P>))
+        .route("/run/{*rest}", any(not_implemented::<P>))
         .with_state(state)
         // Every path, unknown ones included, is authenticated and authorized first.
         .layer(middleware::from_fn_with_state(
@@ -115,10 +115,13 @@ async fn resource_metrics<P: Provider>(State(state): State<Arc<ApiState<P>>>) ->
         .into_response()
 }
 
-async fn not_implemented() -> Response {
+async fn not_implemented<P: Provider>(State(state): State<Arc<ApiState<P>>>) -> Response {
     (
         StatusCode::NOT_IMPLEMENTED,
-        "runpod-kubelet: exec, attach, port-forward and run are not supported: the container runs on RunPod, which offers no such API; use the pod's runpod.io/endpoints instead\n",
+        format!(
+            "runpod-kubelet: exec, attach, port-forward and run are not supported: the container runs on {}, which offers no such API; use the pod's runpod.io/endpoints instead\n",
+            state.shared.provider.cloud().title
+        ),
     )
         .into_response()
 }

@@ -182,10 +182,13 @@ pub async fn drain<P: Provider>(
                 if Instant::now() >= deadline {
                     return Err(DrainError::TimedOut {
                         timeout: config.timeout,
-                        left: format!("unknown: listing RunPod pods failed: {error}"),
+                        left: format!(
+                            "unknown: listing {}s failed: {error}",
+                            provider.instance_noun()
+                        ),
                     });
                 }
-                warn!(%error, "listing RunPod pods failed; retrying");
+                warn!(%error, cloud = provider.name(), "listing instances failed; retrying");
             }
         }
         tokio::time::sleep(config.poll_interval).await;

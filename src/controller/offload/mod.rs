@@ -119,7 +119,14 @@ async fn round<P: Provider>(
         }
         let labels = namespace_labels(shared, pod, namespaces, now).await;
         // A pod the controller would not run is never moved (it waits for a local GPU).
-        if eligibility::refusal(pod, &labels, &shared.settings.admission).is_none() {
+        if eligibility::refusal(
+            pod,
+            &labels,
+            &shared.settings.admission,
+            shared.provider.cloud(),
+        )
+        .is_none()
+        {
             eligible.push(waiting);
         }
     }
@@ -229,7 +236,7 @@ async fn move_pod<P: Provider>(
         .await
     {
         Ok(_) => {
-            info!(message = %planned.reason.message(), "moved a waiting pod to the virtual node");
+            info!(message = %planned.reason.message(shared.provider.cloud()), "moved a waiting pod to the virtual node");
             Ok(true)
         }
         Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => Ok(false),
@@ -238,8 +245,8 @@ async fn move_pod<P: Provider>(
 }
 
 /// Events on the pod and on its Job saying why it moved.
-async fn announce<P>(shared: &Shared<P>, pod: &Pod, planned: &Move) {
-    let message = planned.reason.message();
+async fn announce<P: Provider>(shared: &Shared<P>, pod: &Pod, planned: &Move) {
+    let message = planned.reason.message(shared.provider.cloud());
     shared.event(pod, false, "Offloaded", message.clone()).await;
     let Some(owner) = pod
         .metadata

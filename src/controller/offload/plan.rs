@@ -15,6 +15,7 @@ use runpod_contract::provider::{Cloud, PROVIDER};
 use runpod_contract::{self as contract, BurstMode};
 
 use crate::controller::clock::elapsed;
+use crate::provider::CloudName;
 
 /// The offloading flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,20 +45,23 @@ impl Reason {
     }
 
     /// The Event's message.
-    pub fn message(&self) -> String {
+    pub fn message(&self, cloud: CloudName) -> String {
         match self {
             Reason::MaxPendingTime { waited, limit } => format!(
-                "waited {} for a local GPU (max-pending-time {}); moved to RunPod",
+                "waited {} for a local GPU (max-pending-time {}); moved to {}",
                 go_duration(*waited),
-                humantime::format_duration(*limit)
+                humantime::format_duration(*limit),
+                cloud.title
             ),
             Reason::Threshold { waiting, threshold } => format!(
-                "{waiting} pods waiting for a local GPU, threshold {threshold}; moved to RunPod \
-                 (the longest-waiting first)"
+                "{waiting} pods waiting for a local GPU, threshold {threshold}; moved to {} \
+                 (the longest-waiting first)",
+                cloud.title
             ),
             Reason::OffloadAnnotation => format!(
-                "{}: \"true\" on the pod or its Job; moved to RunPod",
-                contract::OFFLOAD
+                "{}: \"true\" on the pod or its Job; moved to {}",
+                contract::OFFLOAD,
+                cloud.title
             ),
         }
     }
@@ -342,7 +346,7 @@ mod tests {
             "of those still waiting"
         );
         assert_eq!(
-            plan.moves[0].reason.message(),
+            plan.moves[0].reason.message(CloudName::RUNPOD),
             "waited 50s for a local GPU (max-pending-time 40s); moved to RunPod"
         );
     }
@@ -407,7 +411,7 @@ mod tests {
         );
         assert_eq!(plan.waiting, 1);
         assert_eq!(
-            plan.moves[0].reason.message(),
+            plan.moves[0].reason.message(CloudName::RUNPOD),
             "4 pods waiting for a local GPU, threshold 1; moved to RunPod (the longest-waiting first)"
         );
         // At the threshold nothing moves.

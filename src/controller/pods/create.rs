@@ -131,7 +131,8 @@ pub(super) async fn create<P: Provider>(
         && (!absence_unsettled || unavailable)
     {
         let message = format!(
-            "no RunPod pod could be started within {}",
+            "no {} could be started within {}",
+            ctx.provider.instance_noun(),
             humantime::format_duration(settings.provision_timeout)
         );
         ctx.event(pod, true, "ProvisioningTimeout", message.clone())
@@ -154,7 +155,8 @@ pub(super) async fn create<P: Provider>(
     }
     if unavailable {
         // The account is refused or the API is down: wait, without a create per pod.
-        write::waiting(ctx, pod, "RunPodUnavailable", "waiting for the RunPod API").await?;
+        let message = format!("waiting for the {} API", ctx.provider.cloud().title);
+        write::waiting(ctx, pod, "RunPodUnavailable", &message).await?;
         return Ok(Action::requeue(settings.reconcile_interval));
     }
     if absence_unsettled {
@@ -203,9 +205,11 @@ pub(super) async fn create<P: Provider>(
             false,
             "ServiceAccountTokenNotMounted",
             format!(
-                "{} is not mounted on RunPod: RunPod pods cannot reach the cluster's apiserver, \
+                "{} is not mounted on {}: {}s cannot reach the cluster's apiserver, \
                  and a cluster credential is not shipped to the cloud",
-                volumes.skipped.join(", ")
+                volumes.skipped.join(", "),
+                ctx.provider.cloud().title,
+                ctx.provider.instance_noun()
             ),
         )
         .await;
@@ -215,7 +219,8 @@ pub(super) async fn create<P: Provider>(
     // and searches instead of creating a second pod.
     mark_create_requested(ctx, uid, &pods, &name).await?;
     ctx.remember(uid, |m| m.nothing_created = false);
-    write::waiting(ctx, pod, "ContainerCreating", "creating the RunPod pod").await?;
+    let message = format!("creating the {}", ctx.provider.instance_noun());
+    write::waiting(ctx, pod, "ContainerCreating", &message).await?;
 
     // Unreadable pull secrets are not fatal: an image that needs none still runs.
     let pull_credentials =
@@ -237,7 +242,7 @@ pub(super) async fn create<P: Provider>(
     match provision_marked(ctx, &pods, &name, request).await {
         Ok(provisioned) => {
             let instance = provisioned.instance;
-            info!(instance = %instance.id, summary = %provisioned.summary, "RunPod pod for the pod");
+            info!(instance = %instance.id, cloud = ctx.provider.name(), summary = %provisioned.summary, "instance for the pod");
             ctx.remember(uid, |m| {
                 m.instance = Some((instance.id.clone(), Timestamp::now()));
                 m.create_failures = 0;
@@ -274,7 +279,11 @@ pub(super) async fn create<P: Provider>(
                     pod,
                     true,
                     "PossibleDuplicate",
-                    "an earlier create may also have made a RunPod pod; it will be terminated as soon as RunPod lists it".into(),
+                    format!(
+                        "an earlier create may also have made a {}; it will be terminated as soon as {} lists it",
+                        ctx.provider.instance_noun(),
+                        ctx.provider.cloud().title
+                    ),
                 )
                 .await;
             }
@@ -351,7 +360,7 @@ pub(super) async fn create<P: Provider>(
 
 /// Why this pod must get no instance, judged once per pod by this leader: the webhook's
 /// opt-in rule and the checks it can repeat (see `eligibility`).
-async fn eligibility<P>(
+async fn eligibility<P: Provider>(
     ctx: &Shared<P>,
     pod: &Pod,
     uid: &str,
@@ -393,7 +402,7 @@ async fn eligibility<P>(
     } else {
         Default::default()
     };
-    let refusal = eligibility::refusal(pod, &labels, &ctx.settings.admission);
+    let refusal = eligibility::refusal(pod, &labels, &ctx.settings.admission, ctx.provider.cloud());
     ctx.remember(uid, |m| {
         m.refusal = Some(Judged {
             refusal: refusal.clone(),

@@ -38,6 +38,22 @@ pub enum ReconcileError {
     Record(#[from] serde_json::Error),
 }
 
+impl ReconcileError {
+    /// The error counter's `kind` label: a few fixed values, so alerts can tell apiserver
+    /// conflicts (retried at once, harmless) from a cloud that fails or refuses the account.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ReconcileError::Kube(kube::Error::Api(status)) if status.code == 409 => "conflict",
+            ReconcileError::Kube(kube::Error::Api(status)) if status.code == 404 => "not_found",
+            ReconcileError::Kube(kube::Error::Api(_)) => "kube_api",
+            ReconcileError::Kube(_) => "kube_unreachable",
+            ReconcileError::Provider(ProviderError::Account(_)) => "cloud_account",
+            ReconcileError::Provider(ProviderError::Unavailable(_)) => "cloud_unavailable",
+            ReconcileError::Record(_) => "record",
+        }
+    }
+}
+
 const SHORT: Duration = Duration::from_secs(2);
 
 /// The pods API of `pod`'s namespace, for writing to it.
@@ -131,7 +147,8 @@ pub async fn reconcile<P: Provider>(
                     true,
                     "DuplicateTerminated",
                     format!(
-                        "RunPod pod {} is a second pod for this Kubernetes pod; terminating it",
+                        "{} {} is a second instance for this Kubernetes pod; terminating it",
+                        ctx.provider.instance_noun(),
                         duplicate.id
                     ),
                 )
@@ -159,5 +176,42 @@ pub async fn reconcile<P: Provider>(
             Ok(Action::await_change())
         }
         Step::Create => create::create(&pod, &uid, &snapshot, &ctx).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> ReconcileError {
+        let status: kube::core::Status =
+            serde_json::from_value(serde_json::json!({ "code": code, "message": "m" })).unwrap();
+        ReconcileError::Kube(kube::Error::Api(Box::new(status)))
+    }
+
+    #[test]
+    fn every_error_kind_has_its_own_metric_label() {
+        let record = serde_json::from_str::<u8>("x").unwrap_err();
+        let cases = [
+            (api(409), "conflict"),
+            (api(404), "not_found"),
+            (api(500), "kube_api"),
+            (
+                ReconcileError::Kube(kube::Error::LinesCodecMaxLineLengthExceeded),
+                "kube_unreachable",
+            ),
+            (
+                ReconcileError::Provider(ProviderError::Account("402".into())),
+                "cloud_account",
+            ),
+            (
+                ReconcileError::Provider(ProviderError::Unavailable("503".into())),
+                "cloud_unavailable",
+            ),
+            (ReconcileError::Record(record), "record"),
+        ];
+        for (error, label) in cases {
+            assert_eq!(error.metric_label(), label, "{error}");
+        }
     }
 }

@@ -48,7 +48,7 @@ pub(super) async fn confirm<P: Provider>(
     };
     match found {
         Some(instance) if is_for(&instance, uid, &ctx.settings) => {
-            info!(instance = %id, "missing from RunPod's list but still there");
+            info!(instance = %id, cloud = ctx.provider.name(), "missing from the cloud's list but still there");
             ctx.remember(uid, |m| {
                 m.looked_up = Some((Timestamp::now(), instance.clone()));
             });
@@ -62,9 +62,10 @@ pub(super) async fn confirm<P: Provider>(
                 true,
                 "RunPodPodMistagged",
                 format!(
-                    "RunPod pod {id} of this pod is tagged with cluster {} and node {}, not this \
+                    "{} {id} of this pod is tagged with cluster {} and node {}, not this \
                      controller's ({} and {}): was --cluster-id or --nodename changed? Nothing \
                      new is created while it exists",
+                    ctx.provider.instance_noun(),
                     instance.tags.cluster_id.as_deref().unwrap_or("-"),
                     instance.tags.node_name.as_deref().unwrap_or("-"),
                     ctx.settings.cluster_id,
@@ -203,6 +204,7 @@ pub(super) async fn track<P: Provider>(
         decide::provisioning_clock(pod, replacing_since),
         settings.provision_timeout,
         Timestamp::now(),
+        ctx.provider.cloud(),
     ) {
         TrackStep::Exited { restarted } => {
             let (code, reason, message) = match exit_code(ctx, uid, instance).await? {
@@ -215,7 +217,8 @@ pub(super) async fn track<P: Provider>(
                     "ContainerStatusUnknown",
                     format!(
                         "the container ended but its exit code could not be read from \
-                         RunPod's log ({LOG_READ_ATTEMPTS} attempts; last: {error})"
+                         the {} log ({LOG_READ_ATTEMPTS} attempts; last: {error})",
+                        ctx.provider.instance_noun()
                     ),
                 ),
             };
@@ -223,7 +226,10 @@ pub(super) async fn track<P: Provider>(
                 exit_code: code,
                 reason,
                 message: if restarted {
-                    format!("{message} (the container restarted on RunPod)")
+                    format!(
+                        "{message} (the container restarted on {})",
+                        ctx.provider.cloud().title
+                    )
                 } else {
                     message
                 },
@@ -237,7 +243,16 @@ pub(super) async fn track<P: Provider>(
             finish::finish(ctx, pod, uid, instance, View::Failed { reason, message }).await
         }
         TrackStep::Status => {
-            write::status(ctx, pod, &View::Instance { instance, restarts }).await?;
+            write::status(
+                ctx,
+                pod,
+                &View::Instance {
+                    instance,
+                    restarts,
+                    cloud: ctx.provider.cloud(),
+                },
+            )
+            .await?;
             Ok(Action::requeue(settings.reconcile_interval))
         }
     }
@@ -268,7 +283,8 @@ async fn verify_placement<P: Provider>(
                 true,
                 "PlacementRejected",
                 format!(
-                    "RunPod pod {} {violation}; terminating it and trying the next offer",
+                    "{} {} {violation}; terminating it and trying the next offer",
+                    ctx.provider.instance_noun(),
                     instance.id
                 ),
             )

@@ -14,9 +14,9 @@ use tracing::{debug, warn};
 
 use crate::controller::pods::inputs::pull_secrets;
 use crate::provider::{
-    CheapestPrices, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance, InstanceState,
-    LogEntries, LogOptions, Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned,
-    Tags, Usage,
+    CheapestPrices, CloudName, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance,
+    InstanceState, LogEntries, LogOptions, Provider, ProviderError, ProvisionError,
+    ProvisionRequest, Provisioned, Tags, Usage,
 };
 use logs::{async_stream, entries, lines_of};
 
@@ -316,16 +316,12 @@ fn buy_error(error: BuyError) -> ProvisionError {
 }
 
 impl Provider for VastaiProvider {
-    fn name(&self) -> &'static str {
-        "vastai"
+    fn cloud(&self) -> CloudName {
+        CloudName::VASTAI
     }
 
     fn id_annotation(&self) -> &'static str {
         contract_vastai::INSTANCE_ID
-    }
-
-    fn instance_noun(&self) -> &'static str {
-        "Vast.ai instance"
     }
 
     fn read_lag(&self) -> Duration {

@@ -13,7 +13,7 @@ use super::{annotation, bound_at};
 use crate::controller::clock::elapsed;
 use crate::controller::context::Snapshot;
 use crate::controller::pods::status::{self, RecordedEnd};
-use crate::provider::{Instance, InstanceState};
+use crate::provider::{CloudName, Instance, InstanceState};
 
 /// What this leader remembers about the pod that the decision needs.
 #[derive(Debug, Default)]
@@ -175,6 +175,7 @@ pub fn track_step(
     waiting_since: Option<Timestamp>,
     provision_timeout: Duration,
     now: Timestamp,
+    cloud: CloudName,
 ) -> TrackStep {
     let spec = pod.spec.as_ref();
     if let Some(deadline) = spec.and_then(|s| s.active_deadline_seconds)
@@ -197,8 +198,8 @@ pub fn track_step(
             reason: "RunPodError",
             message: instance.message.clone().unwrap_or_else(|| {
                 format!(
-                    "RunPod pod {} is in ERROR (e.g. the image could not be pulled)",
-                    instance.id
+                    "{} {} is in ERROR (e.g. the image could not be pulled)",
+                    cloud.instance, instance.id
                 )
             }),
         },
@@ -215,15 +216,16 @@ pub fn track_step(
                 TrackStep::Fail {
                     reason: "ImagePullBackOff",
                     message: format!(
-                        "RunPod pod {} did not start within {waited}: {said}",
-                        instance.id
+                        "{} {} did not start within {waited}: {said}",
+                        cloud.instance, instance.id
                     ),
                 }
             } else {
                 TrackStep::Fail {
                     reason: "ProvisioningTimeout",
                     message: format!(
-                        "RunPod pod {} was still {} after {waited}{}",
+                        "{} {} was still {} after {waited}{}",
+                        cloud.instance,
                         instance.id,
                         instance.state.as_str(),
                         if said.is_empty() {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::provider::CloudName;
 use crate::provider::Tags;
 use runpod_contract::POD_ID;
 use serde_json::json;
@@ -326,20 +327,44 @@ fn what_an_instance_means_for_its_pod() {
     ];
     for (what, pod, instance, restarted, expected) in cases {
         let clock = provisioning_clock(pod, None);
-        let step = track_step(pod, &instance, restarted, clock, TIMEOUT, now);
+        let step = track_step(
+            pod,
+            &instance,
+            restarted,
+            clock,
+            TIMEOUT,
+            now,
+            CloudName::RUNPOD,
+        );
         assert_eq!(reason(step), expected, "{what}");
     }
     // A replacement for a vanished instance has its own clock, even on a Running pod.
     let stuck = instance("b", "u1", InstanceState::Starting, "00:00");
     let clock = provisioning_clock(&was_running, Some(at("03:00")));
     assert_eq!(
-        reason(track_step(&was_running, &stuck, false, clock, TIMEOUT, now)),
+        reason(track_step(
+            &was_running,
+            &stuck,
+            false,
+            clock,
+            TIMEOUT,
+            now,
+            CloudName::RUNPOD
+        )),
         "ProvisioningTimeout",
         "a replacement stuck past the timeout"
     );
     let clock = provisioning_clock(&was_running, Some(at("04:30")));
     assert_eq!(
-        reason(track_step(&was_running, &stuck, false, clock, TIMEOUT, now)),
+        reason(track_step(
+            &was_running,
+            &stuck,
+            false,
+            clock,
+            TIMEOUT,
+            now,
+            CloudName::RUNPOD
+        )),
         "status",
         "a replacement within the timeout"
     );

@@ -36,14 +36,14 @@ pub enum VolumeError {
     #[error("volumeMount {0:?} names no volume of the pod")]
     UnknownVolume(String),
     #[error(
-        "volume {volume:?} is of a kind RunPod pods cannot have ({kind}); only configMap, \
+        "volume {volume:?} is of a kind a burst pod cannot have ({kind}); only configMap, \
          secret, downwardAPI, projected and emptyDir volumes are materialised"
     )]
     Unsupported { volume: String, kind: String },
     #[error("path {0:?} in a volume is not a plain relative path")]
     BadPath(String),
     #[error(
-        "mounted files are too large for RunPod ({what}); the limit is {MAX_FILE_BYTES} bytes \
+        "mounted files are too large to ship to the cloud ({what}); the limit is {MAX_FILE_BYTES} bytes \
          per file and {MAX_TOTAL_BYTES} in all, because they travel in env vars"
     )]
     TooLarge { what: String },

@@ -9,17 +9,18 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Patch;
 
-use crate::provider::{Instance, InstanceState};
+use crate::provider::{CloudName, Instance, InstanceState};
 
 /// What the pod's one container is doing, as far as the controller knows.
 #[derive(Debug, Clone)]
 pub enum View<'a> {
     /// Not created yet, or provisioning; `reason` is the kubelet-style waiting reason.
     Waiting { reason: &'a str, message: String },
-    /// An instance exists (provisioning, starting or running).
+    /// An instance exists (provisioning, starting or running) on `cloud`.
     Instance {
         instance: &'a Instance,
         restarts: i32,
+        cloud: CloudName,
     },
     /// The container ended with this code (`None`: unknown).
     Ended {
@@ -75,8 +76,12 @@ pub fn desired(pod: &Pod, view: &View<'_>, host_ip: &str, now: Timestamp) -> Pod
             None,
             None,
         ),
-        View::Instance { instance, restarts } => {
-            let id = Some(format!("runpod://{}", instance.id));
+        View::Instance {
+            instance,
+            restarts,
+            cloud,
+        } => {
+            let id = Some(cloud.container_id(&instance.id));
             match instance.state {
                 InstanceState::Running => (
                     "Running",
@@ -98,7 +103,7 @@ pub fn desired(pod: &Pod, view: &View<'_>, host_ip: &str, now: Timestamp) -> Pod
                     "Pending",
                     waiting(
                         "ContainerCreating",
-                        &format!("RunPod pod {} is {}", instance.id, other.as_str()),
+                        &format!("{} {} is {}", cloud.instance, instance.id, other.as_str()),
                     ),
                     false,
                     *restarts,

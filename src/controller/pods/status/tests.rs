@@ -1,4 +1,5 @@
 use super::*;
+use crate::provider::CloudName;
 use crate::provider::{Endpoint, Tags};
 use serde_json::json;
 
@@ -44,6 +45,7 @@ fn running_is_ready_only_once_tcp_ports_are_mapped() {
     let status = desired(
         &pod,
         &View::Instance {
+            cloud: CloudName::RUNPOD,
             instance: &unmapped,
             restarts: 0,
         },
@@ -56,6 +58,7 @@ fn running_is_ready_only_once_tcp_ports_are_mapped() {
     let status = desired(
         &pod,
         &View::Instance {
+            cloud: CloudName::RUNPOD,
             instance: &mapped,
             restarts: 0,
         },
@@ -82,6 +85,7 @@ fn provisioning_is_pending_and_exit_codes_decide_the_phase() {
     let status = desired(
         &pod,
         &View::Instance {
+            cloud: CloudName::RUNPOD,
             instance: &starting,
             restarts: 0,
         },
@@ -129,6 +133,7 @@ fn an_unchanged_state_needs_no_write() {
     let mut pod = pod();
     let running = instance(InstanceState::Running, true);
     let view = View::Instance {
+        cloud: CloudName::RUNPOD,
         instance: &running,
         restarts: 0,
     };
@@ -162,6 +167,7 @@ fn a_status_as_the_apiserver_returns_it_needs_no_write() {
     ] {
         let running = instance(state, true);
         let view = View::Instance {
+            cloud: CloudName::RUNPOD,
             instance: &running,
             restarts: 0,
         };
@@ -185,6 +191,7 @@ fn a_running_pod_without_a_start_time_keeps_the_first_one_seen() {
     let mut running = instance(InstanceState::Running, true);
     running.started_at = None;
     let view = View::Instance {
+        cloud: CloudName::RUNPOD,
         instance: &running,
         restarts: 0,
     };
@@ -198,6 +205,7 @@ fn members_the_controller_owns_are_cleared_when_unset() {
     let mut pod = pod();
     let running = instance(InstanceState::Running, true);
     let view = View::Instance {
+        cloud: CloudName::RUNPOD,
         instance: &running,
         restarts: 0,
     };
@@ -254,6 +262,7 @@ fn a_recorded_end_writes_the_same_terminal_status() {
 
 fn running_view(instance: &Instance) -> View<'_> {
     View::Instance {
+        cloud: CloudName::RUNPOD,
         instance,
         restarts: 0,
     }

@@ -3,7 +3,8 @@
 # needs crates from the registry and a Rust toolchain that an image build here cannot fetch:
 #
 #   RUSTFLAGS="-C target-feature=+crt-static" \
-#     cargo build --release --target x86_64-unknown-linux-gnu --bin runpod-kubelet
+#     cargo build --release --target x86_64-unknown-linux-gnu --bin runpod-kubelet \
+#       --no-default-features   # no cloud simulators in a shipped binary
 #
 # scripts/image.sh does that, stages a build context holding only the binary, and builds this
 # file with buildah (no daemon) or docker. TLS roots for RunPod are compiled in (webpki-roots).

@@ -2,8 +2,8 @@
 # Builds the runpod-kubelet image from ./Dockerfile with Debian's buildah (daemonless; vfs
 # storage and chroot isolation work inside an unprivileged container too).
 #
-#   scripts/image.sh [TAG]          build the static binary and the image (default tag
-#                                   runpod-kubelet:dev); prints the tag
+#   scripts/image.sh [TAG]          build the static binary (without the simulators) and the
+#                                   image (default tag runpod-kubelet:dev); prints the tag
 #   IMAGE_STORAGE=DIR               buildah storage root (default: buildah's own)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ command -v buildah >/dev/null || {
 
 echo "[image] cargo build --release (static glibc)" >&2
 RUSTFLAGS="-C target-feature=+crt-static" \
-  cargo build --quiet --release --target "$target" --bin runpod-kubelet
+  cargo build --quiet --release --target "$target" --bin runpod-kubelet --no-default-features
 binary="target/$target/release/runpod-kubelet"
 if ! ldd "$binary" 2>&1 | grep -qE "statically linked|not a dynamic executable"; then
   echo "[image] $binary is not static" >&2

@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 #[command(
     name = "runpod-kubelet",
     version,
-    about = "Burst Kubernetes GPU pods to RunPod"
+    about = "Burst Kubernetes GPU pods to RunPod and Vast.ai"
 )]
 pub struct Cli {
     /// Log line format.
@@ -41,12 +41,14 @@ pub enum Command {
     /// Serve a cloud simulator over plain HTTP (e2e tests and the demo): RunPod REST v2, or
     /// Vast.ai with `--cloud vastai`. The API key, if any, comes from `RUNPOD_API_KEY` or
     /// `VAST_API_KEY` only.
+    #[cfg(feature = "simulator")]
     Simulator(crate::cmd::simulator::SimulatorArgs),
     /// Print the RunPod placement candidates (GPU type × data centres, cheapest first) for
     /// given requirements, from the live catalogue. Needs `RUNPOD_API_KEY`.
     Gpus(crate::cmd::gpus::GpusArgs),
     /// Run the virtual kubelet: register the virtual node and run the pods bound to it on
-    /// RunPod. The API key comes from `RUNPOD_API_KEY` only.
+    /// RunPod or Vast.ai (`--provider`). The API key comes from `RUNPOD_API_KEY` or
+    /// `VAST_API_KEY` only.
     Controller(Box<crate::cmd::controller::args::ControllerArgs>),
 }
 

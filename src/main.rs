@@ -1,4 +1,6 @@
-//! `runpod-kubelet`: one binary for the admission webhook and (later) the RunPod provider.
+//! `runpod-kubelet`: one binary for the admission webhook, the virtual kubelet (RunPod and
+//! Vast.ai) and the certificate job; with the `simulator` feature (tests, the demo), the cloud
+//! simulators too.
 
 mod cli;
 mod cmd;
@@ -33,6 +35,7 @@ fn main() -> anyhow::Result<()> {
             cli::Command::Webhook(args) => cmd::webhook::run(args).await,
             cli::Command::Certs(args) => cmd::certs::run(&args).await,
             cli::Command::WebhookConfiguration(args) => cmd::registration::run(&args),
+            #[cfg(feature = "simulator")]
             cli::Command::Simulator(args) => cmd::simulator::run(args).await,
             cli::Command::Gpus(args) => cmd::gpus::run(args).await,
             cli::Command::Controller(args) => cmd::controller::run(*args).await,

@@ -105,6 +105,24 @@ fn the_image_runs_its_static_binary_as_non_root() {
         String::from_utf8_lossy(&certs.stderr)
     );
     assert!(out.path().join("tls.crt").exists());
+    // The shipped binary links no cloud simulator: the subcommand does not exist.
+    let help = Command::new(&binary).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("controller"), "{help}");
+    assert!(
+        !help.contains("simulator"),
+        "the image's binary offers a simulator: {help}"
+    );
+    let simulator = Command::new(&binary)
+        .args(["simulator", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(
+        !simulator.status.success()
+            && String::from_utf8_lossy(&simulator.stderr).contains("unrecognized subcommand"),
+        "{}",
+        String::from_utf8_lossy(&simulator.stderr)
+    );
     let size = std::fs::metadata(&binary).unwrap().len();
     println!("image: one file, {:.1} MiB", size as f64 / 1024.0 / 1024.0);
     buildah(storage.path(), &["umount", &container]);

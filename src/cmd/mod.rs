@@ -5,5 +5,6 @@ pub mod controller;
 pub mod flags;
 pub mod gpus;
 pub mod registration;
+#[cfg(feature = "simulator")]
 pub mod simulator;
 pub mod webhook;

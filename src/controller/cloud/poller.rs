@@ -64,6 +64,22 @@ pub fn carry_forward(
     (instances, carried)
 }
 
+/// What a failed list says about the cloud's API: a refused account at once, an unreachable
+/// API only after a few failures in a row (one slow list is not an outage); `None`: no change.
+pub fn health_after_failure(error: &ProviderError, failures: u32) -> Option<ApiHealth> {
+    let (reason, message) = match error {
+        ProviderError::Account(message) => ("AccountRefused", message),
+        ProviderError::Unavailable(message) if failures >= FAILURES_BEFORE_UNAVAILABLE => {
+            ("APIUnreachable", message)
+        }
+        ProviderError::Unavailable(_) => return None,
+    };
+    Some(ApiHealth::Unavailable {
+        reason: reason.into(),
+        message: message.clone(),
+    })
+}
+
 /// Runs the list loop until the process stops. `ticks` is told after every complete list so
 /// that every pod is reconciled against it.
 pub async fn run<P: Provider>(
@@ -108,21 +124,8 @@ pub async fn run<P: Provider>(
                     .inc();
                 warn!(error = %error, failures, cloud = provider.name(), "listing instances failed");
                 usage.outage(&shared);
-                let unavailable = match &error {
-                    ProviderError::Account(message) => Some(("AccountRefused", message.clone())),
-                    ProviderError::Unavailable(message)
-                        if failures >= FAILURES_BEFORE_UNAVAILABLE =>
-                    {
-                        Some(("APIUnreachable", message.clone()))
-                    }
-                    ProviderError::Unavailable(_) => None,
-                };
-                if let Some((reason, message)) = unavailable {
+                if let Some(next) = health_after_failure(&error, failures) {
                     health.send_if_modified(|current| {
-                        let next = ApiHealth::Unavailable {
-                            reason: reason.into(),
-                            message,
-                        };
                         let changed = *current != next;
                         *current = next;
                         changed
@@ -259,5 +262,22 @@ mod tests {
         done.state = InstanceState::Terminated;
         let (now, _) = carry_forward(&[a.clone(), done], vec![a], &HashSet::new());
         assert_eq!(ids(&now), ["a"]);
+    }
+
+    #[test]
+    fn a_refused_account_is_unavailable_at_once_an_unreachable_api_after_three_failures() {
+        let unreachable = ProviderError::Unavailable("timeout".into());
+        let reason = |error: &ProviderError, failures| match health_after_failure(error, failures) {
+            Some(ApiHealth::Unavailable { reason, .. }) => reason,
+            Some(ApiHealth::Available) => "available".into(),
+            None => "unchanged".into(),
+        };
+        assert_eq!(reason(&unreachable, 1), "unchanged");
+        assert_eq!(reason(&unreachable, 2), "unchanged");
+        assert_eq!(reason(&unreachable, 3), "APIUnreachable");
+        assert_eq!(
+            reason(&ProviderError::Account("401".into()), 1),
+            "AccountRefused"
+        );
     }
 }

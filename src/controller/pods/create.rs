@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod, Toleration};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -13,14 +13,13 @@ use runpod_contract::{self as contract, CREATE_REQUESTED};
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::{ReconcileError, SHORT, annotation, bound_at, finish, pods_in_namespace_of, write};
-use crate::controller::clock::elapsed;
+use super::decide::{self, create::CreateFacts};
+use super::{ReconcileError, annotation, bound_at, finish, pods_in_namespace_of, write};
 use crate::controller::context::{Shared, Snapshot};
 use crate::controller::eligibility::{self, Judged, Refusal};
 use crate::controller::node::health::ApiHealth;
 use crate::controller::pods::inputs::env::{self, ClusterEnvSource};
 use crate::controller::pods::inputs::{pull_secrets, volumes};
-use crate::controller::pods::status::View;
 use crate::provider::{Provider, ProvisionError, ProvisionRequest, Provisioned};
 
 /// Taints the node lifecycle controller puts on an unhealthy node.
@@ -76,34 +75,19 @@ pub(super) async fn create<P: Provider>(
 ) -> Result<Action, ReconcileError> {
     let settings = &ctx.settings;
     if let Some(refusal) = eligibility(ctx, pod, uid).await? {
-        ctx.event(pod, true, refusal.reason, refusal.message.clone())
-            .await;
-        let view = if refusal.fail {
-            View::Failed {
-                reason: refusal.reason,
-                message: refusal.message,
-            }
-        } else {
-            View::Waiting {
-                reason: refusal.reason,
-                message: refusal.message,
-            }
-        };
-        write::status(ctx, pod, &view).await?;
-        return Ok(Action::await_change());
+        return write::apply(ctx, pod, decide::create::refused(refusal)).await;
     }
-    let now = Timestamp::now();
-    let (nothing_created, next_at, excluded, marked_at) = ctx.remember(uid, |m| {
-        (
-            m.nothing_created,
-            m.next_create_at,
-            m.excluded_gpu_types.clone(),
-            m.create_marked_at,
-        )
-    });
-    // A create was sent (maybe by a previous leader) and its outcome is unknown here: only
-    // two complete lists in a row, both taken long enough after it, may show that nothing
-    // exists. The marker is the later of the pod's and this leader's own record (the pod
+    let (nothing_created, next_create_at, excluded, marked_at, replacing_since) =
+        ctx.remember(uid, |m| {
+            (
+                m.nothing_created,
+                m.next_create_at,
+                m.excluded_gpu_types.clone(),
+                m.create_marked_at,
+                m.replacing_since,
+            )
+        });
+    // The create marker is the later of the pod's and this leader's own record (the pod
     // cache may lag behind a marker just written).
     let marker = annotation(pod, CREATE_REQUESTED)
         .map(|m| m.parse::<Timestamp>().unwrap_or(Timestamp::UNIX_EPOCH))
@@ -111,56 +95,16 @@ pub(super) async fn create<P: Provider>(
         .chain(marked_at)
         .max()
         .filter(|_| !nothing_created);
-    let absence_unsettled = marker.is_some_and(|marker| {
-        let settled_by = marker
-            .checked_add(SignedDuration::try_from(settings.create_settle).unwrap_or_default())
-            .unwrap_or(marker);
-        snapshot
-            .confirmed_at
-            .is_none_or(|confirmed| confirmed < settled_by)
-    });
-    let unavailable = matches!(*ctx.health.borrow(), ApiHealth::Unavailable { .. });
-    // The timeout waits for the lists to settle (an instance may be starting), unless RunPod
-    // is down: then it still applies, and an instance that shows up later is terminated.
-    // The provisioning clock starts at binding, or when a vanished instance is replaced.
-    let clock_start = ctx
-        .remember(uid, |m| m.replacing_since)
-        .or_else(|| bound_at(pod));
-    if let Some(bound) = clock_start
-        && elapsed(bound, now) > settings.provision_timeout
-        && (!absence_unsettled || unavailable)
-    {
-        let message = format!(
-            "no {} could be started within {}",
-            ctx.provider.instance_noun(),
-            humantime::format_duration(settings.provision_timeout)
-        );
-        ctx.event(pod, true, "ProvisioningTimeout", message.clone())
-            .await;
-        write::status(
-            ctx,
-            pod,
-            &View::Failed {
-                reason: "ProvisioningTimeout",
-                message,
-            },
-        )
-        .await?;
-        return Ok(Action::requeue(SHORT));
-    }
-    if let Some(next_at) = next_at
-        && next_at > now
-    {
-        return Ok(Action::requeue(elapsed(now, next_at).max(SHORT)));
-    }
-    if unavailable {
-        // The account is refused or the API is down: wait, without a create per pod.
-        let message = format!("waiting for the {} API", ctx.provider.cloud().title);
-        write::waiting(ctx, pod, "RunPodUnavailable", &message).await?;
-        return Ok(Action::requeue(settings.reconcile_interval));
-    }
-    if absence_unsettled {
-        return Ok(Action::requeue(SHORT));
+    let facts = CreateFacts {
+        now: Timestamp::now(),
+        marker,
+        confirmed_at: snapshot.confirmed_at,
+        clock_start: replacing_since.or_else(|| bound_at(pod)),
+        next_create_at,
+        unavailable: matches!(*ctx.health.borrow(), ApiHealth::Unavailable { .. }),
+    };
+    if let Some(outcome) = decide::create::create_gate(&facts, settings, ctx.provider.cloud()) {
+        return write::apply(ctx, pod, outcome).await;
     }
 
     let pods = pods_in_namespace_of(&ctx.client, pod);
@@ -183,20 +127,15 @@ pub(super) async fn create<P: Provider>(
     let resolved = match env::resolve(&ClusterEnvSource(ctx.client.clone()), pod, container).await {
         Ok(resolved) => resolved,
         Err(error) => {
-            ctx.event(pod, true, "CreateContainerConfigError", error.to_string())
-                .await;
-            write::waiting(ctx, pod, "CreateContainerConfigError", &error.to_string()).await?;
-            return Ok(Action::requeue(Duration::from_secs(10)));
+            return write::apply(ctx, pod, decide::create::config_error(error.to_string())).await;
         }
     };
     let volumes =
         match volumes::resolve(&ClusterEnvSource(ctx.client.clone()), pod, container).await {
             Ok(volumes) => volumes,
             Err(error) => {
-                ctx.event(pod, true, "CreateContainerConfigError", error.to_string())
-                    .await;
-                write::waiting(ctx, pod, "CreateContainerConfigError", &error.to_string()).await?;
-                return Ok(Action::requeue(Duration::from_secs(10)));
+                let outcome = decide::create::config_error(error.to_string());
+                return write::apply(ctx, pod, outcome).await;
             }
         };
     if !volumes.skipped.is_empty() {
@@ -298,62 +237,22 @@ pub(super) async fn create<P: Provider>(
                 m.create_failures += 1;
                 m.create_failures
             });
-            let backoff = Duration::from_secs(10u64.saturating_mul(1 << failures.min(5)).min(300));
-            match &error {
-                ProvisionError::NoCandidates(message) | ProvisionError::NoCapacity(message) => {
-                    ctx.remember(uid, |m| {
-                        m.nothing_created = true;
-                        m.next_create_at = Timestamp::now()
-                            .checked_add(SignedDuration::try_from(backoff).unwrap_or_default())
-                            .ok();
-                    });
-                    ctx.event(pod, true, "NoGpuCapacity", message.clone()).await;
-                    write::waiting(ctx, pod, "NoGpuCapacity", message).await?;
-                    // Back at the provisioning deadline at the latest, to fail the pod on time.
-                    let until_deadline = clock_start.map_or(backoff, |bound| {
-                        settings
-                            .provision_timeout
-                            .saturating_sub(elapsed(bound, Timestamp::now()))
-                            + Duration::from_secs(1)
-                    });
-                    Ok(Action::requeue(backoff.min(until_deadline)))
+            let failed = decide::create::provision_failed(&error, failures, &facts, settings);
+            ctx.remember(uid, |m| {
+                if failed.nothing_created {
+                    m.nothing_created = true;
                 }
-                ProvisionError::Rejected(message) => {
-                    ctx.remember(uid, |m| m.nothing_created = true);
-                    ctx.event(pod, true, "RunPodRejected", message.clone())
-                        .await;
-                    write::status(
-                        ctx,
-                        pod,
-                        &View::Failed {
-                            reason: "RunPodRejected",
-                            message: message.clone(),
-                        },
-                    )
-                    .await?;
-                    Ok(Action::await_change())
+                if failed.next_create_at.is_some() {
+                    m.next_create_at = failed.next_create_at;
                 }
-                ProvisionError::AccountBlocked(message) => {
-                    ctx.remember(uid, |m| m.nothing_created = true);
-                    ctx.health.send_replace(ApiHealth::Unavailable {
-                        reason: "AccountRefused".into(),
-                        message: message.clone(),
-                    });
-                    ctx.event(pod, true, "RunPodAccountRefused", message.clone())
-                        .await;
-                    Ok(Action::requeue(settings.reconcile_interval))
-                }
-                ProvisionError::Unsettled(message) => {
-                    ctx.event(
-                        pod,
-                        true,
-                        "CreateUnsettled",
-                        format!("{message}; looking for the pod before any new create"),
-                    )
-                    .await;
-                    Ok(Action::requeue(settings.create_settle))
-                }
+            });
+            if let Some(message) = failed.account_refused {
+                ctx.health.send_replace(ApiHealth::Unavailable {
+                    reason: "AccountRefused".into(),
+                    message,
+                });
             }
+            write::apply(ctx, pod, failed.outcome).await
         }
     }
 }

@@ -54,7 +54,7 @@ impl ReconcileError {
     }
 }
 
-const SHORT: Duration = Duration::from_secs(2);
+pub(crate) const SHORT: Duration = Duration::from_secs(2);
 
 /// The pods API of `pod`'s namespace, for writing to it.
 fn pods_in_namespace_of(client: &kube::Client, pod: &Pod) -> Api<Pod> {

@@ -4,10 +4,12 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
 use runpod_contract::{COST_PER_HR, DATACENTER, ENDPOINTS, GPU_TYPE};
 use serde_json::json;
 use tracing::debug;
 
+use super::decide::{Next, Outcome};
 use super::{ReconcileError, annotation, pods_in_namespace_of};
 use crate::controller::context::Shared;
 use crate::controller::pods::status::{self, View};
@@ -48,6 +50,25 @@ pub(crate) fn instance_annotations(
             Some(endpoints_annotation(instance)).filter(|e| !e.is_empty()),
         ),
     ]
+}
+
+/// Carries a decision out: its Event, then its status; returns when to look again.
+pub(super) async fn apply<P>(
+    ctx: &Shared<P>,
+    pod: &Pod,
+    outcome: Outcome,
+) -> Result<Action, ReconcileError> {
+    if let Some(note) = outcome.event {
+        ctx.event(pod, note.warning, note.reason, note.message)
+            .await;
+    }
+    if let Some(view) = &outcome.status {
+        status(ctx, pod, view).await?;
+    }
+    Ok(match outcome.next {
+        Next::Requeue(after) => Action::requeue(after),
+        Next::AwaitChange => Action::await_change(),
+    })
 }
 
 pub(super) async fn waiting<P>(

@@ -9,11 +9,67 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
+pub mod create;
+
 use super::{annotation, bound_at};
 use crate::controller::clock::elapsed;
 use crate::controller::context::Snapshot;
-use crate::controller::pods::status::{self, RecordedEnd};
+use crate::controller::pods::status::{self, RecordedEnd, View};
 use crate::provider::{CloudName, Instance, InstanceState};
+
+/// An Event to record on the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Note {
+    pub fn warning(reason: &'static str, message: String) -> Note {
+        Note {
+            warning: true,
+            reason,
+            message,
+        }
+    }
+}
+
+/// When to look at the pod again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    Requeue(Duration),
+    AwaitChange,
+}
+
+/// What a decision asks one executor (`write::apply`) to write, in this order: the Event,
+/// then the status (only when it changes anything); then when to look again.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub event: Option<Note>,
+    pub status: Option<View<'static>>,
+    pub next: Next,
+}
+
+impl Outcome {
+    /// Nothing to write: look again after `after`.
+    pub fn requeue(after: Duration) -> Outcome {
+        Outcome {
+            event: None,
+            status: None,
+            next: Next::Requeue(after),
+        }
+    }
+
+    /// A warning Event and the pod failed with the same reason and message.
+    pub fn fail(reason: &'static str, message: String, next: Next) -> Outcome {
+        Outcome {
+            event: Some(Note::warning(reason, message.clone())),
+            status: Some(View::Failed { reason, message }),
+            next,
+        }
+    }
+}
 
 /// What this leader remembers about the pod that the decision needs.
 #[derive(Debug, Default)]

@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::catalog::Catalogue;
+use super::catalogue::Catalogue;
 use super::client::RunPodClient;
 use super::error::ApiError;
 

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{debug, instrument};
 
-use super::catalog::{Catalogue, DataCenter, DataCenterList, GpuType, GpuTypeList};
+use super::catalogue::{Catalogue, DataCenter, DataCenterList, GpuType, GpuTypeList};
 use super::config::{ClientConfig, ConfigError, RetryPolicy};
 use super::error::{ApiError, Recovery};
 use super::limiter::{Permit, Priority, RateLimiter};

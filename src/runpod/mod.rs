@@ -2,7 +2,7 @@
 //! pure translation of a Kubernetes container into a create request.
 
 pub mod args;
-pub mod catalog;
+pub mod catalogue;
 pub mod catalogue_cache;
 pub mod client;
 pub mod config;

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::Pod;
 use runpod_contract::{self as contract, CloudType};
 
-use super::catalog::{Availability, Catalogue, GpuType};
+use super::catalogue::{Availability, Catalogue, GpuType};
 
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::runpod::catalog::{CloudCounts, CloudPrices, DataCenterStock};
+use crate::runpod::catalogue::{CloudCounts, CloudPrices, DataCenterStock};
 
 // ---------------------------------------------------------------------------------------------
 // Builders

@@ -69,6 +69,8 @@ pub struct Shared<P> {
     pub metrics: Arc<ControllerMetrics>,
     /// Usage of burst pods from the cloud's reports, for the kubelet API's stats.
     pub usage: Mutex<UsageLedger>,
+    /// Wakes `cloud::billing` at once: a worker saw a deleted pod whose GPU still bills.
+    pub ends_due: tokio::sync::Notify,
 }
 
 impl<P> Shared<P> {

@@ -30,6 +30,8 @@ pub struct PodMemory {
     pub verified: HashSet<String>,
     /// When `stop` was sent to each instance (deletion honours the grace period).
     pub stop_sent: HashMap<String, Timestamp>,
+    /// Instances whose stop or GPU-ending termination is under way (`cloud::billing`).
+    pub ending: HashSet<String>,
     /// Instances whose stop the provider accepted: their GPU billing ended, so terminating
     /// them waits behind other pods' stops.
     pub stopped: HashSet<String>,

@@ -171,6 +171,7 @@ async fn lead<P: Provider>(
         recorder: Recorder::new(client.clone(), reporter),
         metrics: metrics.clone(),
         usage: Mutex::new(usage::UsageLedger::default()),
+        ends_due: tokio::sync::Notify::new(),
     });
 
     let mut tasks = tokio::task::JoinSet::new();
@@ -223,6 +224,7 @@ async fn lead<P: Provider>(
         health_tx,
         tick_tx,
     ));
+    tasks.spawn(cloud::billing::run(shared.clone(), store.clone()));
     tasks.spawn(kubelet_api::serve(
         kubelet_listener,
         kubelet_tls,

@@ -182,7 +182,9 @@ impl Collector {
         if let Some(listed) = &self.cluster_uids {
             collect.extend(gone_elsewhere(settled_elsewhere, listed, &self.first_seen));
         }
-        for orphan in collect {
+        // All at once: each waits in the rate limiter by what it ends (a running orphan's
+        // GPU before any stopped instance's storage), not behind the one before it.
+        let terminations = collect.into_iter().map(|orphan| async move {
             info!(instance = %orphan.id, cloud = shared.provider.name(), pod_uid = ?orphan.tags.pod_uid, node = ?orphan.tags.node_name, "terminating an instance whose Kubernetes pod is gone");
             match shared
                 .provider
@@ -196,7 +198,8 @@ impl Collector {
                     warn!(instance = %orphan.id, error = %error, "garbage collection failed")
                 }
             }
-        }
+        });
+        futures_util::future::join_all(terminations).await;
     }
 
     /// Logs, counts and (when the set changes) puts an Event on the node for instances tagged

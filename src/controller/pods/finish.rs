@@ -2,8 +2,6 @@
 //! phase), deletion (stop, terminate once stopped or the grace period passed, then remove the
 //! pod) and terminating one instance exactly once.
 
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
@@ -13,6 +11,7 @@ use serde_json::json;
 
 use super::{ReconcileError, SHORT, pods_in_namespace_of, write};
 use crate::controller::clock::elapsed;
+use crate::controller::cloud::billing;
 use crate::controller::context::Shared;
 use crate::controller::pods::status::{RecordedEnd, View};
 use crate::provider::{Ends, Instance, InstanceState, Provider};
@@ -48,41 +47,49 @@ pub(super) async fn finish<P: Provider>(
 }
 
 /// Deletion: stop first (the container gets its signal), terminate once stopped or once the
-/// grace period passed, then remove the pod object (UID precondition).
+/// grace period passed, then remove the pod object (UID precondition). The calls that end GPU
+/// billing (the stop; one DELETE for a grace-0 deletion or an instance not running yet) are
+/// `cloud::billing`'s, which sends them ahead of every other pod's DELETE whatever the workers
+/// are doing; this worker is only told to look, and waits for their record.
 pub(super) async fn delete<P: Provider>(
     pod: &Pod,
     uid: &str,
     live: &[&Instance],
     ctx: &Shared<P>,
 ) -> Result<Action, ReconcileError> {
-    let grace = Duration::from_secs(
-        pod.metadata
-            .deletion_grace_period_seconds
-            .unwrap_or(30)
-            .max(0) as u64,
-    );
+    let grace = billing::grace_period(pod);
     let now = Timestamp::now();
     let remembered = ctx.remember(uid, |m| m.instance.clone());
     let mut pending = false;
+    let mut billing_due = false;
     for instance in live {
+        let (stop_sent, ending, bills) = ctx.remember(uid, |m| {
+            (
+                m.stop_sent.get(&instance.id).copied(),
+                m.ending.contains(&instance.id),
+                billing::bills_gpu(instance, m),
+            )
+        });
+        if ending {
+            pending = true;
+            continue;
+        }
+        if stop_sent.is_none() && bills {
+            billing_due = true;
+            pending = true;
+            continue;
+        }
         let stopped = matches!(instance.state, InstanceState::Exited | InstanceState::Error);
         let running = matches!(instance.state, InstanceState::Running);
-        let stop_sent = ctx.remember(uid, |m| m.stop_sent.get(&instance.id).copied());
         let grace_over = stop_sent.is_some_and(|at| elapsed(at, now) >= grace) || grace.is_zero();
         if stopped || grace_over || !running {
             terminate(ctx, pod, uid, instance, "the pod was deleted").await?;
-        } else if stop_sent.is_none() {
-            let accepted = ctx.provider.stop(&instance.id).await?;
-            ctx.remember(uid, |m| {
-                m.stop_sent.insert(instance.id.clone(), now);
-                if accepted {
-                    m.stopped.insert(instance.id.clone());
-                }
-            });
-            pending = true;
         } else {
             pending = true;
         }
+    }
+    if billing_due {
+        ctx.ends_due.notify_one();
     }
     // Created by us but not listed yet: terminate by id.
     if let Some((id, _)) = remembered

@@ -1,0 +1,198 @@
+//! Ending GPU billing without waiting for a reconcile worker. When hundreds of pods are
+//! deleted at once, the workers reconcile them in whatever order the queue holds, and a worker
+//! waiting for its pod's DELETE (a stopped instance: storage only) cannot ask for another
+//! pod's stop. So the stops (and the terminations of instances that still bill a GPU) of
+//! deleted pods are sent from here: every second, and at once when a worker asks, every
+//! deleted pod on the node is looked at, and each of its instances that still bills a GPU gets
+//! its one call, each in its own task. In the rate limiter they all wait ahead of every DELETE
+//! of a stopped instance, every create and every read, however many pods wait for a worker.
+//!
+//! The rules are the deletion's (`pods::finish::delete`): the grace period starts with the
+//! stop; a grace-0 deletion, or an instance not running yet, is terminated with one call. The
+//! workers keep the rest: a DELETE once the container stopped or the grace period passed, and
+//! removing the pod.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::Store;
+use tokio::task::JoinSet;
+use tracing::{debug, warn};
+
+use crate::controller::context::{Shared, Snapshot};
+use crate::controller::memory::PodMemory;
+use crate::provider::{Ends, Instance, InstanceState, Provider};
+
+/// How often deleted pods are looked at when nobody asks.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The call that ends an instance's GPU billing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndCall {
+    /// The container gets its signal; the DELETE follows after the grace period.
+    Stop,
+    /// One DELETE: a grace-0 deletion, or an instance that is not running yet.
+    Terminate,
+}
+
+/// The deletion grace period the pod asked for (30 s when unset, as the apiserver's default).
+pub fn grace_period(pod: &Pod) -> Duration {
+    Duration::from_secs(
+        pod.metadata
+            .deletion_grace_period_seconds
+            .unwrap_or(30)
+            .max(0)
+            .unsigned_abs(),
+    )
+}
+
+/// Whether this instance still bills a GPU as far as this leader knows: live, not in a stopped
+/// state, and no stop of it accepted.
+pub fn bills_gpu(instance: &Instance, memory: &PodMemory) -> bool {
+    instance.state.termination_ends() == Ends::GpuBilling
+        && !memory.stopped.contains(&instance.id)
+        && !memory.terminated.contains(&instance.id)
+}
+
+/// The calls a deleted pod's instances need now to end GPU billing: none for a pod not being
+/// deleted, nor for an instance that bills no GPU, nor for one whose call was sent or is under
+/// way (`memory`).
+pub fn due<'a>(
+    pod: &Pod,
+    live: impl IntoIterator<Item = &'a Instance>,
+    memory: &PodMemory,
+) -> Vec<(&'a Instance, EndCall)> {
+    if pod.metadata.deletion_timestamp.is_none() {
+        return Vec::new();
+    }
+    let grace = grace_period(pod);
+    live.into_iter()
+        .filter(|instance| bills_gpu(instance, memory))
+        .filter(|instance| !memory.ending.contains(&instance.id))
+        .filter(|instance| !memory.stop_sent.contains_key(&instance.id))
+        .map(|instance| {
+            let call = if !grace.is_zero() && instance.state == InstanceState::Running {
+                EndCall::Stop
+            } else {
+                EndCall::Terminate
+            };
+            (instance, call)
+        })
+        .collect()
+}
+
+/// Looks at the deleted pods every second, or at once when `shared.ends_due` is notified, and
+/// starts the calls `due` names. The calls live in this task's set: they end with it.
+pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
+    let mut calls: JoinSet<()> = JoinSet::new();
+    let mut interval = tokio::time::interval(SWEEP_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            () = shared.ends_due.notified() => {}
+            Some(_) = calls.join_next(), if !calls.is_empty() => continue,
+        }
+        let Some(snapshot) = shared.latest() else {
+            continue;
+        };
+        for pod in pods.state() {
+            start_due(&shared, &snapshot, &pod, &mut calls);
+        }
+    }
+}
+
+/// Marks and starts each call `pod` needs (under the memory lock, so no call is sent twice).
+fn start_due<P: Provider>(
+    shared: &Arc<Shared<P>>,
+    snapshot: &Snapshot,
+    pod: &Arc<Pod>,
+    calls: &mut JoinSet<()>,
+) {
+    if pod.metadata.deletion_timestamp.is_none() {
+        return;
+    }
+    let Some(uid) = pod.metadata.uid.clone() else {
+        return;
+    };
+    let now = Timestamp::now();
+    let started: Vec<(Instance, EndCall)> = shared.remember(&uid, |memory| {
+        let due: Vec<(Instance, EndCall)> = due(pod, snapshot.for_pod(&uid), memory)
+            .into_iter()
+            .map(|(instance, call)| (instance.clone(), call))
+            .collect();
+        for (instance, _) in &due {
+            memory.ending.insert(instance.id.clone());
+        }
+        due
+    });
+    for (instance, call) in started {
+        debug!(instance = %instance.id, ?call, "ending GPU billing of a deleted pod");
+        calls.spawn(end(
+            shared.clone(),
+            pod.clone(),
+            uid.clone(),
+            instance,
+            call,
+            now,
+        ));
+    }
+}
+
+/// Sends one call and records what it did; a failure is tried again at the next look.
+async fn end<P: Provider>(
+    shared: Arc<Shared<P>>,
+    pod: Arc<Pod>,
+    uid: String,
+    instance: Instance,
+    call: EndCall,
+    asked_at: Timestamp,
+) {
+    let id = instance.id.clone();
+    match call {
+        EndCall::Stop => match shared.provider.stop(&id).await {
+            Ok(accepted) => shared.remember(&uid, |m| {
+                m.ending.remove(&id);
+                m.stop_sent.insert(id.clone(), asked_at);
+                if accepted {
+                    m.stopped.insert(id.clone());
+                }
+            }),
+            Err(error) => {
+                warn!(instance = %id, %error, "stopping a deleted pod's instance failed; trying again");
+                shared.remember(&uid, |m| m.ending.remove(&id));
+            }
+        },
+        EndCall::Terminate => match shared.provider.terminate(&id, Ends::GpuBilling).await {
+            Ok(()) => {
+                shared.metrics.terminations.inc();
+                shared.remember(&uid, |m| {
+                    m.ending.remove(&id);
+                    m.terminated.insert(id.clone());
+                });
+                shared
+                    .event(
+                        &pod,
+                        false,
+                        "RunPodPodTerminated",
+                        format!(
+                            "{} {id} terminated: the pod was deleted",
+                            shared.provider.instance_noun()
+                        ),
+                    )
+                    .await;
+            }
+            Err(error) => {
+                warn!(instance = %id, %error, "terminating a deleted pod's instance failed; trying again");
+                shared.remember(&uid, |m| m.ending.remove(&id));
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod model_tests;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,86 @@
+use std::collections::HashMap;
+
+use super::*;
+use crate::controller::cloud::fixtures::instance;
+
+fn deleted(grace: Option<i64>) -> Pod {
+    let mut pod = Pod::default();
+    pod.metadata.uid = Some("u1".into());
+    pod.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        "2026-01-01T00:00:00Z".parse().unwrap(),
+    ));
+    pod.metadata.deletion_grace_period_seconds = grace;
+    pod
+}
+
+fn in_state(id: &str, state: InstanceState) -> Instance {
+    Instance {
+        state,
+        ..instance(id, "c1", "vr", Some("u1"))
+    }
+}
+
+fn calls(pod: &Pod, live: &[Instance], memory: &PodMemory) -> Vec<(String, EndCall)> {
+    due(pod, live, memory)
+        .into_iter()
+        .map(|(instance, call)| (instance.id.clone(), call))
+        .collect()
+}
+
+#[test]
+fn a_deleted_pods_running_instance_is_stopped_and_others_terminated_once() {
+    let live = [
+        in_state("run", InstanceState::Running),
+        in_state("boot", InstanceState::Starting),
+        in_state("err", InstanceState::Error),
+        in_state("done", InstanceState::Exited),
+    ];
+    let memory = PodMemory::default();
+    assert_eq!(
+        calls(&deleted(None), &live, &memory),
+        [
+            ("run".to_owned(), EndCall::Stop),
+            ("boot".to_owned(), EndCall::Terminate),
+            ("err".to_owned(), EndCall::Terminate),
+        ],
+        "an exited instance bills storage only: the worker's DELETE"
+    );
+    // A grace-0 deletion is one DELETE, also of a running instance.
+    assert_eq!(
+        calls(&deleted(Some(0)), &live[..1], &memory),
+        [("run".to_owned(), EndCall::Terminate)]
+    );
+    // A pod not being deleted needs nothing from here.
+    let mut alive = deleted(None);
+    alive.metadata.deletion_timestamp = None;
+    assert!(calls(&alive, &live, &memory).is_empty());
+}
+
+#[test]
+fn nothing_is_sent_twice() {
+    let live = [
+        in_state("a", InstanceState::Running),
+        in_state("b", InstanceState::Running),
+        in_state("c", InstanceState::Running),
+        in_state("d", InstanceState::Running),
+        in_state("e", InstanceState::Running),
+    ];
+    let memory = PodMemory {
+        ending: ["a".to_owned()].into(),
+        stop_sent: HashMap::from([("b".to_owned(), "2026-01-01T00:00:01Z".parse().unwrap())]),
+        stopped: ["c".to_owned()].into(),
+        terminated: ["d".to_owned()].into(),
+        ..PodMemory::default()
+    };
+    assert_eq!(
+        calls(&deleted(None), &live, &memory),
+        [("e".to_owned(), EndCall::Stop)]
+    );
+}
+
+#[test]
+fn the_grace_period_defaults_to_thirty_seconds() {
+    assert_eq!(grace_period(&deleted(None)), Duration::from_secs(30));
+    assert_eq!(grace_period(&deleted(Some(5))), Duration::from_secs(5));
+    assert_eq!(grace_period(&deleted(Some(-1))), Duration::ZERO);
+}

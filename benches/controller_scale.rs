@@ -10,12 +10,16 @@
 //! terminated) and until all were terminated, against the targets (1.3 × and 2.6 × the
 //! time the quota needs for one call per pod, plus 30 s and 90 s).
 //!
+//! Each run prints, per 30 s of the backlog and of the mass deletion, the mix of calls the
+//! simulator answered (stops, DELETEs, creates, reads, 429s); a table of every run closes.
+//!
 //! Environment:
 //! - `CONTROLLER_BENCH_PODS` (default 1000): pods bound to the node (`--max-pods` follows);
-//! - `CONTROLLER_BENCH_QUOTA` (default 60): the simulator's requests per minute;
-//! - `CONTROLLER_BENCH_MODEL` (`fixed`, `sliding`, `gcra`; default `fixed`) and
-//!   `CONTROLLER_BENCH_RESET` (`next`, `full`; default `next`): how the simulator counts the
-//!   quota and what its `t` means;
+//! - `CONTROLLER_BENCH_QUOTAS` (default `120,60`): the simulator's requests per minute, one
+//!   run each (`CONTROLLER_BENCH_QUOTA` picks one);
+//! - `CONTROLLER_BENCH_MODELS` (`fixed`, `sliding`, `gcra`; default all three, one run each;
+//!   `CONTROLLER_BENCH_MODEL` picks one) and `CONTROLLER_BENCH_RESET` (`next`, `full`; default
+//!   `next`): how the simulator counts the quota and what its `t` means;
 //! - `CONTROLLER_BENCH_STEADY_SECS` (default 60): how long steady state is measured once every
 //!   pod has its RunPod pod;
 //! - `CONTROLLER_BENCH_MINUTES` (default 25): stop measuring after this long even if not every
@@ -83,12 +87,83 @@ fn main() -> ExitCode {
     }
 }
 
+/// A comma-separated list from `plural`, else the single value of `single`, else `default`.
+fn list_env(plural: &str, single: &str, default: &str) -> Vec<String> {
+    std::env::var(single)
+        .or_else(|_| std::env::var(plural))
+        .unwrap_or_else(|_| default.to_owned())
+        .split(',')
+        .map(|item| item.trim().to_owned())
+        .filter(|item| !item.is_empty())
+        .collect()
+}
+
+/// One run's figures, for the closing table.
+#[derive(Debug, Clone)]
+struct Figures {
+    label: String,
+    backlog_use: f64,
+    billing_ended: Option<f64>,
+    billing_target: f64,
+    terminated: Option<f64>,
+    terminated_target: f64,
+    refused: usize,
+}
+
 async fn bench() -> anyhow::Result<()> {
     let pods_wanted: usize = env_or("CONTROLLER_BENCH_PODS", 1000);
-    let quota: u32 = env_or("CONTROLLER_BENCH_QUOTA", 60);
     let minutes: u64 = env_or("CONTROLLER_BENCH_MINUTES", 25);
-    let model = std::env::var("CONTROLLER_BENCH_MODEL").unwrap_or_else(|_| "fixed".into());
     let reset = std::env::var("CONTROLLER_BENCH_RESET").unwrap_or_else(|_| "next".into());
+    let quotas: Vec<u32> = list_env(
+        "CONTROLLER_BENCH_QUOTAS",
+        "CONTROLLER_BENCH_QUOTA",
+        "120,60",
+    )
+    .iter()
+    .map(|quota| quota.parse().context("CONTROLLER_BENCH_QUOTAS"))
+    .collect::<anyhow::Result<_>>()?;
+    let models = list_env(
+        "CONTROLLER_BENCH_MODELS",
+        "CONTROLLER_BENCH_MODEL",
+        "fixed,sliding,gcra",
+    );
+    let mut all = Vec::new();
+    for &quota in &quotas {
+        for model in &models {
+            all.push(one_run(pods_wanted, quota, model, &reset, minutes).await?);
+        }
+    }
+    println!("\n== controller_scale: {pods_wanted} pods, every run");
+    println!(
+        "{:<28} {:>12} {:>22} {:>22} {:>6}",
+        "run", "backlog use", "GPU billing ended", "all terminated", "429s"
+    );
+    let show = |secs: Option<f64>, target: f64| {
+        secs.map_or_else(
+            || format!("never (<= {target:.0}s)"),
+            |s| format!("{s:.0}s (<= {target:.0}s)"),
+        )
+    };
+    for figures in &all {
+        println!(
+            "{:<28} {:>11.1}% {:>22} {:>22} {:>6}",
+            figures.label,
+            figures.backlog_use,
+            show(figures.billing_ended, figures.billing_target),
+            show(figures.terminated, figures.terminated_target),
+            figures.refused
+        );
+    }
+    Ok(())
+}
+
+async fn one_run(
+    pods_wanted: usize,
+    quota: u32,
+    model: &str,
+    reset: &str,
+    minutes: u64,
+) -> anyhow::Result<Figures> {
     println!(
         "controller_scale: {pods_wanted} pods, quota {quota}/min ({model} window, t = {reset}), at most {minutes} min"
     );
@@ -136,7 +211,11 @@ async fn bench() -> anyhow::Result<()> {
         quota,
         minutes,
     )
-    .await;
+    .await
+    .map(|mut figures| {
+        figures.label = format!("{quota}/min {model} (t = {reset})");
+        figures
+    });
     let _ = controller.kill();
     let _ = controller.wait();
     if result.is_err() {
@@ -158,7 +237,7 @@ async fn measure(
     pods_wanted: usize,
     quota: u32,
     minutes: u64,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Figures> {
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     support::wait::until("virtual node", Duration::from_secs(120), || async {
         Ok(nodes.get_opt(NODE).await?.map(|_| ()))
@@ -169,6 +248,7 @@ async fn measure(
     // Bind every pod at once (nodeName set: the scheduler's binding, without its pace).
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let bound_started = Instant::now();
+    let bound_started_at = SystemTime::now();
     let bound: Vec<(String, SystemTime)> = futures_util::stream::iter(0..pods_wanted)
         .map(|i| {
             let pods = pods.clone();
@@ -244,11 +324,10 @@ async fn measure(
             .unwrap_or(f64::NAN)
     };
 
-    let exchanges: Vec<serde_json::Value> =
-        reqwest::get(format!("{}/_sim/exchanges", simulator.url))
-            .await?
-            .json()
-            .await?;
+    let exchanges = exchanges_of(simulator).await?;
+    let backlog_started_ms = unix_ms(bound_started_at);
+    println!("backlog, calls per 30 s after binding:");
+    print_mix(&exchanges, backlog_started_ms, u64::MAX);
     let refused = exchanges.iter().filter(|e| e["status"] == 429).count();
     let creates = exchanges
         .iter()
@@ -324,7 +403,68 @@ async fn measure(
         created_at.len()
     );
 
-    mass_deletion(client, simulator, &bound_at, quota).await
+    let backlog_use = 100.0 * answered as f64 / (f64::from(quota) * minutes_total);
+    let (billing_ended, billing_target, terminated, terminated_target, refused_after) =
+        mass_deletion(client, simulator, &bound_at, quota).await?;
+    Ok(Figures {
+        label: String::new(),
+        backlog_use,
+        billing_ended,
+        billing_target,
+        terminated,
+        terminated_target,
+        refused: refused + refused_after,
+    })
+}
+
+fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The kind of call an exchange was, for the call mix.
+fn kind(exchange: &serde_json::Value) -> &'static str {
+    if exchange["status"] == 429 {
+        return "429";
+    }
+    let path = exchange["path"].as_str().unwrap_or_default();
+    match exchange["operation"].as_str().unwrap_or_default() {
+        "createPod" => "create",
+        "deletePod" => "DELETE",
+        "podAction" if path.split('?').next().is_some_and(|p| p.ends_with("/stop")) => "stop",
+        _ => "read",
+    }
+}
+
+/// Calls per 30 s from `from_ms` (simulator time) until `until_ms`: stops, DELETEs, creates,
+/// reads and 429s.
+fn print_mix(exchanges: &[serde_json::Value], from_ms: u64, until_ms: u64) {
+    let mut buckets: std::collections::BTreeMap<u64, [usize; 5]> = Default::default();
+    for exchange in exchanges {
+        let at = exchange["at_ms"].as_u64().unwrap_or(0);
+        if at < from_ms || at >= until_ms {
+            continue;
+        }
+        let column = match kind(exchange) {
+            "stop" => 0,
+            "DELETE" => 1,
+            "create" => 2,
+            "read" => 3,
+            _ => 4,
+        };
+        buckets.entry((at - from_ms) / 30_000).or_default()[column] += 1;
+    }
+    println!(
+        "  {:>9} {:>6} {:>7} {:>7} {:>6} {:>5}",
+        "seconds", "stops", "DELETEs", "creates", "reads", "429s"
+    );
+    for (bucket, [stops, deletes, creates, reads, refused]) in buckets {
+        println!(
+            "  {:>4}-{:<4} {stops:>6} {deletes:>7} {creates:>7} {reads:>6} {refused:>5}",
+            bucket * 30,
+            bucket * 30 + 30
+        );
+    }
 }
 
 async fn exchanges_of(simulator: &SimulatorProcess) -> anyhow::Result<Vec<serde_json::Value>> {
@@ -371,7 +511,7 @@ async fn mass_deletion(
     simulator: &SimulatorProcess,
     uids: &HashMap<String, SystemTime>,
     quota: u32,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<(Option<f64>, f64, Option<f64>, f64, usize)> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let count = ends_of(simulator, uids).await?.len();
     // The quota's time for one call per RunPod pod.
@@ -421,12 +561,24 @@ async fn mass_deletion(
         show(latest(|end| &end.1))
     );
     let exchanges = exchanges_of(simulator).await?;
+    println!("mass deletion, calls per 30 s after the deletion:");
+    print_mix(&exchanges, unix_ms(deleted_at), u64::MAX);
+    let refused_after = exchanges
+        .iter()
+        .filter(|e| e["status"] == 429 && e["at_ms"].as_u64().unwrap_or(0) >= unix_ms(deleted_at))
+        .count();
     println!(
         "429s overall     {}",
         exchanges.iter().filter(|e| e["status"] == 429).count()
     );
     ensure!(left == 0, "{left} RunPod pods left after the mass deletion");
-    Ok(())
+    Ok((
+        latest(|end| &end.0),
+        billing_target,
+        latest(|end| &end.1),
+        terminated_target,
+        refused_after,
+    ))
 }
 
 /// The value of an unlabelled metric in a Prometheus text exposition.

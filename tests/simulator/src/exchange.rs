@@ -86,6 +86,10 @@ pub struct Exchange {
     /// counted them.
     #[serde(default)]
     pub arrival: u64,
+    /// When the simulator recorded the answer, in milliseconds since the Unix epoch (for call
+    /// mixes over time, e.g. the controller benchmark's per-30-seconds table).
+    #[serde(default)]
+    pub at_ms: u64,
     /// `GET`, `POST`, …
     pub method: String,
     /// The request path as sent, including the query string.

@@ -159,6 +159,11 @@ impl Reply {
         }
         Exchange {
             arrival,
+            at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| {
+                    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+                }),
             method: method.to_owned(),
             path: path.to_owned(),
             operation,

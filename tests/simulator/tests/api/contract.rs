@@ -14,6 +14,7 @@ fn exchange(
 ) -> Exchange {
     Exchange {
         arrival: 0,
+        at_ms: 0,
         method: method.into(),
         path: path.into(),
         operation: Operation::ALL.into_iter().find(|op| {

@@ -28,6 +28,10 @@ use crate::provider::{Ends, Instance, InstanceState, Provider};
 /// How often deleted pods are looked at when nobody asks.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
+/// After a failed call, how long before the instance's call is tried again (the client has
+/// retried inside the call already; an outage must not turn into a call per pod per second).
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+
 /// The call that ends an instance's GPU billing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndCall {
@@ -162,6 +166,7 @@ async fn end<P: Provider>(
             }),
             Err(error) => {
                 warn!(instance = %id, %error, "stopping a deleted pod's instance failed; trying again");
+                tokio::time::sleep(RETRY_AFTER).await;
                 shared.remember(&uid, |m| m.ending.remove(&id));
             }
         },
@@ -186,6 +191,7 @@ async fn end<P: Provider>(
             }
             Err(error) => {
                 warn!(instance = %id, %error, "terminating a deleted pod's instance failed; trying again");
+                tokio::time::sleep(RETRY_AFTER).await;
                 shared.remember(&uid, |m| m.ending.remove(&id));
             }
         },

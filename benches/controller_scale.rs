@@ -427,11 +427,11 @@ fn kind(exchange: &serde_json::Value) -> &'static str {
     if exchange["status"] == 429 {
         return "429";
     }
-    let path = exchange["path"].as_str().unwrap_or_default();
     match exchange["operation"].as_str().unwrap_or_default() {
         "createPod" => "create",
         "deletePod" => "DELETE",
-        "podAction" if path.split('?').next().is_some_and(|p| p.ends_with("/stop")) => "stop",
+        // The only action the controller sends is `stop` (terminations are DELETEs).
+        "podAction" => "stop",
         _ => "read",
     }
 }

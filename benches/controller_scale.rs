@@ -20,6 +20,8 @@
 //! - `CONTROLLER_BENCH_MODELS` (`fixed`, `sliding`, `gcra`; default all three, one run each;
 //!   `CONTROLLER_BENCH_MODEL` picks one) and `CONTROLLER_BENCH_RESET` (`next`, `full`; default
 //!   `next`): how the simulator counts the quota and what its `t` means;
+//! - `CONTROLLER_BENCH_CONCURRENCY` (default 100, the workers a default `--max-pods` gives):
+//!   pods reconciled at once, fewer than the pods, as on a node whose capacity was raised;
 //! - `CONTROLLER_BENCH_STEADY_SECS` (default 60): how long steady state is measured once every
 //!   pod has its RunPod pod;
 //! - `CONTROLLER_BENCH_MINUTES` (default 25): stop measuring after this long even if not every
@@ -192,6 +194,10 @@ async fn one_run(
         .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
         .args(["--max-pods", &pods_wanted.to_string()])
         .args(["--max-gpus", &pods_wanted.to_string()])
+        .args([
+            "--concurrency",
+            &env_or("CONTROLLER_BENCH_CONCURRENCY", 100u16).to_string(),
+        ])
         .args(["--max-gpu-price", "2", "--reconcile-interval", "10s"])
         // At 60 creates a minute, 1000 pods outlast the default 15 minutes.
         .args(["--provision-timeout", "2h"])

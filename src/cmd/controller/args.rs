@@ -189,9 +189,8 @@ pub struct ControllerArgs {
     /// How long burst pods tolerate an unreachable or not-ready virtual node.
     #[arg(long, default_value = "1h", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_OUTAGE_GRACE")]
     pub outage_grace: Duration,
-    /// Pods reconciled at once (default: `--max-pods`). A reconcile waiting for the RunPod
-    /// quota holds its slot, so with fewer slots than pods a deleted pod's stop could wait
-    /// behind creates queued for the quota instead of going first.
+    /// Pods reconciled at once (default: `--max-pods`). The calls that end a deleted pod's GPU
+    /// billing do not use these slots: they are sent at once, whatever the workers wait for.
     #[arg(long, env = "RUNPOD_KUBELET_CONCURRENCY")]
     pub concurrency: Option<u16>,
     /// Elect one leader among the replicas (Lease); `--leader-elect=false` for a single local

@@ -6,6 +6,8 @@ pub mod clock;
 pub mod cloud;
 pub mod context;
 pub mod eligibility;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod kubelet_api;
 pub mod leader;
 pub mod memory;

@@ -273,7 +273,7 @@ async fn cluster_pod_uids(client: &kube::Client) -> Result<HashSet<String>, kube
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::cloud::fixtures::{instance, settings};
+    use crate::controller::fixtures::{instance, settings};
     use crate::provider::InstanceState;
 
     #[test]

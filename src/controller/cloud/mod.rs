@@ -2,8 +2,6 @@
 //! gate every cloud call passes (fence and drain marker), and the usage watch.
 
 pub mod billing;
-#[cfg(test)]
-mod fixtures;
 pub mod gate;
 pub mod gc;
 pub mod poller;

@@ -220,7 +220,7 @@ fn record(snapshot: &Snapshot, metrics: &ControllerMetrics, provider: &'static s
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::cloud::fixtures::{instance, settings};
+    use crate::controller::fixtures::{instance, settings};
     use crate::provider::Tags;
 
     #[test]

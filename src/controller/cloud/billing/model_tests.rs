@@ -14,7 +14,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::controller::cloud::fixtures::instance;
+use crate::controller::fixtures::instance;
 use crate::runpod::limiter::{Priority, RateLimiter};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

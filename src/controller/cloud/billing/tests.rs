@@ -1,7 +1,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::controller::cloud::fixtures::instance;
+use crate::controller::fixtures::instance;
 
 fn deleted(grace: Option<i64>) -> Pod {
     let mut pod = Pod::default();

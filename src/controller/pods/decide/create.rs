@@ -204,23 +204,10 @@ pub fn provision_failed(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::fixtures::settings;
 
     fn at(time: &str) -> Timestamp {
         format!("2026-01-01T{time}Z").parse().unwrap()
-    }
-
-    fn settings() -> Settings {
-        Settings {
-            node_name: "vr".into(),
-            cluster_id: "c1".into(),
-            host_ip: "127.0.0.1".into(),
-            reconcile_interval: Duration::from_secs(10),
-            provision_timeout: Duration::from_secs(900),
-            create_settle: Duration::from_secs(30),
-            outage_grace: Duration::from_secs(3600),
-            admission: Default::default(),
-            idle: Default::default(),
-        }
     }
 
     fn facts() -> CreateFacts {

@@ -1,4 +1,4 @@
-//! Instances and settings for the tests of the list loop and the garbage collector.
+//! Instances and settings for the controller's unit tests.
 
 use std::time::Duration;
 

@@ -121,7 +121,6 @@ fn start_due<P: Provider>(
     let Some(uid) = pod.metadata.uid.clone() else {
         return;
     };
-    let now = Timestamp::now();
     let started: Vec<(Instance, EndCall)> = shared.remember(&uid, |memory| {
         let due: Vec<(Instance, EndCall)> = due(pod, snapshot.for_pod(&uid), memory)
             .into_iter()
@@ -140,7 +139,6 @@ fn start_due<P: Provider>(
             uid.clone(),
             instance,
             call,
-            now,
         ));
     }
 }
@@ -152,14 +150,15 @@ async fn end<P: Provider>(
     uid: String,
     instance: Instance,
     call: EndCall,
-    asked_at: Timestamp,
 ) {
     let id = instance.id.clone();
     match call {
         EndCall::Stop => match shared.provider.stop(&id).await {
+            // The grace period runs from the stop's answer: the container got its signal then,
+            // however long the stop waited for the quota.
             Ok(accepted) => shared.remember(&uid, |m| {
                 m.ending.remove(&id);
-                m.stop_sent.insert(id.clone(), asked_at);
+                m.stop_sent.insert(id.clone(), Timestamp::now());
                 if accepted {
                     m.stopped.insert(id.clone());
                 }

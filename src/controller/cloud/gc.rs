@@ -55,16 +55,20 @@ pub fn foreign<'a>(
 
 /// Orphans: live, ours, tagged with a pod UID that no Kubernetes pod on the node has, and seen
 /// for longer than the settle time (a pod just bound may not be in this replica's cache yet).
+/// Only instances the list showed: one it omitted is carried from the previous list, and is
+/// mostly gone already (its pod's own DELETE went just before); a second DELETE would take
+/// quota that waiting calls need.
 pub fn orphans<'a>(
     snapshot: &'a Snapshot,
     pod_uids: &HashSet<String>,
     first_seen: &HashMap<String, Timestamp>,
     settle: Duration,
+    carried: &HashSet<String>,
 ) -> Vec<&'a Instance> {
     snapshot
         .instances
         .iter()
-        .filter(|i| i.state.is_live())
+        .filter(|i| i.state.is_live() && !carried.contains(&i.id))
         .filter(|i| match i.tags.pod_uid.as_deref() {
             Some(uid) => !pod_uids.contains(uid),
             None => false,
@@ -146,16 +150,19 @@ impl Collector {
     }
 
     /// Terminates what the list shows to be garbage: this node's orphans, and other nodes'
-    /// instances whose pod exists nowhere in the cluster.
+    /// instances whose pod exists nowhere in the cluster; never one this list did not show
+    /// (`carried` forward from the last one).
     pub async fn collect<P: Provider>(
         &mut self,
         shared: &Shared<P>,
         pod_uids: &HashSet<String>,
         snapshot: &Snapshot,
+        carried: &HashSet<String>,
         elsewhere: Vec<Instance>,
     ) {
         let settle = shared.settings.create_settle;
-        let mut collect: Vec<&Instance> = orphans(snapshot, pod_uids, &self.first_seen, settle);
+        let mut collect: Vec<&Instance> =
+            orphans(snapshot, pod_uids, &self.first_seen, settle, carried);
         let elsewhere_snapshot = Snapshot {
             taken_at: snapshot.taken_at,
             instances: elsewhere,
@@ -166,6 +173,7 @@ impl Collector {
             &HashSet::new(),
             &self.first_seen,
             settle,
+            &HashSet::new(),
         );
         if cluster_list_due(
             self.cluster_uids.as_ref(),
@@ -316,11 +324,20 @@ mod tests {
             ("no-uid".to_owned(), t0),
         ]
         .into();
-        let found: Vec<_> = orphans(&snapshot, &uids, &seen, Duration::from_secs(30))
-            .into_iter()
-            .map(|i| i.id.as_str())
-            .collect();
+        let found: Vec<_> = orphans(
+            &snapshot,
+            &uids,
+            &seen,
+            Duration::from_secs(30),
+            &HashSet::new(),
+        )
+        .into_iter()
+        .map(|i| i.id.as_str())
+        .collect();
         assert_eq!(found, ["orphan"]);
+        // Carried forward from the last list (this one omitted it): not collected now.
+        let carried: HashSet<String> = ["orphan".to_owned()].into();
+        assert!(orphans(&snapshot, &uids, &seen, Duration::from_secs(30), &carried).is_empty());
     }
 
     #[test]

@@ -178,7 +178,7 @@ pub async fn run<P: Provider>(
             // Memory of pods that are gone (a finished pod's kept log lives until then).
             shared.forget_all_but(&uids);
             collector
-                .collect(&shared, &uids, &snapshot, elsewhere)
+                .collect(&shared, &uids, &snapshot, &carried, elsewhere)
                 .await;
         }
     }

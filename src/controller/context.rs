@@ -92,14 +92,6 @@ impl<P> Shared<P> {
         guard.retain(|uid, _| uids.contains(uid));
     }
 
-    pub fn forget(&self, uid: &str) {
-        let mut guard = match self.memory.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        guard.remove(uid);
-    }
-
     /// The usage ledger, even after a panic elsewhere poisoned its lock.
     pub fn usage_ledger(&self) -> std::sync::MutexGuard<'_, UsageLedger> {
         match self.usage.lock() {

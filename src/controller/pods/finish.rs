@@ -120,7 +120,9 @@ pub(super) async fn delete<P: Provider>(
         Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
         Err(error) => return Err(error.into()),
     }
-    ctx.forget(uid);
+    // The memory of what was terminated stays until the pod has left the cache (the list loop
+    // forgets pods that are gone): a reconcile of the removed pod, on a list taken before the
+    // DELETE, must not send the DELETE again.
     Ok(Action::await_change())
 }
 

@@ -9,9 +9,9 @@ use kube::runtime::controller::Action;
 use runpod_contract::ENDED;
 use serde_json::json;
 
+use super::decide::ends;
 use super::{ReconcileError, SHORT, pods_in_namespace_of, write};
 use crate::controller::clock::elapsed;
-use crate::controller::cloud::billing;
 use crate::controller::context::Shared;
 use crate::controller::pods::status::{RecordedEnd, View};
 use crate::provider::{Ends, Instance, InstanceState, Provider};
@@ -57,7 +57,7 @@ pub(super) async fn delete<P: Provider>(
     live: &[&Instance],
     ctx: &Shared<P>,
 ) -> Result<Action, ReconcileError> {
-    let grace = billing::grace_period(pod);
+    let grace = ends::grace_period(pod);
     let now = Timestamp::now();
     let remembered = ctx.remember(uid, |m| m.instance.clone());
     let mut pending = false;
@@ -67,7 +67,7 @@ pub(super) async fn delete<P: Provider>(
             (
                 m.stop_sent.get(&instance.id).copied(),
                 m.ending.contains(&instance.id),
-                billing::bills_gpu(instance, m),
+                ends::bills_gpu(instance, m),
             )
         });
         if ending {
@@ -126,7 +126,7 @@ pub(super) async fn delete<P: Provider>(
     Ok(Action::await_change())
 }
 
-pub(super) async fn terminate<P: Provider>(
+pub(crate) async fn terminate<P: Provider>(
     ctx: &Shared<P>,
     pod: &Pod,
     uid: &str,

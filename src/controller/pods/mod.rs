@@ -5,7 +5,7 @@
 
 mod create;
 pub mod decide;
-mod finish;
+pub(crate) mod finish;
 pub mod inputs;
 pub mod status;
 mod track;

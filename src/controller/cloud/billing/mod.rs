@@ -7,10 +7,10 @@
 //! its one call, each in its own task. In the rate limiter they all wait ahead of every DELETE
 //! of a stopped instance, every create and every read, however many pods wait for a worker.
 //!
-//! The rules are the deletion's (`pods::finish::delete`): the grace period starts with the
-//! stop; a grace-0 deletion, or an instance not running yet, is terminated with one call. The
-//! workers keep the rest: a DELETE once the container stopped or the grace period passed, and
-//! removing the pod.
+//! The rules are the deletion's (`pods::decide::ends`, shared with `pods::finish::delete`):
+//! the grace period starts with the stop; a grace-0 deletion, or an instance not running yet,
+//! is terminated with one call. The workers keep the rest: a DELETE once the container stopped
+//! or the grace period passed, and removing the pod.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,8 +22,9 @@ use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
 use crate::controller::context::{Shared, Snapshot};
-use crate::controller::memory::PodMemory;
-use crate::provider::{Ends, Instance, InstanceState, Provider};
+use crate::controller::pods::decide::ends::{EndCall, due};
+use crate::controller::pods::finish;
+use crate::provider::{Instance, Provider};
 
 /// How often deleted pods are looked at when nobody asks.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
@@ -31,61 +32,6 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// After a failed call, how long before the instance's call is tried again (the client has
 /// retried inside the call already; an outage must not turn into a call per pod per second).
 const RETRY_AFTER: Duration = Duration::from_secs(5);
-
-/// The call that ends an instance's GPU billing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EndCall {
-    /// The container gets its signal; the DELETE follows after the grace period.
-    Stop,
-    /// One DELETE: a grace-0 deletion, or an instance that is not running yet.
-    Terminate,
-}
-
-/// The deletion grace period the pod asked for (30 s when unset, as the apiserver's default).
-pub fn grace_period(pod: &Pod) -> Duration {
-    Duration::from_secs(
-        pod.metadata
-            .deletion_grace_period_seconds
-            .unwrap_or(30)
-            .max(0)
-            .unsigned_abs(),
-    )
-}
-
-/// Whether this instance still bills a GPU as far as this leader knows: live, not in a stopped
-/// state, and no stop of it accepted.
-pub fn bills_gpu(instance: &Instance, memory: &PodMemory) -> bool {
-    instance.state.termination_ends() == Ends::GpuBilling
-        && !memory.stopped.contains(&instance.id)
-        && !memory.terminated.contains(&instance.id)
-}
-
-/// The calls a deleted pod's instances need now to end GPU billing: none for a pod not being
-/// deleted, nor for an instance that bills no GPU, nor for one whose call was sent or is under
-/// way (`memory`).
-pub fn due<'a>(
-    pod: &Pod,
-    live: impl IntoIterator<Item = &'a Instance>,
-    memory: &PodMemory,
-) -> Vec<(&'a Instance, EndCall)> {
-    if pod.metadata.deletion_timestamp.is_none() {
-        return Vec::new();
-    }
-    let grace = grace_period(pod);
-    live.into_iter()
-        .filter(|instance| bills_gpu(instance, memory))
-        .filter(|instance| !memory.ending.contains(&instance.id))
-        .filter(|instance| !memory.stop_sent.contains_key(&instance.id))
-        .map(|instance| {
-            let call = if !grace.is_zero() && instance.state == InstanceState::Running {
-                EndCall::Stop
-            } else {
-                EndCall::Terminate
-            };
-            (instance, call)
-        })
-        .collect()
-}
 
 /// Looks at the deleted pods every second, or at once when `shared.ends_due` is notified, and
 /// starts the calls `due` names. The calls live in this task's set: they end with it.
@@ -169,35 +115,18 @@ async fn end<P: Provider>(
                 shared.remember(&uid, |m| m.ending.remove(&id));
             }
         },
-        EndCall::Terminate => match shared.provider.terminate(&id, Ends::GpuBilling).await {
-            Ok(()) => {
-                shared.metrics.terminations.inc();
-                shared.remember(&uid, |m| {
-                    m.ending.remove(&id);
-                    m.terminated.insert(id.clone());
-                });
-                shared
-                    .event(
-                        &pod,
-                        false,
-                        "RunPodPodTerminated",
-                        format!(
-                            "{} {id} terminated: the pod was deleted",
-                            shared.provider.instance_noun()
-                        ),
-                    )
-                    .await;
-            }
-            Err(error) => {
+        EndCall::Terminate => {
+            // The same bookkeeping, Event and metric as every other termination.
+            let ended =
+                finish::terminate(&shared, &pod, &uid, &instance, "the pod was deleted").await;
+            if let Err(error) = ended {
                 warn!(instance = %id, %error, "terminating a deleted pod's instance failed; trying again");
                 tokio::time::sleep(RETRY_AFTER).await;
-                shared.remember(&uid, |m| m.ending.remove(&id));
             }
-        },
+            shared.remember(&uid, |m| m.ending.remove(&id));
+        }
     }
 }
 
 #[cfg(test)]
 mod model_tests;
-#[cfg(test)]
-mod tests;

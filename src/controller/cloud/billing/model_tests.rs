@@ -15,6 +15,9 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::controller::fixtures::instance;
+use crate::controller::memory::PodMemory;
+use crate::controller::pods::decide::ends::{EndCall, due};
+use crate::provider::InstanceState;
 use crate::runpod::limiter::{Priority, RateLimiter};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 pub mod create;
+pub mod ends;
 
 use super::{annotation, bound_at};
 use crate::controller::clock::elapsed;

@@ -2,6 +2,7 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::controller::fixtures::instance;
+use crate::provider::Instance;
 
 fn deleted(grace: Option<i64>) -> Pod {
     let mut pod = Pod::default();

@@ -1,0 +1,67 @@
+//! Which calls end a deleted pod's GPU billing, and when its grace period is over: the rules
+//! `cloud::billing` sends by and `pods::finish::delete` waits by.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::controller::memory::PodMemory;
+use crate::provider::{Ends, Instance, InstanceState};
+
+/// The call that ends an instance's GPU billing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndCall {
+    /// The container gets its signal; the DELETE follows after the grace period.
+    Stop,
+    /// One DELETE: a grace-0 deletion, or an instance that is not running yet.
+    Terminate,
+}
+
+/// The deletion grace period the pod asked for (30 s when unset, as the apiserver's default).
+pub fn grace_period(pod: &Pod) -> Duration {
+    Duration::from_secs(
+        pod.metadata
+            .deletion_grace_period_seconds
+            .unwrap_or(30)
+            .max(0)
+            .unsigned_abs(),
+    )
+}
+
+/// Whether this instance still bills a GPU as far as this leader knows: live, not in a stopped
+/// state, and no stop of it accepted.
+pub fn bills_gpu(instance: &Instance, memory: &PodMemory) -> bool {
+    instance.state.termination_ends() == Ends::GpuBilling
+        && !memory.stopped.contains(&instance.id)
+        && !memory.terminated.contains(&instance.id)
+}
+
+/// The calls a deleted pod's instances need now to end GPU billing: none for a pod not being
+/// deleted, nor for an instance that bills no GPU, nor for one whose call was sent or is under
+/// way (`memory`).
+pub fn due<'a>(
+    pod: &Pod,
+    live: impl IntoIterator<Item = &'a Instance>,
+    memory: &PodMemory,
+) -> Vec<(&'a Instance, EndCall)> {
+    if pod.metadata.deletion_timestamp.is_none() {
+        return Vec::new();
+    }
+    let grace = grace_period(pod);
+    live.into_iter()
+        .filter(|instance| bills_gpu(instance, memory))
+        .filter(|instance| !memory.ending.contains(&instance.id))
+        .filter(|instance| !memory.stop_sent.contains_key(&instance.id))
+        .map(|instance| {
+            let call = if !grace.is_zero() && instance.state == InstanceState::Running {
+                EndCall::Stop
+            } else {
+                EndCall::Terminate
+            };
+            (instance, call)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,12 +1,30 @@
 #!/usr/bin/env bash
-# Builds the runpod-kubelet image from ./Dockerfile with Debian's buildah (daemonless; vfs
-# storage and chroot isolation work inside an unprivileged container too).
+# Builds the runpod-kubelet image with Debian's buildah (daemonless; vfs storage and chroot
+# isolation work inside an unprivileged container too), where no base image can be pulled: the
+# static binary is built on this machine and only the Dockerfile's final stage runs, its
+# `COPY --from=build` reading the binary from the build context instead (tests/image.rs checks
+# the two stay the same). Anywhere else, `docker build .` builds the same image from source.
 #
 #   scripts/image.sh [TAG]          build the static binary (without the simulators) and the
 #                                   image (default tag runpod-kubelet:dev); prints the tag
+#   scripts/image.sh --final-stage  print the Dockerfile this script builds, and nothing else
 #   IMAGE_STORAGE=DIR               buildah storage root (default: buildah's own)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The Dockerfile from its final stage on, the binary copied from the context.
+final_stage() {
+  awk '/^FROM scratch/ { on = 1 } on' Dockerfile |
+    sed 's|^COPY --from=build --chmod=0555 /out/runpod-kubelet |COPY --chmod=0555 runpod-kubelet |'
+}
+if [[ ${1:-} == --final-stage ]]; then
+  final_stage
+  exit 0
+fi
+if ! final_stage | grep -q '^COPY --chmod=0555 runpod-kubelet /runpod-kubelet$'; then
+  echo "[image] Dockerfile: no 'FROM scratch' stage copying /out/runpod-kubelet from build" >&2
+  exit 1
+fi
 tag=${1:-runpod-kubelet:dev}
 target=x86_64-unknown-linux-gnu
 
@@ -26,7 +44,7 @@ fi
 
 context=$(mktemp -d)
 trap 'rm -rf "$context"' EXIT
-cp Dockerfile "$context/"
+final_stage >"$context/Dockerfile"
 cp "$binary" "$context/runpod-kubelet"
 strip "$context/runpod-kubelet" 2>/dev/null || true
 

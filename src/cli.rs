@@ -6,7 +6,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 #[command(
     name = "runpod-kubelet",
     version,
-    about = "Burst Kubernetes GPU pods to RunPod and Vast.ai"
+    about = "Burst Kubernetes GPU pods to RunPod and Vast.ai",
+    // A repeated flag takes its last value (lists: the last list), so the chart's `extraArgs`,
+    // which come last, override what the chart sets instead of failing the start.
+    args_override_self = true
 )]
 pub struct Cli {
     /// Log line format.
@@ -79,5 +82,52 @@ mod tests {
         assert_eq!(args.max_gpu_price, 0.5);
         assert!(args.exclude_namespaces.is_empty());
         assert_eq!(args.tls_reload_interval, Duration::from_secs(10));
+    }
+
+    /// The chart puts `extraArgs` after the flags it sets: the last one wins, for a subcommand's
+    /// flags, a nested subcommand's and a list's (replaced, not appended).
+    #[test]
+    fn a_repeated_flag_takes_the_last_value() {
+        let cli = Cli::try_parse_from([
+            "runpod-kubelet",
+            "webhook",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--max-gpu-price",
+            "0.5",
+            "--datacenter-ids",
+            "EU-RO-1,US-TX-3",
+            "--max-gpu-price",
+            "1.0",
+            "--datacenter-ids",
+            "US-GA-1",
+        ])
+        .unwrap();
+        let Command::Webhook(args) = cli.command else {
+            panic!("parsed another subcommand");
+        };
+        assert_eq!(args.max_gpu_price, 1.0);
+        assert_eq!(args.datacenter_ids, vec!["US-GA-1"]);
+
+        let cli = Cli::try_parse_from([
+            "runpod-kubelet",
+            "controller",
+            "--nodename",
+            "a",
+            "--max-pods",
+            "10",
+            "--nodename",
+            "b",
+            "--max-pods",
+            "20",
+        ])
+        .unwrap();
+        let Command::Controller(args) = cli.command else {
+            panic!("parsed another subcommand");
+        };
+        assert_eq!(args.nodename, "b");
+        assert_eq!(args.max_pods, 20);
     }
 }

@@ -111,6 +111,42 @@ fn webhook_configuration_always_excludes_kube_system_and_the_webhook_namespace()
     }
 }
 
+/// The chart's `extraArgs` come after the flags it sets: the binary takes the last of a
+/// repeated flag (a list is replaced, not appended to) instead of refusing the repeat.
+#[test]
+fn a_repeated_flag_takes_its_last_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_path = dir.path().join("ca.crt");
+    std::fs::write(&ca_path, "PEM").unwrap();
+    let printed = runpod_kubelet(&[
+        "webhook-configuration",
+        "--service",
+        "runpod-system/first:8443",
+        "--ca-bundle",
+        ca_path.to_str().unwrap(),
+        "--exclude-namespaces",
+        "team-a",
+        "--service",
+        "runpod-system/second:8443",
+        "--exclude-namespaces",
+        "team-b",
+    ]);
+    assert!(
+        printed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    let config: serde_json::Value = serde_json::from_slice(&printed.stdout).unwrap();
+    for hook in config["webhooks"].as_array().unwrap() {
+        assert_eq!(hook["clientConfig"]["service"]["name"], "second");
+        let values = hook["namespaceSelector"]["matchExpressions"][0]["values"].to_string();
+        assert!(
+            values.contains("team-b") && !values.contains("team-a"),
+            "{values}"
+        );
+    }
+}
+
 #[test]
 fn certs_never_write_a_private_key_into_a_readable_file() {
     use std::os::unix::fs::PermissionsExt;

@@ -128,3 +128,55 @@ fn the_image_runs_its_static_binary_as_non_root() {
     buildah(storage.path(), &["umount", &container]);
     buildah(storage.path(), &["rm", &container]);
 }
+
+/// `docker build .` and `scripts/image.sh` make the same image: the script builds the
+/// Dockerfile's own final stage, only reading the binary from its context instead of the
+/// builder stage, and the builder stage builds the binary the script builds (static, no
+/// simulators, from the lock file) at the path the final stage copies.
+#[test]
+fn the_dockerfile_builds_from_source_and_its_final_stage_is_the_scripts() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    let (builder, final_stage) = dockerfile
+        .split_once("\nFROM scratch\n")
+        .expect("a FROM scratch final stage");
+    let final_stage = format!("FROM scratch\n{final_stage}");
+    let builder = builder.replace("\\\n", " ");
+    assert!(builder.contains(" AS build\n"), "{builder}");
+    for needed in [
+        "COPY . .",
+        "+crt-static",
+        "--locked",
+        "--no-default-features",
+        "cp \"target/$target/release/runpod-kubelet\" /out/runpod-kubelet",
+    ] {
+        assert!(builder.contains(needed), "builder stage lacks {needed:?}");
+    }
+    assert!(final_stage.contains("USER 65532:65532\n"));
+
+    let printed = Command::new("bash")
+        .arg(root.join("scripts/image.sh"))
+        .arg("--final-stage")
+        .output()
+        .unwrap();
+    assert!(printed.status.success());
+    let script = String::from_utf8(printed.stdout).unwrap();
+    let differing: Vec<(&str, &str)> = final_stage
+        .lines()
+        .zip(script.lines())
+        .filter(|(a, b)| a != b)
+        .collect();
+    assert_eq!(final_stage.lines().count(), script.lines().count());
+    assert_eq!(
+        differing,
+        vec![(
+            "COPY --from=build --chmod=0555 /out/runpod-kubelet /runpod-kubelet",
+            "COPY --chmod=0555 runpod-kubelet /runpod-kubelet"
+        )]
+    );
+    let ignored = std::fs::read_to_string(root.join(".dockerignore")).unwrap();
+    assert!(
+        ignored.lines().any(|l| l == "target"),
+        "the context skips target/"
+    );
+}

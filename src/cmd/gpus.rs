@@ -17,7 +17,7 @@ pub struct GpusArgs {
     #[arg(long, env = "RUNPOD_KUBELET_REQUIRED_GPU_MEMORY")]
     pub required_gpu_memory: Option<u32>,
     /// Allowed GPU type ids in preference order (like `runpod.io/gpu-types`).
-    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_GPU_TYPES")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_GPU_TYPES")]
     pub gpu_types: Vec<String>,
     /// SECURE or COMMUNITY.
     #[arg(long, default_value = "SECURE", value_parser = cloud_type, env = "RUNPOD_KUBELET_CLOUD_TYPE")]
@@ -26,7 +26,7 @@ pub struct GpusArgs {
     #[arg(long, env = "RUNPOD_KUBELET_MAX_PRICE")]
     pub max_price: Option<f64>,
     /// The cluster's allowed data centres (comma-separated); empty allows any.
-    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_DATACENTER_IDS")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_DATACENTER_IDS")]
     pub datacenter_ids: Vec<String>,
     /// The cluster's cap in USD per GPU-hour.
     #[arg(long, default_value_t = 0.5, env = "RUNPOD_KUBELET_MAX_GPU_PRICE")]

@@ -32,7 +32,7 @@ pub struct RegistrationArgs {
     pub failure_policy: String,
     /// More namespaces never sent to the webhook (comma-separated); `kube-system` and the
     /// `--service` namespace always are.
-    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
     pub exclude_namespaces: Vec<String>,
     /// Seconds the apiserver waits for the webhook.
     #[arg(long, default_value_t = 10, env = "RUNPOD_KUBELET_TIMEOUT_SECONDS")]

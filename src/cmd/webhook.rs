@@ -34,7 +34,7 @@ pub struct WebhookArgs {
     #[arg(long, default_value = "10s", value_parser = positive_duration, env = "RUNPOD_KUBELET_TLS_RELOAD_INTERVAL")]
     pub tls_reload_interval: Duration,
     /// Datacenters pods may ask for (comma-separated); empty allows any.
-    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_DATACENTER_IDS")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_DATACENTER_IDS")]
     pub datacenter_ids: Vec<String>,
     /// Cap in USD per hour per GPU; a pod's `runpod.io/max-price` may not exceed it × GPU count.
     #[arg(long, default_value_t = 0.5, value_parser = positive_price, env = "RUNPOD_KUBELET_MAX_GPU_PRICE")]
@@ -48,7 +48,7 @@ pub struct WebhookArgs {
     pub nodename: String,
     /// More namespaces whose pods are never touched (comma-separated); `kube-system` and the
     /// webhook's own namespace (`POD_NAMESPACE`) always are.
-    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
     pub exclude_namespaces: Vec<String>,
     #[command(flatten)]
     pub vastai_policy: runpod_kubelet::vastai::args::VastPolicyArgs,

@@ -56,10 +56,10 @@ impl VastArgs {
 pub struct VastPolicyArgs {
     /// Regions Vast.ai instances may run in (`Europe,North America`; case, `_` and spaces
     /// ignored); empty: anywhere. Not with `--vastai-countries`.
-    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_VASTAI_REGIONS")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_VASTAI_REGIONS")]
     pub vastai_regions: Vec<String>,
     /// ISO country codes Vast.ai instances may run in (comma-separated); empty: anywhere.
-    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_VASTAI_COUNTRIES")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_VASTAI_COUNTRIES")]
     pub vastai_countries: Vec<String>,
     /// Only hosts in Vast.ai's datacenter tier ("Secure Cloud").
     #[arg(

@@ -40,10 +40,10 @@ pub struct CertsArgs {
     pub out_dir: Option<PathBuf>,
     /// DNS names of the serving certificate (files mode default: localhost; in the cluster these
     /// come in addition to the Service's names).
-    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_DNS_NAMES")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_DNS_NAMES")]
     pub dns_names: Vec<String>,
     /// IP addresses of the serving certificate (files mode default: 127.0.0.1).
-    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_IP_ADDRESSES")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_IP_ADDRESSES")]
     pub ip_addresses: Vec<std::net::IpAddr>,
     /// Validity of the serving certificate (files mode: the CA gets ten times as long).
     #[arg(long, default_value = "90d", value_parser = positive_duration, env = "RUNPOD_KUBELET_VALIDITY")]

@@ -109,7 +109,7 @@ pub struct ControllerArgs {
     #[command(flatten)]
     pub idle: IdleGpuArgs,
     /// Datacenters RunPod pods may be placed in (comma-separated); empty allows any.
-    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_DATACENTER_IDS")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_DATACENTER_IDS")]
     pub datacenter_ids: Vec<String>,
     /// Cap in USD per hour per GPU.
     #[arg(long, default_value_t = 0.5, env = "RUNPOD_KUBELET_MAX_GPU_PRICE")]
@@ -184,7 +184,7 @@ pub struct ControllerArgs {
     pub pending_job_threshold: usize,
     /// More namespaces whose pods are never run (comma-separated), as the webhook's flag;
     /// `kube-system` and the controller's own namespace (`POD_NAMESPACE`) always are.
-    #[arg(long, value_delimiter = ',', env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_EXCLUDE_NAMESPACES")]
     pub exclude_namespaces: Vec<String>,
     /// How long burst pods tolerate an unreachable or not-ready virtual node.
     #[arg(long, default_value = "1h", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_OUTAGE_GRACE")]

@@ -15,6 +15,19 @@ pub struct PolicyConfig {
     pub excluded_namespaces: BTreeSet<String>,
     /// Where Vast.ai pods may run and what they may cost (`--vastai-*`, `--max-gpu-price`).
     pub vastai: crate::vastai::VastPolicy,
+    /// Clouds with no virtual node in this installation (`--clouds`; a Vast.ai-only install
+    /// disables RunPod): a pod sent there would wait forever, so it is refused at admission.
+    pub disabled_clouds: BTreeSet<crate::provider::Cloud>,
+}
+
+impl PolicyConfig {
+    /// The cloud of a pod that names none: RunPod, unless this installation has none.
+    pub fn default_cloud(&self) -> crate::provider::Cloud {
+        crate::provider::Cloud::ALL
+            .into_iter()
+            .find(|cloud| !self.disabled_clouds.contains(cloud))
+            .unwrap_or_default()
+    }
 }
 
 impl PolicyConfig {
@@ -43,6 +56,7 @@ impl PolicyConfig {
                 max_gpu_price: Some(max_gpu_price),
                 ..crate::vastai::VastPolicy::default()
             },
+            disabled_clouds: BTreeSet::new(),
         }
     }
 }

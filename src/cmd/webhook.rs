@@ -52,6 +52,11 @@ pub struct WebhookArgs {
     pub exclude_namespaces: Vec<String>,
     #[command(flatten)]
     pub vastai_policy: runpod_kubelet::vastai::args::VastPolicyArgs,
+    /// The clouds this installation runs a virtual node for (comma-separated): a pod asking for
+    /// another is refused at admission, and a pod naming none goes to the first of RunPod,
+    /// Vast.ai listed (`--clouds vastai`: a Vast.ai-only install).
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, default_value = "runpod,vastai", value_parser = parse_cloud, env = "RUNPOD_KUBELET_CLOUDS")]
+    pub clouds: Vec<runpod_contract::provider::Cloud>,
     /// After SIGTERM, how long to keep answering reviews (with /readyz failing) before closing,
     /// so that endpoints stop routing here first.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_SHUTDOWN_DRAIN")]
@@ -142,7 +147,16 @@ fn policy_config(
         .vastai_policy
         .policy(args.max_gpu_price)
         .map_err(anyhow::Error::msg)?;
+    config.disabled_clouds = runpod_contract::provider::Cloud::ALL
+        .into_iter()
+        .filter(|cloud| !args.clouds.contains(cloud))
+        .collect();
     Ok(config)
+}
+
+fn parse_cloud(value: &str) -> Result<runpod_contract::provider::Cloud, String> {
+    runpod_contract::provider::Cloud::parse(value)
+        .ok_or_else(|| format!("{value:?} is not a cloud: runpod or vastai"))
 }
 
 #[cfg(test)]

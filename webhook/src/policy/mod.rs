@@ -121,7 +121,15 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     if !invalid.is_empty() {
         return deny_invalid(pod, namespace, invalid);
     }
-    let choice = match provider_choice(&effective, &context.namespace_labels, namespace) {
+    let choice = match provider_choice(
+        &effective,
+        &context.namespace_labels,
+        namespace,
+        config.default_cloud(),
+    ) {
+        Ok(ProviderChoice::Cloud(cloud)) if config.disabled_clouds.contains(&cloud) => {
+            return deny_invalid(pod, namespace, vec![not_installed(cloud, config)]);
+        }
         Ok(choice) => choice,
         Err(problem) => return deny_invalid(pod, namespace, vec![problem]),
     };
@@ -146,7 +154,7 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
             let prices: BTreeMap<Cloud, f64> = context
                 .cheapest_by_cloud
                 .iter()
-                .filter(|(cloud, _)| fits(**cloud))
+                .filter(|(cloud, _)| !config.disabled_clouds.contains(cloud) && fits(**cloud))
                 .map(|(cloud, price)| (*cloud, *price))
                 .collect();
             let (cloud, why) = provider::cheapest(&prices);
@@ -293,19 +301,37 @@ fn resolve_mode(
     }
 }
 
+/// Why a pod asking for a cloud this installation does not run is refused.
+fn not_installed(cloud: Cloud, config: &PolicyConfig) -> String {
+    let installed: Vec<&str> = Cloud::ALL
+        .into_iter()
+        .filter(|c| !config.disabled_clouds.contains(c))
+        .map(Cloud::as_str)
+        .collect();
+    format!(
+        "{} is {cloud}, but this installation runs no {} node (it runs: {}); set {} to one of \
+         those",
+        provider::PROVIDER,
+        cloud.display_name(),
+        installed.join(", "),
+        provider::PROVIDER
+    )
+}
+
 /// What a burst pod asks for: the effective `runpod.io/provider` (pod, then Job), else the
-/// namespace label, else RunPod.
+/// namespace label, else the installation's default (RunPod unless it runs none).
 fn provider_choice(
     effective: &checks::Effective<'_>,
     namespace_labels: &BTreeMap<String, String>,
     namespace: &str,
+    default_cloud: Cloud,
 ) -> Result<ProviderChoice, String> {
     match effective.get(provider::PROVIDER) {
         // Validated with the other annotations.
         Some(sourced) => ProviderChoice::parse(sourced.value)
             .map_err(|problem| format!("annotation {}: {problem}", provider::PROVIDER)),
         None => match namespace_labels.get(provider::PROVIDER) {
-            None => Ok(ProviderChoice::Cloud(Cloud::RunPod)),
+            None => Ok(ProviderChoice::Cloud(default_cloud)),
             Some(value) => ProviderChoice::parse(value).map_err(|problem| {
                 format!(
                     "namespace {namespace} has label {}: {problem}; fix the namespace label or \

@@ -12,6 +12,7 @@ fn config() -> PolicyConfig {
         max_gpu_price: Some(0.5),
         excluded_namespaces: ["kube-system".to_owned()].into(),
         vastai: Default::default(),
+        disabled_clouds: Default::default(),
     }
 }
 

@@ -176,3 +176,36 @@ fn cheapest_leaves_out_the_clouds_the_pod_cannot_use() {
     assert_bursts(&verdict);
     assert_eq!(annotations(&patched)[PROVIDER], "vastai");
 }
+
+/// A Vast.ai-only install (`--clouds vastai`): a pod naming no cloud goes to Vast.ai, and one
+/// asking for RunPod, which has no node there, is refused naming what is installed.
+#[test]
+fn an_installation_without_runpod_sends_pods_to_vastai_and_refuses_runpod() {
+    let config = PolicyConfig {
+        disabled_clouds: [Cloud::RunPod].into(),
+        ..vast_config()
+    };
+    let (verdict, patched) = admit_with(&always(gpu_pod()), &labelled_namespace(), &config);
+    assert_bursts(&verdict);
+    assert_eq!(patched["spec"]["tolerations"][0]["value"], "vastai");
+    assert_eq!(
+        patched["spec"]["nodeSelector"]["virtual-kubelet.io/provider"],
+        "vastai"
+    );
+
+    let runpod = annotate(always(gpu_pod()), PROVIDER, "runpod");
+    let verdict = decide(&typed(&runpod), "ml", &labelled_namespace(), &config);
+    let Verdict::Deny { message, .. } = &verdict else {
+        panic!("{verdict:?}")
+    };
+    assert!(
+        message.contains("runs no RunPod node") && message.contains("it runs: vastai"),
+        "{message}"
+    );
+
+    // `cheapest` compares only what is installed, however cheap RunPod is.
+    let mut context = namespace_with("cheapest");
+    context.cheapest_by_cloud = [(Cloud::RunPod, 0.1), (Cloud::VastAi, 0.31)].into();
+    let (_, patched) = admit_with(&always(gpu_pod()), &context, &config);
+    assert_eq!(annotations(&patched)[PROVIDER], "vastai");
+}

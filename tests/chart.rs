@@ -18,6 +18,8 @@ mod chart;
 mod monitoring;
 #[path = "chart/nodes.rs"]
 mod nodes;
+#[path = "chart/values.rs"]
+mod values;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

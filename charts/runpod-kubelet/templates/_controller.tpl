@@ -12,7 +12,7 @@ node); OUT an empty dict (a template returns only text). */}}
 {{- $entry := index . 1 -}}
 {{- $out := index . 2 -}}
 {{- $c := $.Values.controller -}}
-{{- $account := include "runpod-kubelet.controllerName" $ -}}
+{{- $account := include "runpod-kubelet.account" (list $ (include "runpod-kubelet.controllerName" $)) -}}
 {{- $_ := set $out "root" $ -}}
 {{- $_ = set $out "account" $account -}}
 {{- if $entry -}}
@@ -28,6 +28,20 @@ node); OUT an empty dict (a template returns only text). */}}
 {{- $_ = set $out "metricsPort" (default $c.metricsPort $entry.metricsPort) -}}
 {{- $_ = set $out "extraArgs" (default list $entry.extraArgs) -}}
 {{- $_ = set $out "keyEnv" (include "runpod-kubelet.nodeKeyEnv" (list $ $entry)) -}}
+{{- $price := (include "runpod-kubelet.maxGpuPrice" $) -}}
+{{- if hasKey $entry "maxGpuPrice" -}}
+{{- if gt (float64 $entry.maxGpuPrice) (float64 $price) -}}
+{{- fail (printf "nodes: %q has maxGpuPrice %v above runpod.maxGpuPrice %v, the cap the webhook enforces for every pod; raise runpod.maxGpuPrice" $entry.name $entry.maxGpuPrice $price) -}}
+{{- end -}}
+{{- $price = $entry.maxGpuPrice -}}
+{{- end -}}
+{{- $_ = set $out "maxGpuPrice" $price -}}
+{{- $_ = set $out "datacenterIds" (ternary $entry.datacenterIds $.Values.runpod.datacenterIds (hasKey $entry "datacenterIds")) -}}
+{{- $policy := deepCopy $.Values.vastai -}}
+{{- range $key, $value := ($entry.vastai | default dict) -}}
+{{- $_ = set $policy $key $value -}}
+{{- end -}}
+{{- $_ = set $out "vastai" $policy -}}
 {{- else -}}
 {{- $_ = set $out "name" $account -}}
 {{- $_ = set $out "nodeName" $.Values.nodeName -}}
@@ -41,6 +55,9 @@ node); OUT an empty dict (a template returns only text). */}}
 {{- $_ = set $out "metricsPort" $c.metricsPort -}}
 {{- $_ = set $out "extraArgs" $c.extraArgs -}}
 {{- $_ = set $out "keyEnv" (include "runpod-kubelet.apiKeyEnv" $) -}}
+{{- $_ = set $out "maxGpuPrice" (include "runpod-kubelet.maxGpuPrice" $) -}}
+{{- $_ = set $out "datacenterIds" $.Values.runpod.datacenterIds -}}
+{{- $_ = set $out "vastai" $.Values.vastai -}}
 {{- end -}}
 {{- end -}}
 
@@ -68,6 +85,10 @@ metadata:
   labels:
     {{- include "runpod-kubelet.labels" $root | nindent 4 }}
     {{- include "runpod-kubelet.controllerComponentLabels" . | nindent 4 }}
+  {{- with $root.Values.controller.service.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 spec:
   selector:
     {{- include "runpod-kubelet.controllerSelectorLabels" . | nindent 4 }}
@@ -81,6 +102,9 @@ spec:
 {{- define "runpod-kubelet.controllerDeployment" -}}
 {{- $root := .root -}}
 {{- $v := $root.Values -}}
+{{- if and $v.controller.hostNetwork (eq (int .kubeletPort) 10250) }}
+{{- fail (printf "controller.hostNetwork: node %q uses kubeletPort 10250, the host kubelet's own port; set controller.kubeletPort (or the node's kubeletPort) to another, e.g. 10260" .nodeName) }}
+{{- end }}
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -106,12 +130,14 @@ spec:
     metadata:
       labels:
         {{- include "runpod-kubelet.controllerSelectorLabels" . | nindent 8 }}
+        {{- with include "runpod-kubelet.podLabels" $root | trim }}{{ . | nindent 8 }}{{ end }}
       {{- with $v.controller.podAnnotations }}
       annotations:
         {{- toYaml . | nindent 8 }}
       {{- end }}
     spec:
       serviceAccountName: {{ .account }}
+      {{- with include "runpod-kubelet.podCommon" (list $root $v.controller) | trim }}{{ . | nindent 6 }}{{ end }}
       {{- with $v.imagePullSecrets }}
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
@@ -129,7 +155,7 @@ spec:
             - --metrics-listen
             - {{ printf "0.0.0.0:%v" .metricsPort | quote }}
             - --reconcile-interval
-            - {{ $v.controller.reconcileInterval | quote }}
+            - {{ include "runpod-kubelet.reconcileInterval" $root | quote }}
             - --provision-timeout
             - {{ $v.controller.provisionTimeout | quote }}
             - --create-settle
@@ -153,8 +179,8 @@ spec:
             - {{ . | quote }}
             {{- end }}
             - --max-gpu-price
-            - {{ $v.runpod.maxGpuPrice | quote }}
-            {{- with $v.runpod.datacenterIds }}
+            - {{ .maxGpuPrice | quote }}
+            {{- with .datacenterIds }}
             - --datacenter-ids
             - {{ join "," . | quote }}
             {{- end }}
@@ -162,7 +188,7 @@ spec:
             - --exclude-namespaces
             - {{ join "," . | quote }}
             {{- end }}
-            {{- with include "runpod-kubelet.vastaiPolicyArgs" $root | trim }}
+            {{- with include "runpod-kubelet.vastaiPolicyArgs" .vastai | trim }}
             {{- . | nindent 12 }}
             {{- end }}
             - --leader-elect={{ $v.controller.leaderElection.enabled }}
@@ -189,6 +215,9 @@ spec:
               valueFrom:
                 fieldRef:
                   fieldPath: metadata.name
+            {{- with include "runpod-kubelet.cloudEnv" $root | trim }}{{ . | nindent 12 }}{{ end }}
+            {{- with include "runpod-kubelet.extraEnv" $root | trim }}{{ . | nindent 12 }}{{ end }}
+          {{- with include "runpod-kubelet.extraEnvFrom" $root | trim }}{{ . | nindent 10 }}{{ end }}
           ports:
             - name: kubelet
               containerPort: {{ .kubeletPort }}
@@ -198,21 +227,34 @@ spec:
               protocol: TCP
           readinessProbe:
             httpGet: {path: /readyz, port: metrics}
-            periodSeconds: 10
+            {{- toYaml $v.controller.readinessProbe | nindent 12 }}
           livenessProbe:
             httpGet: {path: /healthz, port: metrics}
-            periodSeconds: 10
-            failureThreshold: 6
+            {{- toYaml $v.controller.livenessProbe | nindent 12 }}
           resources:
             {{- toYaml $v.controller.resources | nindent 12 }}
           securityContext:
             {{- toYaml $v.securityContext | nindent 12 }}
+          {{- $mounts := concat (include "runpod-kubelet.controllerMounts" $root | fromYamlArray) $v.extraVolumeMounts }}
+          {{- with $mounts }}
+          volumeMounts:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+      {{- $volumes := concat (include "runpod-kubelet.controllerVolumes" $root | fromYamlArray) $v.extraVolumes }}
+      {{- with $volumes }}
+      volumes:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
       {{- with $v.controller.nodeSelector }}
       nodeSelector:
         {{- toYaml . | nindent 8 }}
       {{- end }}
       {{- with $v.controller.tolerations }}
       tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.controller.topologySpreadConstraints }}
+      topologySpreadConstraints:
         {{- toYaml . | nindent 8 }}
       {{- end }}
       affinity:
@@ -252,7 +294,11 @@ spec:
     metadata:
       labels:
         {{- include "runpod-kubelet.controllerSelectorLabels" (merge (dict "component" "drain") .) | nindent 8 }}
+        {{- with include "runpod-kubelet.podLabels" $root | trim }}{{ . | nindent 8 }}{{ end }}
     spec:
       {{- $args := include "runpod-kubelet.drainArgs" (dict "root" $root "node" .) }}
-      {{- include "runpod-kubelet.jobPod" (list $root .account $args .keyEnv "drain") | nindent 6 }}
+      {{- $env := printf "%s\n%s" .keyEnv (include "runpod-kubelet.cloudEnv" $root) | trim }}
+      {{- $volumes := include "runpod-kubelet.cloudVolumes" $root | fromYamlArray }}
+      {{- $mounts := include "runpod-kubelet.cloudMounts" $root | fromYamlArray }}
+      {{- include "runpod-kubelet.jobPod" (list $root .account $args $env "drain" $volumes $mounts) | nindent 6 }}
 {{- end -}}

@@ -20,6 +20,106 @@ app.kubernetes.io/name: {{ include "runpod-kubelet.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The ServiceAccount a component runs as: call with (list . DEFAULT-NAME). The chart's own
+(DEFAULT-NAME) unless serviceAccount.create is false: then serviceAccount.name, an account you
+made, for every component (the chart still binds each component's RBAC to it). */}}
+{{- define "runpod-kubelet.account" -}}
+{{- $ := index . 0 -}}
+{{- if $.Values.serviceAccount.create -}}
+{{- index . 1 -}}
+{{- else -}}
+{{- required "serviceAccount.create is false: set serviceAccount.name to the ServiceAccount every component runs as" $.Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A ServiceAccount the chart makes: call with (list . NAME HOOK-ANNOTATIONS-YAML). Nothing
+when serviceAccount.create is false. */}}
+{{- define "runpod-kubelet.serviceAccount" -}}
+{{- $ := index . 0 -}}
+{{- if $.Values.serviceAccount.create -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ index . 1 }}
+  namespace: {{ $.Release.Namespace }}
+  labels:
+    {{- include "runpod-kubelet.labels" $ | nindent 4 }}
+  {{- $annotations := index . 2 }}
+  {{- if or $annotations $.Values.serviceAccount.annotations }}
+  annotations:
+    {{- with $.Values.serviceAccount.annotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+    {{- with $annotations }}
+    {{- . | nindent 4 }}
+    {{- end }}
+  {{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* Pod labels besides the selector's: podLabels. Call with . */}}
+{{- define "runpod-kubelet.podLabels" -}}
+{{- with .Values.podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod spec fields every workload shares: call with (list . COMPONENT-VALUES). The priority
+class, and for a component with hostNetwork (the apiserver cannot reach pod IPs, e.g. EKS with a
+custom CNI) the host network with a DNS policy that still resolves cluster names. */}}
+{{- define "runpod-kubelet.podCommon" -}}
+{{- $ := index . 0 -}}
+{{- $c := index . 1 -}}
+{{- with $.Values.priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- if $c.hostNetwork }}
+hostNetwork: true
+dnsPolicy: {{ default "ClusterFirstWithHostNet" $c.dnsPolicy }}
+{{- else if $c.dnsPolicy }}
+dnsPolicy: {{ $c.dnsPolicy }}
+{{- end }}
+{{- end -}}
+
+{{/* Scheduling of a pod: call with COMPONENT-VALUES (nodeSelector, tolerations, affinity;
+topologySpreadConstraints when given). */}}
+{{- define "runpod-kubelet.scheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The user's extra env (extraEnv) of every container. */}}
+{{- define "runpod-kubelet.extraEnv" -}}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* envFrom and volumeMounts of every container; call with . */}}
+{{- define "runpod-kubelet.extraEnvFrom" -}}
+{{- with .Values.extraEnvFrom }}
+envFrom:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* selectorLabels: call with (list . "component") */}}
@@ -131,16 +231,17 @@ app.kubernetes.io/component: {{ index . 1 }}
 - --runpod-api-url
 - {{ $v.runpod.apiUrl | quote }}
 {{- end }}
-{{- with $v.controller.clusterId }}
+{{- with include "runpod-kubelet.clusterId" .root }}
 - --cluster-id
 - {{ . | quote }}
 {{- end }}
 {{- end -}}
 
-{{/* The Vast.ai installation policy, the same for the webhook and every controller. Only what
-differs from the binary's defaults is passed, so installs without Vast.ai render as before. */}}
+{{/* The Vast.ai policy flags: call with the policy (vastai, or a `nodes` entry's merged over
+it). Only what differs from the binary's defaults is passed, so installs without Vast.ai render
+as before. */}}
 {{- define "runpod-kubelet.vastaiPolicyArgs" -}}
-{{- with .Values.vastai -}}
+{{- with . -}}
 {{- if and .regions .countries -}}
 {{- fail "set vastai.regions or vastai.countries, not both" -}}
 {{- end -}}
@@ -182,6 +283,9 @@ of its provider. */}}
 {{- $var := ternary "VAST_API_KEY" "RUNPOD_API_KEY" $vast -}}
 {{- $secret := include "runpod-kubelet.apiKeySecret" $ -}}
 {{- $key := include "runpod-kubelet.apiKeyKey" $ -}}
+{{- if and (not $vast) (not $node.existingSecret) (not $.Values.runpod.enabled) -}}
+{{- fail (printf "nodes: %q is a RunPod node but runpod.enabled is false: give it existingSecret, or enable runpod" $node.name) -}}
+{{- end -}}
 {{- if $node.existingSecret -}}
 {{- $secret = $node.existingSecret -}}
 {{- $key = default $var $node.existingSecretKey -}}
@@ -221,11 +325,15 @@ helm.sh/hook-weight: {{ index . 1 | quote }}
 helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 {{- end -}}
 
-{{/* Pod spec of a one-shot container: call with (list . SERVICEACCOUNT ARGS-YAML EXTRA-ENV-YAML). */}}
+{{/* Pod spec of a one-shot container (the hook Jobs and the CronJob, scheduled by jobs.*): call
+with (list . SERVICEACCOUNT ARGS-YAML EXTRA-ENV-YAML CONTAINER-NAME VOLUMES MOUNTS), the last two
+lists the Job's own (the chart's extraVolumes/extraVolumeMounts are added). */}}
 {{- define "runpod-kubelet.jobPod" -}}
 {{- $ := index . 0 -}}
 serviceAccountName: {{ index . 1 }}
 restartPolicy: Never
+{{- include "runpod-kubelet.podCommon" (list $ dict) }}
+{{- include "runpod-kubelet.scheduling" $.Values.jobs }}
 {{- with $.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
@@ -243,10 +351,22 @@ containers:
       {{- with index . 3 }}
       {{- . | nindent 6 }}
       {{- end }}
+      {{- with include "runpod-kubelet.extraEnv" $ | trim }}{{ . | nindent 6 }}{{ end }}
+    {{- with include "runpod-kubelet.extraEnvFrom" $ | trim }}{{ . | nindent 4 }}{{ end }}
     resources:
-      {{- toYaml $.Values.certs.resources | nindent 6 }}
+      {{- toYaml (default $.Values.jobs.resources $.Values.certs.resources) | nindent 6 }}
     securityContext:
       {{- toYaml $.Values.securityContext | nindent 6 }}
+    {{- $mounts := concat (index . 6) $.Values.extraVolumeMounts }}
+    {{- with $mounts }}
+    volumeMounts:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+{{- $volumes := concat (index . 5) $.Values.extraVolumes }}
+{{- with $volumes }}
+volumes:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{- define "runpod-kubelet.certsHookArgs" -}}
@@ -255,4 +375,102 @@ containers:
 - --rotate
 - {{ . | quote }}
 {{- end }}
+{{- end -}}
+
+
+{{/* The clouds this installation runs a node for (the webhook's --clouds). */}}
+{{- define "runpod-kubelet.clouds" -}}
+{{- $clouds := list -}}
+{{- if .Values.runpod.enabled }}{{ $clouds = append $clouds "runpod" }}{{ end -}}
+{{- range .Values.nodes -}}
+{{- if not (has .provider $clouds) }}{{ $clouds = append $clouds .provider }}{{ end -}}
+{{- end -}}
+{{- join "," $clouds -}}
+{{- end -}}
+
+{{/* What the cloud clients need to reach the clouds: the egress proxy (cloud.proxy) and the
+extra CA roots (cloud.caBundle), on every controller and drain. The Kubernetes client never
+goes through that proxy. */}}
+{{- define "runpod-kubelet.cloudEnv" -}}
+{{- with .Values.cloud.proxy }}
+{{- with .httpsProxy }}
+- name: HTTPS_PROXY
+  value: {{ . | quote }}
+{{- end }}
+{{- with .httpProxy }}
+- name: HTTP_PROXY
+  value: {{ . | quote }}
+{{- end }}
+{{- with .noProxy }}
+- name: NO_PROXY
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- if include "runpod-kubelet.cloudVolumes" . }}
+- name: RUNPOD_KUBELET_CLOUD_CA_FILE
+  value: /etc/runpod-kubelet/cloud-ca/{{ .Values.cloud.caBundle.key }}
+{{- end }}
+{{- end -}}
+
+{{- define "runpod-kubelet.cloudVolumes" -}}
+{{- with .Values.cloud.caBundle }}
+{{- if and .existingSecret .existingConfigMap }}
+{{- fail "cloud.caBundle: set existingSecret or existingConfigMap, not both" }}
+{{- end }}
+{{- if .existingSecret }}
+- name: cloud-ca
+  secret:
+    secretName: {{ .existingSecret }}
+{{- else if .existingConfigMap }}
+- name: cloud-ca
+  configMap:
+    name: {{ .existingConfigMap }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "runpod-kubelet.cloudMounts" -}}
+{{- if include "runpod-kubelet.cloudVolumes" . }}
+- name: cloud-ca
+  mountPath: /etc/runpod-kubelet/cloud-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* The controller's own volumes and mounts (the cloud CA; the kubelet certificate). */}}
+{{- define "runpod-kubelet.controllerVolumes" -}}
+{{ include "runpod-kubelet.cloudVolumes" . }}
+{{- end -}}
+
+{{- define "runpod-kubelet.controllerMounts" -}}
+{{ include "runpod-kubelet.cloudMounts" . }}
+{{- end -}}
+
+{{/* The Go kubelet chart's values, for installs moving over: kubelet.reconcileInterval and
+kubelet.maxGpuPrice are read as controller.reconcileInterval and runpod.maxGpuPrice (the old name
+wins when set), cluster.identifier as controller.clusterId; kubelet.namespace is refused. */}}
+{{- define "runpod-kubelet.seedCheck" -}}
+{{- with .Values.kubelet }}
+{{- if hasKey . "namespace" }}
+{{- fail (printf "kubelet.namespace (the Go kubelet chart) is not a value of this chart: every object goes into the release namespace; install with helm --namespace %s instead" .namespace) }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "runpod-kubelet.maxGpuPrice" -}}
+{{- $seed := (.Values.kubelet | default dict).maxGpuPrice -}}
+{{- if kindIs "invalid" $seed }}{{ .Values.runpod.maxGpuPrice }}{{ else }}{{ $seed }}{{ end -}}
+{{- end -}}
+
+{{- define "runpod-kubelet.reconcileInterval" -}}
+{{- $seed := (.Values.kubelet | default dict).reconcileInterval -}}
+{{- if kindIs "invalid" $seed }}{{ .Values.controller.reconcileInterval }}{{ else }}{{ $seed }}{{ end -}}
+{{- end -}}
+
+{{- define "runpod-kubelet.clusterId" -}}
+{{- if .Values.controller.clusterId -}}
+{{- .Values.controller.clusterId -}}
+{{- else if .Values.cluster -}}
+{{- .Values.cluster.identifier | default "" -}}
+{{- end -}}
 {{- end -}}

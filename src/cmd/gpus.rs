@@ -10,6 +10,8 @@ use runpod_kubelet::runpod::select::{self, ClusterLimits, Requirements};
 pub struct GpusArgs {
     #[command(flatten)]
     pub runpod: RunPodArgs,
+    #[command(flatten)]
+    pub cloud_ca: runpod_kubelet::http::CloudCaArgs,
     /// GPUs per pod.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), env = "RUNPOD_KUBELET_GPU_COUNT")]
     pub gpu_count: u32,
@@ -41,7 +43,7 @@ fn cloud_type(value: &str) -> Result<CloudType, String> {
 }
 
 pub async fn run(args: GpusArgs) -> anyhow::Result<()> {
-    let client = args.runpod.client()?;
+    let client = args.runpod.client(&args.cloud_ca)?;
     let catalogue = client.catalogue().await?;
     let limits = ClusterLimits {
         max_gpu_price: args.max_gpu_price,

@@ -42,8 +42,12 @@ impl RunPodArgs {
         }
     }
 
-    /// A client with the key from `RUNPOD_API_KEY`.
-    pub fn client(&self) -> Result<RunPodClient, ConfigError> {
-        RunPodClient::new(self.client_config(), api_key_from_env()?)
+    /// A client with the key from `RUNPOD_API_KEY`, trusting `ca` besides the compiled-in roots.
+    pub fn client(&self, ca: &crate::http::CloudCaArgs) -> Result<RunPodClient, ConfigError> {
+        let config = ClientConfig {
+            ca_file: ca.cloud_ca_file.clone(),
+            ..self.client_config()
+        };
+        RunPodClient::new(config, api_key_from_env()?)
     }
 }

@@ -100,7 +100,7 @@ impl RunPodClient {
         if !matches!(root.scheme(), "http" | "https") || root.cannot_be_a_base() {
             return Err(bad_url("the scheme must be http or https".to_owned()));
         }
-        let tls = tls_config().map_err(|e| ConfigError::Http(e.to_string()))?;
+        let tls = tls_config(config.ca_file.as_deref()).map_err(ConfigError::Http)?;
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(tls)
             .connect_timeout(config.connect_timeout)

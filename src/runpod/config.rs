@@ -84,6 +84,8 @@ pub struct ClientConfig {
     /// The quota assumed until the service's `RateLimit-Policy` header says otherwise.
     pub requests_per_minute: u32,
     pub retry: RetryPolicy,
+    /// PEM roots added to the compiled-in ones (`--cloud-ca-file`).
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for ClientConfig {
@@ -94,6 +96,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(10),
             requests_per_minute: 60,
             retry: RetryPolicy::default(),
+            ca_file: None,
         }
     }
 }

@@ -44,9 +44,13 @@ impl VastArgs {
         config
     }
 
-    /// A client with the key from `VAST_API_KEY`.
-    pub fn client(&self) -> Result<VastClient, ConfigError> {
-        VastClient::new(self.client_config(), VastKey::from_env()?)
+    /// A client with the key from `VAST_API_KEY`, trusting `ca` besides the compiled-in roots.
+    pub fn client(&self, ca: &crate::http::CloudCaArgs) -> Result<VastClient, ConfigError> {
+        let config = VastConfig {
+            ca_file: ca.cloud_ca_file.clone(),
+            ..self.client_config()
+        };
+        VastClient::new(config, VastKey::from_env()?)
     }
 }
 

@@ -102,6 +102,8 @@ pub struct VastConfig {
     pub connect_timeout: Duration,
     pub paces: Paces,
     pub retry: RetryPolicy,
+    /// PEM roots added to the compiled-in ones (`--cloud-ca-file`).
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for VastConfig {
@@ -112,6 +114,7 @@ impl Default for VastConfig {
             connect_timeout: Duration::from_secs(10),
             paces: Paces::default(),
             retry: RetryPolicy::default(),
+            ca_file: None,
         }
     }
 }
@@ -146,7 +149,7 @@ impl VastClient {
         if !matches!(root.scheme(), "http" | "https") || root.cannot_be_a_base() {
             return Err(bad_url("the scheme must be http or https".to_owned()));
         }
-        let tls = tls_config().map_err(|e| ConfigError::Http(e.to_string()))?;
+        let tls = tls_config(config.ca_file.as_deref()).map_err(ConfigError::Http)?;
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(tls)
             .connect_timeout(config.connect_timeout)

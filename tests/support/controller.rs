@@ -22,6 +22,16 @@ impl SimulatorProcess {
 
     /// The simulator of `cloud` (`runpod` or `vastai`), accepting [`API_KEY`].
     pub fn start_cloud(cloud: &str, scenario: &serde_json::Value) -> anyhow::Result<Self> {
+        Self::start_with(cloud, scenario, &["--listen", "127.0.0.1:0"])
+    }
+
+    /// The simulator with more flags (`--listen`, `--tls-cert`/`--tls-key`: its url is then
+    /// `https://`).
+    pub fn start_with(
+        cloud: &str,
+        scenario: &serde_json::Value,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("scenario.json");
         std::fs::write(&path, serde_json::to_vec(scenario)?)?;
@@ -29,15 +39,9 @@ impl SimulatorProcess {
         let binary = std::env::var_os("RUNPOD_SIMULATOR_BIN")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_runpod-kubelet").into());
         let mut child = Command::new(binary)
-            .args([
-                "simulator",
-                "--cloud",
-                cloud,
-                "--listen",
-                "127.0.0.1:0",
-                "--scenario",
-            ])
+            .args(["simulator", "--cloud", cloud, "--scenario"])
             .arg(&path)
+            .args(extra)
             .env("RUNPOD_API_KEY", API_KEY)
             .env("VAST_API_KEY", API_KEY)
             .stdout(Stdio::piped())
@@ -51,7 +55,7 @@ impl SimulatorProcess {
             .trim()
             .rsplit(' ')
             .next()
-            .filter(|u| u.starts_with("http://"))
+            .filter(|u| u.starts_with("http://") || u.starts_with("https://"))
             .with_context(|| format!("unexpected simulator output {line:?}"))?
             .to_owned();
         Ok(Self {
@@ -154,6 +158,7 @@ pub struct ControllerProcess {
     child: Child,
     pub kubelet_port: u16,
     args: Vec<std::ffi::OsString>,
+    env: Vec<(String, String)>,
     kubeconfig: std::path::PathBuf,
     log: std::path::PathBuf,
     _dir: tempfile::TempDir,
@@ -189,6 +194,32 @@ impl ControllerProcess {
         internal_ip: &str,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_full(kubeconfig, client_ca, runpod_url, internal_ip, extra, &[])
+    }
+
+    /// A controller with more environment variables (e.g. `HTTPS_PROXY`).
+    pub fn start_with_env(
+        kubeconfig: &Path,
+        client_ca: &Path,
+        runpod_url: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        Self::start_full(kubeconfig, client_ca, runpod_url, "127.0.0.1", extra, env)
+    }
+
+    fn start_full(
+        kubeconfig: &Path,
+        client_ca: &Path,
+        runpod_url: &str,
+        internal_ip: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         let dir = tempfile::tempdir()?;
         let log = dir.path().join("controller.log");
         let mut args: Vec<std::ffi::OsString> = vec![
@@ -207,11 +238,12 @@ impl ControllerProcess {
             }
         }
         args.extend(extra.iter().map(Into::into));
-        let (child, kubelet_port) = spawn(&args, kubeconfig, &log)?;
+        let (child, kubelet_port) = spawn(&args, &env, kubeconfig, &log)?;
         Ok(Self {
             child,
             kubelet_port,
             args,
+            env,
             kubeconfig: kubeconfig.to_owned(),
             log,
             _dir: dir,
@@ -264,7 +296,7 @@ impl ControllerProcess {
     /// Starts the controller again with the same flags (a new kubelet port).
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.kill();
-        let (child, port) = spawn(&self.args, &self.kubeconfig, &self.log)?;
+        let (child, port) = spawn(&self.args, &self.env, &self.kubeconfig, &self.log)?;
         self.child = child;
         self.kubelet_port = port;
         Ok(())
@@ -273,6 +305,7 @@ impl ControllerProcess {
 
 fn spawn(
     args: &[std::ffi::OsString],
+    env: &[(String, String)],
     kubeconfig: &Path,
     log: &Path,
 ) -> anyhow::Result<(Child, u16)> {
@@ -288,6 +321,7 @@ fn spawn(
         .env("RUNPOD_API_KEY", API_KEY)
         .env("VAST_API_KEY", API_KEY)
         .env("RUNPOD_KUBELET_LOG_LEVEL", "info,runpod_kubelet=debug")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()

@@ -70,6 +70,8 @@ pub struct DrainArgs {
     pub runpod: RunPodArgs,
     #[command(flatten)]
     pub vastai: VastArgs,
+    #[command(flatten)]
+    pub cloud_ca: runpod_kubelet::http::CloudCaArgs,
     /// Tag of this cluster (as given to the controller); default: the UID of kube-system.
     #[arg(long, env = "RUNPOD_KUBELET_CLUSTER_ID")]
     pub cluster_id: Option<String>,
@@ -104,6 +106,8 @@ pub struct ControllerArgs {
     pub runpod: RunPodArgs,
     #[command(flatten)]
     pub vastai: VastArgs,
+    #[command(flatten)]
+    pub cloud_ca: runpod_kubelet::http::CloudCaArgs,
     #[command(flatten)]
     pub vastai_policy: VastPolicyArgs,
     #[command(flatten)]

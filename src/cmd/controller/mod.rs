@@ -39,7 +39,23 @@ async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<(kube::Clie
             .await
             .context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?,
     };
+    let mut config = config;
+    // HTTPS_PROXY is set for the cloud clients (chart: cloud.proxy); the apiserver is always
+    // reached directly, whether or not NO_PROXY names it. A proxy-url the kubeconfig itself
+    // gives is kept.
+    if config.proxy_url.is_some() && config.proxy_url == env_proxy() {
+        config.proxy_url = None;
+    }
     Ok((kube::Client::try_from(config.clone())?, config))
+}
+
+/// The proxy the environment names for HTTPS, as the Kubernetes client would read it.
+fn env_proxy() -> Option<http::Uri> {
+    ["HTTPS_PROXY", "https_proxy"]
+        .into_iter()
+        .find_map(|name| std::env::var(name).ok())
+        .filter(|value| !value.trim().is_empty())
+        .and_then(|value| value.trim().parse().ok())
 }
 
 /// `--cluster-id`, else the UID of the kube-system namespace.
@@ -109,7 +125,7 @@ async fn drain(args: DrainArgs) -> anyhow::Result<()> {
         CloudArg::Runpod => {
             let runpod_client = args
                 .runpod
-                .client()
+                .client(&args.cloud_ca)
                 .context("configuring the RunPod client")?;
             let provider = RunPodProvider::new(
                 runpod_client,
@@ -126,7 +142,7 @@ async fn drain(args: DrainArgs) -> anyhow::Result<()> {
         CloudArg::Vastai => {
             let vast_client = args
                 .vastai
-                .client()
+                .client(&args.cloud_ca)
                 .context("configuring the Vast.ai client")?;
             let provider = VastaiProvider::new(
                 vast_client,
@@ -196,7 +212,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
         CloudArg::Runpod => {
             let runpod_client = args
                 .runpod
-                .client()
+                .client(&args.cloud_ca)
                 .context("configuring the RunPod client")?
                 .with_metrics(runpod_metrics);
             let catalogue = CatalogueCache::new();
@@ -222,7 +238,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
         CloudArg::Vastai => {
             let vast_client = args
                 .vastai
-                .client()
+                .client(&args.cloud_ca)
                 .context("configuring the Vast.ai client")?;
             // Every instance's label names the cluster and the node: refuse ids it cannot hold.
             runpod_kubelet::vastai::label::Label::new(&setup.cluster_id, &args.nodename, "pod-uid")

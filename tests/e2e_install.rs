@@ -16,7 +16,7 @@ use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use support::control_plane::{ControlPlane, ExtraFlags};
 use support::controller::{ControllerProcess, SimulatorProcess};
-use support::pods::{bound_gpu_pod, gone, namespace, node_ready, running};
+use support::pods::{annotation, bound_gpu_pod, event, gone, namespace, node_ready, running};
 
 fn main() -> std::process::ExitCode {
     support::harness::main("e2e_install", &ExtraFlags::default(), |cp| {
@@ -164,10 +164,29 @@ async fn cloud_through_a_proxy(
             &bound_gpu_pod("through-proxy", "e2e/server:1", "Always"),
         )
         .await?;
-        running(&pods, "through-proxy").await?;
-        pods.delete("through-proxy", &DeleteParams::default())
-            .await?;
-        gone(&pods, "through-proxy").await?;
+        let pod = running(&pods, "through-proxy").await?;
+        // Its declared port 8888 is public, and the Event says so.
+        let id = annotation(&pod, "runpod.io/pod-id")
+            .unwrap_or_default()
+            .to_owned();
+        let created = event(client, ns, "through-proxy", "RunPodPodCreated").await?;
+        ensure!(
+            created.contains(&format!(
+                "PUBLIC endpoints on the internet: https://{id}-8888.proxy.runpod.net"
+            )),
+            "Event {created:?}"
+        );
+        let mut closed = bound_gpu_pod("closed", "e2e/server:1", "Always");
+        closed.metadata.annotations =
+            Some([("runpod.io/ports".to_owned(), "none".to_owned())].into());
+        pods.create(&PostParams::default(), &closed).await?;
+        running(&pods, "closed").await?;
+        let created = event(client, ns, "closed", "RunPodPodCreated").await?;
+        ensure!(created.ends_with("; no port exposed"), "Event {created:?}");
+        for name in ["through-proxy", "closed"] {
+            pods.delete(name, &DeleteParams::default()).await?;
+            gone(&pods, name).await?;
+        }
         let port = simulator.url.rsplit(':').next().unwrap_or_default();
         let log = proxy.log();
         let connects = log

@@ -258,9 +258,20 @@ pub fn split_list(value: &str) -> Result<Vec<&str>, String> {
     Ok(items)
 }
 
-/// Parses `runpod.io/ports`: `PORT/http|tcp`, comma-separated, ports 1..65535, each port once,
-/// at most [`MAX_HTTP_PORTS`] HTTP ports.
+/// The `runpod.io/ports` value (and namespace label value) that exposes no port at all.
+pub const PORTS_NONE: &str = "none";
+
+/// Parses `runpod.io/ports`: `none`, or `PORT/http|tcp`, comma-separated, ports 1..65535, each
+/// port once, at most [`MAX_HTTP_PORTS`] HTTP ports.
 pub fn parse_ports(value: &str) -> Result<Vec<PortSpec>, String> {
+    if value.trim().eq_ignore_ascii_case(PORTS_NONE) {
+        return Ok(Vec::new());
+    }
+    if value.trim().is_empty() {
+        return Err(format!(
+            "it is empty; to expose no port, write {PORTS_NONE:?}"
+        ));
+    }
     let mut seen = BTreeSet::new();
     let mut ports = Vec::new();
     for item in split_list(value)? {
@@ -374,6 +385,14 @@ mod tests {
             ]
         );
         assert_eq!(format_ports(&ports), "8080/http,22/tcp");
+    }
+
+    #[test]
+    fn none_exposes_no_port_and_empty_says_so() {
+        assert_eq!(parse_ports("none"), Ok(Vec::new()));
+        assert_eq!(parse_ports(" None "), Ok(Vec::new()));
+        assert!(parse_ports("").unwrap_err().contains("\"none\""));
+        assert!(parse_ports("none,80/http").is_err());
     }
 
     #[test]

@@ -18,6 +18,9 @@ pub struct PolicyConfig {
     /// Clouds with no virtual node in this installation (`--clouds`; a Vast.ai-only install
     /// disables RunPod): a pod sent there would wait forever, so it is refused at admission.
     pub disabled_clouds: BTreeSet<crate::provider::Cloud>,
+    /// `--expose-ports none`: a pod that names no ports exposes none (instead of its declared
+    /// `containerPort`s), as if it said `runpod.io/ports: none`.
+    pub expose_no_ports: bool,
 }
 
 impl PolicyConfig {
@@ -57,6 +60,7 @@ impl PolicyConfig {
                 ..crate::vastai::VastPolicy::default()
             },
             disabled_clouds: BTreeSet::new(),
+            expose_no_ports: false,
         }
     }
 }

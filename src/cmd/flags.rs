@@ -76,3 +76,12 @@ mod tests {
         assert!(percent("x").is_err());
     }
 }
+
+/// `--expose-ports`: what a pod that names no `runpod.io/ports` exposes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExposePorts {
+    /// Its declared `containerPort`s (HTTP or TCP detected), as public endpoints of the cloud.
+    Auto,
+    /// None: a pod exposes only what `runpod.io/ports` lists.
+    None,
+}

@@ -57,6 +57,15 @@ pub struct WebhookArgs {
     /// Vast.ai listed (`--clouds vastai`: a Vast.ai-only install).
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, default_value = "runpod,vastai", value_parser = parse_cloud, env = "RUNPOD_KUBELET_CLOUDS")]
     pub clouds: Vec<runpod_contract::provider::Cloud>,
+    /// What a pod that names no `runpod.io/ports` (nor its Job or namespace) exposes: `auto`,
+    /// its declared container ports, or `none`.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        env = "RUNPOD_KUBELET_EXPOSE_PORTS"
+    )]
+    pub expose_ports: crate::cmd::flags::ExposePorts,
     /// After SIGTERM, how long to keep answering reviews (with /readyz failing) before closing,
     /// so that endpoints stop routing here first.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_SHUTDOWN_DRAIN")]
@@ -147,6 +156,7 @@ fn policy_config(
         .vastai_policy
         .policy(args.max_gpu_price)
         .map_err(anyhow::Error::msg)?;
+    config.expose_no_ports = args.expose_ports == crate::cmd::flags::ExposePorts::None;
     config.disabled_clouds = runpod_contract::provider::Cloud::ALL
         .into_iter()
         .filter(|cloud| !args.clouds.contains(cloud))

@@ -243,6 +243,29 @@ fn platform_values_land_on_every_object_pod_and_container() {
     assert_eq!(prices[1] + 2, args.len(), "extraArgs are last: {args:?}");
 }
 
+/// `controller.exposePorts` reaches the webhook and every controller alike (auto by default).
+#[test]
+fn expose_ports_reaches_the_webhook_and_every_controller() {
+    for (value, expected) in [(None, "auto"), (Some("none"), "none")] {
+        let mut values =
+            "runpod: {apiKey: k}\nvastai: {apiKey: v}\nnodes: [{name: vast, provider: vastai}]\n"
+                .to_owned();
+        if let Some(value) = value {
+            values.push_str(&format!("controller: {{exposePorts: {value}}}\n"));
+        }
+        let objects = render_values(&values).unwrap();
+        let deployments = of_kind(&objects, "Deployment");
+        assert_eq!(deployments.len(), 3);
+        for deployment in deployments {
+            let args = args_of(&deployment["spec"]["template"]);
+            assert_eq!(flag(&args, "--expose-ports"), Some(expected), "{args:?}");
+        }
+    }
+    let error =
+        render_values("runpod: {apiKey: k}\ncontroller: {exposePorts: some}\n").unwrap_err();
+    assert!(error.contains("/controller/exposePorts"), "{error}");
+}
+
 #[test]
 fn a_host_network_controller_may_not_take_the_kubelets_port() {
     let error =

@@ -17,6 +17,7 @@ fn config() -> PolicyConfig {
         excluded_namespaces: ["kube-system".to_owned()].into(),
         vastai: Default::default(),
         disabled_clouds: Default::default(),
+        expose_no_ports: false,
     }
 }
 

@@ -172,6 +172,8 @@ spec:
             - {{ $v.controller.idleGpuAfter | quote }}
             - --max-pods
             - {{ .maxPods | quote }}
+            - --expose-ports
+            - {{ $v.controller.exposePorts | quote }}
             - --max-gpus
             - {{ .maxGpus | quote }}
             {{- with $v.controller.concurrency }}

@@ -118,6 +118,15 @@ pub struct ControllerArgs {
     /// Cap in USD per hour per GPU.
     #[arg(long, default_value_t = 0.5, env = "RUNPOD_KUBELET_MAX_GPU_PRICE")]
     pub max_gpu_price: f64,
+    /// What a pod without `runpod.io/ports` exposes: `auto`, its declared container ports (as
+    /// public endpoints of the cloud), or `none`. Give the webhook the same.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        env = "RUNPOD_KUBELET_EXPOSE_PORTS"
+    )]
+    pub expose_ports: crate::cmd::flags::ExposePorts,
     /// Tag of this cluster on every RunPod pod; default: the UID of the kube-system namespace,
     /// so two clusters sharing an account never collect each other's pods.
     #[arg(long, env = "RUNPOD_KUBELET_CLUSTER_ID")]

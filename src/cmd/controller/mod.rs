@@ -200,6 +200,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
         .vastai_policy
         .policy(args.max_gpu_price)
         .map_err(anyhow::Error::msg)?;
+    admission.expose_no_ports = args.expose_ports == crate::cmd::flags::ExposePorts::None;
     let mut setup = Setup {
         cluster_id,
         internal_ip,

@@ -170,8 +170,9 @@ pub(super) async fn create<P: Provider>(
                 Vec::new()
             }
         };
+    let for_cloud = decide::create::with_default_ports(pod, ctx.settings.admission.expose_no_ports);
     let request = ProvisionRequest {
-        pod,
+        pod: &for_cloud,
         env: &resolved,
         volumes: &volumes,
         excluded_gpu_types: &excluded,
@@ -204,10 +205,15 @@ pub(super) async fn create<P: Provider>(
                 false,
                 "RunPodPodCreated",
                 format!(
-                    "{} {}: {}",
+                    "{} {}: {}; {}",
                     ctx.provider.instance_noun(),
                     instance.id,
-                    provisioned.summary
+                    provisioned.summary,
+                    decide::create::exposure(
+                        &ctx.provider.cloud(),
+                        &instance.id,
+                        &runpod_contract::policy::ports(&for_cloud).unwrap_or_default()
+                    )
                 ),
             )
             .await;

@@ -170,7 +170,14 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     // judged per mode like the other shapes (an explicit annotation was validated above).
     let mut port_warnings = Vec::new();
     let mut detected_ports = None;
-    if effective.get(contract::PORTS).is_none() {
+    let no_ports = match no_ports_by_default(&context.namespace_labels, namespace, config) {
+        Ok(no_ports) => no_ports,
+        Err(problem) => return deny_invalid(pod, namespace, vec![problem]),
+    };
+    if effective.get(contract::PORTS).is_none() && no_ports {
+        // Written on the pod, so the controller exposes nothing whatever its own default.
+        detected_ports = Some(contract::PORTS_NONE.to_owned());
+    } else if effective.get(contract::PORTS).is_none() {
         match checks::view_detect_ports(pod, &mut port_warnings) {
             Ok(ports) => detected_ports = ports,
             Err(problem) => unsupported.push(problem),
@@ -298,6 +305,29 @@ fn resolve_mode(
                 contract::BURST_MODE
             )
         }),
+    }
+}
+
+/// Whether a pod naming no ports exposes none: the namespace label `runpod.io/ports` (`none` or
+/// `auto`), else the installation's `--expose-ports`.
+fn no_ports_by_default(
+    namespace_labels: &BTreeMap<String, String>,
+    namespace: &str,
+    config: &PolicyConfig,
+) -> Result<bool, String> {
+    match namespace_labels
+        .get(contract::PORTS)
+        .map(|v| v.trim().to_ascii_lowercase())
+    {
+        None => Ok(config.expose_no_ports),
+        Some(value) if value == contract::PORTS_NONE => Ok(true),
+        Some(value) if value == "auto" => Ok(false),
+        Some(value) => Err(format!(
+            "namespace {namespace} has label {}={value:?}; a namespace label can say only \
+             {} (expose no port) or auto (the pods' declared ports): fix the label",
+            contract::PORTS,
+            contract::PORTS_NONE
+        )),
     }
 }
 

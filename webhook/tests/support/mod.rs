@@ -232,5 +232,6 @@ pub fn policy() -> PolicyConfig {
         excluded_namespaces: ["kube-system".to_owned()].into(),
         vastai: Default::default(),
         disabled_clouds: Default::default(),
+        expose_no_ports: false,
     }
 }

@@ -33,6 +33,57 @@ pub struct CreateFacts {
 
 /// A create was sent and its outcome is unknown here: only two complete lists in a row, both
 /// taken long enough after it, may show that nothing exists.
+/// The pod as the cloud should see it: with `--expose-ports none`, a pod that names no ports
+/// (`runpod.io/ports`, written by the webhook when it admitted the pod) exposes none rather
+/// than its declared `containerPort`s, however it reached the node.
+pub fn with_default_ports(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    expose_no_ports: bool,
+) -> std::borrow::Cow<'_, k8s_openapi::api::core::v1::Pod> {
+    let named = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(runpod_contract::PORTS));
+    if named || !expose_no_ports {
+        return std::borrow::Cow::Borrowed(pod);
+    }
+    let mut pod = pod.clone();
+    pod.metadata.annotations.get_or_insert_default().insert(
+        runpod_contract::PORTS.to_owned(),
+        runpod_contract::PORTS_NONE.to_owned(),
+    );
+    std::borrow::Cow::Owned(pod)
+}
+
+/// What the pod's create Event says about exposure: every port the cloud publishes is reachable
+/// from the internet, so the user reads which, and how to expose none.
+pub fn exposure(
+    cloud: &CloudName,
+    instance_id: &str,
+    ports: &[runpod_contract::PortSpec],
+) -> String {
+    if ports.is_empty() {
+        return "no port exposed".to_owned();
+    }
+    let endpoints: Vec<String> = ports
+        .iter()
+        .map(|spec| match spec.protocol {
+            runpod_contract::PortProtocol::Http if *cloud == CloudName::RUNPOD => format!(
+                "https://{instance_id}-{}.proxy.runpod.net ({spec})",
+                spec.port
+            ),
+            _ => format!("{spec} on a public IP and port"),
+        })
+        .collect();
+    format!(
+        "PUBLIC endpoints on the internet: {} (set {}: {} to expose none)",
+        endpoints.join(", "),
+        runpod_contract::PORTS,
+        runpod_contract::PORTS_NONE
+    )
+}
+
 pub fn absence_unsettled(facts: &CreateFacts, create_settle: Duration) -> bool {
     facts.marker.is_some_and(|marker| {
         let settled_by = marker
@@ -205,6 +256,47 @@ pub fn provision_failed(
 mod tests {
     use super::*;
     use crate::controller::fixtures::settings;
+
+    /// The create Event names every public endpoint (RunPod's proxy URL for HTTP), or says
+    /// nothing is exposed.
+    #[test]
+    fn the_create_event_says_what_is_public() {
+        let ports = runpod_contract::parse_ports("8888/http,22/tcp").unwrap();
+        let runpod = exposure(&CloudName::RUNPOD, "abc123", &ports);
+        assert!(runpod.starts_with("PUBLIC endpoints"), "{runpod}");
+        assert!(
+            runpod.contains("https://abc123-8888.proxy.runpod.net (8888/http)"),
+            "{runpod}"
+        );
+        assert!(
+            runpod.contains("22/tcp on a public IP and port"),
+            "{runpod}"
+        );
+        assert!(runpod.contains("runpod.io/ports: none"), "{runpod}");
+        let vast = exposure(&CloudName::VASTAI, "42", &ports);
+        assert!(vast.contains("8888/http on a public IP and port"), "{vast}");
+        assert!(!vast.contains("proxy.runpod.net"), "{vast}");
+        assert_eq!(exposure(&CloudName::RUNPOD, "abc", &[]), "no port exposed");
+    }
+
+    /// `--expose-ports none` hides declared ports of a pod that names none; a pod's own
+    /// `runpod.io/ports` always wins; `auto` leaves the pod alone.
+    #[test]
+    fn expose_ports_none_applies_only_to_pods_that_name_no_ports() {
+        let mut pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "image": "i", "ports": [{"containerPort": 8888}]}]}
+        }))
+        .unwrap();
+        let ports = |pod: &k8s_openapi::api::core::v1::Pod| {
+            runpod_contract::policy::ports(pod).unwrap().len()
+        };
+        assert_eq!(ports(&with_default_ports(&pod, false)), 1);
+        assert_eq!(ports(&with_default_ports(&pod, true)), 0);
+        pod.metadata.annotations =
+            Some([(runpod_contract::PORTS.to_owned(), "8888/http".to_owned())].into());
+        assert_eq!(ports(&with_default_ports(&pod, true)), 1);
+    }
 
     fn at(time: &str) -> Timestamp {
         format!("2026-01-01T{time}Z").parse().unwrap()

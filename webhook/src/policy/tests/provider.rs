@@ -209,3 +209,49 @@ fn an_installation_without_runpod_sends_pods_to_vastai_and_refuses_runpod() {
     let (_, patched) = admit_with(&always(gpu_pod()), &context, &config);
     assert_eq!(annotations(&patched)[PROVIDER], "vastai");
 }
+
+/// `runpod.io/ports: none` on the pod, the namespace label `runpod.io/ports=none`, or the
+/// installation's `--expose-ports none`: the pod's declared ports are not exposed, and the
+/// pod carries `none` so the controller publishes nothing. A pod's own ports still win over
+/// the defaults; a namespace label other than none/auto is refused.
+#[test]
+fn ports_can_be_closed_by_the_pod_the_namespace_or_the_installation() {
+    let closed = annotate(always(gpu_pod()), contract::PORTS, "none");
+    let (verdict, patched) = admit_with(&closed, &labelled_namespace(), &config());
+    assert_bursts(&verdict);
+    assert_eq!(annotations(&patched)[contract::PORTS], "none");
+
+    let (_, open) = admit_with(&always(gpu_pod()), &labelled_namespace(), &config());
+    assert_ne!(
+        annotations(&open)[contract::PORTS],
+        "none",
+        "declared ports are detected"
+    );
+
+    let mut namespace = labelled_namespace();
+    namespace
+        .namespace_labels
+        .insert(contract::PORTS.to_owned(), "none".to_owned());
+    let (verdict, patched) = admit_with(&always(gpu_pod()), &namespace, &config());
+    assert_bursts(&verdict);
+    assert_eq!(annotations(&patched)[contract::PORTS], "none");
+    let own = annotate(always(gpu_pod()), contract::PORTS, "8888/http");
+    let (_, patched) = admit_with(&own, &namespace, &config());
+    assert_eq!(annotations(&patched)[contract::PORTS], "8888/http");
+
+    let closed_install = PolicyConfig {
+        expose_no_ports: true,
+        ..config()
+    };
+    let (_, patched) = admit_with(&always(gpu_pod()), &labelled_namespace(), &closed_install);
+    assert_eq!(annotations(&patched)[contract::PORTS], "none");
+
+    namespace
+        .namespace_labels
+        .insert(contract::PORTS.to_owned(), "8888-http".to_owned());
+    let verdict = decide(&typed(&always(gpu_pod())), "ml", &namespace, &config());
+    let Verdict::Deny { message, .. } = &verdict else {
+        panic!("{verdict:?}")
+    };
+    assert!(message.contains("can say only none"), "{message}");
+}

@@ -1,6 +1,8 @@
 //! End-to-end tests of what a company cluster needs at install time, on the real control plane
 //! with the controller and the cloud simulator as processes: the cloud reached only through a
-//! corporate forward proxy (Debian's tinyproxy) over TLS signed by a private CA.
+//! corporate forward proxy (Debian's tinyproxy) over TLS signed by a private CA; the create
+//! Event naming the pod's public endpoints, and `runpod.io/ports: none` exposing none; a wrong
+//! API key reported on the node at once, and a drain that stops at once on it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,13 +12,17 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, ensure};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use support::control_plane::{ControlPlane, ExtraFlags};
 use support::controller::{ControllerProcess, SimulatorProcess};
-use support::pods::{annotation, bound_gpu_pod, event, gone, namespace, node_ready, running};
+use support::pods::{
+    NODE, WAIT, annotation, bound_gpu_pod, event, gone, ledger_live, namespace, node_condition,
+    node_ready, running,
+};
 
 fn main() -> std::process::ExitCode {
     support::harness::main("e2e_install", &ExtraFlags::default(), |cp| {
@@ -29,6 +35,9 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
     cloud_through_a_proxy(control_plane, &client)
         .await
         .context("cloud through a proxy")?;
+    a_wrong_key_fails_fast(control_plane, &client)
+        .await
+        .context("a wrong key")?;
     Ok(())
 }
 
@@ -209,5 +218,138 @@ async fn cloud_through_a_proxy(
     if outcome.is_err() {
         eprintln!("--- controller log tail ---\n{}", controller.log_tail(60));
     }
+    outcome
+}
+
+/// A controller started with a key the cloud refuses (a pod of an earlier run still billing):
+/// the node says `RunPodAPIAvailable=False`, reason `KeyRefused`, with an Event naming the
+/// Secret the key comes from, and the log has an error line. `controller drain` with that key
+/// stops at once (not after its 10-minute timeout), exits non-zero naming the refusal and the
+/// instance that may still bill, and terminates nothing.
+async fn a_wrong_key_fails_fast(
+    control_plane: &ControlPlane,
+    client: &kube::Client,
+) -> anyhow::Result<()> {
+    let simulator = SimulatorProcess::start(&json!({"provisioning_ms": 300, "starting_ms": 100}))?;
+    let ns = "install-key";
+    namespace(client, ns, true).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let id = {
+        let _good = ControllerProcess::start(
+            &control_plane.kubeconfig,
+            &control_plane.ca_file(),
+            &simulator,
+            &["--cluster-id", "e2e-install"],
+        )?;
+        pods.create(
+            &PostParams::default(),
+            &bound_gpu_pod("billing", "e2e/server:1", "Always"),
+        )
+        .await?;
+        let pod = running(&pods, "billing").await?;
+        annotation(&pod, "runpod.io/pod-id")
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let secret = "runpod-system/runpod-kubelet-runpod (key RUNPOD_API_KEY)";
+    let wrong = ControllerProcess::start_with_env(
+        &control_plane.kubeconfig,
+        &control_plane.ca_file(),
+        &simulator.url,
+        &["--cluster-id", "e2e-install", "--api-key-secret", secret],
+        &[("RUNPOD_API_KEY", "wrong-key-0123456789")],
+    )?;
+    let outcome = async {
+        let nodes: Api<Node> = Api::all(client.clone());
+        support::wait::until("node KeyRefused", WAIT, || async {
+            let node = nodes.get(NODE).await?;
+            Ok(node_condition(&node, "RunPodAPIAvailable")
+                .filter(|(status, reason)| status == "False" && reason == "KeyRefused"))
+        })
+        .await?;
+        let message = event(client, "default", NODE, "KeyRefused").await?;
+        ensure!(
+            message.contains(&format!("the key comes from Secret {secret}")),
+            "node Event {message:?}"
+        );
+        ensure!(
+            !message.contains("wrong-key") && !wrong.log().contains("wrong-key"),
+            "the key leaked"
+        );
+        ensure!(
+            wrong.log().contains("refuses this node's API key"),
+            "no error line:\n{}",
+            wrong.log_tail(20)
+        );
+
+        let mut drain = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+            .args([
+                "controller",
+                "drain",
+                "--cluster-id",
+                "e2e-install",
+                "--timeout",
+                "10m",
+            ])
+            .args(["--runpod-api-url", &simulator.url])
+            .env("KUBECONFIG", &control_plane.kubeconfig)
+            .env("RUNPOD_API_KEY", "wrong-key-0123456789")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()?;
+        // Retrying would last the whole 10 minutes; it must have given up long before.
+        let deadline = std::time::Instant::now() + WAIT;
+        let status = loop {
+            if let Some(status) = drain.try_wait()? {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = drain.kill();
+                anyhow::bail!("drain kept retrying the refused key");
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut drain.stderr.take().context("stderr")?, &mut stderr)?;
+        ensure!(
+            !status.success(),
+            "drain succeeded with a refused key: {stderr}"
+        );
+        ensure!(
+            stderr.contains("refused the key")
+                && stderr.contains(&format!("May still bill: {id} (pod {ns}/billing)")),
+            "drain said: {stderr}"
+        );
+        ensure!(
+            ledger_live(&simulator, &id).await?,
+            "drain terminated something"
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    if outcome.is_err() {
+        eprintln!("--- controller log tail ---\n{}", wrong.log_tail(60));
+        let log = wrong.log();
+        for line in log
+            .lines()
+            .filter(|l| l.contains("ERROR") || l.contains("Event"))
+        {
+            eprintln!("{line}");
+        }
+    }
+    drop(wrong);
+    // Clean up with the right key: nothing is left billing.
+    let _good = ControllerProcess::start(
+        &control_plane.kubeconfig,
+        &control_plane.ca_file(),
+        &simulator,
+        &["--cluster-id", "e2e-install"],
+    )?;
+    pods.delete("billing", &DeleteParams::default()).await?;
+    gone(&pods, "billing").await?;
+    ensure!(
+        !ledger_live(&simulator, &id).await?,
+        "the pod's instance still bills"
+    );
     outcome
 }

@@ -35,6 +35,8 @@ pub struct Settings {
     pub admission: PolicyConfig,
     /// When a pod's GPUs count as idle (`--idle-gpu-threshold`, `--idle-gpu-after`).
     pub idle: IdleSettings,
+    /// Where the API key comes from, for messages (`--api-key-secret`, else the variable).
+    pub key_source: String,
 }
 
 /// One complete, successful list of the cloud's instances, reduced to this cluster and node.
@@ -124,6 +126,50 @@ impl<P> Shared<P> {
         };
         if let Err(error) = self.recorder.publish(&event, &pod.object_ref(&())).await {
             warn!(reason, error = %error, "could not publish an Event");
+        }
+    }
+}
+
+impl<P> Shared<P> {
+    /// Publishes an Event on the virtual node (what `kubectl describe node` shows), through
+    /// the core Event API as kubelets do: events.k8s.io would refuse a cluster-scoped object's
+    /// empty namespace in `default`.
+    pub async fn node_event(&self, warning: bool, reason: &str, message: String) {
+        use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, Node, ObjectReference};
+        let nodes: kube::Api<Node> = kube::Api::all(self.client.clone());
+        let uid = match nodes.get_opt(&self.settings.node_name).await {
+            Ok(Some(node)) => node.metadata.uid,
+            _ => None,
+        };
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now());
+        let event = CoreEvent {
+            metadata: kube::api::ObjectMeta {
+                generate_name: Some(format!("{}.", self.settings.node_name)),
+                namespace: Some("default".to_owned()),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Node".to_owned()),
+                name: Some(self.settings.node_name.clone()),
+                uid,
+                ..Default::default()
+            },
+            reason: Some(reason.to_owned()),
+            message: Some(truncate(&message, 1000)),
+            type_: Some(if warning { "Warning" } else { "Normal" }.to_owned()),
+            source: Some(EventSource {
+                component: Some("runpod-kubelet".to_owned()),
+                host: Some(self.settings.node_name.clone()),
+            }),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            count: Some(1),
+            ..Default::default()
+        };
+        let events: kube::Api<CoreEvent> = kube::Api::namespaced(self.client.clone(), "default");
+        if let Err(error) = events.create(&Default::default(), &event).await {
+            warn!(reason, error = %error, "could not publish a node Event");
         }
     }
 }

@@ -39,5 +39,6 @@ pub fn settings() -> Settings {
         outage_grace: Duration::from_secs(3600),
         admission: Default::default(),
         idle: Default::default(),
+        key_source: "Secret ns/key".into(),
     }
 }

@@ -264,7 +264,10 @@ pub enum ProvisionError {
 /// A failed call whose effect is known not to have happened.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ProviderError {
-    /// The account is refused (bad key, 402): the node reports it.
+    /// The API key itself is refused (401, 403): a wrong or revoked key.
+    #[error("API key refused: {0}")]
+    KeyRefused(String),
+    /// The account is refused (402, no credit): the node reports it.
     #[error("account refused: {0}")]
     Account(String),
     /// Anything else: the cloud is unreachable, slow or failing.

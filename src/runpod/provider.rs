@@ -127,9 +127,10 @@ fn classify_unreachable(error: &ApiError) -> ProvisionError {
 
 fn provider_error(error: ApiError) -> ProviderError {
     match error {
-        ApiError::Unauthorized { .. } | ApiError::PaymentRequired { .. } => {
-            ProviderError::Account(error.to_string())
+        ApiError::Unauthorized { .. } | ApiError::Forbidden { .. } => {
+            ProviderError::KeyRefused(error.to_string())
         }
+        ApiError::PaymentRequired { .. } => ProviderError::Account(error.to_string()),
         other => ProviderError::Unavailable(other.to_string()),
     }
 }

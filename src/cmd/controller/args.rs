@@ -40,6 +40,37 @@ pub enum ControllerCommand {
     /// Terminate every RunPod pod of this cluster and node, wait until none bills, and remove
     /// the virtual node (for uninstalling; a running controller is told to create nothing more).
     Drain(DrainArgs),
+    /// Ask the cloud once whether it accepts the node's API key; exit non-zero, naming where
+    /// the key comes from, if it refuses it (the chart's pre-install hook). Needs no cluster.
+    CheckKey(CheckKeyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckKeyArgs {
+    /// Name of the virtual node (for messages).
+    #[arg(
+        long,
+        default_value = "virtual-runpod",
+        env = "RUNPOD_KUBELET_NODENAME"
+    )]
+    pub nodename: String,
+    /// The cloud of the node (`runpod` or `vastai`).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "runpod",
+        env = "RUNPOD_KUBELET_PROVIDER"
+    )]
+    pub provider: CloudArg,
+    #[command(flatten)]
+    pub runpod: RunPodArgs,
+    #[command(flatten)]
+    pub vastai: VastArgs,
+    #[command(flatten)]
+    pub cloud_ca: runpod_kubelet::http::CloudCaArgs,
+    /// Where the API key comes from, named in the message of a refusal.
+    #[arg(long, env = "RUNPOD_KUBELET_API_KEY_SECRET")]
+    pub api_key_secret: Option<String>,
 }
 
 /// The cloud a controller runs its node's pods on.
@@ -72,6 +103,10 @@ pub struct DrainArgs {
     pub vastai: VastArgs,
     #[command(flatten)]
     pub cloud_ca: runpod_kubelet::http::CloudCaArgs,
+    /// Where the API key comes from, named in the messages of a refused key (the chart passes
+    /// `namespace/secret (key NAME)`); default: the environment variable.
+    #[arg(long, env = "RUNPOD_KUBELET_API_KEY_SECRET")]
+    pub api_key_secret: Option<String>,
     /// Tag of this cluster (as given to the controller); default: the UID of kube-system.
     #[arg(long, env = "RUNPOD_KUBELET_CLUSTER_ID")]
     pub cluster_id: Option<String>,
@@ -81,6 +116,17 @@ pub struct DrainArgs {
     /// Seed compatibility: the kubeconfig (same as KUBECONFIG).
     #[arg(long, env = "RUNPOD_KUBELET_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+}
+
+/// Where a node's key comes from, for messages.
+pub fn key_source(provider: CloudArg, secret: Option<&str>) -> String {
+    match secret.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(secret) => format!("Secret {secret}"),
+        None => match provider {
+            CloudArg::Runpod => "the RUNPOD_API_KEY environment variable".to_owned(),
+            CloudArg::Vastai => "the VAST_API_KEY environment variable".to_owned(),
+        },
+    }
 }
 
 #[derive(Debug, Args)]
@@ -108,6 +154,10 @@ pub struct ControllerArgs {
     pub vastai: VastArgs,
     #[command(flatten)]
     pub cloud_ca: runpod_kubelet::http::CloudCaArgs,
+    /// Where the API key comes from, named in the messages of a refused key (the chart passes
+    /// `namespace/secret (key NAME)`); default: the environment variable.
+    #[arg(long, env = "RUNPOD_KUBELET_API_KEY_SECRET")]
+    pub api_key_secret: Option<String>,
     #[command(flatten)]
     pub vastai_policy: VastPolicyArgs,
     #[command(flatten)]

@@ -24,6 +24,7 @@ use runpod_kubelet::vastai::provider::VastaiProvider;
 use tokio::net::TcpListener;
 
 pub mod args;
+mod check_key;
 mod kubelet_tls;
 
 use args::{CloudArg, ControllerArgs, ControllerCommand, DrainArgs};
@@ -164,8 +165,10 @@ async fn drain(args: DrainArgs) -> anyhow::Result<()> {
 }
 
 pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
-    if let Some(ControllerCommand::Drain(drain_args)) = args.command.take() {
-        return drain(drain_args).await;
+    match args.command.take() {
+        Some(ControllerCommand::Drain(drain_args)) => return drain(drain_args).await,
+        Some(ControllerCommand::CheckKey(check_args)) => return check_key::run(check_args).await,
+        None => {}
     }
     if args.provider_config.is_some() || args.namespace.is_some() || args.os.is_some() {
         tracing::warn!(
@@ -332,6 +335,7 @@ async fn serve<P: Provider>(
             outage_grace: args.outage_grace,
             idle: args.idle.settings(),
             admission,
+            key_source: args::key_source(args.provider, args.api_key_secret.as_deref()),
         },
         kubelet_listener,
         kubelet_tls,

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::Store;
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 use super::gc::{self, Collector};
 use super::usage::UsageWatch;
@@ -64,11 +64,28 @@ pub fn carry_forward(
     (instances, carried)
 }
 
-/// What a failed list says about the cloud's API: a refused account at once, an unreachable
-/// API only after a few failures in a row (one slow list is not an outage); `None`: no change.
-pub fn health_after_failure(error: &ProviderError, failures: u32) -> Option<ApiHealth> {
+/// What a failed list says about the cloud's API: a refused key or account at once, an
+/// unreachable API only after a few failures in a row (one slow list is not an outage); `None`:
+/// no change. A key refused before any list of this process succeeded is `KeyRefused` (a wrong
+/// key: the message names where it comes from, `key_source`); refused after it worked, it is
+/// `AccountRefused` (revoked, or the account blocked), like a 402.
+pub fn health_after_failure(
+    error: &ProviderError,
+    failures: u32,
+    key_worked: bool,
+    key_source: &str,
+) -> Option<ApiHealth> {
+    let key_message;
     let (reason, message) = match error {
-        ProviderError::Account(message) => ("AccountRefused", message),
+        ProviderError::KeyRefused(message) if !key_worked => {
+            key_message = format!(
+                "{message}; the key comes from {key_source}: fix it there and restart the controller"
+            );
+            ("KeyRefused", &key_message)
+        }
+        ProviderError::KeyRefused(message) | ProviderError::Account(message) => {
+            ("AccountRefused", message)
+        }
         ProviderError::Unavailable(message) if failures >= FAILURES_BEFORE_UNAVAILABLE => {
             ("APIUnreachable", message)
         }
@@ -93,6 +110,8 @@ pub async fn run<P: Provider>(
     let settings = shared.settings.clone();
     let metrics = shared.metrics.clone();
     let mut failures = 0u32;
+    // Whether any list of this process succeeded: a key refused before is a wrong key.
+    let mut key_worked = false;
     let mut previous: Vec<Instance> = Vec::new();
     let mut previous_taken_at: Option<Timestamp> = None;
     let mut carried: HashSet<String> = HashSet::new();
@@ -124,17 +143,26 @@ pub async fn run<P: Provider>(
                     .inc();
                 warn!(error = %error, failures, cloud = provider.name(), "listing instances failed");
                 usage.outage(&shared);
-                if let Some(next) = health_after_failure(&error, failures) {
-                    health.send_if_modified(|current| {
+                if let Some(next) =
+                    health_after_failure(&error, failures, key_worked, &settings.key_source)
+                {
+                    let changed = health.send_if_modified(|current| {
                         let changed = *current != next;
-                        *current = next;
+                        *current = next.clone();
                         changed
                     });
+                    if let (true, ApiHealth::Unavailable { reason, message }) = (changed, &next)
+                        && reason.ends_with("Refused")
+                    {
+                        error!(cloud = provider.name(), reason = %reason, %message, "the cloud refuses this node's API key or account; nothing can be created or stopped until it is fixed");
+                        shared.node_event(true, reason, message.clone()).await;
+                    }
                 }
                 continue;
             }
         };
         failures = 0;
+        key_worked = true;
         metrics
             .lists
             .get_or_create(&crate::controller::metrics::OutcomeLabel { outcome: "ok" })
@@ -267,16 +295,42 @@ mod tests {
     #[test]
     fn a_refused_account_is_unavailable_at_once_an_unreachable_api_after_three_failures() {
         let unreachable = ProviderError::Unavailable("timeout".into());
-        let reason = |error: &ProviderError, failures| match health_after_failure(error, failures) {
-            Some(ApiHealth::Unavailable { reason, .. }) => reason,
-            Some(ApiHealth::Available) => "available".into(),
-            None => "unchanged".into(),
+        let health = |error: &ProviderError, failures, worked| match health_after_failure(
+            error,
+            failures,
+            worked,
+            "Secret ns/rp (key K)",
+        ) {
+            Some(ApiHealth::Unavailable { reason, message }) => (reason, message),
+            Some(ApiHealth::Available) => ("available".into(), String::new()),
+            None => ("unchanged".into(), String::new()),
         };
+        let reason = |error: &ProviderError, failures| health(error, failures, true).0;
         assert_eq!(reason(&unreachable, 1), "unchanged");
         assert_eq!(reason(&unreachable, 2), "unchanged");
         assert_eq!(reason(&unreachable, 3), "APIUnreachable");
         assert_eq!(
-            reason(&ProviderError::Account("401".into()), 1),
+            reason(&ProviderError::Account("402".into()), 1),
+            "AccountRefused"
+        );
+        // A key that worked and is refused now: revoked, like a blocked account.
+        assert_eq!(
+            reason(&ProviderError::KeyRefused("401".into()), 1),
+            "AccountRefused"
+        );
+        // A key refused before anything worked: a wrong key, named where it comes from.
+        let (reason, message) = health(
+            &ProviderError::KeyRefused("401 Unauthorized".into()),
+            1,
+            false,
+        );
+        assert_eq!(reason, "KeyRefused");
+        assert!(
+            message.contains("401 Unauthorized") && message.contains("Secret ns/rp (key K)"),
+            "{message}"
+        );
+        assert_eq!(
+            health(&ProviderError::Account("402".into()), 1, false).0,
             "AccountRefused"
         );
     }

@@ -29,7 +29,7 @@ use tracing::{info, warn};
 
 use crate::controller::clock::elapsed;
 use crate::controller::node::lease::{LEASE_DURATION, NODE_LEASE_NAMESPACE};
-use crate::provider::{Instance, Provider};
+use crate::provider::{Instance, Provider, ProviderError};
 
 /// What to drain and how long to try.
 #[derive(Debug, Clone)]
@@ -60,6 +60,10 @@ pub enum DrainError {
     Kube(#[from] kube::Error),
     #[error("timed out after {timeout:?}; still billing: {left}")]
     TimedOut { timeout: Duration, left: String },
+    /// Retrying a refused key only waits out the timeout: drain stops at once, naming what the
+    /// pods on the node say may still bill (the cloud cannot be asked).
+    #[error("{message}; drain stopped without terminating anything. May still bill: {may_bill}")]
+    Refused { message: String, may_bill: String },
 }
 
 /// Live instances tagged with this cluster id and node: the only ones drain may touch.
@@ -177,6 +181,12 @@ pub async fn drain<P: Provider>(
                     }
                 }
             }
+            Err(ProviderError::KeyRefused(message) | ProviderError::Account(message)) => {
+                return Err(DrainError::Refused {
+                    message: format!("{} refused the key: {message}", provider.cloud().title),
+                    may_bill: may_bill(&client, &config.node_name).await,
+                });
+            }
             Err(error) => {
                 clear_lists = 0;
                 if Instant::now() >= deadline {
@@ -263,6 +273,43 @@ async fn mark(
             return Ok(());
         }
         tokio::time::sleep(config.poll_interval.min(Duration::from_secs(1))).await;
+    }
+}
+
+/// What the pods bound to the node name as their instances: what may still bill when the cloud
+/// cannot be listed.
+async fn may_bill(client: &kube::Client, node_name: &str) -> String {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let bound = match pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node_name}")))
+        .await
+    {
+        Ok(bound) => bound.items,
+        Err(error) => return format!("unknown (listing the node's pods failed: {error})"),
+    };
+    let named: Vec<String> = bound
+        .iter()
+        .filter_map(|pod| {
+            let annotations = pod.metadata.annotations.as_ref()?;
+            let id = [
+                runpod_contract::POD_ID,
+                runpod_contract::vastai::INSTANCE_ID,
+            ]
+            .into_iter()
+            .find_map(|key| annotations.get(key))?;
+            Some(format!(
+                "{id} (pod {}/{})",
+                pod.metadata.namespace.as_deref().unwrap_or_default(),
+                pod.metadata.name.as_deref().unwrap_or_default()
+            ))
+        })
+        .collect();
+    if named.is_empty() {
+        "no pod on the node names an instance (instances created without one cannot be known \
+         here: check the cloud's console)"
+            .to_owned()
+    } else {
+        named.join(", ")
     }
 }
 

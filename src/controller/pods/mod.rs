@@ -47,7 +47,9 @@ impl ReconcileError {
             ReconcileError::Kube(kube::Error::Api(status)) if status.code == 404 => "not_found",
             ReconcileError::Kube(kube::Error::Api(_)) => "kube_api",
             ReconcileError::Kube(_) => "kube_unreachable",
-            ReconcileError::Provider(ProviderError::Account(_)) => "cloud_account",
+            ReconcileError::Provider(ProviderError::Account(_) | ProviderError::KeyRefused(_)) => {
+                "cloud_account"
+            }
             ReconcileError::Provider(ProviderError::Unavailable(_)) => "cloud_unavailable",
             ReconcileError::Record(_) => "record",
         }

@@ -424,6 +424,7 @@ mod tests {
             outage_grace: std::time::Duration::from_secs(3600),
             admission: Default::default(),
             idle: Default::default(),
+            key_source: "Secret ns/key".into(),
         };
         let tagged = |cluster: &str, node: &str, uid: &str| Instance {
             tags: Tags {

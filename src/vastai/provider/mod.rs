@@ -286,9 +286,8 @@ pub fn exit_code_from_status(message: &str) -> Option<i32> {
 
 fn provider_error(error: VastError) -> ProviderError {
     match error {
-        VastError::Unauthorized { .. } | VastError::InsufficientCredit { .. } => {
-            ProviderError::Account(error.to_string())
-        }
+        VastError::Unauthorized { .. } => ProviderError::KeyRefused(error.to_string()),
+        VastError::InsufficientCredit { .. } => ProviderError::Account(error.to_string()),
         other => ProviderError::Unavailable(other.to_string()),
     }
 }

@@ -53,6 +53,10 @@ pub enum Command {
     /// RunPod or Vast.ai (`--provider`). The API key comes from `RUNPOD_API_KEY` or
     /// `VAST_API_KEY` only.
     Controller(Box<crate::cmd::controller::args::ControllerArgs>),
+    /// Moving from the Go kubelet: list the account's RunPod pods without our tags and the
+    /// Kubernetes pod each belongs to; without `--dry-run`, take over the linked ones (no
+    /// restart). Needs `RUNPOD_API_KEY` and a kubeconfig.
+    Adopt(crate::cmd::adopt::AdoptArgs),
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ fn main() -> anyhow::Result<()> {
             cli::Command::Simulator(args) => cmd::simulator::run(args).await,
             cli::Command::Gpus(args) => cmd::gpus::run(args).await,
             cli::Command::Controller(args) => cmd::controller::run(*args).await,
+            cli::Command::Adopt(args) => cmd::adopt::run(args).await,
         }
     })
 }

@@ -181,8 +181,8 @@ fn pods_are_hardened_and_rbac_has_no_wildcards() {
         }
     }
     assert_eq!(
-        containers, 6,
-        "webhook, controller, certs pre and post hooks, certs cron, drain"
+        containers, 7,
+        "webhook, controller, certs pre and post hooks, certs cron, drain, check-key"
     );
     for role in of_kind(&objects, "ClusterRole")
         .into_iter()

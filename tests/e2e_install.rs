@@ -2,7 +2,10 @@
 //! with the controller and the cloud simulator as processes: the cloud reached only through a
 //! corporate forward proxy (Debian's tinyproxy) over TLS signed by a private CA; the create
 //! Event naming the pod's public endpoints, and `runpod.io/ports: none` exposing none; a wrong
-//! API key reported on the node at once, and a drain that stops at once on it.
+//! API key reported on the node at once, a drain that stops at once on it, and a `helm install`
+//! that fails at once on it (the chart's check-key hook, run by the stand-in kubelet of
+//! tests/support/pod_runner.rs); moving from the Go kubelet (its manifests opting in by their
+//! toleration, its RunPod pods taken over by `runpod-kubelet adopt`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,17 +15,21 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
+use support::chart::{helm, host_ip};
 use support::control_plane::{ControlPlane, ExtraFlags};
 use support::controller::{ControllerProcess, SimulatorProcess};
+use support::pod_runner::PodRunner;
 use support::pods::{
     NODE, WAIT, annotation, bound_gpu_pod, event, gone, ledger_live, namespace, node_condition,
     node_ready, running,
 };
+use support::webhook::free_port;
 
 fn main() -> std::process::ExitCode {
     support::harness::main("e2e_install", &ExtraFlags::default(), |cp| {
@@ -38,6 +45,12 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
     a_wrong_key_fails_fast(control_plane, &client)
         .await
         .context("a wrong key")?;
+    helm_install_with_a_wrong_key_fails_at_once(control_plane, &client)
+        .await
+        .context("helm install with a wrong key")?;
+    moving_from_the_go_kubelet(control_plane, &client)
+        .await
+        .context("moving from the Go kubelet")?;
     Ok(())
 }
 
@@ -351,5 +364,224 @@ async fn a_wrong_key_fails_fast(
         !ledger_live(&simulator, &id).await?,
         "the pod's instance still bills"
     );
+    outcome
+}
+
+/// `helm install --wait` with a key the cloud refuses fails at once on the pre-install hook
+/// `NODE-check-key` (not after Helm's 5-minute wait), before anything is installed; the hook's
+/// log names the Secret and never the key. `helm uninstall --no-hooks` removes the failed
+/// release (nothing was created to bill).
+async fn helm_install_with_a_wrong_key_fails_at_once(
+    control_plane: &ControlPlane,
+    client: &kube::Client,
+) -> anyhow::Result<()> {
+    let simulator = SimulatorProcess::start(&json!({}))?;
+    let runner = PodRunner::start(
+        client.clone(),
+        control_plane.server_url()?,
+        std::fs::read_to_string(control_plane.ca_file())?,
+        host_ip()?,
+    )
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let values = dir.path().join("values.json");
+    std::fs::write(
+        &values,
+        serde_json::to_vec(&json!({
+            "runpod": {"apiKey": "wrong-key-0123456789", "apiUrl": simulator.url},
+            "log": {"format": "text", "level": "info"},
+            "webhook": {"replicas": 1, "port": free_port()?.port()},
+            "controller": {"kubeletPort": free_port()?.port(), "metricsPort": free_port()?.port(),
+                           "clusterId": "e2e-bad-key"}
+        }))?,
+    )?;
+    let kubeconfig = control_plane.kubeconfig.as_path();
+    let installed = helm(
+        kubeconfig,
+        &[
+            "install",
+            "bad",
+            "charts/runpod-kubelet",
+            "--namespace",
+            "install-bad",
+            "--create-namespace",
+            "-f",
+            values.to_str().unwrap_or_default(),
+            "--wait",
+            "--timeout",
+            "4m",
+        ],
+    );
+    let error = match installed {
+        Ok(out) => anyhow::bail!("helm install with a refused key succeeded: {out}"),
+        Err(error) => format!("{error:#}"),
+    };
+    ensure!(
+        error.contains("bad-runpod-kubelet-controller-check-key"),
+        "helm's error does not name the check: {error}"
+    );
+    ensure!(
+        !error.contains("timed out") && !error.contains("context deadline"),
+        "{error}"
+    );
+    let log = runner.logs("bad-runpod-kubelet-controller-check-key");
+    ensure!(
+        log.contains("refused the API key from Secret install-bad/bad-runpod-kubelet-runpod (key RUNPOD_API_KEY)"),
+        "check-key log: {log}"
+    );
+    ensure!(!log.contains("wrong-key"), "the key leaked into the log");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "install-bad");
+    ensure!(
+        deployments
+            .list(&Default::default())
+            .await?
+            .items
+            .is_empty(),
+        "something was installed"
+    );
+    helm(
+        kubeconfig,
+        &[
+            "uninstall",
+            "bad",
+            "--namespace",
+            "install-bad",
+            "--no-hooks",
+        ],
+    )?;
+    Ok(())
+}
+
+/// Moving from the Go kubelet: its RunPod pod (no tags of ours) still runs for a Kubernetes pod
+/// that opts in only by tolerating the RunPod taint (`--accept-seed-tolerations`) and names it
+/// in `runpod.io/pod-id`. The controller makes no second instance and says to run `adopt`;
+/// `adopt --dry-run` lists it linked (and a stranger's RunPod pod unlinked) and changes
+/// nothing; `adopt` takes it over without a restart: the pod runs on the same instance, and
+/// deleting the pod terminates it, while the stranger's is never touched.
+async fn moving_from_the_go_kubelet(
+    control_plane: &ControlPlane,
+    client: &kube::Client,
+) -> anyhow::Result<()> {
+    let simulator = SimulatorProcess::start(&json!({"provisioning_ms": 300, "starting_ms": 100}))?;
+    let body = |name: &str| {
+        json!({"name": name, "image": "e2e/server:1",
+               "gpu": {"id": "NVIDIA GeForce RTX 4090", "count": 1}, "env": {"FOO": "bar"}})
+    };
+    let legacy = simulator.create_pod(&body("legacy-train")).await?;
+    let stranger = simulator.create_pod(&body("stranger")).await?;
+    let id = |pod: &serde_json::Value| pod["id"].as_str().unwrap_or_default().to_owned();
+    let (legacy_id, stranger_id) = (id(&legacy), id(&stranger));
+
+    // Not labelled: the pod opts in by its toleration alone, as the Go kubelet's manifests did.
+    let ns = "install-seed";
+    namespace(client, ns, false).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut pod = bound_gpu_pod("legacy-train", "e2e/server:1", "Always");
+    pod.metadata.labels = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.tolerations = Some(vec![serde_json::from_value(json!({
+            "key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "runpod",
+            "effect": "NoSchedule"}))?]);
+    }
+    pod.metadata.annotations = Some([("runpod.io/pod-id".to_owned(), legacy_id.clone())].into());
+    let pod = pods.create(&PostParams::default(), &pod).await?;
+    let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
+
+    let controller = ControllerProcess::start(
+        &control_plane.kubeconfig,
+        &control_plane.ca_file(),
+        &simulator,
+        &["--cluster-id", "e2e-seed", "--accept-seed-tolerations"],
+    )?;
+    let outcome = async {
+        let message = event(client, ns, "legacy-train", "AdoptionNeeded").await?;
+        ensure!(
+            message.contains("runpod-kubelet adopt") && message.contains(&legacy_id),
+            "{message}"
+        );
+        ensure!(
+            support::pods::ledger_for(&simulator, &pod_uid)
+                .await?
+                .is_empty(),
+            "a second instance was created before adoption"
+        );
+
+        let adopt = |dry_run: bool| {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"));
+            command
+                .args([
+                    "adopt",
+                    "--runpod-api-url",
+                    &simulator.url,
+                    "--adoption-namespace",
+                    "default",
+                ])
+                .env("KUBECONFIG", &control_plane.kubeconfig)
+                .env("RUNPOD_API_KEY", support::controller::API_KEY);
+            if dry_run {
+                command.arg("--dry-run");
+            }
+            command.output()
+        };
+        let listed = adopt(true)?;
+        let stdout = String::from_utf8_lossy(&listed.stdout);
+        ensure!(
+            listed.status.success(),
+            "adopt --dry-run: {}",
+            String::from_utf8_lossy(&listed.stderr)
+        );
+        ensure!(
+            stdout.contains(&format!("{legacy_id} legacy-train -> {ns}/legacy-train"))
+                && stdout.contains(&format!("{stranger_id} stranger -> none")),
+            "adopt --dry-run printed: {stdout}"
+        );
+        let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(client.clone(), "default");
+        ensure!(
+            maps.get_opt("runpod-kubelet-adopted-virtual-runpod")
+                .await?
+                .is_none(),
+            "--dry-run recorded something"
+        );
+
+        let adopted = adopt(false)?;
+        ensure!(
+            adopted.status.success(),
+            "adopt: {}",
+            String::from_utf8_lossy(&adopted.stderr)
+        );
+        let running_pod = running(&pods, "legacy-train").await?;
+        ensure!(
+            annotation(&running_pod, "runpod.io/pod-id") == Some(legacy_id.as_str()),
+            "the pod moved to another instance"
+        );
+        ensure!(
+            support::pods::ledger_for(&simulator, &pod_uid)
+                .await?
+                .is_empty(),
+            "an instance was created for the adopted pod"
+        );
+        ensure!(
+            ledger_live(&simulator, &legacy_id).await?,
+            "the adopted instance was stopped"
+        );
+
+        pods.delete("legacy-train", &DeleteParams::default())
+            .await?;
+        gone(&pods, "legacy-train").await?;
+        ensure!(
+            !ledger_live(&simulator, &legacy_id).await?,
+            "the adopted instance still bills"
+        );
+        ensure!(
+            ledger_live(&simulator, &stranger_id).await?,
+            "the stranger's RunPod pod was touched"
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    if outcome.is_err() {
+        eprintln!("--- controller log tail ---\n{}", controller.log_tail(60));
+    }
     outcome
 }

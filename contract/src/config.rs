@@ -21,6 +21,9 @@ pub struct PolicyConfig {
     /// `--expose-ports none`: a pod that names no ports exposes none (instead of its declared
     /// `containerPort`s), as if it said `runpod.io/ports: none`.
     pub expose_no_ports: bool,
+    /// `--accept-seed-tolerations`: a pod that itself tolerates the RunPod node's taint by key
+    /// (the Go kubelet's manifests) counts as opted in.
+    pub accept_seed_tolerations: bool,
 }
 
 impl PolicyConfig {
@@ -61,6 +64,7 @@ impl PolicyConfig {
             },
             disabled_clouds: BTreeSet::new(),
             expose_no_ports: false,
+            accept_seed_tolerations: false,
         }
     }
 }

@@ -89,6 +89,8 @@ pub struct SpecView {
     pub node_selector: Option<BTreeMap<String, String>>,
     #[serde(default, deserialize_with = "object")]
     pub affinity: Option<AffinityView>,
+    #[serde(default)]
+    pub runtime_class_name: Option<String>,
 }
 
 /// A container (regular or init).

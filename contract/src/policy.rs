@@ -54,7 +54,8 @@ pub fn opt_in(
         .get(contract::BURST_LABEL)
         .map(String::as_str)
         == Some(contract::BURST_ENABLED);
-    if pod_opted_in || namespace_opted_in {
+    let seed = config.accept_seed_tolerations && tolerates_the_seed_taint(pod);
+    if pod_opted_in || namespace_opted_in || seed {
         Ok(())
     } else {
         Err(Untouched::NotOptedIn)
@@ -84,6 +85,35 @@ pub fn cannot_run(pod: &PodView, config: &PolicyConfig) -> Vec<String> {
     problems
 }
 
+/// The taint key the Go kubelet's node carried, and its RunPod value.
+pub const SEED_TAINT_KEY: &str = "virtual-kubelet.io/provider";
+pub const SEED_TAINT_VALUE: &str = "runpod";
+
+/// Whether the pod itself tolerates `virtual-kubelet.io/provider=runpod` by key (operator
+/// `Equal` with that value, or `Exists` on that key), as the Go kubelet's manifests did. A
+/// toleration of every taint (no key) does not count, nor one a RuntimeClass added (the pod
+/// names a `runtimeClassName`).
+pub fn tolerates_the_seed_taint(pod: &PodView) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    if spec
+        .runtime_class_name
+        .as_deref()
+        .is_some_and(|n| !n.is_empty())
+    {
+        return false;
+    }
+    spec.tolerations.iter().flatten().any(|t| {
+        t.key.as_deref() == Some(SEED_TAINT_KEY)
+            && match t.operator.as_deref() {
+                Some("Exists") => true,
+                None | Some("Equal") => t.value.as_deref() == Some(SEED_TAINT_VALUE),
+                Some(_) => false,
+            }
+    })
+}
+
 fn label<'a>(pod: &'a PodView, key: &str) -> Option<&'a str> {
     pod.meta().labels.as_ref()?.get(key).map(String::as_str)
 }
@@ -103,4 +133,68 @@ pub fn ports(pod: &k8s_openapi::api::core::v1::Pod) -> Result<Vec<PortSpec>, Str
         None => checks::detect_ports(pod, &mut Vec::new())?,
     };
     value.map_or(Ok(Vec::new()), |value| contract::parse_ports(&value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(spec: serde_json::Value) -> PodView {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": spec}))
+            .unwrap()
+    }
+
+    /// `--accept-seed-tolerations`: the Go kubelet's manifests (a toleration of the RunPod taint
+    /// by key, no label) opt in; a tolerate-everything toleration, another provider's value, a
+    /// RuntimeClass's toleration or the flag off do not.
+    #[test]
+    fn the_seed_toleration_opts_in_only_when_accepted() {
+        let accepting = PolicyConfig {
+            accept_seed_tolerations: true,
+            ..PolicyConfig::default()
+        };
+        let no_labels = BTreeMap::new();
+        let opted = |spec: serde_json::Value, config: &PolicyConfig| {
+            opt_in(&pod(spec), "ml", &no_labels, config)
+        };
+        let equal = serde_json::json!({"tolerations": [{"key": "virtual-kubelet.io/provider",
+            "operator": "Equal", "value": "runpod", "effect": "NoSchedule"}]});
+        let exists = serde_json::json!({"tolerations": [{"key": "virtual-kubelet.io/provider",
+            "operator": "Exists"}]});
+        let no_operator = serde_json::json!({"tolerations": [{"key": "virtual-kubelet.io/provider",
+            "value": "runpod"}]});
+        assert_eq!(opted(equal.clone(), &accepting), Ok(()));
+        assert_eq!(opted(exists, &accepting), Ok(()));
+        assert_eq!(opted(no_operator, &accepting), Ok(()));
+        assert_eq!(
+            opted(equal.clone(), &PolicyConfig::default()),
+            Err(Untouched::NotOptedIn)
+        );
+        for refused in [
+            serde_json::json!({"tolerations": [{"operator": "Exists"}]}),
+            serde_json::json!({"tolerations": [{"key": "virtual-kubelet.io/provider",
+                "operator": "Equal", "value": "vastai"}]}),
+            serde_json::json!({"tolerations": equal["tolerations"], "runtimeClassName": "runpod"}),
+            serde_json::json!({"nodeName": "virtual-runpod"}),
+        ] {
+            assert_eq!(
+                opted(refused.clone(), &accepting),
+                Err(Untouched::NotOptedIn),
+                "{refused}"
+            );
+        }
+        // Opting out still wins.
+        let mut out = pod(equal);
+        out.metadata.as_mut().unwrap().labels = Some(
+            [(
+                contract::BURST_LABEL.to_owned(),
+                contract::BURST_DISABLED.to_owned(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            opt_in(&out, "ml", &no_labels, &accepting),
+            Err(Untouched::OptedOut)
+        );
+    }
 }

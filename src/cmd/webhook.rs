@@ -66,6 +66,10 @@ pub struct WebhookArgs {
         env = "RUNPOD_KUBELET_EXPOSE_PORTS"
     )]
     pub expose_ports: crate::cmd::flags::ExposePorts,
+    /// Migration from the Go kubelet: a pod that tolerates `virtual-kubelet.io/provider=runpod`
+    /// by key itself (its manifests unchanged) counts as opted in, without any label.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", env = "RUNPOD_KUBELET_ACCEPT_SEED_TOLERATIONS")]
+    pub accept_seed_tolerations: bool,
     /// After SIGTERM, how long to keep answering reviews (with /readyz failing) before closing,
     /// so that endpoints stop routing here first.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_SHUTDOWN_DRAIN")]
@@ -157,6 +161,7 @@ fn policy_config(
         .policy(args.max_gpu_price)
         .map_err(anyhow::Error::msg)?;
     config.expose_no_ports = args.expose_ports == crate::cmd::flags::ExposePorts::None;
+    config.accept_seed_tolerations = args.accept_seed_tolerations;
     config.disabled_clouds = runpod_contract::provider::Cloud::ALL
         .into_iter()
         .filter(|cloud| !args.clouds.contains(cloud))

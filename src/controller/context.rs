@@ -37,6 +37,8 @@ pub struct Settings {
     pub idle: IdleSettings,
     /// Where the API key comes from, for messages (`--api-key-secret`, else the variable).
     pub key_source: String,
+    /// Namespace of the adoption record (`--adoption-namespace`).
+    pub adoption_namespace: String,
 }
 
 /// One complete, successful list of the cloud's instances, reduced to this cluster and node.
@@ -73,6 +75,8 @@ pub struct Shared<P> {
     pub usage: Mutex<UsageLedger>,
     /// Wakes `cloud::billing` at once: a worker saw a deleted pod whose GPU still bills.
     pub ends_due: tokio::sync::Notify,
+    /// The operator's adoption record as last read (`controller::adoption`).
+    pub adopted: Mutex<crate::controller::adoption::Record>,
 }
 
 impl<P> Shared<P> {

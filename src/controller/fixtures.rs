@@ -40,5 +40,6 @@ pub fn settings() -> Settings {
         admission: Default::default(),
         idle: Default::default(),
         key_source: "Secret ns/key".into(),
+        adoption_namespace: "runpod-system".into(),
     }
 }

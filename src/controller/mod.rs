@@ -2,6 +2,7 @@
 //! and status, and runs one cloud instance per Kubernetes pod bound to it. The cloud sits
 //! behind the `provider::Provider` seam; RunPod is `runpod_provider`.
 
+pub mod adoption;
 pub mod clock;
 pub mod cloud;
 pub mod context;
@@ -174,6 +175,7 @@ async fn lead<P: Provider>(
         metrics: metrics.clone(),
         usage: Mutex::new(usage::UsageLedger::default()),
         ends_due: tokio::sync::Notify::new(),
+        adopted: Mutex::new(adoption::Record::new()),
     });
 
     let mut tasks = tokio::task::JoinSet::new();

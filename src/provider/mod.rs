@@ -43,6 +43,13 @@ pub struct Tags {
     pub pod_uid: Option<String>,
 }
 
+impl Tags {
+    /// No tag of ours at all: an instance someone else made (the Go kubelet, the console).
+    pub fn none(&self) -> bool {
+        self.cluster_id.is_none() && self.node_name.is_none() && self.pod_uid.is_none()
+    }
+}
+
 /// Lifecycle of an instance, in the cloud's terms mapped to a common set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum InstanceState {

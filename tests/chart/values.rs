@@ -119,10 +119,10 @@ fn platform_values_land_on_every_object_pod_and_container() {
         );
     }
     let pods = pod_templates(&objects);
-    // Two controllers, the webhook, two drains, two certs Jobs, the CronJob.
+    // Two controllers, the webhook, two drains, two key checks, two certs Jobs, the CronJob.
     assert_eq!(
         pods.len(),
-        8,
+        10,
         "{:?}",
         pods.iter().map(|p| &p.0).collect::<Vec<_>>()
     );
@@ -264,6 +264,30 @@ fn expose_ports_reaches_the_webhook_and_every_controller() {
     let error =
         render_values("runpod: {apiKey: k}\ncontroller: {exposePorts: some}\n").unwrap_err();
     assert!(error.contains("/controller/exposePorts"), "{error}");
+}
+
+/// `controller.acceptSeedTolerations` reaches the webhook and every controller; off, none.
+#[test]
+fn seed_tolerations_are_accepted_only_when_asked() {
+    let on = render_values(
+        "runpod: {apiKey: k}\nvastai: {apiKey: v}\nnodes: [{name: vast, provider: vastai}]\ncontroller: {acceptSeedTolerations: true}\n",
+    )
+    .unwrap();
+    let deployments = of_kind(&on, "Deployment");
+    assert_eq!(deployments.len(), 3);
+    for deployment in deployments {
+        let args = args_of(&deployment["spec"]["template"]);
+        assert!(
+            args.contains(&"--accept-seed-tolerations".to_owned()),
+            "{args:?}"
+        );
+    }
+    let off = render_values("runpod: {apiKey: k}\n").unwrap();
+    assert!(
+        !serde_json::to_string(&off)
+            .unwrap()
+            .contains("--accept-seed-tolerations")
+    );
 }
 
 #[test]
@@ -493,4 +517,99 @@ fn the_chart_states_its_kubernetes_and_names_the_released_image() {
     );
     assert!(workflow.contains("platforms: linux/amd64,linux/arm64"));
     assert!(workflow.contains("helm push"));
+}
+
+/// The pre-install check of each node's key: one Job per node (the RunPod default node and each
+/// `nodes` entry) with that node's key; a key the chart stores itself comes from a hook Secret
+/// that exists only while the hooks run (the release's Secret is not there yet), an existing
+/// Secret is read directly; no token is mounted; `controller.checkKey.enabled: false` renders none.
+#[test]
+fn each_nodes_key_is_checked_before_install() {
+    let objects = render_values(
+        r#"
+runpod: {apiKey: k}
+vastai: {existingSecret: vast-key, existingSecretKey: token}
+nodes: [{name: vast, provider: vastai}]
+"#,
+    )
+    .unwrap();
+    let jobs: Vec<&Value> = of_kind(&objects, "Job")
+        .into_iter()
+        .filter(|j| {
+            j["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .ends_with("-check-key")
+        })
+        .collect();
+    assert_eq!(jobs.len(), 2);
+    for job in &jobs {
+        assert_eq!(
+            job["metadata"]["annotations"]["helm.sh/hook"],
+            "pre-install,pre-upgrade"
+        );
+        assert_eq!(
+            job["spec"]["template"]["spec"]["automountServiceAccountToken"],
+            false
+        );
+    }
+    let runpod = named(&objects, "Job", "r-runpod-kubelet-controller-check-key");
+    let pod = &runpod["spec"]["template"];
+    let args = args_of(pod);
+    assert_eq!(&args[..2], ["controller", "check-key"]);
+    // The default node, as its controller: no --provider (RunPod).
+    assert_eq!(flag(&args, "--provider"), None);
+    assert_eq!(
+        flag(&args, "--api-key-secret"),
+        Some("runpod-system/r-runpod-kubelet-runpod (key RUNPOD_API_KEY)")
+    );
+    let key = &pod["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "RUNPOD_API_KEY")
+        .unwrap()["valueFrom"]["secretKeyRef"];
+    assert_eq!(key["name"], "r-runpod-kubelet-check-key");
+    let hook_secret = named(&objects, "Secret", "r-runpod-kubelet-check-key");
+    assert_eq!(
+        hook_secret["metadata"]["annotations"]["helm.sh/hook-weight"],
+        "-30"
+    );
+    assert!(hook_secret["data"].get("VAST_API_KEY").is_none());
+
+    let vast = named(
+        &objects,
+        "Job",
+        "r-runpod-kubelet-controller-vast-check-key",
+    );
+    let args = args_of(&vast["spec"]["template"]);
+    assert_eq!(flag(&args, "--provider"), Some("vastai"));
+    assert_eq!(
+        flag(&args, "--api-key-secret"),
+        Some("runpod-system/vast-key (key token)")
+    );
+    let env = vast["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
+    assert!(
+        env.contains("\"vast-key\"") && env.contains("\"token\""),
+        "{env}"
+    );
+
+    // The controllers name the same Secret in their messages.
+    let controller = named(&objects, "Deployment", "r-runpod-kubelet-controller");
+    assert_eq!(
+        flag(
+            &args_of(&controller["spec"]["template"]),
+            "--api-key-secret"
+        ),
+        Some("runpod-system/r-runpod-kubelet-runpod (key RUNPOD_API_KEY)")
+    );
+
+    let off =
+        render_values("runpod: {apiKey: k}\ncontroller: {checkKey: {enabled: false}}\n").unwrap();
+    assert!(!off.iter().any(|o| {
+        o["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .contains("check-key")
+    }));
 }

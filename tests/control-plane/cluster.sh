@@ -22,7 +22,7 @@ CACHE="${RUNPOD_KUBELET_CACHE:-$HOME/.cache/runpod-kubelet}/k8s-$K8S_VERSION"
 BIN="$CACHE/bin"
 COMPONENTS=(kube-apiserver kube-scheduler kube-controller-manager)
 # Written to $BIN/BUILD_REV; bump it when the build recipe changes so stale caches rebuild.
-BUILD_REV="1.20.2+reflect2-1.0.2"
+BUILD_REV="1.20.2+reflect2-1.0.2+version"
 ETCD=/usr/bin/etcd
 GOROOT_DEBIAN=/usr/lib/go-1.19
 
@@ -114,8 +114,14 @@ build_binaries() {
   log "make gen_openapi (log: $buildlog)"
   (cd "$tree" && make gen_openapi) >>"$buildlog" 2>&1 || { tail -n 30 "$buildlog" >&2; die "make gen_openapi failed"; }
 
-  local v=k8s.io/kubernetes/vendor/k8s.io/component-base/version
-  local ldflags="-s -w -X $v.gitVersion=v$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=20 -X $v.gitTreeState=clean"
+  # The version every path may read it from (the vendored and the module path of component-base
+  # and client-go): /version must say v1.20.2 as a released apiserver does (Helm checks the
+  # chart's kubeVersion against it), not the source tarball's v0.0.0-master.
+  local ldflags="-s -w" v
+  for v in k8s.io/kubernetes/vendor/k8s.io/component-base/version k8s.io/component-base/version \
+    k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $v.gitVersion=v$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=20 -X $v.gitTreeState=clean"
+  done
   local tmp="$out.tmp.$$"
   rm -rf "$tmp"
   mkdir -p "$tmp"

@@ -1,10 +1,9 @@
 //! Helpers of tests/e2e_helm.rs: Helm against the test cluster, the host's address, the webhook
 //! configuration's caBundle watched through an upgrade, and clients of the chart's accounts.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, bail};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use kube::Api;
@@ -12,47 +11,7 @@ use serde_json::json;
 
 use super::{CONFIG, FULL, NS};
 
-pub fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-pub fn helm_binary() -> anyhow::Result<PathBuf> {
-    let out = Command::new("bash")
-        .arg(root().join("scripts/helm.sh"))
-        .output()?;
-    ensure!(out.status.success(), "scripts/helm.sh failed");
-    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
-}
-
-/// Runs helm with the cluster's kubeconfig; returns stdout, fails with stderr.
-pub fn helm(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(helm_binary()?)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .current_dir(root())
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "helm {args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?)
-}
-
-/// This machine's first non-loopback IPv4 address (Endpoints refuse loopback ones).
-pub fn host_ip() -> anyhow::Result<String> {
-    let out = Command::new("hostname").arg("-I").output()?;
-    String::from_utf8(out.stdout)?
-        .split_whitespace()
-        .find(|a| {
-            a.parse::<std::net::Ipv4Addr>()
-                .is_ok_and(|ip| !ip.is_loopback())
-        })
-        .map(str::to_owned)
-        .context("no non-loopback IPv4 address")
-}
+pub use crate::support::chart::{helm, host_ip};
 
 /// Watches the webhook configuration from now on, counting its versions and those with an entry
 /// lacking a caBundle.

@@ -6,7 +6,7 @@ use std::process::Command;
 use anyhow::{Context, ensure};
 use serde_json::Value;
 
-fn root() -> &'static Path {
+pub fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
@@ -96,4 +96,34 @@ pub fn monitoring_queries() -> anyhow::Result<Vec<(String, String)>> {
         "no alerts or no dashboard rendered"
     );
     Ok(queries)
+}
+
+/// Runs helm with the cluster's kubeconfig; returns stdout, fails with stderr.
+pub fn helm(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(helm_binary()?)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .current_dir(root())
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "helm {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// This machine's first non-loopback IPv4 address (Endpoints refuse loopback ones).
+pub fn host_ip() -> anyhow::Result<String> {
+    let out = Command::new("hostname").arg("-I").output()?;
+    String::from_utf8(out.stdout)?
+        .split_whitespace()
+        .find(|a| {
+            a.parse::<std::net::Ipv4Addr>()
+                .is_ok_and(|ip| !ip.is_loopback())
+        })
+        .map(str::to_owned)
+        .context("no non-loopback IPv4 address")
 }

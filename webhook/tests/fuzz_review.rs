@@ -18,6 +18,7 @@ fn config() -> PolicyConfig {
         vastai: Default::default(),
         disabled_clouds: Default::default(),
         expose_no_ports: false,
+        accept_seed_tolerations: false,
     }
 }
 

@@ -28,6 +28,8 @@ node); OUT an empty dict (a template returns only text). */}}
 {{- $_ = set $out "metricsPort" (default $c.metricsPort $entry.metricsPort) -}}
 {{- $_ = set $out "extraArgs" (default list $entry.extraArgs) -}}
 {{- $_ = set $out "keyEnv" (include "runpod-kubelet.nodeKeyEnv" (list $ $entry)) -}}
+{{- $_ = set $out "keySource" (include "runpod-kubelet.nodeKeySource" (list $ $entry)) -}}
+{{- $_ = set $out "key" (include "runpod-kubelet.nodeKey" (list $ $entry) | fromYaml) -}}
 {{- $price := (include "runpod-kubelet.maxGpuPrice" $) -}}
 {{- if hasKey $entry "maxGpuPrice" -}}
 {{- if gt (float64 $entry.maxGpuPrice) (float64 $price) -}}
@@ -54,7 +56,9 @@ node); OUT an empty dict (a template returns only text). */}}
 {{- $_ = set $out "kubeletPort" $c.kubeletPort -}}
 {{- $_ = set $out "metricsPort" $c.metricsPort -}}
 {{- $_ = set $out "extraArgs" $c.extraArgs -}}
-{{- $_ = set $out "keyEnv" (include "runpod-kubelet.apiKeyEnv" $) -}}
+{{- $_ = set $out "keyEnv" (include "runpod-kubelet.nodeKeyEnv" (list $ nil)) -}}
+{{- $_ = set $out "keySource" (include "runpod-kubelet.nodeKeySource" (list $ nil)) -}}
+{{- $_ = set $out "key" (include "runpod-kubelet.nodeKey" (list $ nil) | fromYaml) -}}
 {{- $_ = set $out "maxGpuPrice" (include "runpod-kubelet.maxGpuPrice" $) -}}
 {{- $_ = set $out "datacenterIds" $.Values.runpod.datacenterIds -}}
 {{- $_ = set $out "vastai" $.Values.vastai -}}
@@ -174,6 +178,9 @@ spec:
             - {{ .maxPods | quote }}
             - --expose-ports
             - {{ $v.controller.exposePorts | quote }}
+            {{- if $v.controller.acceptSeedTolerations }}
+            - --accept-seed-tolerations
+            {{- end }}
             - --max-gpus
             - {{ .maxGpus | quote }}
             {{- with $v.controller.concurrency }}

@@ -224,6 +224,8 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ end -}}
 - --nodename
 - {{ .node.nodeName | quote }}
+- --api-key-secret
+- {{ .node.keySource | quote }}
 {{- if eq .node.provider "vastai" }}
 - --vastai-api-url
 - {{ $v.vastai.apiUrl | quote }}
@@ -274,30 +276,55 @@ as before. */}}
 {{- if .Values.vastai.existingSecret -}}{{ .Values.vastai.existingSecretKey }}{{- else -}}VAST_API_KEY{{- end -}}
 {{- end -}}
 
-{{/* The key of a `nodes` entry: call with (list . ENTRY). Its own Secret, else the chart's Secret
-of its provider. */}}
-{{- define "runpod-kubelet.nodeKeyEnv" -}}
+{{/* Where a node's key comes from: call with (list . ENTRY), ENTRY a `nodes` entry or nil (the
+default node). YAML of var (the env variable), secret, key, and managed (the chart's own Secret,
+which does not exist yet when the pre-install hooks run). */}}
+{{- define "runpod-kubelet.nodeKey" -}}
 {{- $ := index . 0 -}}
-{{- $node := index . 1 -}}
-{{- $vast := eq $node.provider "vastai" -}}
+{{- $node := index . 1 | default dict -}}
+{{- $vast := eq ($node.provider | default "runpod") "vastai" -}}
 {{- $var := ternary "VAST_API_KEY" "RUNPOD_API_KEY" $vast -}}
 {{- $secret := include "runpod-kubelet.apiKeySecret" $ -}}
 {{- $key := include "runpod-kubelet.apiKeyKey" $ -}}
-{{- if and (not $vast) (not $node.existingSecret) (not $.Values.runpod.enabled) -}}
+{{- $managed := not $.Values.runpod.existingSecret -}}
+{{- if and $node.name (not $vast) (not $node.existingSecret) (not $.Values.runpod.enabled) -}}
 {{- fail (printf "nodes: %q is a RunPod node but runpod.enabled is false: give it existingSecret, or enable runpod" $node.name) -}}
 {{- end -}}
 {{- if $node.existingSecret -}}
 {{- $secret = $node.existingSecret -}}
 {{- $key = default $var $node.existingSecretKey -}}
+{{- $managed = false -}}
 {{- else if $vast -}}
 {{- $secret = include "runpod-kubelet.vastaiKeySecret" $ -}}
 {{- $key = include "runpod-kubelet.vastaiKeyKey" $ -}}
+{{- $managed = not $.Values.vastai.existingSecret -}}
 {{- end -}}
-- name: {{ $var }}
+var: {{ $var }}
+secret: {{ $secret }}
+key: {{ $key }}
+managed: {{ $managed }}
+{{- end -}}
+
+{{/* The key env of a node: call with (list . ENTRY). */}}
+{{- define "runpod-kubelet.nodeKeyEnv" -}}
+{{- $k := include "runpod-kubelet.nodeKey" . | fromYaml -}}
+- name: {{ $k.var }}
   valueFrom:
     secretKeyRef:
-      name: {{ $secret }}
-      key: {{ $key }}
+      name: {{ $k.secret }}
+      key: {{ $k.key }}
+{{- end -}}
+
+{{/* The key's Secret as messages name it: call with (list . ENTRY). */}}
+{{- define "runpod-kubelet.nodeKeySource" -}}
+{{- $k := include "runpod-kubelet.nodeKey" . | fromYaml -}}
+{{- printf "%s/%s (key %s)" (index . 0).Release.Namespace $k.secret $k.key -}}
+{{- end -}}
+
+{{/* The hook Secret holding the chart-managed keys for check-key (pre-install: the release's
+own Secrets do not exist yet). */}}
+{{- define "runpod-kubelet.checkKeySecret" -}}
+{{- printf "%s-check-key" (include "runpod-kubelet.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{/* Whether the chart's Vast.ai Secret is needed: a vastai node without its own Secret. */}}

@@ -71,6 +71,9 @@ pub struct CheckKeyArgs {
     /// Where the API key comes from, named in the message of a refusal.
     #[arg(long, env = "RUNPOD_KUBELET_API_KEY_SECRET")]
     pub api_key_secret: Option<String>,
+    /// The node's cluster id; taken (and unused) so the node's flags can be passed as they are.
+    #[arg(long, env = "RUNPOD_KUBELET_CLUSTER_ID")]
+    pub cluster_id: Option<String>,
 }
 
 /// The cloud a controller runs its node's pods on.
@@ -116,6 +119,16 @@ pub struct DrainArgs {
     /// Seed compatibility: the kubeconfig (same as KUBECONFIG).
     #[arg(long, env = "RUNPOD_KUBELET_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+}
+
+/// The namespace of the adoption record: the flag, else the controller's own (`POD_NAMESPACE`),
+/// else `default`.
+pub fn adoption_namespace(flag: Option<&str>) -> String {
+    flag.map(str::to_owned)
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .map(|ns| ns.trim().to_owned())
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or_else(|| "default".to_owned())
 }
 
 /// Where a node's key comes from, for messages.
@@ -177,6 +190,14 @@ pub struct ControllerArgs {
         env = "RUNPOD_KUBELET_EXPOSE_PORTS"
     )]
     pub expose_ports: crate::cmd::flags::ExposePorts,
+    /// Migration from the Go kubelet: a pod that tolerates `virtual-kubelet.io/provider=runpod`
+    /// by key itself (its manifests unchanged) counts as opted in, without any label.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", env = "RUNPOD_KUBELET_ACCEPT_SEED_TOLERATIONS")]
+    pub accept_seed_tolerations: bool,
+    /// Namespace of `runpod-kubelet adopt`'s record of taken-over instances (a ConfigMap
+    /// `runpod-kubelet-adopted-<node>`); default: the controller's own namespace.
+    #[arg(long, env = "RUNPOD_KUBELET_ADOPTION_NAMESPACE")]
+    pub adoption_namespace: Option<String>,
     /// Tag of this cluster on every RunPod pod; default: the UID of the kube-system namespace,
     /// so two clusters sharing an account never collect each other's pods.
     #[arg(long, env = "RUNPOD_KUBELET_CLUSTER_ID")]

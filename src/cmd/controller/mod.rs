@@ -29,7 +29,9 @@ mod kubelet_tls;
 
 use args::{CloudArg, ControllerArgs, ControllerCommand, DrainArgs};
 
-async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<(kube::Client, kube::Config)> {
+pub(crate) async fn kube_client(
+    kubeconfig: Option<&PathBuf>,
+) -> anyhow::Result<(kube::Client, kube::Config)> {
     let config = match kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -204,6 +206,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
         .policy(args.max_gpu_price)
         .map_err(anyhow::Error::msg)?;
     admission.expose_no_ports = args.expose_ports == crate::cmd::flags::ExposePorts::None;
+    admission.accept_seed_tolerations = args.accept_seed_tolerations;
     let mut setup = Setup {
         cluster_id,
         internal_ip,
@@ -336,6 +339,7 @@ async fn serve<P: Provider>(
             idle: args.idle.settings(),
             admission,
             key_source: args::key_source(args.provider, args.api_key_secret.as_deref()),
+            adoption_namespace: args::adoption_namespace(args.adoption_namespace.as_deref()),
         },
         kubelet_listener,
         kubelet_tls,

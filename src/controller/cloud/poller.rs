@@ -134,7 +134,25 @@ pub async fn run<P: Provider>(
             ))),
         };
         let instances = match listed {
-            Ok(instances) => instances,
+            Ok(mut instances) => {
+                // The operator's adoptions: read each list (a failed read keeps the last one).
+                match crate::controller::adoption::load(&shared.client, &settings).await {
+                    Ok(record) => {
+                        if let Ok(mut adopted) = shared.adopted.lock() {
+                            *adopted = record;
+                        }
+                    }
+                    Err(error) => warn!(%error, "reading the adoption record failed"),
+                }
+                if let Ok(adopted) = shared.adopted.lock()
+                    && !adopted.is_empty()
+                {
+                    for instance in &mut instances {
+                        crate::controller::adoption::tag(instance, &adopted, &settings);
+                    }
+                }
+                instances
+            }
             Err(error) => {
                 failures += 1;
                 metrics

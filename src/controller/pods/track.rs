@@ -44,7 +44,13 @@ pub(super) async fn confirm<P: Provider>(
             .provider
             .lookup(&id)
             .await?
-            .filter(|i| i.state.is_live()),
+            .filter(|i| i.state.is_live())
+            .map(|mut instance| {
+                if let Ok(adopted) = ctx.adopted.lock() {
+                    crate::controller::adoption::tag(&mut instance, &adopted, &ctx.settings);
+                }
+                instance
+            }),
     };
     match found {
         Some(instance) if is_for(&instance, uid, &ctx.settings) => {
@@ -70,6 +76,26 @@ pub(super) async fn confirm<P: Provider>(
                     instance.tags.node_name.as_deref().unwrap_or("-"),
                     ctx.settings.cluster_id,
                     ctx.settings.node_name
+                ),
+            )
+            .await;
+            Ok(Action::requeue(ctx.settings.reconcile_interval))
+        }
+        // No tag of ours: most likely the Go kubelet made it for this pod (a migration). It
+        // bills; a second instance would bill twice. Only `runpod-kubelet adopt`, an operator's
+        // act, takes it over: the controller never trusts an id it did not write.
+        Some(instance) if instance.tags.none() => {
+            ctx.event(
+                pod,
+                true,
+                "AdoptionNeeded",
+                format!(
+                    "{} {id} named by this pod's {} carries no runpod-kubelet tags (made by the \
+                     Go kubelet?); nothing new is created while it exists. Take it over with \
+                     `runpod-kubelet adopt` (see the README, \"Moving from the Go kubelet\"), or \
+                     terminate it and remove the annotation",
+                    ctx.provider.instance_noun(),
+                    ctx.provider.id_annotation()
                 ),
             )
             .await;
@@ -425,6 +451,7 @@ mod tests {
             admission: Default::default(),
             idle: Default::default(),
             key_source: "Secret ns/key".into(),
+            adoption_namespace: "runpod-system".into(),
         };
         let tagged = |cluster: &str, node: &str, uid: &str| Instance {
             tags: Tags {

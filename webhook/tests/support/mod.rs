@@ -233,5 +233,6 @@ pub fn policy() -> PolicyConfig {
         vastai: Default::default(),
         disabled_clouds: Default::default(),
         expose_no_ports: false,
+        accept_seed_tolerations: false,
     }
 }

@@ -1,0 +1,111 @@
+//! Instances the Go kubelet made, taken over by `runpod-kubelet adopt`: the operator's record,
+//! a ConfigMap `runpod-kubelet-adopted-<node>` in the controller's namespace (instance id ->
+//! Kubernetes pod UID). An instance cannot be re-tagged without a restart (its tags live in its
+//! environment), so ownership is recorded here, where only the operator writes (pod users
+//! cannot), and the controller reads an adopted instance as if it carried our tags: it is
+//! tracked, terminated and collected like ours. Only instances with no tag of ours at all are
+//! ever read this way; an id on a pod alone is never trusted.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+
+use crate::controller::context::Settings;
+use crate::provider::{Instance, Tags};
+
+/// The record's name for a node.
+pub fn record_name(node_name: &str) -> String {
+    format!("runpod-kubelet-adopted-{node_name}")
+}
+
+/// Instance id -> pod UID, as recorded.
+pub type Record = BTreeMap<String, String>;
+
+/// Gives an untagged instance the record names our tags (this cluster, this node, the pod);
+/// anything else is left as it is.
+pub fn tag(instance: &mut Instance, record: &Record, settings: &Settings) {
+    if !instance.tags.none() {
+        return;
+    }
+    if let Some(uid) = record.get(&instance.id) {
+        instance.tags = Tags {
+            cluster_id: Some(settings.cluster_id.clone()),
+            node_name: Some(settings.node_name.clone()),
+            pod_uid: Some(uid.clone()),
+        };
+    }
+}
+
+/// The record of this node (empty when there is none); `Err` when it cannot be read.
+pub async fn load(client: &kube::Client, settings: &Settings) -> Result<Record, kube::Error> {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &settings.adoption_namespace);
+    Ok(maps
+        .get_opt(&record_name(&settings.node_name))
+        .await?
+        .and_then(|map| map.data)
+        .map(|data| data.into_iter().collect())
+        .unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::fixtures::settings;
+    use crate::provider::InstanceState;
+
+    fn instance(id: &str, tags: Tags) -> Instance {
+        Instance {
+            id: id.into(),
+            name: "n".into(),
+            tags,
+            state: InstanceState::Running,
+            uptime_secs: None,
+            cost_per_hour: None,
+            gpu_type: None,
+            datacenter: None,
+            endpoints: vec![],
+            ip: None,
+            created_at: None,
+            started_at: None,
+            message: None,
+            usage: None,
+        }
+    }
+
+    /// Only an untagged instance the record names becomes ours; a tagged one (another
+    /// cluster's, another pod's) is never re-tagged, whatever the record says.
+    #[test]
+    fn only_recorded_untagged_instances_become_ours() {
+        let settings = settings();
+        let record: Record = [
+            ("seed1".to_owned(), "uid-1".to_owned()),
+            ("theirs".to_owned(), "uid-2".to_owned()),
+        ]
+        .into();
+        let mut seed = instance("seed1", Tags::default());
+        tag(&mut seed, &record, &settings);
+        assert_eq!(seed.tags.pod_uid.as_deref(), Some("uid-1"));
+        assert_eq!(
+            seed.tags.cluster_id.as_deref(),
+            Some(settings.cluster_id.as_str())
+        );
+        assert_eq!(
+            seed.tags.node_name.as_deref(),
+            Some(settings.node_name.as_str())
+        );
+
+        let other = Tags {
+            cluster_id: Some("other".into()),
+            node_name: Some("vr".into()),
+            pod_uid: Some("x".into()),
+        };
+        let mut theirs = instance("theirs", other.clone());
+        tag(&mut theirs, &record, &settings);
+        assert_eq!(theirs.tags, other);
+
+        let mut unrecorded = instance("seed2", Tags::default());
+        tag(&mut unrecorded, &record, &settings);
+        assert!(unrecorded.tags.none());
+    }
+}

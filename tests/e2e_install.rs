@@ -5,7 +5,8 @@
 //! API key reported on the node at once, a drain that stops at once on it, and a `helm install`
 //! that fails at once on it (the chart's check-key hook, run by the stand-in kubelet of
 //! tests/support/pod_runner.rs); moving from the Go kubelet (its manifests opting in by their
-//! toleration, its RunPod pods taken over by `runpod-kubelet adopt`).
+//! toleration, its RunPod pods taken over by `runpod-kubelet adopt`); `kubectl logs` through an
+//! apiserver that verifies kubelet certificates, with one the cluster issued.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -32,9 +33,12 @@ use support::pods::{
 use support::webhook::free_port;
 
 fn main() -> std::process::ExitCode {
-    support::harness::main("e2e_install", &ExtraFlags::default(), |cp| {
-        Box::pin(run(cp))
-    })
+    // The apiserver verifies kubelet certificates against the cluster CA, as hardened clusters do.
+    let flags = ExtraFlags {
+        apiserver: vec!["--kubelet-certificate-authority={pki}/ca.crt".to_owned()],
+        ..ExtraFlags::default()
+    };
+    support::harness::main("e2e_install", &flags, |cp| Box::pin(run(cp)))
 }
 
 async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
@@ -51,6 +55,9 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
     moving_from_the_go_kubelet(control_plane, &client)
         .await
         .context("moving from the Go kubelet")?;
+    logs_through_an_apiserver_that_verifies_kubelets(control_plane, &client)
+        .await
+        .context("kubelet certificate")?;
     Ok(())
 }
 
@@ -337,6 +344,13 @@ async fn a_wrong_key_fails_fast(
             ledger_live(&simulator, &id).await?,
             "drain terminated something"
         );
+        // Refused before it touched the node: not cordoned, not marked draining.
+        let node = nodes.get(NODE).await?;
+        ensure!(
+            node.spec.as_ref().and_then(|s| s.unschedulable) != Some(true)
+                && !annotation_of(&node, "runpod.io/draining"),
+            "the refused drain left the node cordoned or marked"
+        );
         anyhow::Ok(())
     }
     .await;
@@ -584,4 +598,114 @@ async fn moving_from_the_go_kubelet(
         eprintln!("--- controller log tail ---\n{}", controller.log_tail(60));
     }
     outcome
+}
+
+/// An apiserver that verifies kubelet certificates (`--kubelet-certificate-authority`, the
+/// cluster CA): with the self-signed default `kubectl logs` of a burst pod fails with an x509
+/// error; with `--kubelet-tls-csr` the controller asks the cluster for a
+/// `kubernetes.io/kubelet-serving` certificate, the cluster admin approves it, and `kubectl
+/// logs` works.
+async fn logs_through_an_apiserver_that_verifies_kubelets(
+    control_plane: &ControlPlane,
+    client: &kube::Client,
+) -> anyhow::Result<()> {
+    let simulator = SimulatorProcess::start(&json!({
+        "provisioning_ms": 300, "starting_ms": 100,
+        "images": [{"match": "server", "logs": ["serving on 8888"]}]
+    }))?;
+    let ns = "install-tls";
+    namespace(client, ns, true).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let flags = ["--cluster-id", "e2e-tls"];
+    let self_signed = ControllerProcess::start(
+        &control_plane.kubeconfig,
+        &control_plane.ca_file(),
+        &simulator,
+        &flags,
+    )?;
+    pods.create(
+        &PostParams::default(),
+        &bound_gpu_pod("verified", "e2e/server:1", "Always"),
+    )
+    .await?;
+    running(&pods, "verified").await?;
+    let refused = pods
+        .logs("verified", &Default::default())
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    ensure!(
+        refused.contains("x509") || refused.contains("certificate"),
+        "a self-signed kubelet certificate was accepted: {refused:?}"
+    );
+    drop(self_signed);
+
+    let csr_flags = ["--cluster-id", "e2e-tls", "--kubelet-tls-csr"];
+    let controller = ControllerProcess::start(
+        &control_plane.kubeconfig,
+        &control_plane.ca_file(),
+        &simulator,
+        &csr_flags,
+    )?;
+    let outcome = async {
+        let csrs: Api<k8s_openapi::api::certificates::v1::CertificateSigningRequest> =
+            Api::all(client.clone());
+        let name = support::wait::until("the kubelet-serving request", WAIT, || async {
+            Ok(csrs
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|csr| {
+                    csr.spec.signer_name == "kubernetes.io/kubelet-serving"
+                        && csr.status.as_ref().is_none_or(|s| s.certificate.is_none())
+                        && csr
+                            .metadata
+                            .name
+                            .as_deref()
+                            .is_some_and(|n| n.starts_with("virtual-runpod-serving-"))
+                })
+                .and_then(|csr| csr.metadata.name))
+        })
+        .await?;
+        // The cluster admin's approval.
+        let approved = Command::new("kubectl")
+            .args(["certificate", "approve", &name, "--kubeconfig"])
+            .arg(&control_plane.kubeconfig)
+            .output()?;
+        ensure!(
+            approved.status.success(),
+            "kubectl certificate approve: {}",
+            String::from_utf8_lossy(&approved.stderr)
+        );
+        support::wait::until(
+            "kubectl logs through the verifying apiserver",
+            WAIT,
+            || async {
+                let out = Command::new("kubectl")
+                    .args(["logs", "verified", "-n", ns, "--kubeconfig"])
+                    .arg(&control_plane.kubeconfig)
+                    .output()?;
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                Ok((out.status.success() && text.contains("serving on 8888")).then_some(()))
+            },
+        )
+        .await?;
+        pods.delete("verified", &DeleteParams::default()).await?;
+        gone(&pods, "verified").await?;
+        anyhow::Ok(())
+    }
+    .await;
+    if outcome.is_err() {
+        eprintln!("--- controller log tail ---\n{}", controller.log_tail(60));
+    }
+    outcome
+}
+
+fn annotation_of(node: &Node, key: &str) -> bool {
+    node.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(key))
 }

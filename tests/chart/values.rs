@@ -613,3 +613,72 @@ nodes: [{name: vast, provider: vastai}]
             .contains("check-key")
     }));
 }
+
+/// The kubelet API's certificate: `mode: csr` passes `--kubelet-tls-csr` to every controller
+/// and lets the controller create CertificateSigningRequests (nothing more: approving is the
+/// cluster's); a Secret of yours is mounted and passed as files; cert-manager's Certificate
+/// names every node; the modes exclude each other.
+#[test]
+fn the_kubelet_certificate_comes_from_the_cluster_a_secret_or_cert_manager() {
+    let base =
+        "runpod: {apiKey: k}\nvastai: {apiKey: v}\nnodes: [{name: vast, provider: vastai}]\n";
+    let csr = render_values(&format!(
+        "{base}controller: {{kubeletTls: {{mode: csr}}}}\n"
+    ))
+    .unwrap();
+    for deployment in of_kind(&csr, "Deployment")
+        .into_iter()
+        .filter(|d| d["metadata"]["name"] != "r-runpod-kubelet-webhook")
+    {
+        let args = args_of(&deployment["spec"]["template"]);
+        assert!(args.contains(&"--kubelet-tls-csr".to_owned()), "{args:?}");
+    }
+    let role = named(&csr, "ClusterRole", "r-runpod-kubelet-controller");
+    let rule = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["apiGroups"][0] == "certificates.k8s.io")
+        .expect("a rule for CSRs");
+    assert_eq!(rule["verbs"], serde_json::json!(["create", "get"]));
+    let default = render_values(base).unwrap();
+    let role = named(&default, "ClusterRole", "r-runpod-kubelet-controller");
+    assert!(!role.to_string().contains("certificatesigningrequests"));
+
+    let secret = render_values(&format!(
+        "{base}controller: {{kubeletTls: {{existingSecret: kubelet-tls}}}}\n"
+    ))
+    .unwrap();
+    let pod = &named(&secret, "Deployment", "r-runpod-kubelet-controller-vast")["spec"]["template"];
+    let args = args_of(pod);
+    assert_eq!(
+        flag(&args, "--kubelet-tls-cert"),
+        Some("/etc/runpod-kubelet/kubelet-tls/tls.crt")
+    );
+    assert!(
+        pod["spec"]["volumes"]
+            .to_string()
+            .contains("\"secretName\":\"kubelet-tls\"")
+    );
+
+    let managed = render_values(&format!(
+        "{base}controller: {{kubeletTls: {{certManager: {{issuerRef: {{name: ca, kind: ClusterIssuer}}}}}}}}\n"
+    ))
+    .unwrap();
+    let certificate = named(
+        &managed,
+        "Certificate",
+        "r-runpod-kubelet-controller-kubelet-tls",
+    );
+    assert_eq!(
+        certificate["spec"]["dnsNames"],
+        serde_json::json!(["virtual-runpod", "vast"])
+    );
+    assert_eq!(certificate["spec"]["issuerRef"]["kind"], "ClusterIssuer");
+
+    let error = render_values(&format!(
+        "{base}controller: {{kubeletTls: {{mode: csr, existingSecret: x}}}}\n"
+    ))
+    .unwrap_err();
+    assert!(error.contains("mode csr"), "{error}");
+}

@@ -13,7 +13,8 @@
 # Environment: RUNPOD_KUBELET_CACHE (default ~/.cache/runpod-kubelet),
 #              CLUSTER_START_TIMEOUT (seconds, default 90),
 #              EXTRA_APISERVER_FLAGS, EXTRA_CONTROLLER_MANAGER_FLAGS (whitespace-separated flags
-#              appended to that component's command line, e.g. shorter eviction timeouts).
+#              appended to that component's command line, e.g. shorter eviction timeouts;
+#              `{pki}` stands for the cluster's PKI directory).
 # Progress and errors go to stderr; stdout carries only the final line.
 set -euo pipefail
 
@@ -390,6 +391,12 @@ EOF
   local pki="$DIR/pki" extra_apiserver=() extra_controller_manager=()
   read -r -a extra_apiserver <<<"${EXTRA_APISERVER_FLAGS:-}"
   read -r -a extra_controller_manager <<<"${EXTRA_CONTROLLER_MANAGER_FLAGS:-}"
+  # {pki} in an extra flag is this cluster's PKI directory (e.g. the cluster CA for
+  # --kubelet-certificate-authority={pki}/ca.crt).
+  if ((${#extra_apiserver[@]})); then extra_apiserver=("${extra_apiserver[@]//\{pki\}/$pki}"); fi
+  if ((${#extra_controller_manager[@]})); then
+    extra_controller_manager=("${extra_controller_manager[@]//\{pki\}/$pki}")
+  fi
   spawn kube-apiserver "$BIN/kube-apiserver" \
     --etcd-servers="$client" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \

@@ -156,6 +156,9 @@ spec:
             {{- include "runpod-kubelet.controllerArgs" (dict "root" $root "node" .) | nindent 12 }}
             - --kubelet-port
             - {{ .kubeletPort | quote }}
+            {{- with include "runpod-kubelet.kubeletTlsArgs" $root | trim }}
+            {{- . | nindent 12 }}
+            {{- end }}
             - --metrics-listen
             - {{ printf "0.0.0.0:%v" .metricsPort | quote }}
             - --reconcile-interval

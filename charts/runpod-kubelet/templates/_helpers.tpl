@@ -467,10 +467,53 @@ goes through that proxy. */}}
 {{/* The controller's own volumes and mounts (the cloud CA; the kubelet certificate). */}}
 {{- define "runpod-kubelet.controllerVolumes" -}}
 {{ include "runpod-kubelet.cloudVolumes" . }}
+{{- with include "runpod-kubelet.kubeletTlsSecret" . }}
+- name: kubelet-tls
+  secret:
+    secretName: {{ . }}
+    items:
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+{{- end }}
 {{- end -}}
 
 {{- define "runpod-kubelet.controllerMounts" -}}
 {{ include "runpod-kubelet.cloudMounts" . }}
+{{- if include "runpod-kubelet.kubeletTlsSecret" . }}
+- name: kubelet-tls
+  mountPath: /etc/runpod-kubelet/kubelet-tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* The Secret holding the kubelet API's certificate (tls.crt, tls.key), if any: yours
+(controller.kubeletTls.existingSecret) or cert-manager's (certManager.issuerRef). */}}
+{{- define "runpod-kubelet.kubeletTlsSecret" -}}
+{{- with .Values.controller.kubeletTls -}}
+{{- if and (eq .mode "csr") (or .existingSecret .certManager.issuerRef) -}}
+{{- fail "controller.kubeletTls: mode csr requests the certificate from the cluster; leave existingSecret and certManager.issuerRef empty" -}}
+{{- end -}}
+{{- if and .existingSecret .certManager.issuerRef -}}
+{{- fail "controller.kubeletTls: set existingSecret or certManager.issuerRef, not both" -}}
+{{- end -}}
+{{- if .existingSecret -}}
+{{- .existingSecret -}}
+{{- else if .certManager.issuerRef -}}
+{{- printf "%s-kubelet-tls" (include "runpod-kubelet.controllerName" $) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The kubelet API's certificate flags. */}}
+{{- define "runpod-kubelet.kubeletTlsArgs" -}}
+{{- if include "runpod-kubelet.kubeletTlsSecret" . }}
+- --kubelet-tls-cert
+- /etc/runpod-kubelet/kubelet-tls/tls.crt
+- --kubelet-tls-key
+- /etc/runpod-kubelet/kubelet-tls/tls.key
+{{- else if eq .Values.controller.kubeletTls.mode "csr" }}
+- --kubelet-tls-csr
+{{- end }}
 {{- end -}}
 
 {{/* The Go kubelet chart's values, for installs moving over: kubelet.reconcileInterval and

@@ -224,6 +224,12 @@ pub struct ControllerArgs {
     /// 127.0.0.1.
     #[arg(long, env = "RUNPOD_KUBELET_INTERNAL_IP")]
     pub internal_ip: Option<IpAddr>,
+    /// Request the kubelet API's serving certificate from the cluster (a
+    /// `kubernetes.io/kubelet-serving` CertificateSigningRequest, which the cluster must
+    /// approve), and again before it expires; self-signed until then. For apiservers that verify
+    /// kubelet certificates (`--kubelet-certificate-authority`).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", conflicts_with = "kubelet_tls_cert", env = "RUNPOD_KUBELET_KUBELET_TLS_CSR")]
+    pub kubelet_tls_csr: bool,
     /// PEM serving certificate of the kubelet API; default: self-signed in memory.
     #[arg(
         long,

@@ -293,8 +293,20 @@ async fn serve<P: Provider>(
         admission,
     } = setup;
     let (certs, key) = kubelet_tls::kubelet_identity(&args, internal_ip)?;
-    let kubelet_tls =
-        kubelet_api::server_config(certs, key, kubelet_tls::client_ca(&args, &config)?)?;
+    let first =
+        rustls::sign::CertifiedKey::from_der(certs, key, &rustls::crypto::ring::default_provider())
+            .context("the kubelet API's certificate and key")?;
+    let serving = kubelet_api::serving::ServingCert::new(first);
+    if args.kubelet_tls_csr {
+        // Served self-signed until the cluster approves and signs the request.
+        tokio::spawn(kubelet_api::serving::keep_requesting(
+            client.clone(),
+            args.nodename.clone(),
+            internal_ip,
+            serving.clone(),
+        ));
+    }
+    let kubelet_tls = kubelet_api::server_config(serving, kubelet_tls::client_ca(&args, &config)?)?;
     let kubelet_listener = TcpListener::bind(SocketAddr::new(
         IpAddr::from([0, 0, 0, 0]),
         args.kubelet_port,

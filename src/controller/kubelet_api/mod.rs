@@ -10,6 +10,7 @@
 pub mod authn;
 pub mod authz;
 mod logs;
+pub mod serving;
 pub mod stats;
 
 use std::sync::Arc;
@@ -38,10 +39,10 @@ struct ApiState<P> {
     pods: Store<Pod>,
 }
 
-/// TLS settings: the serving certificate and the CA that client certificates must chain to.
+/// TLS settings: the serving certificate (swappable: `serving`) and the CA that client
+/// certificates must chain to.
 pub fn server_config(
-    cert_chain: Vec<rustls::pki_types::CertificateDer<'static>>,
-    key: rustls::pki_types::PrivateKeyDer<'static>,
+    serving: Arc<serving::ServingCert>,
     client_ca: RootCertStore,
 ) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     // Unauthenticated handshakes are let through so that they get a clear 401, not a TLS error.
@@ -53,7 +54,7 @@ pub fn server_config(
         &rustls::version::TLS12,
     ])
     .with_client_cert_verifier(verifier)
-    .with_single_cert(cert_chain, key)?;
+    .with_cert_resolver(serving);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }

@@ -139,6 +139,13 @@ pub async fn drain<P: Provider>(
         None => None,
     };
 
+    // A refused key is known before the node is touched: nothing is marked or cordoned, the
+    // running controller goes on as before.
+    if let Err(ProviderError::KeyRefused(message) | ProviderError::Account(message)) =
+        provider.list().await
+    {
+        return Err(refused(provider, &client, &config.node_name, &message).await);
+    }
     if let Some(node) = &our_node {
         mark(&client, &nodes, node, config, deadline).await?;
     }
@@ -182,10 +189,7 @@ pub async fn drain<P: Provider>(
                 }
             }
             Err(ProviderError::KeyRefused(message) | ProviderError::Account(message)) => {
-                return Err(DrainError::Refused {
-                    message: format!("{} refused the key: {message}", provider.cloud().title),
-                    may_bill: may_bill(&client, &config.node_name).await,
-                });
+                return Err(refused(provider, &client, &config.node_name, &message).await);
             }
             Err(error) => {
                 clear_lists = 0;
@@ -273,6 +277,19 @@ async fn mark(
             return Ok(());
         }
         tokio::time::sleep(config.poll_interval.min(Duration::from_secs(1))).await;
+    }
+}
+
+/// The error of a drain the cloud refuses to serve.
+async fn refused<P: Provider>(
+    provider: &P,
+    client: &kube::Client,
+    node_name: &str,
+    message: &str,
+) -> DrainError {
+    DrainError::Refused {
+        message: format!("{} refused the key: {message}", provider.cloud().title),
+        may_bill: may_bill(client, node_name).await,
     }
 }
 

@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 
-use crate::controller::context::Settings;
 use crate::provider::{Instance, Tags};
 
 /// The record's name for a node.
@@ -22,26 +21,37 @@ pub fn record_name(node_name: &str) -> String {
 /// Instance id -> pod UID, as recorded.
 pub type Record = BTreeMap<String, String>;
 
+/// Whose tags an adopted instance gets: this controller's cluster id and node.
+#[derive(Debug, Clone, Copy)]
+pub struct Owner<'a> {
+    pub cluster_id: &'a str,
+    pub node_name: &'a str,
+}
+
 /// Gives an untagged instance the record names our tags (this cluster, this node, the pod);
 /// anything else is left as it is.
-pub fn tag(instance: &mut Instance, record: &Record, settings: &Settings) {
+pub fn tag(instance: &mut Instance, record: &Record, owner: Owner<'_>) {
     if !instance.tags.none() {
         return;
     }
     if let Some(uid) = record.get(&instance.id) {
         instance.tags = Tags {
-            cluster_id: Some(settings.cluster_id.clone()),
-            node_name: Some(settings.node_name.clone()),
+            cluster_id: Some(owner.cluster_id.to_owned()),
+            node_name: Some(owner.node_name.to_owned()),
             pod_uid: Some(uid.clone()),
         };
     }
 }
 
-/// The record of this node (empty when there is none); `Err` when it cannot be read.
-pub async fn load(client: &kube::Client, settings: &Settings) -> Result<Record, kube::Error> {
-    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &settings.adoption_namespace);
+/// The record of `node` in `namespace` (empty when there is none); `Err` when it cannot be read.
+pub async fn load(
+    client: &kube::Client,
+    namespace: &str,
+    node: &str,
+) -> Result<Record, kube::Error> {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     Ok(maps
-        .get_opt(&record_name(&settings.node_name))
+        .get_opt(&record_name(node))
         .await?
         .and_then(|map| map.data)
         .map(|data| data.into_iter().collect())
@@ -78,13 +88,17 @@ mod tests {
     #[test]
     fn only_recorded_untagged_instances_become_ours() {
         let settings = settings();
+        let owner = Owner {
+            cluster_id: &settings.cluster_id,
+            node_name: &settings.node_name,
+        };
         let record: Record = [
             ("seed1".to_owned(), "uid-1".to_owned()),
             ("theirs".to_owned(), "uid-2".to_owned()),
         ]
         .into();
         let mut seed = instance("seed1", Tags::default());
-        tag(&mut seed, &record, &settings);
+        tag(&mut seed, &record, owner);
         assert_eq!(seed.tags.pod_uid.as_deref(), Some("uid-1"));
         assert_eq!(
             seed.tags.cluster_id.as_deref(),
@@ -101,11 +115,11 @@ mod tests {
             pod_uid: Some("x".into()),
         };
         let mut theirs = instance("theirs", other.clone());
-        tag(&mut theirs, &record, &settings);
+        tag(&mut theirs, &record, owner);
         assert_eq!(theirs.tags, other);
 
         let mut unrecorded = instance("seed2", Tags::default());
-        tag(&mut unrecorded, &record, &settings);
+        tag(&mut unrecorded, &record, owner);
         assert!(unrecorded.tags.none());
     }
 }

@@ -76,7 +76,7 @@ pub struct Shared<P> {
     /// Wakes `cloud::billing` at once: a worker saw a deleted pod whose GPU still bills.
     pub ends_due: tokio::sync::Notify,
     /// The operator's adoption record as last read (`controller::adoption`).
-    pub adopted: Mutex<crate::controller::adoption::Record>,
+    pub adopted: Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 impl<P> Shared<P> {
@@ -130,6 +130,16 @@ impl<P> Shared<P> {
         };
         if let Err(error) = self.recorder.publish(&event, &pod.object_ref(&())).await {
             warn!(reason, error = %error, "could not publish an Event");
+        }
+    }
+}
+
+impl Settings {
+    /// Whose tags an adopted instance gets.
+    pub fn owner(&self) -> crate::controller::adoption::Owner<'_> {
+        crate::controller::adoption::Owner {
+            cluster_id: &self.cluster_id,
+            node_name: &self.node_name,
         }
     }
 }

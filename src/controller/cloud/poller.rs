@@ -136,7 +136,13 @@ pub async fn run<P: Provider>(
         let instances = match listed {
             Ok(mut instances) => {
                 // The operator's adoptions: read each list (a failed read keeps the last one).
-                match crate::controller::adoption::load(&shared.client, &settings).await {
+                let loaded = crate::controller::adoption::load(
+                    &shared.client,
+                    &settings.adoption_namespace,
+                    &settings.node_name,
+                )
+                .await;
+                match loaded {
                     Ok(record) => {
                         if let Ok(mut adopted) = shared.adopted.lock() {
                             *adopted = record;
@@ -148,7 +154,7 @@ pub async fn run<P: Provider>(
                     && !adopted.is_empty()
                 {
                     for instance in &mut instances {
-                        crate::controller::adoption::tag(instance, &adopted, &settings);
+                        crate::controller::adoption::tag(instance, &adopted, settings.owner());
                     }
                 }
                 instances

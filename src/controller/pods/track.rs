@@ -47,7 +47,7 @@ pub(super) async fn confirm<P: Provider>(
             .filter(|i| i.state.is_live())
             .map(|mut instance| {
                 if let Ok(adopted) = ctx.adopted.lock() {
-                    crate::controller::adoption::tag(&mut instance, &adopted, &ctx.settings);
+                    crate::controller::adoption::tag(&mut instance, &adopted, ctx.settings.owner());
                 }
                 instance
             }),

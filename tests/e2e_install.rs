@@ -537,18 +537,30 @@ async fn moving_from_the_go_kubelet(
             }
             command.output()
         };
-        let listed = adopt(true)?;
-        let stdout = String::from_utf8_lossy(&listed.stdout);
-        ensure!(
-            listed.status.success(),
-            "adopt --dry-run: {}",
-            String::from_utf8_lossy(&listed.stderr)
-        );
-        ensure!(
-            stdout.contains(&format!("{legacy_id} legacy-train -> {ns}/legacy-train"))
-                && stdout.contains(&format!("{stranger_id} stranger -> none")),
-            "adopt --dry-run printed: {stdout}"
-        );
+        // RunPod's list may lag a fresh create (these two were made just now): ask until both
+        // are listed.
+        let expected = [
+            format!("{legacy_id} legacy-train -> {ns}/legacy-train"),
+            format!("{stranger_id} stranger -> none"),
+        ];
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let listed = adopt(true)?;
+            ensure!(
+                listed.status.success(),
+                "adopt --dry-run: {}",
+                String::from_utf8_lossy(&listed.stderr)
+            );
+            let last = String::from_utf8_lossy(&listed.stdout).into_owned();
+            if expected.iter().all(|line| last.contains(line.as_str())) {
+                break;
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "adopt --dry-run printed: {last}"
+            );
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
         let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
             Api::namespaced(client.clone(), "default");
         ensure!(

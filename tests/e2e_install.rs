@@ -481,12 +481,8 @@ async fn moving_from_the_go_kubelet(
         json!({"name": name, "image": "e2e/server:1",
                "gpu": {"id": "NVIDIA GeForce RTX 4090", "count": 1}, "env": {"FOO": "bar"}})
     };
-    let legacy = simulator.create_pod(&body("legacy-train")).await?;
-    let stranger = simulator.create_pod(&body("stranger")).await?;
-    let id = |pod: &serde_json::Value| pod["id"].as_str().unwrap_or_default().to_owned();
-    let (legacy_id, stranger_id) = (id(&legacy), id(&stranger));
-
-    // Not labelled: the pod opts in by its toleration alone, as the Go kubelet's manifests did.
+    // Not labelled: the pod opts in by its toleration alone, as the Go kubelet's manifests did;
+    // the Go kubelet then made its RunPod pod and wrote the id onto it.
     let ns = "install-seed";
     namespace(client, ns, false).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -497,9 +493,25 @@ async fn moving_from_the_go_kubelet(
             "key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "runpod",
             "effect": "NoSchedule"}))?]);
     }
-    pod.metadata.annotations = Some([("runpod.io/pod-id".to_owned(), legacy_id.clone())].into());
+    let mut second = pod.clone();
+    second.metadata.name = Some("legacy-serve".to_owned());
     let pod = pods.create(&PostParams::default(), &pod).await?;
     let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
+    pods.create(&PostParams::default(), &second).await?;
+    let legacy = simulator.create_pod(&body("legacy-train")).await?;
+    let serve = simulator.create_pod(&body("legacy-serve")).await?;
+    let stranger = simulator.create_pod(&body("stranger")).await?;
+    let id = |pod: &serde_json::Value| pod["id"].as_str().unwrap_or_default().to_owned();
+    let (legacy_id, stranger_id, serve_id) = (id(&legacy), id(&stranger), id(&serve));
+    for (name, id) in [("legacy-serve", &serve_id), ("legacy-train", &legacy_id)] {
+        let annotation = json!({"metadata": {"annotations": {"runpod.io/pod-id": id}}});
+        pods.patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(annotation),
+        )
+        .await?;
+    }
 
     let controller = ControllerProcess::start(
         &control_plane.kubeconfig,
@@ -542,6 +554,7 @@ async fn moving_from_the_go_kubelet(
         let expected = [
             format!("{legacy_id} legacy-train -> {ns}/legacy-train"),
             format!("{stranger_id} stranger -> none"),
+            format!("{serve_id} legacy-serve -> {ns}/legacy-serve"),
         ];
         let deadline = std::time::Instant::now() + WAIT;
         loop {
@@ -602,6 +615,38 @@ async fn moving_from_the_go_kubelet(
         ensure!(
             ledger_live(&simulator, &stranger_id).await?,
             "the stranger's RunPod pod was touched"
+        );
+        // Uninstalling drains adopted instances like ours, and leaves the stranger's alone.
+        let drained = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+            .args([
+                "controller",
+                "drain",
+                "--cluster-id",
+                "e2e-seed",
+                "--timeout",
+                "2m",
+            ])
+            .args([
+                "--runpod-api-url",
+                &simulator.url,
+                "--adoption-namespace",
+                "default",
+            ])
+            .env("KUBECONFIG", &control_plane.kubeconfig)
+            .env("RUNPOD_API_KEY", support::controller::API_KEY)
+            .output()?;
+        ensure!(
+            drained.status.success(),
+            "drain: {}",
+            String::from_utf8_lossy(&drained.stderr)
+        );
+        ensure!(
+            !ledger_live(&simulator, &serve_id).await?,
+            "drain left the adopted instance billing"
+        );
+        ensure!(
+            ledger_live(&simulator, &stranger_id).await?,
+            "drain touched the stranger's RunPod pod"
         );
         anyhow::Ok(())
     }

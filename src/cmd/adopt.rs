@@ -49,11 +49,25 @@ pub struct AdoptArgs {
     pub kubeconfig: Option<PathBuf>,
 }
 
-/// An untagged RunPod pod and the Kubernetes pod it belongs to, if any: (namespace, name, uid).
-type Link<'a> = (&'a Instance, Option<(String, String, String)>);
+/// What an untagged RunPod pod belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Owner {
+    /// The one Kubernetes pod that claims it: (namespace, name, uid).
+    Pod(String, String, String),
+    /// No pod claims it.
+    None,
+    /// Several pods claim it, or one made after it (a `runpod.io/pod-id` is a user-editable
+    /// annotation): none is trusted.
+    Ambiguous(Vec<String>),
+}
+
+/// An untagged RunPod pod and what it belongs to.
+type Link<'a> = (&'a Instance, Owner);
 
 /// Links each untagged live instance to the pod on the node with its name whose
-/// `runpod.io/pod-id` names it (both, as the Go kubelet linked them; a name alone is no proof).
+/// `runpod.io/pod-id` names it (both, as the Go kubelet linked them; a name alone is no proof),
+/// made before the instance (the Go kubelet created it for an existing pod; a pod made later
+/// with that name and annotation is someone else's claim). Two claimants: no link.
 fn link<'a>(instances: &'a [Instance], pods: &[Pod]) -> Vec<Link<'a>> {
     let mut untagged: Vec<&Instance> = instances
         .iter()
@@ -63,22 +77,49 @@ fn link<'a>(instances: &'a [Instance], pods: &[Pod]) -> Vec<Link<'a>> {
     untagged
         .into_iter()
         .map(|instance| {
-            let owner = pods.iter().find(|pod| {
-                pod.metadata.name.as_deref() == Some(instance.name.as_str())
-                    && pod
-                        .metadata
-                        .annotations
-                        .as_ref()
-                        .and_then(|a| a.get(runpod_contract::POD_ID))
-                        == Some(&instance.id)
-            });
-            let owner = owner.map(|pod| {
-                (
-                    pod.metadata.namespace.clone().unwrap_or_default(),
-                    pod.metadata.name.clone().unwrap_or_default(),
-                    pod.metadata.uid.clone().unwrap_or_default(),
+            let claimants: Vec<&Pod> = pods
+                .iter()
+                .filter(|pod| {
+                    pod.metadata.name.as_deref() == Some(instance.name.as_str())
+                        && pod
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get(runpod_contract::POD_ID))
+                            == Some(&instance.id)
+                })
+                .collect();
+            let qualified = |pod: &Pod| -> String {
+                format!(
+                    "{}/{}",
+                    pod.metadata.namespace.as_deref().unwrap_or_default(),
+                    pod.metadata.name.as_deref().unwrap_or_default()
                 )
-            });
+            };
+            let owner = match claimants.as_slice() {
+                [] => Owner::None,
+                [pod] => {
+                    let made = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                    let before = match (made, instance.created_at) {
+                        (Some(made), Some(created)) => made <= created,
+                        // Without both times nothing can be compared: the link stands.
+                        _ => true,
+                    };
+                    if before {
+                        Owner::Pod(
+                            pod.metadata.namespace.clone().unwrap_or_default(),
+                            pod.metadata.name.clone().unwrap_or_default(),
+                            pod.metadata.uid.clone().unwrap_or_default(),
+                        )
+                    } else {
+                        Owner::Ambiguous(vec![format!(
+                            "{} (made after the instance)",
+                            qualified(pod)
+                        )])
+                    }
+                }
+                several => Owner::Ambiguous(several.iter().map(|p| qualified(p)).collect()),
+            };
             (instance, owner)
         })
         .collect()
@@ -87,10 +128,16 @@ fn link<'a>(instances: &'a [Instance], pods: &[Pod]) -> Vec<Link<'a>> {
 /// The line printed for a link.
 fn line((instance, owner): &Link<'_>) -> String {
     match owner {
-        Some((namespace, name, _)) => {
+        Owner::Pod(namespace, name, _) => {
             format!("{} {} -> {namespace}/{name}", instance.id, instance.name)
         }
-        None => format!("{} {} -> none", instance.id, instance.name),
+        Owner::None => format!("{} {} -> none", instance.id, instance.name),
+        Owner::Ambiguous(claims) => format!(
+            "{} {} -> none (not trusted: claimed by {})",
+            instance.id,
+            instance.name,
+            claims.join(", ")
+        ),
     }
 }
 
@@ -126,10 +173,9 @@ pub async fn run(args: AdoptArgs) -> anyhow::Result<()> {
     }
     let adopted: BTreeMap<String, String> = links
         .iter()
-        .filter_map(|(instance, owner)| {
-            owner
-                .as_ref()
-                .map(|(_, _, uid)| (instance.id.clone(), uid.clone()))
+        .filter_map(|(instance, owner)| match owner {
+            Owner::Pod(_, _, uid) => Some((instance.id.clone(), uid.clone())),
+            _ => None,
         })
         .collect();
     if args.dry_run || adopted.is_empty() {
@@ -145,6 +191,11 @@ pub async fn run(args: AdoptArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    // A record in a namespace the controller does not read would change nothing, silently.
+    anyhow::ensure!(
+        args.adoption_namespace.is_some() || std::env::var_os("POD_NAMESPACE").is_some(),
+        "pass --adoption-namespace: the namespace the controller runs in (its record is read there)"
+    );
     let namespace =
         crate::cmd::controller::args::adoption_namespace(args.adoption_namespace.as_deref());
     record(&client, &namespace, &args.nodename, &adopted).await?;
@@ -242,6 +293,9 @@ mod tests {
             // The name matches, the id does not: not linked.
             pod("ml", "server", Some("zz")),
             pod("ml", "mine", Some("d4")),
+            // Two pods claim c3: neither is trusted.
+            pod("ml", "notebook", Some("c3")),
+            pod("other", "notebook", Some("c3")),
         ];
         let lines: Vec<String> = link(&instances, &pods).iter().map(line).collect();
         assert_eq!(
@@ -249,8 +303,23 @@ mod tests {
             [
                 "a1 trainer -> ml/trainer",
                 "b2 server -> none",
-                "c3 notebook -> none"
+                "c3 notebook -> none (not trusted: claimed by ml/notebook, other/notebook)"
             ]
+        );
+
+        // A pod made after the instance (someone claiming it later) is not trusted.
+        let mut old = instance("e5", "late", Tags::default());
+        old.created_at = Some("2026-01-01T00:00:00Z".parse().unwrap());
+        let mut late = pod("ml", "late", Some("e5"));
+        late.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-02-01T00:00:00Z".parse().unwrap(),
+            ));
+        let old = [old];
+        let lines: Vec<String> = link(&old, &[late]).iter().map(line).collect();
+        assert_eq!(
+            lines,
+            ["e5 late -> none (not trusted: claimed by ml/late (made after the instance))"]
         );
     }
 }

@@ -379,8 +379,8 @@ fn a_vastai_only_install_has_no_runpod_node_or_key() {
 fn a_node_sets_its_own_price_cap_datacenters_and_vastai_policy() {
     let objects = render_values(
         r#"
-runpod: {apiKey: k, maxGpuPrice: 0.8, datacenterIds: [EU-RO-1]}
-vastai: {apiKey: vk, regions: [Europe], verifiedOnly: true}
+runpod: {apiKey: k, maxGpuPrice: 0.8, datacenterIds: [EU-RO-1, US-TX-3]}
+vastai: {apiKey: vk, regions: [Europe, North America], verifiedOnly: true}
 nodes:
   - {name: cheap, provider: runpod, maxGpuPrice: 0.3, datacenterIds: [US-TX-3]}
   - {name: vast-na, provider: vastai, vastai: {regions: [North America], verifiedOnly: false}}
@@ -390,7 +390,7 @@ nodes:
     let args = |name: &str| args_of(&named(&objects, "Deployment", name)["spec"]["template"]);
     let default = args("r-runpod-kubelet-controller");
     assert_eq!(flag(&default, "--max-gpu-price"), Some("0.8"));
-    assert_eq!(flag(&default, "--datacenter-ids"), Some("EU-RO-1"));
+    assert_eq!(flag(&default, "--datacenter-ids"), Some("EU-RO-1,US-TX-3"));
     let cheap = args("r-runpod-kubelet-controller-cheap");
     assert_eq!(flag(&cheap, "--max-gpu-price"), Some("0.3"));
     assert_eq!(flag(&cheap, "--datacenter-ids"), Some("US-TX-3"));
@@ -403,7 +403,10 @@ nodes:
     // The webhook keeps the installation-wide policy.
     let webhook = args("r-runpod-kubelet-webhook");
     assert_eq!(flag(&webhook, "--max-gpu-price"), Some("0.8"));
-    assert_eq!(flag(&webhook, "--vastai-regions"), Some("Europe"));
+    assert_eq!(
+        flag(&webhook, "--vastai-regions"),
+        Some("Europe,North America")
+    );
     assert_eq!(flag(&webhook, "--clouds"), Some("runpod,vastai"));
 
     let error = render_values(
@@ -411,6 +414,17 @@ nodes:
     )
     .unwrap_err();
     assert!(error.contains("above runpod.maxGpuPrice"), "{error}");
+    // A node narrows the installation's places, never widens them.
+    let error = render_values(
+        "runpod: {apiKey: k, datacenterIds: [EU-RO-1]}\nnodes: [{name: far, provider: runpod, datacenterIds: [US-TX-3]}]\n",
+    )
+    .unwrap_err();
+    assert!(error.contains("datacenter US-TX-3"), "{error}");
+    let error = render_values(
+        "runpod: {apiKey: k}\nvastai: {apiKey: v, regions: [Europe]}\nnodes: [{name: far, provider: vastai, vastai: {regions: [Asia]}}]\n",
+    )
+    .unwrap_err();
+    assert!(error.contains("vastai.regions Asia"), "{error}");
 }
 
 #[test]

@@ -39,6 +39,25 @@ node); OUT an empty dict (a template returns only text). */}}
 {{- end -}}
 {{- $_ = set $out "maxGpuPrice" $price -}}
 {{- $_ = set $out "datacenterIds" (ternary $entry.datacenterIds $.Values.runpod.datacenterIds (hasKey $entry "datacenterIds")) -}}
+{{- /* A node narrows the installation's policy, never widens it: the webhook enforces that one. */ -}}
+{{- with $.Values.runpod.datacenterIds -}}
+{{- $global := . -}}
+{{- range ($entry.datacenterIds | default list) -}}
+{{- if not (has . $global) -}}
+{{- fail (printf "nodes: %q lists datacenter %s, which runpod.datacenterIds (the installation's, enforced by the webhook) does not allow" $entry.name .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $field := list "regions" "countries" -}}
+{{- $global := index $.Values.vastai $field | default list -}}
+{{- if $global -}}
+{{- range (index ($entry.vastai | default dict) $field | default list) -}}
+{{- if not (has . $global) -}}
+{{- fail (printf "nodes: %q lists vastai.%s %s, which vastai.%s (the installation's, enforced by the webhook) does not allow" $entry.name $field . $field) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $policy := deepCopy $.Values.vastai -}}
 {{- range $key, $value := ($entry.vastai | default dict) -}}
 {{- $_ = set $policy $key $value -}}

@@ -119,6 +119,10 @@ pub struct DrainArgs {
     /// Seed compatibility: the kubeconfig (same as KUBECONFIG).
     #[arg(long, env = "RUNPOD_KUBELET_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// Namespace of `runpod-kubelet adopt`'s record (adopted instances are drained too);
+    /// default: the controller's own (`POD_NAMESPACE`).
+    #[arg(long, env = "RUNPOD_KUBELET_ADOPTION_NAMESPACE")]
+    pub adoption_namespace: Option<String>,
 }
 
 /// The namespace of the adoption record: the flag, else the controller's own (`POD_NAMESPACE`),

@@ -123,6 +123,7 @@ async fn drain(args: DrainArgs) -> anyhow::Result<()> {
         timeout: args.timeout,
         poll_interval: Duration::from_secs(2),
         ack_wait: Duration::from_secs(60),
+        adoption_namespace: args::adoption_namespace(args.adoption_namespace.as_deref()),
     };
     let report = match args.provider {
         CloudArg::Runpod => {

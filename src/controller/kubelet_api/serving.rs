@@ -23,6 +23,10 @@ use tracing::{info, warn};
 /// The signer of kubelet serving certificates.
 pub const SIGNER: &str = "kubernetes.io/kubelet-serving";
 
+/// How long one request waits for approval before a new one is made (the served certificate
+/// stays meanwhile).
+pub const APPROVAL_WAIT: Duration = Duration::from_secs(15 * 60);
+
 /// The certificate the kubelet API presents; [`ServingCert::set`] swaps it for every later
 /// handshake.
 #[derive(Debug)]
@@ -159,8 +163,18 @@ async fn request_once(
     let created = csrs.create(&PostParams::default(), &object).await?;
     let name = created.metadata.name.clone().unwrap_or_default();
     info!(csr = %name, "waiting for the cluster to approve the kubelet serving certificate (kubectl certificate approve {name})");
+    let deadline = tokio::time::Instant::now() + APPROVAL_WAIT;
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
+        if tokio::time::Instant::now() > deadline {
+            return Err(CsrError::Denied {
+                name: name.clone(),
+                reason: format!(
+                    "not approved within {APPROVAL_WAIT:?}; approve it (kubectl certificate \
+                     approve {name}) or run an approver: a new request follows"
+                ),
+            });
+        }
         let Some(csr) = csrs.get_opt(&name).await? else {
             return Err(CsrError::Denied {
                 name,

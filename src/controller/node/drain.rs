@@ -41,6 +41,8 @@ pub struct DrainConfig {
     pub poll_interval: Duration,
     /// How long a live controller gets to acknowledge the marker.
     pub ack_wait: Duration,
+    /// Where `runpod-kubelet adopt` recorded the instances it took over: they are drained too.
+    pub adoption_namespace: String,
 }
 
 /// What a drain did.
@@ -154,7 +156,21 @@ pub async fn drain<P: Provider>(
     let mut clear_lists = 0;
     loop {
         match provider.list().await {
-            Ok(instances) => {
+            Ok(mut instances) => {
+                // Adopted instances carry no tags of ours: the record says they are this node's.
+                let record = crate::controller::adoption::load(
+                    &client,
+                    &config.adoption_namespace,
+                    &config.node_name,
+                )
+                .await?;
+                let owner = crate::controller::adoption::Owner {
+                    cluster_id: &config.cluster_id,
+                    node_name: &config.node_name,
+                };
+                for instance in &mut instances {
+                    crate::controller::adoption::tag(instance, &record, owner);
+                }
                 let live: Vec<&Instance> =
                     ours_live(&instances, &config.cluster_id, &config.node_name).collect();
                 if live.is_empty() {

@@ -85,6 +85,10 @@ pub(super) async fn confirm<P: Provider>(
         // bills; a second instance would bill twice. Only `runpod-kubelet adopt`, an operator's
         // act, takes it over: the controller never trusts an id it did not write.
         Some(instance) if instance.tags.none() => {
+            // Asked of the cloud once per settle time, not at every reconcile.
+            ctx.remember(uid, |m| {
+                m.looked_up = Some((Timestamp::now(), instance.clone()));
+            });
             ctx.event(
                 pod,
                 true,

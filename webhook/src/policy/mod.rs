@@ -159,7 +159,13 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
                 .collect();
             let (cloud, why) = provider::cheapest(&prices);
             warnings.push(why);
-            cloud
+            // Nothing published or nothing fits: the installation's default, never a cloud
+            // without a node.
+            if config.disabled_clouds.contains(&cloud) {
+                config.default_cloud()
+            } else {
+                cloud
+            }
         }
     };
     let mut unsupported = checks::unsupported_shape(pod);

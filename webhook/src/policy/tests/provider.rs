@@ -208,6 +208,10 @@ fn an_installation_without_runpod_sends_pods_to_vastai_and_refuses_runpod() {
     context.cheapest_by_cloud = [(Cloud::RunPod, 0.1), (Cloud::VastAi, 0.31)].into();
     let (_, patched) = admit_with(&always(gpu_pod()), &context, &config);
     assert_eq!(annotations(&patched)[PROVIDER], "vastai");
+    // No price published at all: still never the cloud without a node.
+    context.cheapest_by_cloud.clear();
+    let (_, patched) = admit_with(&always(gpu_pod()), &context, &config);
+    assert_eq!(patched["spec"]["tolerations"][0]["value"], "vastai");
 }
 
 /// `runpod.io/ports: none` on the pod, the namespace label `runpod.io/ports=none`, or the

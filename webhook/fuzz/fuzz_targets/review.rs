@@ -25,6 +25,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         max_gpu_price: Some(0.5),
         excluded_namespaces: ["kube-system".to_owned()].into(),
         vastai: Default::default(),
+        disabled_clouds: Default::default(),
+        expose_no_ports: false,
+        accept_seed_tolerations: false,
     };
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread().build() else {
         return;

@@ -61,25 +61,13 @@ pub async fn load(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::fixtures::settings;
-    use crate::provider::InstanceState;
+    use crate::controller::fixtures::{self, settings};
 
+    /// The shared fixture with these tags.
     fn instance(id: &str, tags: Tags) -> Instance {
         Instance {
-            id: id.into(),
-            name: "n".into(),
             tags,
-            state: InstanceState::Running,
-            uptime_secs: None,
-            cost_per_hour: None,
-            gpu_type: None,
-            datacenter: None,
-            endpoints: vec![],
-            ip: None,
-            created_at: None,
-            started_at: None,
-            message: None,
-            usage: None,
+            ..fixtures::instance(id, "", "", None)
         }
     }
 

@@ -8,6 +8,9 @@ mod logging;
 mod shutdown;
 mod supervise;
 
+#[cfg(test)]
+mod reference;
+
 use clap::Parser;
 
 /// The webhook allocates a few short-lived JSON values per review; mimalloc keeps that cheap

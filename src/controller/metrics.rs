@@ -83,6 +83,33 @@ pub struct ControllerMetrics {
 }
 
 impl ControllerMetrics {
+    /// One example series in each labelled family, so that an exposition lists every family
+    /// (an empty family is not exported): for the generated metrics reference only.
+    pub fn add_example_series(&self) {
+        let pod = PodLabels {
+            namespace: "team-a".to_string(),
+            pod: "train-x7k2p".to_string(),
+            provider: "runpod".to_string(),
+        };
+        let _ = self.pods_by_state.get_or_create(&StateLabel {
+            state: "RUNNING",
+            provider: "runpod",
+        });
+        let _ = self
+            .lease_renewals
+            .get_or_create(&OutcomeLabel { outcome: "ok" });
+        let _ = self
+            .reconcile_errors
+            .get_or_create(&KindLabel { kind: "conflict" });
+        let _ = self.lists.get_or_create(&OutcomeLabel { outcome: "ok" });
+        let _ = self.offloaded.get_or_create(&ReasonLabel {
+            reason: "max_pending_time",
+        });
+        let _ = self.pod_gpu_utilization.get_or_create(&pod);
+        let _ = self.pod_gpu_memory_utilization.get_or_create(&pod);
+        let _ = self.pod_cost_per_hour.get_or_create(&pod);
+    }
+
     /// Registers every metric under the registry's prefix.
     pub fn register(registry: &mut Registry) -> Arc<ControllerMetrics> {
         let metrics = ControllerMetrics::default();

@@ -76,6 +76,13 @@ impl RunPodMetrics {
             .observe(elapsed.as_secs_f64());
     }
 
+    /// One example series in each family, so that an exposition lists every family (an empty
+    /// family is not exported): for the generated metrics reference only.
+    pub fn add_example_series(&self) {
+        self.record("listPods", "ok", Duration::ZERO);
+        self.quota(&[("minute".to_string(), 60, 60)]);
+    }
+
     pub(crate) fn quota(&self, windows: &[(String, u32, u32)]) {
         for (window, _, remaining) in windows {
             self.quota_remaining

@@ -241,6 +241,7 @@ pub struct ControllerArgs {
         env = "RUNPOD_KUBELET_KUBELET_TLS_CERT"
     )]
     pub kubelet_tls_cert: Option<PathBuf>,
+    /// PEM private key of `--kubelet-tls-cert`.
     #[arg(
         long,
         requires = "kubelet_tls_cert",

@@ -27,7 +27,7 @@ pub const FIELD_MANAGER: &str = "runpod-kubelet";
 /// Node condition saying whether the cloud's API is usable.
 pub const API_CONDITION: &str = "RunPodAPIAvailable";
 /// Taint keeping new pods away while the cloud's API is unusable.
-pub const UNAVAILABLE_TAINT: &str = "runpod.io/api-unavailable";
+pub use runpod_contract::names::API_UNAVAILABLE_TAINT as UNAVAILABLE_TAINT;
 /// Annotation with the cheapest GPU price per cloud type, read by the webhook.
 pub const CHEAPEST_PRICE_ANNOTATION: &str = runpod_contract::CHEAPEST_GPU_PRICE;
 

@@ -21,7 +21,11 @@ struct Value {
 /// (lists are written inline), which `every_leaf_is_documented` checks against a YAML parser.
 fn values(text: &str) -> Vec<Value> {
     let mut out = Vec::new();
-    let mut stack: Vec<(usize, String)> = Vec::new();
+    // (indent, key, the path whose comment covers its children)
+    let mut stack: Vec<(usize, String, Option<String>)> = Vec::new();
+    // The last commented key of a run of keys at one indentation, which also covers the
+    // uncommented keys below it up to a blank line (`tlsReloadInterval`, `shutdownDrain`, ...).
+    let mut lead: Option<(usize, String)> = None;
     let mut comment: Vec<String> = Vec::new();
     let mut example: Vec<String> = Vec::new();
     for line in text.lines() {
@@ -29,6 +33,7 @@ fn values(text: &str) -> Vec<Value> {
         if trimmed.is_empty() {
             comment.clear();
             example.clear();
+            lead = None;
             continue;
         }
         if let Some(text) = trimmed.strip_prefix('#') {
@@ -44,20 +49,37 @@ fn values(text: &str) -> Vec<Value> {
         let Some((key, rest)) = trimmed.split_once(':') else {
             continue;
         };
-        while stack.last().is_some_and(|(level, _)| *level >= indent) {
+        while stack.last().is_some_and(|(level, _, _)| *level >= indent) {
             stack.pop();
         }
         let path = stack
             .iter()
-            .map(|(_, key)| key.as_str())
+            .map(|(_, key, _)| key.as_str())
             .chain([key])
             .collect::<Vec<_>>()
             .join(".");
         let rest = rest.trim();
-        let description = comment.join(" ");
+        let covered_by = stack.iter().rev().find_map(|(_, _, covers)| covers.clone());
+        let mut description = comment.join(" ");
+        if description.is_empty() {
+            let sibling = lead
+                .as_ref()
+                .filter(|(level, _)| *level == indent)
+                .map(|(_, path)| path.clone());
+            if let Some(other) = sibling.or_else(|| covered_by.clone()) {
+                description = format!("See `{other}`.");
+            }
+        } else {
+            lead = Some((indent, path.clone()));
+        }
         if rest.is_empty() {
-            stack.push((indent, key.to_string()));
-            if !description.is_empty() || !example.is_empty() {
+            let covers = if comment.is_empty() {
+                covered_by
+            } else {
+                Some(path.clone())
+            };
+            stack.push((indent, key.to_string(), covers));
+            if !comment.is_empty() || !example.is_empty() {
                 out.push(Value {
                     path,
                     default: None,
@@ -183,8 +205,22 @@ fn every_leaf_is_documented() {
 }
 
 #[test]
+fn every_value_is_described() {
+    let text = std::fs::read_to_string(root().join("charts/runpod-kubelet/values.yaml")).unwrap();
+    let bare: Vec<String> = values(&text)
+        .into_iter()
+        .filter(|value| value.description.is_empty())
+        .map(|value| value.path)
+        .collect();
+    assert!(
+        bare.is_empty(),
+        "values.yaml keys without a comment: {bare:?}"
+    );
+}
+
+#[test]
 fn a_comment_belongs_to_the_key_below_it() {
-    let parsed = values("# one\na:\n  # two\n  b: 1\n\n# gone\n\nc: []\n");
+    let parsed = values("# one\na:\n  # two\n  b: 1\n  d: 2\n\n# gone\n\nc: []\n");
     let summary: Vec<(&str, Option<&str>, &str)> = parsed
         .iter()
         .map(|v| {
@@ -200,6 +236,7 @@ fn a_comment_belongs_to_the_key_below_it() {
         [
             ("a", None, "one"),
             ("a.b", Some("1"), "two"),
+            ("a.d", Some("2"), "See `a.b`."),
             ("c", Some("[]"), "")
         ]
     );

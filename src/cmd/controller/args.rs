@@ -116,7 +116,7 @@ pub struct DrainArgs {
     /// Give up (exit non-zero, naming what still bills) after this long.
     #[arg(long, default_value = "5m", value_parser = positive_duration, env = "RUNPOD_KUBELET_TIMEOUT")]
     pub timeout: Duration,
-    /// Seed compatibility: the kubeconfig (same as KUBECONFIG).
+    /// The kubeconfig (same as KUBECONFIG; the Go kubelet's flag).
     #[arg(long, env = "RUNPOD_KUBELET_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Namespace of `runpod-kubelet adopt`'s record (adopted instances are drained too);
@@ -206,7 +206,7 @@ pub struct ControllerArgs {
     /// so two clusters sharing an account never collect each other's pods.
     #[arg(long, env = "RUNPOD_KUBELET_CLUSTER_ID")]
     pub cluster_id: Option<String>,
-    /// How often RunPod's pod list is read (bare seconds accepted, as in the seed).
+    /// How often RunPod's pod list is read (bare seconds accepted, as the Go kubelet took it).
     #[arg(long, default_value = "10s", value_parser = positive_duration, env = "RUNPOD_KUBELET_RECONCILE_INTERVAL")]
     pub reconcile_interval: Duration,
     /// A pod with no running RunPod pod after this long fails with ProvisioningTimeout.
@@ -265,7 +265,7 @@ pub struct ControllerArgs {
     #[arg(long, default_value_t = 64, env = "RUNPOD_KUBELET_MAX_GPUS")]
     pub max_gpus: u32,
     /// Job offloading: how long a `delayed` pod waits for a local GPU, from its creation,
-    /// before it moves to the virtual node (a duration, or bare seconds as in the seed; `0`:
+    /// before it moves to the virtual node (a duration, or bare seconds as the Go job controller took it; `0`:
     /// as soon as the scheduler finds no local node). `runpod.io/max-pending-time` overrides.
     #[arg(long, default_value = "0", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_MAX_PENDING_TIME")]
     pub max_pending_time: Duration,
@@ -314,16 +314,16 @@ pub struct ControllerArgs {
     /// Namespace of the election Lease; default `POD_NAMESPACE`, else `default`.
     #[arg(long, env = "RUNPOD_KUBELET_LEADER_ELECT_RESOURCE_NAMESPACE")]
     pub leader_elect_resource_namespace: Option<String>,
-    /// Seed compatibility: the seed's kubeconfig flag (same as KUBECONFIG).
+    /// The kubeconfig (same as KUBECONFIG; the Go kubelet's flag).
     #[arg(long, env = "RUNPOD_KUBELET_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// Seed compatibility: accepted and ignored (pods in every namespace are served).
+    /// The Go kubelet's flag: accepted and ignored (pods in every namespace are served).
     #[arg(long, hide = true)]
     pub namespace: Option<String>,
-    /// Seed compatibility: accepted and ignored (the node is linux).
+    /// The Go kubelet's flag: accepted and ignored (the node is linux).
     #[arg(long, hide = true)]
     pub os: Option<String>,
-    /// Seed compatibility: accepted and ignored (settings come from flags).
+    /// The Go kubelet's flag: accepted and ignored (settings come from flags).
     #[arg(long, hide = true)]
     pub provider_config: Option<PathBuf>,
 }

@@ -96,7 +96,7 @@ pub(super) async fn confirm<P: Provider>(
                 format!(
                     "{} {id} named by this pod's {} carries no runpod-kubelet tags (made by the \
                      Go kubelet?); nothing new is created while it exists. Take it over with \
-                     `runpod-kubelet adopt` (see the README, \"Moving from the Go kubelet\"), or \
+                     `runpod-kubelet adopt` (see docs/migrating.md), or \
                      terminate it and remove the annotation",
                     ctx.provider.instance_noun(),
                     ctx.provider.id_annotation()

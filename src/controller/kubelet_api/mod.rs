@@ -11,6 +11,7 @@ pub mod authn;
 pub mod authz;
 mod logs;
 pub mod serving;
+pub mod spdy;
 pub mod stats;
 
 use std::sync::Arc;

@@ -1,0 +1,401 @@
+//! A SPDY/3.1 session over an upgraded connection, server side: the peer (kubectl through the
+//! apiserver) opens the streams, this side accepts each with a SYN_REPLY, reads what arrives on
+//! it and writes back. One task reads frames, one writes them; every channel between them and
+//! the streams is bounded, so a peer that stops reading slows the writers down instead of
+//! filling memory.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::frame::{Codec, FLAG_FIN, Frame, Headers, RST_REFUSED_STREAM};
+
+/// Data frames this side writes carry at most this much (kubectl writes 32 KiB too).
+const CHUNK: usize = 32 * 1024;
+/// Frames queued for the socket; a writer beyond that waits.
+const QUEUED_FRAMES: usize = 16;
+/// Data frames received on one stream and not yet read.
+const QUEUED_DATA: usize = 64;
+
+/// A stream the peer opened.
+pub struct Stream {
+    pub id: u32,
+    pub headers: Headers,
+    /// What the peer sends; ends when it finishes or resets the stream.
+    pub incoming: mpsc::Receiver<Bytes>,
+    pub out: StreamWriter,
+}
+
+/// Writes to one stream.
+#[derive(Clone)]
+pub struct StreamWriter {
+    id: u32,
+    frames: mpsc::Sender<Frame>,
+}
+
+/// The connection is gone.
+#[derive(Debug, thiserror::Error)]
+#[error("the SPDY connection is closed")]
+pub struct Closed;
+
+impl StreamWriter {
+    pub async fn write(&self, data: &[u8]) -> Result<(), Closed> {
+        for chunk in data.chunks(CHUNK) {
+            self.frames
+                .send(Frame::Data {
+                    stream_id: self.id,
+                    flags: 0,
+                    data: Bytes::copy_from_slice(chunk),
+                })
+                .await
+                .map_err(|_| Closed)?;
+        }
+        Ok(())
+    }
+
+    /// Ends this side of the stream.
+    pub async fn finish(&self) -> Result<(), Closed> {
+        self.frames
+            .send(Frame::Data {
+                stream_id: self.id,
+                flags: FLAG_FIN,
+                data: Bytes::new(),
+            })
+            .await
+            .map_err(|_| Closed)
+    }
+}
+
+pub struct Session {
+    streams: mpsc::Receiver<Stream>,
+    frames: mpsc::Sender<Frame>,
+    reader: JoinHandle<()>,
+    writer: JoinHandle<()>,
+}
+
+impl Session {
+    pub fn start<T>(io: T) -> Session
+    where
+        T: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (read_half, write_half) = tokio::io::split(io);
+        let (frames_tx, frames_rx) = mpsc::channel(QUEUED_FRAMES);
+        let (streams_tx, streams_rx) = mpsc::channel(16);
+        let writer = tokio::spawn(write_frames(write_half, frames_rx));
+        let reader = tokio::spawn(read_frames(read_half, frames_tx.clone(), streams_tx));
+        Session {
+            streams: streams_rx,
+            frames: frames_tx,
+            reader,
+            writer,
+        }
+    }
+
+    /// The next stream the peer opens; `None` once the connection ended.
+    pub async fn accept(&mut self) -> Option<Stream> {
+        self.streams.recv().await
+    }
+
+    /// Flushes what the streams wrote (at most `grace`), then closes the connection.
+    pub async fn close(self, grace: Duration) {
+        drop(self.frames);
+        drop(self.streams);
+        let Session { reader, writer, .. } = self;
+        // Nothing more is read; the reader's handle on the queue (for replies) goes with it.
+        reader.abort();
+        let _ = reader.await;
+        // The writer ends once every stream writer is dropped and the queue is written.
+        let abort = writer.abort_handle();
+        if tokio::time::timeout(grace, writer).await.is_err() {
+            tracing::debug!("SPDY writer did not drain in time");
+            abort.abort();
+        }
+    }
+}
+
+async fn write_frames<W: AsyncWrite + Unpin>(mut io: W, mut frames: mpsc::Receiver<Frame>) {
+    let mut codec = Codec::new();
+    let mut buf = BytesMut::new();
+    while let Some(frame) = frames.recv().await {
+        if let Err(error) = codec.encode(&frame, &mut buf) {
+            tracing::debug!(%error, "SPDY frame not encodable");
+            buf.clear();
+            continue;
+        }
+        // Write what is queued together.
+        while let Ok(next) = frames.try_recv() {
+            if codec.encode(&next, &mut buf).is_err() {
+                break;
+            }
+            if buf.len() > 4 * 32 * 1024 {
+                break;
+            }
+        }
+        if io.write_all(&buf).await.is_err() || io.flush().await.is_err() {
+            return;
+        }
+        buf.clear();
+    }
+    let _ = io.shutdown().await;
+}
+
+async fn read_frames<R: AsyncRead + Unpin>(
+    mut io: R,
+    frames: mpsc::Sender<Frame>,
+    streams: mpsc::Sender<Stream>,
+) {
+    let mut codec = Codec::new();
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut open: HashMap<u32, mpsc::Sender<Bytes>> = HashMap::new();
+    loop {
+        let frame = match codec.decode(&mut buf) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => match io.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            },
+            Err(error) => {
+                tracing::debug!(%error, "SPDY protocol error; closing");
+                return;
+            }
+        };
+        match frame {
+            Frame::SynStream {
+                stream_id,
+                flags,
+                headers,
+            } => {
+                let (tx, rx) = mpsc::channel(QUEUED_DATA);
+                let stream = Stream {
+                    id: stream_id,
+                    headers,
+                    incoming: rx,
+                    out: StreamWriter {
+                        id: stream_id,
+                        frames: frames.clone(),
+                    },
+                };
+                let reply = Frame::SynReply {
+                    stream_id,
+                    flags: 0,
+                    headers: Vec::new(),
+                };
+                if frames.send(reply).await.is_err() {
+                    return;
+                }
+                if streams.try_send(stream).is_err() {
+                    let _ = frames
+                        .send(Frame::RstStream {
+                            stream_id,
+                            status: RST_REFUSED_STREAM,
+                        })
+                        .await;
+                    continue;
+                }
+                if flags & FLAG_FIN == 0 {
+                    open.insert(stream_id, tx);
+                }
+            }
+            Frame::Data {
+                stream_id,
+                flags,
+                data,
+            } => {
+                if let Some(tx) = open.get(&stream_id) {
+                    // A reader that went away just drops what comes.
+                    if !data.is_empty() && tx.send(data).await.is_err() {
+                        open.remove(&stream_id);
+                    }
+                }
+                if flags & FLAG_FIN != 0 {
+                    open.remove(&stream_id);
+                }
+            }
+            Frame::RstStream { stream_id, .. } => {
+                open.remove(&stream_id);
+            }
+            Frame::Ping { id } => {
+                if frames.send(Frame::Ping { id }).await.is_err() {
+                    return;
+                }
+            }
+            Frame::GoAway { .. } => return,
+            Frame::SynReply { .. }
+            | Frame::Settings
+            | Frame::Headers { .. }
+            | Frame::WindowUpdate { .. }
+            | Frame::Ignored => {}
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::io::DuplexStream;
+
+    use super::*;
+
+    /// The client end of a session, for tests: writes frames, reads them back decoded.
+    pub(crate) struct Peer {
+        io: DuplexStream,
+        codec: Codec,
+        buf: BytesMut,
+    }
+
+    impl Peer {
+        pub(crate) fn new(io: DuplexStream) -> Self {
+            Self {
+                io,
+                codec: Codec::new(),
+                buf: BytesMut::new(),
+            }
+        }
+
+        pub(crate) async fn send(&mut self, frame: Frame) {
+            let mut out = BytesMut::new();
+            self.codec.encode(&frame, &mut out).unwrap();
+            self.io.write_all(&out).await.unwrap();
+        }
+
+        pub(crate) async fn open(&mut self, id: u32, headers: &[(&str, &str)]) {
+            self.send(Frame::SynStream {
+                stream_id: id,
+                flags: 0,
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            })
+            .await;
+        }
+
+        pub(crate) async fn data(&mut self, id: u32, data: &[u8], fin: bool) {
+            self.send(Frame::Data {
+                stream_id: id,
+                flags: if fin { FLAG_FIN } else { 0 },
+                data: Bytes::copy_from_slice(data),
+            })
+            .await;
+        }
+
+        /// The next frame, `None` at the end of the connection.
+        pub(crate) async fn next(&mut self) -> Option<Frame> {
+            loop {
+                if let Some(frame) = self.codec.decode(&mut self.buf).unwrap() {
+                    return Some(frame);
+                }
+                if self.io.read_buf(&mut self.buf).await.unwrap_or(0) == 0 {
+                    return None;
+                }
+            }
+        }
+
+        /// Every frame until the connection ends: per stream its data and whether it finished.
+        pub(crate) async fn drain(&mut self) -> HashMap<u32, (Vec<u8>, bool)> {
+            let mut streams: HashMap<u32, (Vec<u8>, bool)> = HashMap::new();
+            while let Some(frame) = self.next().await {
+                if let Frame::Data {
+                    stream_id,
+                    flags,
+                    data,
+                } = frame
+                {
+                    let entry = streams.entry(stream_id).or_default();
+                    entry.0.extend_from_slice(&data);
+                    entry.1 |= flags & FLAG_FIN != 0;
+                }
+            }
+            streams
+        }
+    }
+
+    #[tokio::test]
+    async fn streams_are_accepted_replied_and_carry_data_both_ways() {
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let mut session = Session::start(server);
+        let mut peer = Peer::new(client);
+        peer.open(1, &[("streamtype", "stdin")]).await;
+        let mut stream = session.accept().await.unwrap();
+        assert_eq!(stream.id, 1);
+        assert_eq!(
+            super::super::frame::header(&stream.headers, "streamtype"),
+            Some("stdin")
+        );
+        assert!(matches!(
+            peer.next().await,
+            Some(Frame::SynReply { stream_id: 1, .. })
+        ));
+        peer.data(1, b"data", true).await;
+        assert_eq!(
+            stream.incoming.recv().await.unwrap(),
+            Bytes::from_static(b"data")
+        );
+        assert!(
+            stream.incoming.recv().await.is_none(),
+            "FIN ends the stream"
+        );
+        peer.send(Frame::Ping { id: 9 }).await;
+        assert_eq!(peer.next().await, Some(Frame::Ping { id: 9 }));
+        stream.out.write(b"back").await.unwrap();
+        stream.out.finish().await.unwrap();
+        drop(stream);
+        session.close(Duration::from_secs(5)).await;
+        let streams = peer.drain().await;
+        assert_eq!(streams[&1], (b"back".to_vec(), true));
+    }
+
+    /// A peer that stops reading: writers wait on the bounded queue instead of buffering
+    /// everything; once it reads again, everything arrives in order.
+    #[tokio::test]
+    async fn a_peer_that_stops_reading_holds_the_writers_back() {
+        let (client, server) = tokio::io::duplex(1024);
+        let mut session = Session::start(server);
+        let mut peer = Peer::new(client);
+        peer.open(1, &[("streamtype", "stdout")]).await;
+        let stream = session.accept().await.unwrap();
+        let written = Arc::new(AtomicUsize::new(0));
+        let counter = written.clone();
+        let producer = tokio::spawn(async move {
+            for i in 0..200u32 {
+                stream.out.write(&[i as u8; 1000]).await.unwrap();
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
+            stream.out.finish().await.unwrap();
+        });
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let before = written.load(Ordering::SeqCst);
+        assert!(
+            before < 40,
+            "{before} writes went through with nobody reading"
+        );
+        let reader = tokio::spawn(async move { peer.drain().await });
+        producer.await.unwrap();
+        session.close(Duration::from_secs(5)).await;
+        let streams = reader.await.unwrap();
+        let (data, fin) = &streams[&1];
+        assert_eq!(data.len(), 200_000);
+        assert!(fin);
+        assert_eq!(data[199_999], 199);
+    }
+
+    #[tokio::test]
+    async fn garbage_ends_the_session_without_a_panic() {
+        let (mut client, server) = tokio::io::duplex(1024);
+        let mut session = Session::start(server);
+        client
+            .write_all(&[0x80, 9, 0, 1, 0, 0, 0, 0])
+            .await
+            .unwrap();
+        assert!(session.accept().await.is_none());
+    }
+}

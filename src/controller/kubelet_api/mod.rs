@@ -9,6 +9,7 @@
 
 pub mod authn;
 pub mod authz;
+pub mod exec;
 mod logs;
 pub mod serving;
 pub mod spdy;

@@ -261,6 +261,7 @@ mod tests {
             started_at: None,
             message: None,
             usage: None,
+            ssh: None,
         }
     }
 

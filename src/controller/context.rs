@@ -39,6 +39,8 @@ pub struct Settings {
     pub key_source: String,
     /// Namespace of the adoption record (`--adoption-namespace`).
     pub adoption_namespace: String,
+    /// Exec and port-forward over the cloud's SSH (`--exec-ssh`, the node's key).
+    pub exec: crate::controller::kubelet_api::exec::ExecAccess,
 }
 
 /// One complete, successful list of the cloud's instances, reduced to this cluster and node.

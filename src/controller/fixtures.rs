@@ -7,6 +7,7 @@ use crate::provider::{Instance, InstanceState, Tags};
 
 pub fn instance(id: &str, cluster: &str, node: &str, uid: Option<&str>) -> Instance {
     Instance {
+        ssh: None,
         id: id.into(),
         name: id.into(),
         tags: Tags {
@@ -41,5 +42,6 @@ pub fn settings() -> Settings {
         idle: Default::default(),
         key_source: "Secret ns/key".into(),
         adoption_namespace: "runpod-system".into(),
+        exec: crate::controller::kubelet_api::exec::ExecAccess::Off,
     }
 }

@@ -21,6 +21,11 @@ pub const TAG_NODE: &str = "RUNPOD_KUBELET_NODE";
 pub const TAG_POD_UID: &str = "RUNPOD_KUBELET_POD_UID";
 pub const TAG_NAMESPACE: &str = "RUNPOD_KUBELET_NAMESPACE";
 pub const TAG_POD_NAME: &str = "RUNPOD_KUBELET_POD_NAME";
+/// Set (`internal`) when the controller opened `22/tcp` for its own SSH (exec, port-forward)
+/// and not because the pod asked: that port is then no endpoint of the pod.
+pub const TAG_SSH: &str = "RUNPOD_KUBELET_SSH";
+/// The env variable RunPod's images read the authorized SSH key from.
+pub const PUBLIC_KEY_ENV: &str = "PUBLIC_KEY";
 
 /// What the container wrapper prints when its command ends, on either cloud.
 pub const EXIT_CODE_PREFIX: &str = "runpod-kubelet: exit-code=";
@@ -186,6 +191,17 @@ pub struct Instance {
     /// The live utilization report of this list; `None` when there is none (not running, or
     /// carried forward from an earlier list): such an instance's usage is not shown at all.
     pub usage: Option<Usage>,
+    /// Where the container's sshd answers, for exec and port-forward (RunPod's `ssh.direct`);
+    /// `None` on clouds without it, and until the cloud publishes the port.
+    pub ssh: Option<SshAddress>,
+}
+
+/// An SSH server's address and login.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshAddress {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
 }
 
 impl Instance {

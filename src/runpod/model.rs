@@ -140,6 +140,26 @@ pub struct Pod {
     pub created_at: Option<String>,
     #[serde(default)]
     pub started_at: Option<String>,
+    /// Read tolerantly: a malformed `ssh` costs exec, not the list.
+    #[serde(default, deserialize_with = "or_default")]
+    pub ssh: Option<Ssh>,
+}
+
+/// `ssh` of a v2 pod: `direct` once `22/tcp` has a public port.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Ssh {
+    #[serde(default)]
+    pub direct: Option<SshDirect>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SshDirect {
+    #[serde(default)]
+    pub host: Option<String>,
+    #[serde(default, deserialize_with = "lenient_u32")]
+    pub port: Option<u32>,
+    #[serde(default)]
+    pub username: Option<String>,
 }
 
 impl Pod {

@@ -16,7 +16,7 @@ use tracing::warn;
 use crate::provider::{
     CheapestPrices, CloudName, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance,
     InstanceState, LogEntries, LogEntry, LogOptions, Provider, ProviderError, ProvisionError,
-    ProvisionRequest, Provisioned, Tags, Usage,
+    ProvisionRequest, Provisioned, SshAddress, Tags, Usage,
 };
 use crate::runpod::catalogue_cache::CatalogueCache;
 use crate::runpod::client::RunPodClient;
@@ -41,6 +41,8 @@ pub struct RunPodProvider {
     node_name: String,
     /// (GPU type, datacenter) → skipped until.
     cooldowns: Mutex<HashMap<(String, String), Instant>>,
+    /// Sent as `PUBLIC_KEY` with `22/tcp` on every create (exec and port-forward).
+    ssh_public_key: Option<String>,
 }
 
 impl RunPodProvider {
@@ -58,7 +60,14 @@ impl RunPodProvider {
             cluster_id,
             node_name,
             cooldowns: Mutex::new(HashMap::new()),
+            ssh_public_key: None,
         }
+    }
+
+    /// Every pod created from now on gets the node's SSH key and port 22.
+    pub fn with_ssh_public_key(mut self, key: Option<String>) -> RunPodProvider {
+        self.ssh_public_key = key;
+        self
     }
 
     fn cool_down(&self, attempts: &[Attempt]) {
@@ -177,9 +186,12 @@ pub fn to_instance(pod: &model::Pod) -> Instance {
         PodStatus::Unknown => InstanceState::Unknown,
     };
     let published = pod.published_ports();
+    let internal_ssh =
+        pod.env.get(crate::provider::TAG_SSH).map(String::as_str) == Some("internal");
     let endpoints = pod
         .ports
         .iter()
+        .filter(|spec| !(internal_ssh && spec.as_str() == "22/tcp"))
         .filter_map(|spec| {
             let (port, protocol) = spec.split_once('/')?;
             let port: u32 = port.trim().parse().ok()?;
@@ -197,8 +209,30 @@ pub fn to_instance(pod: &model::Pod) -> Instance {
         })
         .collect();
     let ip = published.iter().find_map(|p| p.ip.clone());
+    // `ssh.direct`, else the public mapping of 22/tcp (the same address, earlier lists).
+    let ssh = pod
+        .ssh
+        .as_ref()
+        .and_then(|ssh| ssh.direct.as_ref())
+        .and_then(|direct| {
+            Some(SshAddress {
+                host: direct.host.clone().filter(|h| !h.is_empty())?,
+                port: u16::try_from(direct.port?).ok()?,
+                user: direct.username.clone().unwrap_or_else(|| "root".to_owned()),
+            })
+        })
+        .or_else(|| {
+            let mapping = published.iter().find(|p| p.private == Some(22))?;
+            Some(SshAddress {
+                host: mapping.ip.clone()?,
+                port: u16::try_from(mapping.public?).ok()?,
+                user: "root".to_owned(),
+            })
+        })
+        .filter(|_| state == InstanceState::Running);
     let parse = |ts: &Option<String>| ts.as_deref().and_then(|t| t.parse::<Timestamp>().ok());
     Instance {
+        ssh,
         id: pod.id.clone(),
         name: pod.name.clone(),
         tags: Tags {
@@ -302,6 +336,7 @@ impl Provider for RunPodProvider {
         let origin = Origin {
             cluster_id: &self.cluster_id,
             node_name: &self.node_name,
+            ssh_public_key: self.ssh_public_key.as_deref(),
         };
         let container = request.container()?;
         let env = request.env.container_env(container);

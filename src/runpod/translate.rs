@@ -15,7 +15,9 @@ use runpod_contract::{self as contract, DISK, PORTS, REGISTRY_AUTH_ID, TEMPLATE_
 
 use super::model::{CreatePodRequest, GpuSpec};
 use super::select::Candidate;
-use crate::provider::{TAG_CLUSTER, TAG_NAMESPACE, TAG_NODE, TAG_POD_NAME, TAG_POD_UID};
+use crate::provider::{
+    PUBLIC_KEY_ENV, TAG_CLUSTER, TAG_NAMESPACE, TAG_NODE, TAG_POD_NAME, TAG_POD_UID, TAG_SSH,
+};
 
 /// RunPod accepts names of up to 191 characters (v1 schema); we stay under it.
 pub const MAX_NAME_LEN: usize = 191;
@@ -25,6 +27,8 @@ pub const MAX_NAME_LEN: usize = 191;
 pub struct Origin<'a> {
     pub cluster_id: &'a str,
     pub node_name: &'a str,
+    /// The node's SSH public key, for exec and port-forward (`--exec-ssh`); `None`: no SSH.
+    pub ssh_public_key: Option<&'a str>,
 }
 
 /// Why a pod cannot be translated.
@@ -152,6 +156,15 @@ pub fn create_request(
     ] {
         env.insert(key.to_owned(), value);
     }
+    let mut ports = ports(pod)?;
+    if let Some(key) = origin.ssh_public_key {
+        // RunPod's images start sshd with this key; the port is ours unless the pod asked.
+        env.insert(PUBLIC_KEY_ENV.to_owned(), key.to_owned());
+        if !ports.iter().any(|p| p == "22/tcp") {
+            ports.push("22/tcp".to_owned());
+            env.insert(TAG_SSH.to_owned(), "internal".to_owned());
+        }
+    }
 
     Ok(CreatePodRequest {
         name: runpod_name(pod)?,
@@ -164,7 +177,7 @@ pub fn create_request(
         cloud: candidate.cloud.as_str().to_owned(),
         data_center_ids: candidate.data_center_ids.clone(),
         disk,
-        ports: ports(pod)?,
+        ports,
         env,
         args,
         registry: annotation(REGISTRY_AUTH_ID),
@@ -205,6 +218,7 @@ mod tests {
     const ORIGIN: Origin<'static> = Origin {
         cluster_id: "prod-eu",
         node_name: "virtual-runpod",
+        ssh_public_key: None,
     };
 
     #[test]

@@ -314,6 +314,22 @@ pub struct ControllerArgs {
     /// Namespace of the election Lease; default `POD_NAMESPACE`, else `default`.
     #[arg(long, env = "RUNPOD_KUBELET_LEADER_ELECT_RESOURCE_NAMESPACE")]
     pub leader_elect_resource_namespace: Option<String>,
+    /// `kubectl exec` and `kubectl port-forward` into RunPod pods over SSH: every pod gets the
+    /// node's public key (`PUBLIC_KEY`) and port 22/tcp at create. `false`: no key sent, no
+    /// port opened, exec and port-forward answer 501.
+    #[arg(
+        long,
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        env = "RUNPOD_KUBELET_EXEC_SSH"
+    )]
+    pub exec_ssh: bool,
+    /// The Secret (in the controller's namespace) holding the node's SSH key pair, made if
+    /// absent; default `<nodename>-ssh`.
+    #[arg(long, env = "RUNPOD_KUBELET_SSH_KEY_SECRET")]
+    pub ssh_key_secret: Option<String>,
     /// The kubeconfig (same as KUBECONFIG; the Go kubelet's flag).
     #[arg(long, env = "RUNPOD_KUBELET_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,

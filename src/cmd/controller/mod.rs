@@ -10,10 +10,13 @@ use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use runpod_kubelet::controller::context::Settings;
+use runpod_kubelet::controller::kubelet_api::exec::ExecAccess;
+use runpod_kubelet::controller::kubelet_api::exec::ssh::HostKeys;
 use runpod_kubelet::controller::leader::{self, ElectionConfig};
 use runpod_kubelet::controller::metrics::ControllerMetrics;
 use runpod_kubelet::controller::node::NodeConfig;
 use runpod_kubelet::controller::node::drain::DrainConfig;
+use runpod_kubelet::controller::node::ssh_key;
 use runpod_kubelet::controller::{self, Runtime, kubelet_api};
 use runpod_kubelet::provider::Provider;
 use runpod_kubelet::runpod::catalogue_cache::CatalogueCache;
@@ -215,6 +218,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
         registry,
         metrics,
         admission,
+        exec: ExecAccess::Off,
     };
     match args.provider {
         CloudArg::Runpod => {
@@ -234,13 +238,18 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
                     .filter(|d| !d.is_empty())
                     .collect(),
             };
-            let provider = Arc::new(RunPodProvider::new(
-                runpod_client,
-                catalogue,
-                limits,
-                setup.cluster_id.clone(),
-                args.nodename.clone(),
-            ));
+            let (exec, public_key) = runpod_exec(&args, &client).await;
+            setup.exec = exec;
+            let provider = Arc::new(
+                RunPodProvider::new(
+                    runpod_client,
+                    catalogue,
+                    limits,
+                    setup.cluster_id.clone(),
+                    args.nodename.clone(),
+                )
+                .with_ssh_public_key(public_key),
+            );
             serve(provider, args, config, client, setup).await
         }
         CloudArg::Vastai => {
@@ -255,6 +264,14 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
             // The node's taints and selection are Vast.ai's; RunPod's datacenter list is not
             // this node's policy.
             setup.admission.allowed_datacenters.clear();
+            if args.exec_ssh {
+                setup.exec = ExecAccess::Unsupported(
+                    "exec and port-forward are not available on Vast.ai pods: instances run in \
+                     Vast.ai's args mode, which starts no SSH server (its SSH run types would \
+                     replace the image's entrypoint)"
+                        .to_owned(),
+                );
+            }
             let provider = Arc::new(VastaiProvider::new(
                 vast_client,
                 setup.admission.vastai.clone(),
@@ -275,6 +292,37 @@ struct Setup {
     registry: prometheus_client::registry::Registry,
     metrics: Arc<ControllerMetrics>,
     admission: runpod_webhook::policy::PolicyConfig,
+    exec: ExecAccess,
+}
+
+/// Exec over SSH on a RunPod node: the node's key from its Secret (made if absent), and the
+/// public key every create sends. A key that cannot be had leaves exec unavailable (saying
+/// why) rather than stopping the controller.
+async fn runpod_exec(args: &ControllerArgs, client: &kube::Client) -> (ExecAccess, Option<String>) {
+    if !args.exec_ssh {
+        return (ExecAccess::Off, None);
+    }
+    let namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".to_owned());
+    let name = args
+        .ssh_key_secret
+        .clone()
+        .unwrap_or_else(|| ssh_key::secret_name(&args.nodename));
+    match ssh_key::ensure(client, &namespace, &name, &args.nodename).await {
+        Ok(key) => {
+            let public = key.public_openssh();
+            (
+                ExecAccess::Ready {
+                    key,
+                    host_keys: HostKeys::default(),
+                },
+                Some(public),
+            )
+        }
+        Err(reason) => {
+            tracing::error!(%reason, "no SSH key for exec and port-forward; pods are created without SSH");
+            (ExecAccess::Unavailable(reason), None)
+        }
+    }
 }
 
 /// Binds the listeners and runs the controller with `provider`.
@@ -292,6 +340,7 @@ async fn serve<P: Provider>(
         registry,
         metrics,
         admission,
+        exec,
     } = setup;
     let (certs, key) = kubelet_tls::kubelet_identity(&args, internal_ip)?;
     let first =
@@ -353,6 +402,7 @@ async fn serve<P: Provider>(
             admission,
             key_source: args::key_source(args.provider, args.api_key_secret.as_deref()),
             adoption_namespace: args::adoption_namespace(args.adoption_namespace.as_deref()),
+            exec,
         },
         kubelet_listener,
         kubelet_tls,

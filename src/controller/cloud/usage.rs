@@ -254,6 +254,7 @@ mod tests {
 
     fn instance(id: &str, uid: &str, state: InstanceState, usage: Option<Usage>) -> Instance {
         Instance {
+            ssh: None,
             id: id.into(),
             name: id.into(),
             tags: Tags {

@@ -1,5 +1,6 @@
 //! The kubelet API the apiserver calls for `kubectl logs`: container logs streamed from the
-//! cloud, exec/attach/port-forward refused with 501; and for metrics-server `/stats/summary`
+//! cloud; `kubectl exec` and `port-forward` over the pod's SSH (`exec`; attach is 501); and for
+//! metrics-server `/stats/summary`
 //! and `/metrics/resource`, the usage the cloud reports (`stats`). Callers are authenticated
 //! and authorized like a kubelet in webhook mode, because logs often carry secrets: a client
 //! certificate from the cluster CA (or `--kubelet-client-ca`), or a bearer token the apiserver
@@ -73,9 +74,12 @@ fn router<P: Provider>(
         )
         .route("/stats/summary", get(stats_summary::<P>))
         .route("/metrics/resource", get(resource_metrics::<P>))
-        .route("/exec/{*rest}", any(not_implemented::<P>))
-        .route("/attach/{*rest}", any(not_implemented::<P>))
-        .route("/portForward/{*rest}", any(not_implemented::<P>))
+        .route("/exec/{namespace}/{pod}/{container}", any(exec::exec::<P>))
+        .route(
+            "/portForward/{namespace}/{pod}",
+            any(exec::port_forward::<P>),
+        )
+        .route("/attach/{*rest}", any(exec::attach))
         .route("/run/{*rest}", any(not_implemented::<P>))
         .with_state(state)
         // Every path, unknown ones included, is authenticated and authorized first.
@@ -122,7 +126,7 @@ async fn not_implemented<P: Provider>(State(state): State<Arc<ApiState<P>>>) -> 
     (
         StatusCode::NOT_IMPLEMENTED,
         format!(
-            "runpod-kubelet: exec, attach, port-forward and run are not supported: the container runs on {}, which offers no such API; use the pod's runpod.io/endpoints instead\n",
+            "runpod-kubelet: this path is not served: the container runs on {}; exec is /exec/NAMESPACE/POD/CONTAINER and port-forward /portForward/NAMESPACE/POD\n",
             state.shared.provider.cloud().title
         ),
     )
@@ -181,7 +185,8 @@ pub async fn serve<P: Provider>(
             let io = hyper_util::rt::TokioIo::new(tls);
             let builder =
                 hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            if let Err(error) = builder.serve_connection(io, service).await {
+            // Exec and port-forward upgrade the connection to SPDY.
+            if let Err(error) = builder.serve_connection_with_upgrades(io, service).await {
                 tracing::debug!(%peer, %error, "kubelet API connection ended with an error");
             }
         });

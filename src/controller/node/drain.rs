@@ -393,6 +393,7 @@ mod tests {
         state: InstanceState,
     ) -> Instance {
         Instance {
+            ssh: None,
             id: id.into(),
             name: id.into(),
             tags: Tags {

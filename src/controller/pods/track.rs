@@ -401,6 +401,7 @@ mod tests {
 
     fn instance(id: &str) -> Instance {
         Instance {
+            ssh: None,
             id: id.into(),
             name: "n".into(),
             tags: Tags::default(),
@@ -456,6 +457,7 @@ mod tests {
             idle: Default::default(),
             key_source: "Secret ns/key".into(),
             adoption_namespace: "runpod-system".into(),
+            exec: crate::controller::kubelet_api::exec::ExecAccess::Off,
         };
         let tagged = |cluster: &str, node: &str, uid: &str| Instance {
             tags: Tags {

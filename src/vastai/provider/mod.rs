@@ -124,6 +124,7 @@ impl VastaiProvider {
         match self.client.get(id).await {
             Ok(Some(found)) => to_instance(&found),
             _ => Instance {
+                ssh: None,
                 id: id.to_string(),
                 name: label.to_string(),
                 tags: tags(Some(label)),
@@ -218,6 +219,7 @@ pub fn to_instance(instance: &model::Instance) -> Instance {
         _ => instance.status_msg.clone().filter(|m| !m.is_empty()),
     };
     Instance {
+        ssh: None,
         id: instance.id.to_string(),
         name: instance.label.clone().unwrap_or_default(),
         tags: tags(label.as_ref()),

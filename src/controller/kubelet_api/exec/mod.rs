@@ -1,5 +1,335 @@
-//! `kubectl exec` and `kubectl port-forward` on the kubelet API.
+//! `kubectl exec` and `kubectl port-forward` on the kubelet API: `POST /exec/{ns}/{pod}/{c}`
+//! and `/portForward/{ns}/{pod}`, upgraded to SPDY/3.1 as a kubelet does, and carried to the
+//! pod over the cloud's SSH (`ssh`). Everything that can fail before the upgrade (a WebSocket
+//! try, exec turned off, a cloud without SSH, a pod without an SSH address, a refused key)
+//! is an HTTP error kubectl prints; nothing waits longer than the SSH connect bound.
 
 pub mod portforward;
 pub mod remotecommand;
 pub mod ssh;
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::ObjectRef;
+
+use super::ApiState;
+use super::spdy::session::Session;
+use crate::provider::Provider;
+use remotecommand::{ExecBackend, ExecEnd, ExecIo, ExecOptions};
+use ssh::{HostKeys, NodeKey, Target};
+
+/// Whether this node serves exec and port-forward, and with which key.
+#[derive(Clone, Debug)]
+pub enum ExecAccess {
+    /// `--exec-ssh=false`.
+    Off,
+    /// The node's cloud offers no SSH into the container (the reason).
+    Unsupported(String),
+    /// The key could not be read or made (the reason).
+    Unavailable(String),
+    Ready {
+        key: NodeKey,
+        host_keys: HostKeys,
+    },
+}
+
+const SPDY: &str = "SPDY/3.1";
+
+fn plain(status: StatusCode, message: String) -> Response {
+    (status, format!("{message}\n")).into_response()
+}
+
+/// 400 for anything but a SPDY/3.1 upgrade (kubectl 1.30+ tries a WebSocket first and falls
+/// back on this answer), before any other work.
+fn spdy_upgrade(headers: &HeaderMap) -> Result<(), Box<Response>> {
+    let upgrade = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if upgrade.eq_ignore_ascii_case(SPDY) {
+        Ok(())
+    } else {
+        Err(Box::new(plain(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "runpod-kubelet: this kubelet speaks {SPDY} for exec and port-forward (asked for {:?})",
+                if upgrade.is_empty() {
+                    "no upgrade"
+                } else {
+                    upgrade
+                }
+            ),
+        )))
+    }
+}
+
+/// Every `X-Stream-Protocol-Version` value offered.
+fn offered(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all("x-stream-protocol-version")
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_owned))
+        .collect()
+}
+
+/// The pod, its SSH address and the key, or the error kubectl shows.
+fn target<P: Provider>(
+    state: &ApiState<P>,
+    namespace: &str,
+    name: &str,
+    container: Option<&str>,
+) -> Result<(Arc<Pod>, Target, NodeKey, HostKeys), Box<Response>> {
+    let (key, host_keys) = match &state.shared.settings.exec {
+        ExecAccess::Off => {
+            return Err(Box::new(plain(
+                StatusCode::NOT_IMPLEMENTED,
+                "runpod-kubelet: exec and port-forward are turned off on this node (--exec-ssh=false, chart controller.execSsh)".to_owned(),
+            )));
+        }
+        ExecAccess::Unsupported(reason) => {
+            return Err(Box::new(plain(
+                StatusCode::NOT_IMPLEMENTED,
+                format!("runpod-kubelet: {reason}"),
+            )));
+        }
+        ExecAccess::Unavailable(reason) => {
+            return Err(Box::new(plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("runpod-kubelet: exec is unavailable: {reason}"),
+            )));
+        }
+        ExecAccess::Ready { key, host_keys } => (key.clone(), host_keys.clone()),
+    };
+    let Some(pod) = state.pods.get(&ObjectRef::new(name).within(namespace)) else {
+        return Err(Box::new(plain(
+            StatusCode::NOT_FOUND,
+            format!("pod {namespace}/{name} is not on this node"),
+        )));
+    };
+    if let Some(container) = container {
+        let known = pod
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.containers.iter().any(|c| c.name == container));
+        if !known {
+            return Err(Box::new(plain(
+                StatusCode::NOT_FOUND,
+                format!("pod {namespace}/{name} has no container {container:?}"),
+            )));
+        }
+    }
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let title = state.shared.provider.cloud().title;
+    let instance = state
+        .shared
+        .latest()
+        .and_then(|snapshot| snapshot.for_pod(&uid).next().cloned());
+    let Some(instance) = instance else {
+        return Err(Box::new(plain(
+            StatusCode::BAD_REQUEST,
+            format!("pod {namespace}/{name} is not running on {title}"),
+        )));
+    };
+    let Some(target) = instance.ssh.clone() else {
+        return Err(Box::new(plain(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "pod {namespace}/{name} has no SSH address on {title} yet: it is still starting, or it was created before exec was turned on (its create did not open port 22); retry in a moment"
+            ),
+        )));
+    };
+    Ok((pod, target, key, host_keys))
+}
+
+/// Answers 101 and runs `serve` on the upgraded connection.
+fn switch<F, Fut>(mut request: Request, protocol: &'static str, serve: F) -> Response
+where
+    F: FnOnce(Session) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let upgrade = hyper::upgrade::on(&mut request);
+    tokio::spawn(async move {
+        match upgrade.await {
+            Ok(upgraded) => serve(Session::start(TokioIo::new(upgraded))).await,
+            Err(error) => tracing::debug!(%error, "exec upgrade failed"),
+        }
+    });
+    let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static(SPDY));
+    headers.insert(
+        "x-stream-protocol-version",
+        HeaderValue::from_static(protocol),
+    );
+    response
+}
+
+/// The pod's command over SSH.
+struct SshExec(ssh::Session);
+
+impl ExecBackend for SshExec {
+    async fn exec(self, options: ExecOptions, io: ExecIo) -> ExecEnd {
+        self.0.exec(&options, io).await
+    }
+}
+
+pub(super) async fn exec<P: Provider>(
+    State(state): State<Arc<ApiState<P>>>,
+    Path((namespace, name, container)): Path<(String, String, String)>,
+    request: Request,
+) -> Response {
+    if let Err(response) = spdy_upgrade(request.headers()) {
+        return *response;
+    }
+    let options = match ExecOptions::from_query(request.uri().query().unwrap_or_default()) {
+        Ok(options) => options,
+        Err(message) => return plain(StatusCode::BAD_REQUEST, message),
+    };
+    let offers = offered(request.headers());
+    let protocol = if offers.is_empty() {
+        "channel.k8s.io"
+    } else {
+        match remotecommand::negotiate(&offers) {
+            Some(protocol) => protocol,
+            None => {
+                return plain(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "none of the offered protocols {offers:?} is supported (supported: {:?})",
+                        remotecommand::PROTOCOLS
+                    ),
+                );
+            }
+        }
+    };
+    let (pod, target, key, host_keys) = match target(&state, &namespace, &name, Some(&container)) {
+        Ok(found) => found,
+        Err(response) => return *response,
+    };
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let session = match ssh::connect(&target, &uid, &key, &host_keys).await {
+        Ok(session) => session,
+        Err(error) => {
+            return plain(
+                StatusCode::BAD_GATEWAY,
+                format!("runpod-kubelet: pod {namespace}/{name}: {error}"),
+            );
+        }
+    };
+    tracing::info!(%namespace, pod = %name, tty = options.tty, "exec");
+    switch(request, protocol, move |spdy| {
+        remotecommand::serve(spdy, protocol, options, SshExec(session))
+    })
+}
+
+/// Opens each forwarded connection over its own SSH session.
+#[derive(Clone)]
+struct SshForwarder {
+    target: Target,
+    uid: String,
+    key: NodeKey,
+    host_keys: HostKeys,
+}
+
+impl portforward::Forwarder for SshForwarder {
+    async fn connect(&self, port: u16) -> Result<Box<dyn portforward::Connection>, String> {
+        let session = ssh::connect(&self.target, &self.uid, &self.key, &self.host_keys)
+            .await
+            .map_err(|e| e.to_string())?;
+        session.forward(port).await.map_err(|e| e.to_string())
+    }
+}
+
+pub(super) async fn port_forward<P: Provider>(
+    State(state): State<Arc<ApiState<P>>>,
+    Path((namespace, name)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    if let Err(response) = spdy_upgrade(request.headers()) {
+        return *response;
+    }
+    let offers = offered(request.headers());
+    if !offers.is_empty()
+        && !offers
+            .iter()
+            .flat_map(|o| o.split(','))
+            .any(|o| o.trim() == portforward::PROTOCOL)
+    {
+        return plain(
+            StatusCode::FORBIDDEN,
+            format!(
+                "none of the offered protocols {offers:?} is supported (supported: [\"{}\"])",
+                portforward::PROTOCOL
+            ),
+        );
+    }
+    let (pod, target, key, host_keys) = match target(&state, &namespace, &name, None) {
+        Ok(found) => found,
+        Err(response) => return *response,
+    };
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    // One connection up front, so a refused key or a missing sshd is an error kubectl shows
+    // at once rather than on the first forwarded connection.
+    if let Err(error) = ssh::connect(&target, &uid, &key, &host_keys).await {
+        return plain(
+            StatusCode::BAD_GATEWAY,
+            format!("runpod-kubelet: pod {namespace}/{name}: {error}"),
+        );
+    }
+    tracing::info!(%namespace, pod = %name, "port-forward");
+    let forwarder = SshForwarder {
+        target,
+        uid,
+        key,
+        host_keys,
+    };
+    switch(request, portforward::PROTOCOL, move |spdy| {
+        portforward::serve(spdy, forwarder)
+    })
+}
+
+pub(super) async fn attach() -> Response {
+    plain(
+        StatusCode::NOT_IMPLEMENTED,
+        "runpod-kubelet: kubectl attach is not supported (the container's own console is the cloud's); kubectl exec works: kubectl exec -it POD -- sh".to_owned(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_spdy_upgrades_pass() {
+        let mut headers = HeaderMap::new();
+        assert!(spdy_upgrade(&headers).is_err());
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        let refused = *spdy_upgrade(&headers).unwrap_err();
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+        headers.insert(header::UPGRADE, HeaderValue::from_static("spdy/3.1"));
+        assert!(spdy_upgrade(&headers).is_ok());
+    }
+
+    #[test]
+    fn every_offered_version_is_read() {
+        let mut headers = HeaderMap::new();
+        headers.append(
+            "x-stream-protocol-version",
+            HeaderValue::from_static("v4.channel.k8s.io"),
+        );
+        headers.append(
+            "x-stream-protocol-version",
+            HeaderValue::from_static("v3.channel.k8s.io"),
+        );
+        assert_eq!(
+            offered(&headers),
+            ["v4.channel.k8s.io", "v3.channel.k8s.io"]
+        );
+    }
+}

@@ -85,7 +85,7 @@ impl NodeKey {
 }
 
 /// Host keys seen per pod (by UID), pinned for the pod's life in this process.
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct HostKeys(Arc<Mutex<HashMap<String, String>>>);
 
 impl HostKeys {
@@ -115,12 +115,7 @@ impl HostKeys {
 }
 
 /// Where a pod's sshd listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    pub host: String,
-    pub port: u16,
-    pub user: String,
-}
+pub type Target = crate::provider::SshAddress;
 
 struct Checker {
     pod: String,

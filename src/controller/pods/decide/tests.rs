@@ -13,6 +13,7 @@ fn at(text: &str) -> Timestamp {
 
 fn instance(id: &str, uid: &str, state: InstanceState, created: &str) -> Instance {
     Instance {
+        ssh: None,
         id: id.into(),
         name: "n".into(),
         tags: Tags {

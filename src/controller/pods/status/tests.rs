@@ -13,6 +13,7 @@ fn pod() -> Pod {
 
 fn instance(state: InstanceState, tcp_published: bool) -> Instance {
     Instance {
+        ssh: None,
         id: "abc".into(),
         name: "n".into(),
         tags: Tags::default(),

@@ -294,6 +294,11 @@ impl ControllerProcess {
     }
 
     /// Starts the controller again with the same flags (a new kubelet port).
+    /// More flags for the next restart (they come last, so they win).
+    pub fn push_args(&mut self, extra: &[&str]) {
+        self.args.extend(extra.iter().map(Into::into));
+    }
+
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.kill();
         let (child, port) = spawn(&self.args, &self.env, &self.kubeconfig, &self.log)?;

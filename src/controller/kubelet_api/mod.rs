@@ -183,8 +183,12 @@ pub async fn serve<P: Provider>(
                 app.layer(axum::Extension(Caller(user))),
             );
             let io = hyper_util::rt::TokioIo::new(tls);
-            let builder =
+            let mut builder =
                 hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            // Head and body in one write: an apiserver proxying an upgrade request passes on
+            // only what its first read of a refused upgrade returns, so a body written apart
+            // from the head would never reach kubectl.
+            builder.http1().writev(false);
             // Exec and port-forward upgrade the connection to SPDY.
             if let Err(error) = builder.serve_connection_with_upgrades(io, service).await {
                 tracing::debug!(%peer, %error, "kubelet API connection ended with an error");

@@ -36,6 +36,7 @@ mod ratelimit;
 mod reply;
 mod routes;
 mod server;
+mod ssh;
 mod state;
 mod timefmt;
 

@@ -89,7 +89,7 @@ pub(crate) fn begin_run(
     pod.status = PodStatus::Provisioning;
     pod.phase_since = at;
     pod.running_since = None;
-    pod.published = None;
+    unpublish(pod);
     pod.script = script_for(&pod.image, rules);
     if let Some(enabled) = pod.global_networking_next.take() {
         pod.global_networking = enabled;
@@ -120,7 +120,7 @@ fn enter_starting(pod: &mut PodRecord, at: Instant, ev: &mut Events<'_>) {
     pod.status = PodStatus::Starting;
     pod.phase_since = at;
     pod.running_since = None;
-    pod.published = None;
+    unpublish(pod);
     ev.system(pod, format!("Pulling image {}", pod.image), at);
 }
 
@@ -130,7 +130,7 @@ pub(crate) fn enter_running(pod: &mut PodRecord, at: Instant, ev: &mut Events<'_
     pod.phase_since = at;
     pod.running_since = Some(at);
     pod.started_at = Some(ev.clock.system(at));
-    pod.published = None;
+    unpublish(pod);
     ev.system(pod, format!("Image pulled: {}", pod.image), at);
     ev.system(pod, "Container started", at);
     for line in pod.script.logs.clone() {
@@ -143,7 +143,7 @@ pub(crate) fn enter_stopped(pod: &mut PodRecord, status: PodStatus, at: Instant)
     pod.status = status;
     pod.phase_since = at;
     pod.running_since = None;
-    pod.published = None;
+    unpublish(pod);
 }
 
 /// Forces a status "on command" (control API / `SimulatorHandle::set_status`). The scripted
@@ -156,7 +156,7 @@ pub(crate) fn force(pod: &mut PodRecord, status: PodStatus, at: Instant, ev: &mu
             pod.status = PodStatus::Provisioning;
             pod.phase_since = at;
             pod.running_since = None;
-            pod.published = None;
+            unpublish(pod);
         }
         PodStatus::Starting => enter_starting(pod, at, ev),
         PodStatus::Running => enter_running(pod, at, ev),
@@ -282,6 +282,19 @@ fn publish_ports(pod: &mut PodRecord, rng: &mut fastrand::Rng) {
         let Some((port, kind)) = parse_port(spec) else {
             continue;
         };
+        // 22/tcp with a PUBLIC_KEY: the image's sshd, served for real.
+        if port == 22
+            && kind == "tcp"
+            && let Some(public) = crate::ssh::start(&pod.id, &pod.env)
+        {
+            published.push(PortMapping {
+                private: port,
+                public,
+                kind: kind.to_owned(),
+                loopback: true,
+            });
+            continue;
+        }
         // Create and PATCH allow at most MAX_PORTS ports, far fewer than the range holds.
         let mut public = rng.u32(10000..=60000);
         while published.iter().any(|p| p.public == public) {
@@ -291,9 +304,17 @@ fn publish_ports(pod: &mut PodRecord, rng: &mut fastrand::Rng) {
             private: port,
             public,
             kind: kind.to_owned(),
+            loopback: false,
         });
     }
     pod.published = Some(published);
+}
+
+/// Ports gone (the container stopped or restarts): its sshd goes with them.
+pub(crate) fn unpublish(pod: &mut PodRecord) {
+    if pod.published.take().is_some() {
+        crate::ssh::stop(&pod.id);
+    }
 }
 
 /// `"8888/http"` → (8888, "http"); `None` unless the port is 1..=65535 and the protocol is

@@ -80,6 +80,8 @@ pub(crate) struct PortMapping {
     pub private: u32,
     pub public: u32,
     pub kind: String,
+    /// Served for real on this machine's loopback (the pod's sshd), not a made-up port.
+    pub loopback: bool,
 }
 
 /// What the pod's image rule scripts for this run.
@@ -228,12 +230,19 @@ impl PodRecord {
             .iter()
             .find(|p| p.private == 22 && p.kind == "tcp")
         {
-            Some(port) => json!({
-                "host": self.ip,
-                "port": port.public,
-                "username": "root",
-                "command": format!("ssh root@{} -p {}", self.ip, port.public),
-            }),
+            Some(port) => {
+                let host = if port.loopback {
+                    "127.0.0.1"
+                } else {
+                    self.ip.as_str()
+                };
+                json!({
+                    "host": host,
+                    "port": port.public,
+                    "username": "root",
+                    "command": format!("ssh root@{host} -p {}", port.public),
+                })
+            }
             None => Value::Null,
         }
     }
@@ -287,7 +296,14 @@ impl PodRecord {
             .as_deref()
             .unwrap_or_default()
             .iter()
-            .map(|p| json!({"private": p.private, "public": p.public, "type": p.kind, "ip": self.ip}))
+            .map(|p| {
+                let ip = if p.loopback {
+                    "127.0.0.1"
+                } else {
+                    self.ip.as_str()
+                };
+                json!({"private": p.private, "public": p.public, "type": p.kind, "ip": ip})
+            })
             .collect();
         json!({
             "uptime": uptime,

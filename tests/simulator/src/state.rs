@@ -132,7 +132,7 @@ impl World {
         pod.status = PodStatus::Terminated;
         pod.phase_since = now;
         pod.running_since = None;
-        pod.published = None;
+        crate::lifecycle::unpublish(pod);
         pod.terminated_at = Some(ts);
         pod.stopped_at.get_or_insert(ts);
         let id = pod.id.clone();

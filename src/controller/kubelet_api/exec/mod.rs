@@ -40,8 +40,32 @@ pub enum ExecAccess {
 
 const SPDY: &str = "SPDY/3.1";
 
+/// A refusal before the upgrade, as a `metav1.Status`: kubectl decodes an upgrade's error body
+/// as one (a plain-text body reaches the user as an empty "Error from server").
 fn plain(status: StatusCode, message: String) -> Response {
-    (status, format!("{message}\n")).into_response()
+    let reason = match status {
+        StatusCode::BAD_REQUEST => "BadRequest",
+        StatusCode::FORBIDDEN => "Forbidden",
+        StatusCode::NOT_FOUND => "NotFound",
+        StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
+        StatusCode::NOT_IMPLEMENTED => "NotImplemented",
+        _ => "InternalError",
+    };
+    let body = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": status.as_u16(),
+    });
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 /// 400 for anything but a SPDY/3.1 upgrade (kubectl 1.30+ tries a WebSocket first and falls

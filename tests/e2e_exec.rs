@@ -1,0 +1,288 @@
+//! `kubectl exec` and `kubectl port-forward` into a burst pod on the real control plane,
+//! through the apiserver with a real `kubectl` (1.32, which tries WebSockets first and falls
+//! back to SPDY on the kubelet's 400), the controller's kubelet API and the simulator's real
+//! sshd for the RunPod pod: output, stderr and exit codes, stdin, a terminal, a forwarded port,
+//! attach refused, a caller without `nodes/proxy` refused, a SIGKILLed controller reusing its
+//! key from the Secret, and `--exec-ssh=false`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::json;
+use support::control_plane::{ControlPlane, ExtraFlags};
+use support::controller::{ControllerProcess, SimulatorProcess};
+use support::kubelet_client::{Identity, kubelet_get};
+use support::pods::{gpu_pod, namespace, running};
+use support::wait;
+use support::webhook::WebhookProcess;
+
+const NS: &str = "e2e-exec";
+const POD: &str = "shell";
+const WAIT: Duration = Duration::from_secs(120);
+
+fn main() -> std::process::ExitCode {
+    support::harness::main(
+        "e2e_exec exec_and_port_forward_through_ssh",
+        &ExtraFlags::default(),
+        |cp| Box::pin(run(cp)),
+    )
+}
+
+fn scenario() -> serde_json::Value {
+    json!({"provisioning_ms": 300, "starting_ms": 300, "ports_ms": 300, "list_lag_ms": 300})
+}
+
+/// `kubectl ARGS` with the control plane's kubeconfig: (exit code, stdout, stderr).
+fn kubectl(
+    cp: &ControlPlane,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> anyhow::Result<(i32, String, String)> {
+    let mut child = Command::new("kubectl")
+        .args(args)
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running kubectl")?;
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(input.as_bytes())?;
+    }
+    let output = child.wait_with_output()?;
+    Ok((
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
+}
+
+async fn run(cp: &ControlPlane) -> anyhow::Result<()> {
+    let client = cp.client().await?;
+    let simulator = SimulatorProcess::start(&scenario())?;
+    let webhook = WebhookProcess::start(&cp.kubeconfig, &[]).await?;
+    webhook.register(&client, &["kube-system"]).await?;
+    let mut controller = ControllerProcess::start(&cp.kubeconfig, &cp.ca_file(), &simulator, &[])?;
+    let outcome = scenarios(cp, &client, &simulator, &mut controller).await;
+    if outcome.is_err() {
+        eprintln!("--- controller log tail ---\n{}", controller.log_tail(60));
+    }
+    outcome
+}
+
+async fn scenarios(
+    cp: &ControlPlane,
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+    controller: &mut ControllerProcess,
+) -> anyhow::Result<()> {
+    support::pods::node_ready_named(client, "virtual-runpod").await?;
+    namespace(client, NS, true).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let mut pod = gpu_pod(POD, "e2e/server:1", "Always");
+    pod.metadata.annotations =
+        Some([("runpod.io/burst-mode".to_owned(), "always".to_owned())].into());
+    pods.create(&PostParams::default(), &pod).await?;
+    let pod = running(&pods, POD).await?;
+    let uid = pod.metadata.uid.clone().context("uid")?;
+
+    // The key: one Secret, its public half sent as PUBLIC_KEY with an internal 22/tcp that is
+    // no endpoint of the pod.
+    let secret = Api::<Secret>::namespaced(client.clone(), "default")
+        .get("virtual-runpod-ssh")
+        .await
+        .context("the node's SSH key Secret")?;
+    ensure!(
+        secret.type_.as_deref() == Some("kubernetes.io/ssh-auth"),
+        "type {:?}",
+        secret.type_
+    );
+    let public = String::from_utf8(secret.data.unwrap_or_default()["ssh-publickey"].0.clone())?;
+    let ledger = support::pods::ledger_for(simulator, &uid).await?;
+    ensure!(ledger.len() == 1, "RunPod pods: {ledger:?}");
+    ensure!(
+        ledger[0]["env"]["PUBLIC_KEY"] == public.as_str(),
+        "PUBLIC_KEY differs from the Secret's"
+    );
+    let endpoints = support::pods::annotation(&pod, "runpod.io/endpoints")
+        .unwrap_or_default()
+        .to_owned();
+    ensure!(
+        !endpoints.contains("22/tcp"),
+        "the internal SSH port is shown: {endpoints}"
+    );
+
+    // Output, errors and the exit code.
+    let (code, out, err) = kubectl(
+        cp,
+        &[
+            "-n",
+            NS,
+            "exec",
+            POD,
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; exit 3",
+        ],
+        None,
+    )?;
+    ensure!(
+        code == 3,
+        "exit code {code}; stdout {out:?}; stderr {err:?}"
+    );
+    ensure!(out == "out\n", "stdout {out:?}");
+    ensure!(err.contains("err\n"), "stderr {err:?}");
+    let (code, out, err) = kubectl(
+        cp,
+        &[
+            "-n",
+            NS,
+            "exec",
+            POD,
+            "--",
+            "sh",
+            "-c",
+            "pwd; echo $RUNPOD_KUBELET_POD_NAME",
+        ],
+        None,
+    )?;
+    ensure!(
+        code == 0 && out.ends_with(&format!("{POD}\n")),
+        "env of the pod: {code} {out:?} {err:?}"
+    );
+
+    // stdin.
+    let (code, out, err) = kubectl(
+        cp,
+        &["-n", NS, "exec", "-i", POD, "--", "cat"],
+        Some("data"),
+    )?;
+    ensure!(code == 0 && out == "data", "cat: {code} {out:?} {err:?}");
+
+    // A terminal (kubectl needs one itself: `script` gives it a pty).
+    let line = format!("kubectl -n {NS} exec -it {POD} -- sh -c 'test -t 0 && echo is-a-tty; tty'");
+    let output = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .stdin(Stdio::null())
+        .output()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    ensure!(
+        text.contains("is-a-tty") && text.contains("/dev/pts/"),
+        "terminal session: {text:?}"
+    );
+
+    // Port-forward to a server listening "inside the pod" (the simulator's loopback).
+    port_forward(cp)?;
+
+    // attach is not served, and says what is.
+    let (code, _, err) = kubectl(cp, &["-n", NS, "attach", POD], None)?;
+    ensure!(
+        code != 0 && err.contains("exec works"),
+        "attach: {code} {err:?}"
+    );
+
+    // A caller the apiserver does not allow nodes/proxy gets 403 from the kubelet API.
+    let certs = tempfile::tempdir()?;
+    let alice = Identity::issue(&cp.pki_dir(), certs.path(), "alice", "/O=team-a/CN=alice")?;
+    let (status, body) = kubelet_get(
+        controller.kubelet_port,
+        &format!("/exec/{NS}/{POD}/main?command=id&stdout=1"),
+        Some(&alice),
+    )?;
+    ensure!(
+        status == 403 && body.contains("alice"),
+        "alice: {status} {body}"
+    );
+
+    // SIGKILL and restart: the next exec works with the same key (read from the Secret).
+    controller.restart()?;
+    wait::until("exec after a controller restart", WAIT, || async {
+        let (code, out, _) = kubectl(cp, &["-n", NS, "exec", POD, "--", "echo", "again"], None)?;
+        Ok((code == 0 && out == "again\n").then_some(()))
+    })
+    .await?;
+
+    // --exec-ssh=false: 501, saying so.
+    controller.push_args(&["--exec-ssh", "false"]);
+    controller.restart()?;
+    let message = wait::until("exec refused with exec-ssh off", WAIT, || async {
+        let (code, _, err) = kubectl(cp, &["-n", NS, "exec", POD, "--", "true"], None)?;
+        ensure!(code != 0, "exec still works");
+        Ok(err.contains("--exec-ssh=false").then_some(err.clone())).and_then(|found| {
+            found
+                .map(Some)
+                .ok_or_else(|| anyhow::anyhow!("kubectl said {err:?}"))
+        })
+    })
+    .await?;
+    ensure!(message.contains("turned off"), "{message}");
+    Ok(())
+}
+
+fn port_forward(cp: &ControlPlane) -> anyhow::Result<()> {
+    let server = TcpListener::bind("127.0.0.1:0")?;
+    let pod_port = server.local_addr()?.port();
+    std::thread::spawn(move || {
+        for stream in server.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 || stream.write_all(&buf[..n].to_ascii_uppercase()).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let local = support::webhook::free_port()?.port();
+    let mut forward = Command::new("kubectl")
+        .args(["-n", NS, "port-forward", "--address", "127.0.0.1"])
+        .arg(format!("pod/{POD}"))
+        .arg(format!("{local}:{pod_port}"))
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let result = (|| {
+        let stdout = forward.stdout.take().context("stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let first = lines.next().context("port-forward printed nothing")??;
+        ensure!(first.contains("Forwarding from"), "port-forward: {first}");
+        for round in 0..2 {
+            let mut conn = TcpStream::connect(("127.0.0.1", local))?;
+            conn.set_read_timeout(Some(Duration::from_secs(20)))?;
+            conn.write_all(format!("ping {round}").as_bytes())?;
+            let mut buf = [0u8; 64];
+            let n = conn.read(&mut buf)?;
+            ensure!(
+                &buf[..n] == format!("PING {round}").as_bytes(),
+                "forwarded: {:?}",
+                String::from_utf8_lossy(&buf[..n])
+            );
+        }
+        Ok(())
+    })();
+    let _ = forward.kill();
+    let mut stderr = String::new();
+    if let Some(mut pipe) = forward.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    result.with_context(|| format!("kubectl port-forward stderr: {stderr}"))
+}

@@ -696,3 +696,52 @@ fn the_kubelet_certificate_comes_from_the_cluster_a_secret_or_cert_manager() {
     .unwrap_err();
     assert!(error.contains("mode csr"), "{error}");
 }
+
+#[test]
+fn exec_over_ssh_is_on_by_default_with_create_on_secrets_in_the_release_namespace_only() {
+    let objects = render(&["runpod.apiKey=k"]);
+    let controller =
+        args_of(&named(&objects, "Deployment", "r-runpod-kubelet-controller")["spec"]["template"]);
+    assert!(
+        controller.contains(&"--exec-ssh=true".to_owned()),
+        "{controller:?}"
+    );
+    let role = named(
+        &objects,
+        "ClusterRole",
+        "r-runpod-kubelet-controller-ssh-key",
+    );
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}])
+    );
+    // Bound in the release namespace only, never cluster-wide.
+    let binding = named(
+        &objects,
+        "RoleBinding",
+        "r-runpod-kubelet-controller-ssh-key",
+    );
+    assert_eq!(
+        binding["roleRef"]["name"],
+        "r-runpod-kubelet-controller-ssh-key"
+    );
+    assert!(binding["metadata"]["namespace"].is_string());
+    assert!(
+        objects.iter().all(|o| !(o["kind"] == "ClusterRoleBinding"
+            && o["roleRef"]["name"] == "r-runpod-kubelet-controller-ssh-key")),
+        "the SSH key role is bound cluster-wide"
+    );
+
+    let off = render(&["runpod.apiKey=k", "controller.execSsh=false"]);
+    let controller =
+        args_of(&named(&off, "Deployment", "r-runpod-kubelet-controller")["spec"]["template"]);
+    assert!(
+        controller.contains(&"--exec-ssh=false".to_owned()),
+        "{controller:?}"
+    );
+    assert!(
+        off.iter()
+            .all(|o| o["metadata"]["name"] != "r-runpod-kubelet-controller-ssh-key"),
+        "no SSH key RBAC with exec off"
+    );
+}

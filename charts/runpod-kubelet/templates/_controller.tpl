@@ -203,6 +203,7 @@ spec:
             {{- if $v.controller.acceptSeedTolerations }}
             - --accept-seed-tolerations
             {{- end }}
+            - --exec-ssh={{ $v.controller.execSsh }}
             - --max-gpus
             - {{ .maxGpus | quote }}
             {{- with $v.controller.concurrency }}

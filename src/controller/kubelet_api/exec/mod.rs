@@ -129,6 +129,14 @@ fn target<P: Provider>(
         }
         ExecAccess::Ready { key, host_keys } => (key.clone(), host_keys.clone()),
     };
+    // Pins of pods that are gone go with them.
+    let live: std::collections::HashSet<String> = state
+        .pods
+        .state()
+        .iter()
+        .filter_map(|pod| pod.metadata.uid.clone())
+        .collect();
+    host_keys.retain(|uid| live.contains(uid));
     let Some(pod) = state.pods.get(&ObjectRef::new(name).within(namespace)) else {
         return Err(Box::new(plain(
             StatusCode::NOT_FOUND,

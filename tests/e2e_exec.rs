@@ -93,12 +93,30 @@ async fn scenarios(
     support::pods::node_ready_named(client, "virtual-runpod").await?;
     namespace(client, NS, true).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let mut pod = gpu_pod(POD, "e2e/server:1", "Always");
-    pod.metadata.annotations =
-        Some([("runpod.io/burst-mode".to_owned(), "always".to_owned())].into());
-    pods.create(&PostParams::default(), &pod).await?;
-    let pod = running(&pods, POD).await?;
+    // A batch pod (the controller's wrapper starts the image's sshd), and a long-running one
+    // whose command replaced the image's start script: no sshd in it.
+    for (name, policy) in [(POD, "Never"), ("no-sshd", "Always")] {
+        let mut pod = gpu_pod(name, "e2e/server:1", policy);
+        pod.metadata.annotations =
+            Some([("runpod.io/burst-mode".to_owned(), "always".to_owned())].into());
+        pods.create(&PostParams::default(), &pod).await?;
+    }
+    running(&pods, POD).await?;
+    let pod = wait::until("the pod's endpoints", WAIT, || async {
+        let pod = pods.get(POD).await?;
+        let shown = support::pods::annotation(&pod, "runpod.io/endpoints").unwrap_or_default();
+        Ok(shown.contains("8888/").then_some(pod))
+    })
+    .await?;
     let uid = pod.metadata.uid.clone().context("uid")?;
+    let created = support::pods::event(client, NS, POD, "RunPodPodCreated").await?;
+    ensure!(
+        created.contains("22/tcp for kubectl exec"),
+        "the create Event hides the SSH port: {created}"
+    );
+    let pod_id = support::pods::annotation(&pod, "runpod.io/pod-id")
+        .context("pod id")?
+        .to_owned();
 
     // The key: one Secret, its public half sent as PUBLIC_KEY with an internal 22/tcp that is
     // no endpoint of the pod.
@@ -166,13 +184,64 @@ async fn scenarios(
         "env of the pod: {code} {out:?} {err:?}"
     );
 
-    // stdin.
+    // stdin, small and large (a megabyte each way: neither side may wait for the other).
     let (code, out, err) = kubectl(
         cp,
         &["-n", NS, "exec", "-i", POD, "--", "cat"],
         Some("data"),
     )?;
     ensure!(code == 0 && out == "data", "cat: {code} {out:?} {err:?}");
+    let big: String = (0..1_000_000u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let (code, out, err) = kubectl(cp, &["-n", NS, "exec", "-i", POD, "--", "cat"], Some(&big))?;
+    ensure!(
+        code == 0 && out == big,
+        "cat of 1 MB: {code}, {} bytes back; {err:?}",
+        out.len()
+    );
+
+    // kubectl killed mid-command: the command is hung up, not left running.
+    let pid_file = std::env::temp_dir()
+        .join(format!("runpod-sim-{pod_id}"))
+        .join("e2e-sleep.pid");
+    let _ = std::fs::remove_file(&pid_file);
+    let mut long = Command::new("kubectl")
+        .args([
+            "-n",
+            NS,
+            "exec",
+            POD,
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > e2e-sleep.pid; echo started; exec sleep 300",
+        ])
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut started = String::new();
+    BufReader::new(long.stdout.take().context("stdout")?).read_line(&mut started)?;
+    ensure!(started == "started\n", "long command: {started:?}");
+    let pid = std::fs::read_to_string(&pid_file)?.trim().to_owned();
+    ensure!(
+        std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "sleep {pid} not running"
+    );
+    long.kill()?;
+    let _ = long.wait();
+    wait::until("the hung-up command to end", WAIT, || async {
+        Ok((!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(()))
+    })
+    .await?;
+
+    // An image without sshd: a clear error at once.
+    let (code, _, err) = kubectl(cp, &["-n", NS, "exec", "no-sshd", "--", "true"], None)?;
+    ensure!(
+        code != 0 && err.contains("no SSH connection"),
+        "no sshd: {code} {err:?}"
+    );
 
     // A terminal (kubectl needs one itself: `script` gives it a pty).
     let line = format!("kubectl -n {NS} exec -it {POD} -- sh -c 'test -t 0 && echo is-a-tty; tty'");

@@ -222,7 +222,9 @@ pub fn to_instance(pod: &model::Pod) -> Instance {
             })
         })
         .or_else(|| {
-            let mapping = published.iter().find(|p| p.private == Some(22))?;
+            let mapping = published.iter().find(|p| {
+                p.private == Some(22) && p.protocol.as_deref().is_none_or(|t| t == "tcp")
+            })?;
             Some(SshAddress {
                 host: mapping.ip.clone()?,
                 port: u16::try_from(mapping.public?).ok()?,
@@ -508,6 +510,53 @@ mod tests {
     fn pod(status: &str, runtime: serde_json::Value) -> model::Pod {
         serde_json::from_value(serde_json::json!({"id": "p", "status": status, "runtime": runtime}))
             .unwrap()
+    }
+
+    #[test]
+    fn the_controllers_ssh_port_is_no_endpoint_and_its_address_is_read() {
+        let json = |env: serde_json::Value, ssh: serde_json::Value| -> model::Pod {
+            serde_json::from_value(serde_json::json!({
+                "id": "p", "status": "RUNNING", "ports": ["8888/http", "22/tcp"], "env": env,
+                "runtime": {"ports": [{"private": 22, "public": 40022, "type": "tcp", "ip": "203.0.113.7"}]},
+                "ssh": ssh,
+            }))
+            .unwrap()
+        };
+        let internal = to_instance(&json(
+            serde_json::json!({"RUNPOD_KUBELET_SSH": "internal"}),
+            serde_json::json!({"direct": {"host": "203.0.113.7", "port": 40022, "username": "root"}}),
+        ));
+        assert_eq!(
+            internal
+                .endpoints
+                .iter()
+                .map(|e| e.port)
+                .collect::<Vec<_>>(),
+            [8888],
+            "22/tcp opened for exec is no endpoint (nor a readiness condition)"
+        );
+        assert_eq!(
+            internal.ssh,
+            Some(SshAddress {
+                host: "203.0.113.7".into(),
+                port: 40022,
+                user: "root".into()
+            })
+        );
+        // A pod that asked for 22/tcp itself keeps it as an endpoint; without `ssh.direct` the
+        // published mapping gives the address; a malformed `ssh` costs exec only.
+        let own = to_instance(&json(
+            serde_json::json!({}),
+            serde_json::json!({"direct": null}),
+        ));
+        assert_eq!(own.endpoints.len(), 2);
+        assert_eq!(own.ssh.as_ref().map(|s| s.port), Some(40022));
+        let odd = to_instance(&json(serde_json::json!({}), serde_json::json!("garbage")));
+        assert_eq!(odd.ssh.as_ref().map(|s| s.port), Some(40022));
+        // Not running: no address.
+        let mut stopped = json(serde_json::json!({}), serde_json::json!(null));
+        stopped.status = PodStatus::Exited;
+        assert!(to_instance(&stopped).ssh.is_none());
     }
 
     #[test]

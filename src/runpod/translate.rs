@@ -158,8 +158,13 @@ pub fn create_request(
     }
     let mut ports = ports(pod)?;
     if let Some(key) = origin.ssh_public_key {
-        // RunPod's images start sshd with this key; the port is ours unless the pod asked.
-        env.insert(PUBLIC_KEY_ENV.to_owned(), key.to_owned());
+        // RunPod's images start sshd with this key (one per line: a key of the pod's own
+        // stays authorized); the port is ours unless the pod asked.
+        let keys = match env.get(PUBLIC_KEY_ENV).map(|own| own.trim()) {
+            Some(own) if !own.is_empty() => format!("{own}\n{key}"),
+            _ => key.to_owned(),
+        };
+        env.insert(PUBLIC_KEY_ENV.to_owned(), keys);
         if !ports.iter().any(|p| p == "22/tcp") {
             ports.push("22/tcp".to_owned());
             env.insert(TAG_SSH.to_owned(), "internal".to_owned());
@@ -287,6 +292,38 @@ mod tests {
             body["gpu"],
             json!({"id": "NVIDIA GeForce RTX 4090", "count": 2})
         );
+    }
+
+    #[test]
+    fn the_nodes_ssh_key_and_an_internal_port_22_are_sent() {
+        let origin = Origin {
+            ssh_public_key: Some("ssh-ed25519 AAAAnode"),
+            ..ORIGIN
+        };
+        let pod = gpu_pod(
+            json!({"name": "main", "image": "img", "ports": [{"containerPort": 8888}]}),
+            json!({}),
+        );
+        let request = create_request(&pod, &BTreeMap::new(), &origin, &candidate()).unwrap();
+        assert_eq!(request.ports, vec!["8888/http", "22/tcp"]);
+        assert_eq!(request.env[PUBLIC_KEY_ENV], "ssh-ed25519 AAAAnode");
+        assert_eq!(request.env[TAG_SSH], "internal");
+        // A pod that asked for 22/tcp and brings its own key: both keys, no internal tag.
+        let pod = gpu_pod(
+            json!({"name": "main", "image": "img"}),
+            json!({"runpod.io/ports": "22/tcp"}),
+        );
+        let own = BTreeMap::from([(PUBLIC_KEY_ENV.to_owned(), "ssh-rsa AAAAmine".to_owned())]);
+        let request = create_request(&pod, &own, &origin, &candidate()).unwrap();
+        assert_eq!(request.ports, vec!["22/tcp"]);
+        assert_eq!(
+            request.env[PUBLIC_KEY_ENV],
+            "ssh-rsa AAAAmine\nssh-ed25519 AAAAnode"
+        );
+        assert!(!request.env.contains_key(TAG_SSH));
+        // Exec off: nothing of it.
+        let request = create_request(&pod, &BTreeMap::new(), &ORIGIN, &candidate()).unwrap();
+        assert!(!request.env.contains_key(PUBLIC_KEY_ENV));
     }
 
     #[test]

@@ -307,7 +307,16 @@ async fn runpod_exec(args: &ControllerArgs, client: &kube::Client) -> (ExecAcces
         .ssh_key_secret
         .clone()
         .unwrap_or_else(|| ssh_key::secret_name(&args.nodename));
-    match ssh_key::ensure(client, &namespace, &name, &args.nodename).await {
+    // A passing apiserver hiccup at start-up must not leave every pod of this run without SSH.
+    let mut outcome = ssh_key::ensure(client, &namespace, &name, &args.nodename).await;
+    for delay in [2, 5, 10] {
+        if outcome.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(delay)).await;
+        outcome = ssh_key::ensure(client, &namespace, &name, &args.nodename).await;
+    }
+    match outcome {
         Ok(key) => {
             let public = key.public_openssh();
             (

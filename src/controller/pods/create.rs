@@ -205,10 +205,21 @@ pub(super) async fn create<P: Provider>(
                 false,
                 "RunPodPodCreated",
                 format!(
-                    "{} {}: {}; {}",
+                    "{} {}: {}; {}{}",
                     ctx.provider.instance_noun(),
                     instance.id,
                     provisioned.summary,
+                    // The controller's own port, published like the pod's: say so.
+                    if matches!(
+                        ctx.settings.exec,
+                        crate::controller::kubelet_api::exec::ExecAccess::Ready { .. }
+                    ) && ctx.provider.cloud() == crate::provider::CloudName::RUNPOD
+                    {
+                        "22/tcp for kubectl exec on a public IP and port (answers only this \
+                         node's SSH key); "
+                    } else {
+                        ""
+                    },
                     decide::create::exposure(
                         &ctx.provider.cloud(),
                         &instance.id,

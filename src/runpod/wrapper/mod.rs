@@ -16,6 +16,10 @@
 //! plain `sh` or Python's default `KeyboardInterrupt`. TERM is not affected. The command's stdin
 //! is `/dev/null`, as for any background command (Kubernetes `stdin` is not supported anyway).
 //!
+//! The pod's command replaces the image's CMD, and with it the start script that RunPod's images
+//! start sshd from; so, as that script does, the wrapper starts the image's `sshd` with
+//! `$PUBLIC_KEY` authorized (for `kubectl exec`) when both exist, and carries on without.
+//!
 //! Where the self-stop fails, the restarted container must not run the command again: before
 //! reporting, the wrapper writes the code to [`EXIT_MARKER`], and a wrapper that finds that file
 //! at start reports the same code again, tries the self-stop again and exits with it, without
@@ -63,6 +67,17 @@ runpod_kubelet_finish() {
 if [ -f "$marker" ] && read -r code <"$marker"; then
   runpod_kubelet_finish "$code"
 fi
+runpod_kubelet_sshd() {
+  [ -n "${PUBLIC_KEY:-}" ] || return 0
+  sshd=$(command -v sshd 2>/dev/null) || return 0
+  ssh_dir="${HOME:-/root}/.ssh"
+  mkdir -p /run/sshd 2>/dev/null
+  { mkdir -p "$ssh_dir" && chmod 700 "$ssh_dir" &&
+    printf '%s\n' "$PUBLIC_KEY" >>"$ssh_dir/authorized_keys" &&
+    chmod 600 "$ssh_dir/authorized_keys" && ssh-keygen -A && "$sshd"; } >/dev/null 2>&1
+  return 0
+}
+runpod_kubelet_sshd
 child= pending= signal= caught=
 runpod_kubelet_forward() {
   signal=$1 caught=1

@@ -457,3 +457,50 @@ fn files_without_a_command_cannot_be_wrapped() {
     assert!(error.contains("set `command`"), "{error}");
     assert_eq!(Setup::new(&[], &[]), Ok(None));
 }
+
+#[test]
+fn the_wrapper_starts_the_images_sshd_with_the_nodes_key() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let started = dir.path().join("sshd-started");
+    for (name, body) in [
+        ("sshd", format!("#!/bin/sh\ntouch {}\n", started.display())),
+        ("ssh-keygen", "#!/bin/sh\nexit 0\n".to_owned()),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, body).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let run = |key: Option<&str>| {
+        let argv = wrapper_in(dir.path(), &["echo", "ran"], Completion::RunOnce, None);
+        let mut command = std::process::Command::new(&argv[0]);
+        command
+            .args(&argv[1..])
+            .env("PATH", format!("{}:/usr/bin:/bin", dir.path().display()))
+            .env("HOME", &home);
+        if let Some(key) = key {
+            command.env("PUBLIC_KEY", key);
+        }
+        let _ = std::fs::remove_file(dir.path().join("exit-code"));
+        command.output().unwrap()
+    };
+    // No key: no sshd, and the command runs as before.
+    let output = run(None);
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "ran\nrunpod-kubelet: exit-code=0\n"
+    );
+    assert!(!started.exists());
+    // With the key: authorized, sshd started, the command still runs and reports.
+    let output = run(Some("ssh-ed25519 AAAAnode"));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "ran\nrunpod-kubelet: exit-code=0\n"
+    );
+    assert!(started.exists(), "sshd was not started");
+    assert_eq!(
+        std::fs::read_to_string(home.join(".ssh/authorized_keys")).unwrap(),
+        "ssh-ed25519 AAAAnode\n"
+    );
+}

@@ -285,7 +285,7 @@ fn publish_ports(pod: &mut PodRecord, rng: &mut fastrand::Rng) {
         // 22/tcp with a PUBLIC_KEY: the image's sshd, served for real.
         if port == 22
             && kind == "tcp"
-            && let Some(public) = crate::ssh::start(&pod.id, &pod.env)
+            && let Some(public) = crate::ssh::start(&pod.id, &pod.env, &pod.args)
         {
             published.push(PortMapping {
                 private: port,

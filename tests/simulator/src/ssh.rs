@@ -25,11 +25,28 @@ fn servers() -> &'static Mutex<HashMap<String, tokio::task::AbortHandle>> {
 }
 
 /// Starts the pod's sshd if it asked for one; its loopback port, or `None` (no key, no
-/// runtime to run it on).
-pub(crate) fn start(pod_id: &str, env: &BTreeMap<String, String>) -> Option<u32> {
-    let authorized = PublicKey::from_openssh(env.get("PUBLIC_KEY")?.trim()).ok()?;
+/// runtime to run it on). As on RunPod, sshd runs only where something starts it: the image's
+/// own start script, which runs when the pod gives no `args` (its CMD is kept), or the
+/// controller's completion wrapper; a pod whose command replaced the CMD has none, and its
+/// port 22 refuses connections.
+pub(crate) fn start(pod_id: &str, env: &BTreeMap<String, String>, args: &str) -> Option<u32> {
+    let keys = env.get("PUBLIC_KEY")?;
+    // One key per line; the last is the controller's (a pod's own comes first).
+    let authorized: Vec<PublicKey> = keys
+        .lines()
+        .filter_map(|line| PublicKey::from_openssh(line.trim()).ok())
+        .collect();
+    if authorized.is_empty() {
+        return None;
+    }
     let runtime = tokio::runtime::Handle::try_current().ok()?;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+    if !(args.trim().is_empty() || args.contains("runpod_kubelet_sshd")) {
+        // Nothing listens: the port is published, connections are refused.
+        let port = listener.local_addr().ok()?.port();
+        drop(listener);
+        return Some(u32::from(port));
+    }
     listener.set_nonblocking(true).ok()?;
     let port = listener.local_addr().ok()?.port();
     let mut seed = [0u8; 32];
@@ -90,17 +107,19 @@ pub(crate) fn stop(pod_id: &str) {
 
 #[derive(Clone)]
 struct PodShell {
-    authorized: Arc<PublicKey>,
+    authorized: Arc<Vec<PublicKey>>,
     env: Arc<BTreeMap<String, String>>,
     workdir: Arc<PathBuf>,
 }
 
-/// What a session channel has asked for so far.
+/// What a session channel has asked for so far. Dropping it (the channel closed, or the
+/// connection ended) drops `hangup`, which kills its command, as sshd hangs up a session.
 #[derive(Default)]
 struct ChannelState {
     pty: Option<(u16, u16)>,
     stdin: Option<mpsc::UnboundedSender<Option<Vec<u8>>>>,
     resize: Option<mpsc::UnboundedSender<(u16, u16)>>,
+    hangup: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 struct Connection {
@@ -116,19 +135,33 @@ impl russh::server::Handler for Connection {
         _user: &str,
         key: &PublicKey,
     ) -> Result<Auth, Self::Error> {
-        Ok(if key.key_data() == self.pod.authorized.key_data() {
-            Auth::Accept
-        } else {
-            Auth::reject()
-        })
+        Ok(
+            if self
+                .pod
+                .authorized
+                .iter()
+                .any(|k| k.key_data() == key.key_data())
+            {
+                Auth::Accept
+            } else {
+                Auth::reject()
+            },
+        )
     }
 
     async fn auth_publickey(&mut self, _user: &str, key: &PublicKey) -> Result<Auth, Self::Error> {
-        Ok(if key.key_data() == self.pod.authorized.key_data() {
-            Auth::Accept
-        } else {
-            Auth::reject()
-        })
+        Ok(
+            if self
+                .pod
+                .authorized
+                .iter()
+                .any(|k| k.key_data() == key.key_data())
+            {
+                Auth::Accept
+            } else {
+                Auth::reject()
+            },
+        )
     }
 
     async fn channel_open_session(
@@ -183,13 +216,17 @@ impl russh::server::Handler for Connection {
         let state = self.channels.entry(channel).or_default();
         let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
         state.stdin = Some(stdin_tx);
+        let (hangup_tx, hangup_rx) = tokio::sync::oneshot::channel();
+        state.hangup = Some(hangup_tx);
         match state.pty {
             Some(size) => {
                 let (resize_tx, resize_rx) = mpsc::unbounded_channel();
                 state.resize = Some(resize_tx);
                 let pod = self.pod.clone();
                 std::thread::spawn(move || {
-                    run_pty(pod, command, size, handle, channel, stdin_rx, resize_rx)
+                    run_pty(
+                        pod, command, size, handle, channel, stdin_rx, resize_rx, hangup_rx,
+                    )
                 });
             }
             None => {
@@ -199,6 +236,7 @@ impl russh::server::Handler for Connection {
                     handle,
                     channel,
                     stdin_rx,
+                    hangup_rx,
                 ));
             }
         }
@@ -215,6 +253,15 @@ impl russh::server::Handler for Connection {
         if let Some(stdin) = self.channels.get(&channel).and_then(|s| s.stdin.as_ref()) {
             let _ = stdin.send(Some(data.to_vec()));
         }
+        Ok(())
+    }
+
+    async fn channel_close(
+        &mut self,
+        channel: ChannelId,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.channels.remove(&channel);
         Ok(())
     }
 
@@ -270,6 +317,7 @@ async fn run_piped(
     handle: Handle,
     channel: ChannelId,
     mut stdin: mpsc::UnboundedReceiver<Option<Vec<u8>>>,
+    hangup: tokio::sync::oneshot::Receiver<()>,
 ) {
     let child = tokio::process::Command::new("sh")
         .arg("-c")
@@ -282,6 +330,8 @@ async fn run_piped(
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
+        // Its own process group, so a hang-up reaches what it started too.
+        .process_group(0)
         .kill_on_drop(true)
         .spawn();
     let mut child = match child {
@@ -335,7 +385,21 @@ async fn run_piped(
             }
         }
     });
-    let status = child.wait().await;
+    let status = tokio::select! {
+        status = child.wait() => status,
+        // Hung up: the command goes with the session.
+        _ = hangup => {
+            if let Some(pid) = child.id() {
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{pid}")])
+                    .status();
+            }
+            let _ = child.kill().await;
+            stdout.abort();
+            stderr.abort();
+            return;
+        }
+    };
     let _ = stdout.await;
     let _ = stderr.await;
     let code = status.ok().and_then(|s| s.code()).unwrap_or(255);
@@ -348,6 +412,7 @@ async fn run_piped(
 
 /// With a terminal: one PTY for the command, its output as channel data, resized on window
 /// changes. Runs on a thread of its own (the PTY is blocking I/O).
+#[allow(clippy::too_many_arguments)] // one call site; the channel's parts, spelled out
 fn run_pty(
     pod: PodShell,
     command: String,
@@ -356,6 +421,7 @@ fn run_pty(
     channel: ChannelId,
     mut stdin: mpsc::UnboundedReceiver<Option<Vec<u8>>>,
     mut resize: mpsc::UnboundedReceiver<(u16, u16)>,
+    mut hangup: tokio::sync::oneshot::Receiver<()>,
 ) {
     use portable_pty::{CommandBuilder, PtySize, native_pty_system};
     let Ok(runtime) = tokio::runtime::Runtime::new() else {
@@ -423,6 +489,17 @@ fn run_pty(
     let code = loop {
         if let Ok(Some(status)) = child.try_wait() {
             break status.exit_code();
+        }
+        if !matches!(
+            hangup.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+        ) {
+            let _ = child.kill();
+            let _ = child.wait();
+            drop(writer);
+            drop(master);
+            let _ = output.join();
+            return;
         }
         let wait = std::time::Duration::from_millis(20);
         runtime.block_on(async {

@@ -260,20 +260,29 @@ pub(super) async fn exec<P: Provider>(
     })
 }
 
-/// Opens each forwarded connection over its own SSH session.
+/// Opens forwarded connections as channels of one SSH connection (reconnecting if it drops),
+/// not a handshake each: browsers open many at once, and sshd limits unauthenticated starts.
 #[derive(Clone)]
 struct SshForwarder {
     target: Target,
     uid: String,
     key: NodeKey,
     host_keys: HostKeys,
+    connection: Arc<tokio::sync::Mutex<Arc<ssh::Session>>>,
 }
 
 impl portforward::Forwarder for SshForwarder {
     async fn connect(&self, port: u16) -> Result<Box<dyn portforward::Connection>, String> {
-        let session = ssh::connect(&self.target, &self.uid, &self.key, &self.host_keys)
-            .await
-            .map_err(|e| e.to_string())?;
+        let session = {
+            let mut current = self.connection.lock().await;
+            if current.is_closed() {
+                let fresh = ssh::connect(&self.target, &self.uid, &self.key, &self.host_keys)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                *current = Arc::new(fresh);
+            }
+            current.clone()
+        };
         session.forward(port).await.map_err(|e| e.to_string())
     }
 }
@@ -306,20 +315,24 @@ pub(super) async fn port_forward<P: Provider>(
         Err(response) => return *response,
     };
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    // One connection up front, so a refused key or a missing sshd is an error kubectl shows
+    // The connection up front, so a refused key or a missing sshd is an error kubectl shows
     // at once rather than on the first forwarded connection.
-    if let Err(error) = ssh::connect(&target, &uid, &key, &host_keys).await {
-        return plain(
-            StatusCode::BAD_GATEWAY,
-            format!("runpod-kubelet: pod {namespace}/{name}: {error}"),
-        );
-    }
+    let connection = match ssh::connect(&target, &uid, &key, &host_keys).await {
+        Ok(connection) => connection,
+        Err(error) => {
+            return plain(
+                StatusCode::BAD_GATEWAY,
+                format!("runpod-kubelet: pod {namespace}/{name}: {error}"),
+            );
+        }
+    };
     tracing::info!(%namespace, pod = %name, "port-forward");
     let forwarder = SshForwarder {
         target,
         uid,
         key,
         host_keys,
+        connection: Arc::new(tokio::sync::Mutex::new(Arc::new(connection))),
     };
     switch(request, portforward::PROTOCOL, move |spdy| {
         portforward::serve(spdy, forwarder)

@@ -34,10 +34,17 @@ struct Pair {
     data: Option<(mpsc::Receiver<Bytes>, StreamWriter)>,
 }
 
-/// Serves the session's stream pairs until the client closes it.
+/// Half-open pairs kept at once; kubectl opens both streams of a pair together.
+const MAX_PENDING_PAIRS: usize = 64;
+
+/// Serves the session's stream pairs until the client closes it; the forwarded connections
+/// end with it.
 pub async fn serve<F: Forwarder>(mut session: Session, forwarder: F) {
     let mut pairs: HashMap<String, Pair> = HashMap::new();
+    let mut connections = tokio::task::JoinSet::new();
     while let Some(stream) = session.accept().await {
+        // Reap what ended, so the set holds only live connections.
+        while connections.try_join_next().is_some() {}
         let Some(port) = header(&stream.headers, "port").and_then(|p| p.parse::<u16>().ok()) else {
             continue;
         };
@@ -45,6 +52,10 @@ pub async fn serve<F: Forwarder>(mut session: Session, forwarder: F) {
         let id = header(&stream.headers, "requestid")
             .map(str::to_owned)
             .unwrap_or_else(|| format!("port-{port}"));
+        if !pairs.contains_key(&id) && pairs.len() >= MAX_PENDING_PAIRS {
+            tracing::debug!("port-forward: too many half-open stream pairs; dropping the oldest");
+            pairs.clear();
+        }
         let pair = pairs.entry(id.clone()).or_default();
         pair.port = Some(port);
         match header(&stream.headers, "streamtype") {
@@ -60,9 +71,11 @@ pub async fn serve<F: Forwarder>(mut session: Session, forwarder: F) {
                 data: Some(data),
             }) = pairs.remove(&id)
         {
-            tokio::spawn(forward(forwarder.clone(), port, error, data));
+            connections.spawn(forward(forwarder.clone(), port, error, data));
         }
     }
+    // kubectl is gone: so are the connections it forwarded (and their SSH channels).
+    connections.abort_all();
     session.close(Duration::from_secs(1)).await;
 }
 
@@ -113,6 +126,7 @@ async fn forward<F: Forwarder>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::kubelet_api::spdy::frame::Frame;
     use crate::controller::kubelet_api::spdy::session::tests::Peer;
 
     /// Port 1 refuses; any other port is an echo server that upper-cases.
@@ -169,11 +183,28 @@ mod tests {
         }
         peer.data(3, b"hello", true).await;
         peer.data(7, b"world", true).await;
-        // The client hangs up; what was forwarded still comes back before the end.
-        peer.send(crate::controller::kubelet_api::spdy::frame::Frame::GoAway { last_good: 11 })
-            .await;
-        let streams = peer.drain().await;
+        // Read until both echoes and the refusal are back, then hang up.
+        let mut streams: HashMap<u32, Vec<u8>> = HashMap::new();
+        while !(streams.get(&3).is_some_and(|d| d.len() == 5)
+            && streams.get(&7).is_some_and(|d| d.len() == 5)
+            && streams.get(&9).is_some_and(|d| !d.is_empty()))
+        {
+            match peer.next().await {
+                Some(Frame::Data {
+                    stream_id, data, ..
+                }) => streams
+                    .entry(stream_id)
+                    .or_default()
+                    .extend_from_slice(&data),
+                Some(_) => {}
+                None => break,
+            }
+        }
+        peer.send(Frame::GoAway { last_good: 11 }).await;
+        let _ = peer.drain().await;
         served.await.unwrap();
+        let streams: HashMap<u32, (Vec<u8>, bool)> =
+            streams.into_iter().map(|(k, v)| (k, (v, true))).collect();
         assert_eq!(streams[&3].0, b"HELLO".to_vec());
         assert_eq!(streams[&7].0, b"WORLD".to_vec());
         assert!(

@@ -92,6 +92,8 @@ pub struct ExecIo {
     pub stdout: Option<StreamWriter>,
     pub stderr: Option<StreamWriter>,
     pub resize: Option<mpsc::Receiver<TerminalSize>>,
+    /// Turns true when kubectl is gone: the command must be stopped, not waited for.
+    pub gone: tokio::sync::watch::Receiver<bool>,
 }
 
 /// How a command ended, or why it could not run.
@@ -139,6 +141,11 @@ fn resize_reader(mut incoming: mpsc::Receiver<Bytes>) -> mpsc::Receiver<Terminal
         let mut pending: Vec<u8> = Vec::new();
         while let Some(chunk) = incoming.recv().await {
             pending.extend_from_slice(&chunk);
+            // A size message is a few dozen bytes; anything longer is garbage.
+            if pending.len() > 4096 {
+                pending.clear();
+                continue;
+            }
             let mut stream =
                 serde_json::Deserializer::from_slice(&pending).into_iter::<TerminalSize>();
             let mut consumed = 0;
@@ -219,6 +226,7 @@ pub async fn serve<B: ExecBackend>(
         stdout: stdout.clone(),
         stderr: stderr.clone(),
         resize,
+        gone: session.gone(),
     };
     let command = options.command.clone();
     let end = backend.exec(options, io).await;

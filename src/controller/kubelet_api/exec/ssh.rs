@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use russh::ChannelMsg;
+use russh::ChannelReadHalf;
 use russh::client::{self, Handle};
 use russh::keys::ssh_key::LineEnding;
 use russh::keys::ssh_key::private::Ed25519Keypair;
@@ -15,6 +16,7 @@ use russh::keys::{HashAlg, PrivateKey, PrivateKeyWithHashAlg, PublicKey};
 
 use super::portforward::Connection;
 use super::remotecommand::{ExecEnd, ExecIo, ExecOptions};
+use crate::controller::kubelet_api::spdy::session::StreamWriter;
 
 /// Connecting and authenticating together may take this long; then the user gets an error.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -200,133 +202,234 @@ pub fn command_line(command: &[String]) -> String {
     shlex::try_join(command.iter().map(String::as_str)).unwrap_or_else(|_| command.join(" "))
 }
 
+/// A signal as the exit code a shell reports for it (128 + its number; 137 when unknown).
+fn signal_code(signal: &russh::Sig) -> i32 {
+    use russh::Sig;
+    128 + match signal {
+        Sig::HUP => 1,
+        Sig::INT => 2,
+        Sig::QUIT => 3,
+        Sig::ILL => 4,
+        Sig::ABRT => 6,
+        Sig::FPE => 8,
+        Sig::KILL => 9,
+        Sig::USR1 => 10,
+        Sig::SEGV => 11,
+        Sig::PIPE => 13,
+        Sig::ALRM => 14,
+        Sig::TERM => 15,
+        _ => 9,
+    }
+}
+
+/// Where the command's output goes, and how it ended so far.
+struct Output<'a> {
+    stdout: Option<&'a StreamWriter>,
+    stderr: Option<&'a StreamWriter>,
+    code: Option<i32>,
+    /// kubectl stopped reading.
+    lost: bool,
+}
+
+impl Output<'_> {
+    /// Delivers one channel message; `Some(reply)` for a request's success or failure.
+    async fn deliver(&mut self, message: ChannelMsg) -> Option<bool> {
+        match message {
+            ChannelMsg::Data { data } => {
+                if let Some(out) = self.stdout
+                    && out.write(&data).await.is_err()
+                {
+                    self.lost = true;
+                }
+            }
+            ChannelMsg::ExtendedData { data, ext: 1 } => {
+                if let Some(err) = self.stderr.or(self.stdout)
+                    && err.write(&data).await.is_err()
+                {
+                    self.lost = true;
+                }
+            }
+            ChannelMsg::ExitStatus { exit_status } => {
+                self.code = Some(i32::try_from(exit_status).unwrap_or(255));
+            }
+            ChannelMsg::ExitSignal { signal_name, .. } => {
+                self.code = self.code.or(Some(signal_code(&signal_name)));
+            }
+            ChannelMsg::Success => return Some(true),
+            ChannelMsg::Failure => return Some(false),
+            _ => {}
+        }
+        None
+    }
+}
+
+/// Waits (bounded) for the answer to a request sent with `want_reply`.
+async fn reply(
+    read: &mut ChannelReadHalf,
+    output: &mut Output<'_>,
+    what: &str,
+) -> Result<(), String> {
+    let waiting = async {
+        loop {
+            match read.wait().await {
+                Some(message) => {
+                    if let Some(granted) = output.deliver(message).await {
+                        return if granted {
+                            Ok(())
+                        } else {
+                            Err(format!("the pod's SSH server refused the {what} request"))
+                        };
+                    }
+                }
+                None => {
+                    return Err(format!(
+                        "the pod's SSH server closed the channel at the {what} request"
+                    ));
+                }
+            }
+        }
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, waiting)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "no answer to the {what} request within {CONNECT_TIMEOUT:?}"
+            ))
+        })
+}
+
 impl Session {
-    /// Runs the command; its exit status is the exit code (a signal: 128 + its number when
-    /// known, else 137).
-    pub async fn exec(self, options: &ExecOptions, mut io: ExecIo) -> ExecEnd {
-        let result = async {
-            let mut channel = self.handle.channel_open_session().await?;
+    /// Runs the command; its exit status is the exit code (a signal: 128 + its number). Stops
+    /// the command (closing the channel: sshd hangs it up) when kubectl goes away.
+    pub async fn exec(self, options: &ExecOptions, io: ExecIo) -> ExecEnd {
+        let ExecIo {
+            stdin,
+            stdout,
+            stderr,
+            mut resize,
+            mut gone,
+        } = io;
+        let mut output = Output {
+            stdout: stdout.as_ref(),
+            stderr: stderr.as_ref(),
+            code: None,
+            lost: false,
+        };
+        let result: Result<Option<i32>, String> = async {
+            let channel = tokio::time::timeout(CONNECT_TIMEOUT, self.handle.channel_open_session())
+                .await
+                .map_err(|_| "no session channel within the connect bound".to_owned())?
+                .map_err(|e| format!("SSH: {e}"))?;
+            let (mut read, write) = channel.split();
             if options.tty {
-                // The first resize comes with the session; start from a common size.
-                let (cols, rows) = match io.resize.as_mut().map(|r| r.try_recv()) {
+                // The first size comes with the session; start from a common one.
+                let (cols, rows) = match resize.as_mut().map(|r| r.try_recv()) {
                     Some(Ok(size)) => (u32::from(size.width), u32::from(size.height)),
                     _ => (80, 24),
                 };
-                channel
+                write
                     .request_pty(true, "xterm", cols, rows, 0, 0, &[])
-                    .await?;
+                    .await
+                    .map_err(|e| format!("SSH: {e}"))?;
+                reply(&mut read, &mut output, "terminal").await?;
             }
-            channel.exec(true, command_line(&options.command)).await?;
-            let mut stdin_open = io.stdin.is_some();
-            let mut resize_open = io.resize.is_some();
-            let mut code = None;
+            write
+                .exec(true, command_line(&options.command))
+                .await
+                .map_err(|e| format!("SSH: {e}"))?;
+            reply(&mut read, &mut output, "exec").await?;
+            // Input on its own task, so the output is always read: a peer that must wait
+            // for window space while nobody reads would never get it.
+            let input = tokio::spawn(async move {
+                let mut stdin = stdin;
+                let mut stdin_open = stdin.is_some();
+                let mut resize_open = resize.is_some();
+                while stdin_open || resize_open {
+                    tokio::select! {
+                        data = async { stdin.as_mut()?.recv().await }, if stdin_open => match data {
+                            Some(data) => {
+                                if write.data(&data[..]).await.is_err() {
+                                    break;
+                                }
+                            }
+                            None => {
+                                stdin_open = false;
+                                let _ = write.eof().await;
+                            }
+                        },
+                        size = async { resize.as_mut()?.recv().await }, if resize_open => match size {
+                            Some(size) => {
+                                let _ = write
+                                    .window_change(u32::from(size.width), u32::from(size.height), 0, 0)
+                                    .await;
+                            }
+                            None => resize_open = false,
+                        },
+                    }
+                }
+                // Held until the command ends, so the channel stays open for its output.
+                std::future::pending::<()>().await;
+            });
             loop {
                 tokio::select! {
-                    data = async { io.stdin.as_mut()?.recv().await }, if stdin_open => match data {
-                        Some(data) => channel.data(&data[..]).await?,
-                        None => {
-                            stdin_open = false;
-                            channel.eof().await?;
-                        }
-                    },
-                    size = async { io.resize.as_mut()?.recv().await }, if resize_open => match size {
-                        Some(size) => {
-                            channel
-                                .window_change(u32::from(size.width), u32::from(size.height), 0, 0)
-                                .await?;
-                        }
-                        None => resize_open = false,
-                    },
-                    message = channel.wait() => match message {
-                        Some(ChannelMsg::Data { data }) => {
-                            if let Some(out) = &io.stdout {
-                                let _ = out.write(&data).await;
+                    message = read.wait() => match message {
+                        Some(message) => {
+                            output.deliver(message).await;
+                            if output.lost {
+                                break;
                             }
                         }
-                        Some(ChannelMsg::ExtendedData { data, ext: 1 }) => {
-                            if let Some(err) = io.stderr.as_ref().or(io.stdout.as_ref()) {
-                                let _ = err.write(&data).await;
-                            }
-                        }
-                        Some(ChannelMsg::ExitStatus { exit_status }) => {
-                            code = Some(i32::try_from(exit_status).unwrap_or(255));
-                        }
-                        Some(ChannelMsg::ExitSignal { .. }) => {
-                            code = code.or(Some(137));
-                        }
-                        Some(_) => {}
                         None => break,
                     },
+                    changed = gone.changed() => {
+                        if changed.is_err() || *gone.borrow() {
+                            output.lost = true;
+                            break;
+                        }
+                    }
                 }
             }
-            Ok::<_, russh::Error>(code)
+            input.abort();
+            Ok(output.code)
         }
         .await;
+        // Ends the remote command with its session when kubectl left (sshd hangs it up).
         let _ = self
             .handle
             .disconnect(russh::Disconnect::ByApplication, "", "en")
             .await;
         match result {
+            Ok(_) if output.lost => {
+                ExecEnd::Failed("kubectl went away; the command was stopped".to_owned())
+            }
             Ok(Some(code)) => ExecEnd::Exited(code),
             Ok(None) => ExecEnd::Failed(
                 "the pod's SSH server closed the session without an exit status".to_owned(),
             ),
-            Err(error) => ExecEnd::Failed(format!("SSH: {error}")),
+            Err(message) => ExecEnd::Failed(message),
         }
     }
 
-    /// A byte stream to `127.0.0.1:port` inside the pod. The connection stays open as long as
-    /// the stream does.
-    pub async fn forward(self, port: u16) -> Result<Box<dyn Connection>, SshError> {
-        let channel = self
-            .handle
-            .channel_open_direct_tcpip("127.0.0.1", u32::from(port), "127.0.0.1", 0)
-            .await
-            .map_err(|e| SshError::Protocol(format!("opening port {port}: {e}")))?;
-        Ok(Box::new(Forwarded {
-            stream: channel.into_stream(),
-            _handle: self.handle,
-        }))
-    }
-}
-
-/// A forwarded stream that owns its connection.
-struct Forwarded<S> {
-    stream: S,
-    _handle: Handle<Checker>,
-}
-
-impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Forwarded<S> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Forwarded<S> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    /// A byte stream to `127.0.0.1:port` inside the pod, on this connection.
+    pub async fn forward(&self, port: u16) -> Result<Box<dyn Connection>, SshError> {
+        let channel = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            self.handle
+                .channel_open_direct_tcpip("127.0.0.1", u32::from(port), "127.0.0.1", 0),
+        )
+        .await
+        .map_err(|_| {
+            SshError::Protocol(format!(
+                "opening port {port}: no answer within {CONNECT_TIMEOUT:?}"
+            ))
+        })?
+        .map_err(|e| SshError::Protocol(format!("opening port {port}: {e}")))?;
+        Ok(Box::new(channel.into_stream()))
     }
 
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    /// Whether the connection is still up.
+    pub fn is_closed(&self) -> bool {
+        self.handle.is_closed()
     }
 }
 

@@ -12,7 +12,7 @@ pub const VERSION: u16 = 3;
 pub const FLAG_FIN: u8 = 0x01;
 /// A control frame's 24-bit length allows 16 MiB; no frame we accept needs more than this
 /// (kubectl's data frames are at most 32 KiB, its header blocks a few hundred bytes).
-pub const MAX_FRAME: usize = 1 << 20;
+pub const MAX_FRAME: usize = 256 * 1024;
 /// A decompressed header block larger than this is refused (a zlib bomb).
 const MAX_HEADERS: usize = 256 * 1024;
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::frame::{Codec, FLAG_FIN, Frame, Headers, RST_REFUSED_STREAM};
@@ -18,8 +18,8 @@ use super::frame::{Codec, FLAG_FIN, Frame, Headers, RST_REFUSED_STREAM};
 const CHUNK: usize = 32 * 1024;
 /// Frames queued for the socket; a writer beyond that waits.
 const QUEUED_FRAMES: usize = 16;
-/// Data frames received on one stream and not yet read.
-const QUEUED_DATA: usize = 64;
+/// Data frames received on one stream and not yet read (each at most `frame::MAX_FRAME`).
+const QUEUED_DATA: usize = 16;
 
 /// A stream the peer opened.
 pub struct Stream {
@@ -75,6 +75,8 @@ pub struct Session {
     frames: mpsc::Sender<Frame>,
     reader: JoinHandle<()>,
     writer: JoinHandle<()>,
+    /// Turns true once the peer is gone (its connection ended or broke).
+    gone: watch::Receiver<bool>,
 }
 
 impl Session {
@@ -85,14 +87,25 @@ impl Session {
         let (read_half, write_half) = tokio::io::split(io);
         let (frames_tx, frames_rx) = mpsc::channel(QUEUED_FRAMES);
         let (streams_tx, streams_rx) = mpsc::channel(16);
+        let (gone_tx, gone) = watch::channel(false);
         let writer = tokio::spawn(write_frames(write_half, frames_rx));
-        let reader = tokio::spawn(read_frames(read_half, frames_tx.clone(), streams_tx));
+        let reader_frames = frames_tx.clone();
+        let reader = tokio::spawn(async move {
+            read_frames(read_half, reader_frames, streams_tx).await;
+            let _ = gone_tx.send(true);
+        });
         Session {
             streams: streams_rx,
             frames: frames_tx,
             reader,
             writer,
+            gone,
         }
+    }
+
+    /// Resolves once the peer is gone, for work that must stop with it (a remote command).
+    pub fn gone(&self) -> watch::Receiver<bool> {
+        self.gone.clone()
     }
 
     /// The next stream the peer opens; `None` once the connection ended.

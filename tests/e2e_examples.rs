@@ -368,9 +368,8 @@ async fn cheapest(world: &World<'_>) -> anyhow::Result<()> {
                 .unwrap_or_default()
                 .get("runpod.io/cheapest-gpu-price")
                 .and_then(|value| {
-                    value
-                        .split(',')
-                        .filter_map(|entry| entry.split_once('=')?.1.parse::<f64>().ok())
+                    runpod_contract::parse_cheapest_prices(value)
+                        .into_values()
                         .min_by(f64::total_cmp)
                 });
             if let Some(lowest) = lowest {

@@ -62,6 +62,22 @@ fn values_of(arg: &Arg) -> String {
     }
 }
 
+/// One flag's table row.
+fn row(arg: &Arg) -> String {
+    let env = arg
+        .get_env()
+        .map(|env| format!("`{}`", env.to_string_lossy()))
+        .unwrap_or_default();
+    format!(
+        "| {} | {} | {} | {}{} |\n",
+        name_of(arg),
+        env,
+        default_of(arg),
+        cell(&help_of(arg)),
+        values_of(arg)
+    )
+}
+
 fn render_command(out: &mut String, path: &str, command: &Command) {
     out.push_str(&format!("## `{path}`\n\n"));
     if let Some(about) = command.get_long_about().or_else(|| command.get_about()) {
@@ -74,18 +90,7 @@ fn render_command(out: &mut String, path: &str, command: &Command) {
     if !shown.is_empty() {
         out.push_str("| flag | environment | default | meaning |\n|---|---|---|---|\n");
         for arg in shown {
-            let env = arg
-                .get_env()
-                .map(|env| format!("`{}`", env.to_string_lossy()))
-                .unwrap_or_default();
-            out.push_str(&format!(
-                "| {} | {} | {} | {}{} |\n",
-                name_of(arg),
-                env,
-                default_of(arg),
-                cell(&help_of(arg)),
-                values_of(arg)
-            ));
+            out.push_str(&row(arg));
         }
         out.push('\n');
     }
@@ -117,18 +122,7 @@ pub(super) fn render() -> String {
     out.push_str("## Global flags (every subcommand)\n\n");
     out.push_str("| flag | environment | default | meaning |\n|---|---|---|---|\n");
     for arg in cli.get_arguments().filter(|arg| arg.is_global_set()) {
-        let env = arg
-            .get_env()
-            .map(|env| format!("`{}`", env.to_string_lossy()))
-            .unwrap_or_default();
-        out.push_str(&format!(
-            "| {} | {} | {} | {}{} |\n",
-            name_of(arg),
-            env,
-            default_of(arg),
-            cell(&help_of(arg)),
-            values_of(arg)
-        ));
+        out.push_str(&row(arg));
     }
     out.push('\n');
     for sub in cli.get_subcommands() {

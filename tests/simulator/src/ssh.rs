@@ -112,6 +112,21 @@ struct PodShell {
     workdir: Arc<PathBuf>,
 }
 
+impl PodShell {
+    /// Only the keys the pod's `PUBLIC_KEY` lists log in.
+    fn admits(&self, key: &PublicKey) -> Auth {
+        if self
+            .authorized
+            .iter()
+            .any(|k| k.key_data() == key.key_data())
+        {
+            Auth::Accept
+        } else {
+            Auth::reject()
+        }
+    }
+}
+
 /// What a session channel has asked for so far. Dropping it (the channel closed, or the
 /// connection ended) drops `hangup`, which kills its command, as sshd hangs up a session.
 #[derive(Default)]
@@ -135,33 +150,11 @@ impl russh::server::Handler for Connection {
         _user: &str,
         key: &PublicKey,
     ) -> Result<Auth, Self::Error> {
-        Ok(
-            if self
-                .pod
-                .authorized
-                .iter()
-                .any(|k| k.key_data() == key.key_data())
-            {
-                Auth::Accept
-            } else {
-                Auth::reject()
-            },
-        )
+        Ok(self.pod.admits(key))
     }
 
     async fn auth_publickey(&mut self, _user: &str, key: &PublicKey) -> Result<Auth, Self::Error> {
-        Ok(
-            if self
-                .pod
-                .authorized
-                .iter()
-                .any(|k| k.key_data() == key.key_data())
-            {
-                Auth::Accept
-            } else {
-                Auth::reject()
-            },
-        )
+        Ok(self.pod.admits(key))
     }
 
     async fn channel_open_session(

@@ -42,7 +42,7 @@ const SPDY: &str = "SPDY/3.1";
 
 /// A refusal before the upgrade, as a `metav1.Status`: kubectl decodes an upgrade's error body
 /// as one (a plain-text body reaches the user as an empty "Error from server").
-fn plain(status: StatusCode, message: String) -> Response {
+fn refuse(status: StatusCode, message: String) -> Response {
     let reason = match status {
         StatusCode::BAD_REQUEST => "BadRequest",
         StatusCode::FORBIDDEN => "Forbidden",
@@ -78,7 +78,7 @@ fn spdy_upgrade(headers: &HeaderMap) -> Result<(), Box<Response>> {
     if upgrade.eq_ignore_ascii_case(SPDY) {
         Ok(())
     } else {
-        Err(Box::new(plain(
+        Err(Box::new(refuse(
             StatusCode::BAD_REQUEST,
             format!(
                 "runpod-kubelet: this kubelet speaks {SPDY} for exec and port-forward (asked for {:?})",
@@ -110,19 +110,19 @@ fn target<P: Provider>(
 ) -> Result<(Arc<Pod>, Target, NodeKey, HostKeys), Box<Response>> {
     let (key, host_keys) = match &state.shared.settings.exec {
         ExecAccess::Off => {
-            return Err(Box::new(plain(
+            return Err(Box::new(refuse(
                 StatusCode::NOT_IMPLEMENTED,
                 "runpod-kubelet: exec and port-forward are turned off on this node (--exec-ssh=false, chart controller.execSsh)".to_owned(),
             )));
         }
         ExecAccess::Unsupported(reason) => {
-            return Err(Box::new(plain(
+            return Err(Box::new(refuse(
                 StatusCode::NOT_IMPLEMENTED,
                 format!("runpod-kubelet: {reason}"),
             )));
         }
         ExecAccess::Unavailable(reason) => {
-            return Err(Box::new(plain(
+            return Err(Box::new(refuse(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("runpod-kubelet: exec is unavailable: {reason}"),
             )));
@@ -138,7 +138,7 @@ fn target<P: Provider>(
         .collect();
     host_keys.retain(|uid| live.contains(uid));
     let Some(pod) = state.pods.get(&ObjectRef::new(name).within(namespace)) else {
-        return Err(Box::new(plain(
+        return Err(Box::new(refuse(
             StatusCode::NOT_FOUND,
             format!("pod {namespace}/{name} is not on this node"),
         )));
@@ -149,7 +149,7 @@ fn target<P: Provider>(
             .as_ref()
             .is_some_and(|s| s.containers.iter().any(|c| c.name == container));
         if !known {
-            return Err(Box::new(plain(
+            return Err(Box::new(refuse(
                 StatusCode::NOT_FOUND,
                 format!("pod {namespace}/{name} has no container {container:?}"),
             )));
@@ -162,13 +162,13 @@ fn target<P: Provider>(
         .latest()
         .and_then(|snapshot| snapshot.for_pod(&uid).next().cloned());
     let Some(instance) = instance else {
-        return Err(Box::new(plain(
+        return Err(Box::new(refuse(
             StatusCode::BAD_REQUEST,
             format!("pod {namespace}/{name} is not running on {title}"),
         )));
     };
     let Some(target) = instance.ssh.clone() else {
-        return Err(Box::new(plain(
+        return Err(Box::new(refuse(
             StatusCode::BAD_REQUEST,
             format!(
                 "pod {namespace}/{name} has no SSH address on {title} yet: it is still starting, or it was created before exec was turned on (its create did not open port 22); retry in a moment"
@@ -221,7 +221,7 @@ pub(super) async fn exec<P: Provider>(
     }
     let options = match ExecOptions::from_query(request.uri().query().unwrap_or_default()) {
         Ok(options) => options,
-        Err(message) => return plain(StatusCode::BAD_REQUEST, message),
+        Err(message) => return refuse(StatusCode::BAD_REQUEST, message),
     };
     let offers = offered(request.headers());
     let protocol = if offers.is_empty() {
@@ -230,7 +230,7 @@ pub(super) async fn exec<P: Provider>(
         match remotecommand::negotiate(&offers) {
             Some(protocol) => protocol,
             None => {
-                return plain(
+                return refuse(
                     StatusCode::FORBIDDEN,
                     format!(
                         "none of the offered protocols {offers:?} is supported (supported: {:?})",
@@ -248,7 +248,7 @@ pub(super) async fn exec<P: Provider>(
     let session = match ssh::connect(&target, &uid, &key, &host_keys).await {
         Ok(session) => session,
         Err(error) => {
-            return plain(
+            return refuse(
                 StatusCode::BAD_GATEWAY,
                 format!("runpod-kubelet: pod {namespace}/{name}: {error}"),
             );
@@ -302,7 +302,7 @@ pub(super) async fn port_forward<P: Provider>(
             .flat_map(|o| o.split(','))
             .any(|o| o.trim() == portforward::PROTOCOL)
     {
-        return plain(
+        return refuse(
             StatusCode::FORBIDDEN,
             format!(
                 "none of the offered protocols {offers:?} is supported (supported: [\"{}\"])",
@@ -320,7 +320,7 @@ pub(super) async fn port_forward<P: Provider>(
     let connection = match ssh::connect(&target, &uid, &key, &host_keys).await {
         Ok(connection) => connection,
         Err(error) => {
-            return plain(
+            return refuse(
                 StatusCode::BAD_GATEWAY,
                 format!("runpod-kubelet: pod {namespace}/{name}: {error}"),
             );
@@ -340,7 +340,7 @@ pub(super) async fn port_forward<P: Provider>(
 }
 
 pub(super) async fn attach() -> Response {
-    plain(
+    refuse(
         StatusCode::NOT_IMPLEMENTED,
         "runpod-kubelet: kubectl attach is not supported (the container's own console is the cloud's); kubectl exec works: kubectl exec -it POD -- sh".to_owned(),
     )

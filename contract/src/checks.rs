@@ -89,9 +89,15 @@ pub fn validate_annotations(effective: &Effective<'_>) -> Vec<String> {
         } else {
             match key {
                 contract::REQUIRED_GPU_MEMORY => contract::parse_gpu_memory(value).map(drop),
-                contract::GPU_TYPES | contract::DATACENTER_IDS => {
-                    contract::split_list(value).map(drop)
+                contract::DATACENTER_IDS => contract::split_list(value).map(drop),
+                // One vocabulary for both clouds: a name neither knows would match nothing.
+                contract::GPU_TYPES | contract::vastai::GPU_FALLBACKS => {
+                    contract::gpus::check_list(value)
                 }
+                contract::vastai::GPU_TYPE => match contract::gpus::resolve(value).is_empty() {
+                    true => Err(contract::gpus::unknown(value.trim())),
+                    false => Ok(()),
+                },
                 contract::MAX_PRICE => contract::parse_price(value).map(drop),
                 contract::CLOUD_TYPE => CloudType::parse(value)
                     .map(drop)
@@ -107,7 +113,6 @@ pub fn validate_annotations(effective: &Effective<'_>) -> Vec<String> {
                     contract::vastai::parse_gb(value).map(drop)
                 }
                 contract::vastai::PRICE_MAX => contract::parse_price(value).map(drop),
-                contract::vastai::GPU_FALLBACKS => contract::split_list(value).map(drop),
                 contract::vastai::REGION => contract::vastai::Region::parse(value)
                     .map(drop)
                     .ok_or_else(|| {

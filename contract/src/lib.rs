@@ -7,6 +7,7 @@ mod annotations;
 pub mod checks;
 pub mod config;
 pub mod env;
+pub mod gpus;
 pub mod names;
 pub mod pod;
 pub mod policy;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use runpod_contract::provider::Cloud;
 use runpod_contract::vastai::{Requirements, VastPolicy};
 
 use super::model::{MIN_DISK_GB, Offer};
@@ -16,7 +17,8 @@ const MB_PER_GB: f64 = 1000.0;
 /// What an offer must satisfy: the pod's needs within the installation's policy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OfferQuery {
-    /// Vast.ai GPU names, with spaces (`RTX 4090`); empty = any.
+    /// Wanted GPU names in any spelling of the GPU catalogue (`RTX4090`, `RTX 4090`); empty =
+    /// any. Searched under Vast.ai's own names.
     pub gpu_names: Vec<String>,
     pub num_gpus: u32,
     /// Per-GPU VRAM.
@@ -93,7 +95,8 @@ impl OfferQuery {
             }
         };
         if !self.gpu_names.is_empty() {
-            set("gpu_name", json!({"in": self.gpu_names}));
+            let names = runpod_contract::gpus::names_on(&self.gpu_names, Cloud::VastAi);
+            set("gpu_name", json!({"in": names}));
         }
         if let Some(gb) = self.min_gpu_memory_gb {
             set("gpu_ram", json!({"gte": f64::from(gb) * MB_PER_GB}));
@@ -123,7 +126,17 @@ impl OfferQuery {
     /// Why a returned row is outside the query, if it is.
     pub fn rejects(&self, offer: &Offer) -> Option<String> {
         let id = offer.id;
-        if !self.gpu_names.is_empty() && !self.gpu_names.contains(&offer.gpu_name) {
+        // By model: Vast.ai's `A100 SXM4` is a 40 GB or an 80 GB card, and `A100-80GB` wants
+        // only the second.
+        if !self.gpu_names.is_empty()
+            && runpod_contract::gpus::preference(
+                &self.gpu_names,
+                Cloud::VastAi,
+                &offer.gpu_name,
+                Some(offer.gpu_ram / MB_PER_GB),
+            )
+            .is_none()
+        {
             return Some(format!(
                 "offer {id}: GPU {:?} was not asked for",
                 offer.gpu_name
@@ -267,6 +280,32 @@ mod tests {
         ] {
             assert!(open.get(absent).is_none(), "{absent}");
         }
+    }
+
+    #[test]
+    fn canonical_names_search_under_vastais_names_and_rows_are_checked_by_model() {
+        let query = OfferQuery {
+            gpu_names: vec!["A100-80GB".into(), "rtx4090".into()],
+            ..OfferQuery::default()
+        };
+        assert_eq!(
+            query.body()["gpu_name"],
+            json!({"in": ["A100 SXM4", "RTX 4090"]})
+        );
+        let row = |name: &str, ram: f64| {
+            let mut offer = offer();
+            offer.gpu_name = name.into();
+            offer.gpu_ram = ram;
+            offer.reliability2 = Some(0.99);
+            query.rejects(&offer)
+        };
+        assert_eq!(row("A100 SXM4", 81_920.0), None);
+        assert!(
+            row("A100 SXM4", 40_960.0).is_some(),
+            "the 40 GB card Vast.ai names alike is not an A100-80GB"
+        );
+        assert_eq!(row("RTX 4090", 24_564.0), None);
+        assert!(row("RTX 3090", 24_564.0).is_some());
     }
 
     #[test]

@@ -29,7 +29,8 @@ pub struct Requirements {
     pub gpu_count: u32,
     /// Minimum VRAM per GPU in GB.
     pub min_memory_gb: Option<u32>,
-    /// Allowed GPU type ids in preference order, verbatim (P10); empty means any type.
+    /// Allowed GPU types in preference order, in any spelling of the GPU catalogue (canonical,
+    /// or either cloud's own); empty means any type.
     pub gpu_types: Vec<String>,
     pub cloud: CloudType,
     /// Most USD per hour for the whole pod (all its GPUs), from `runpod.io/max-price`.
@@ -95,8 +96,8 @@ pub struct Candidate {
 }
 
 const MEMORY_HINT: &str = "set the minimum VRAM per GPU as a whole number of GB, e.g. \"24\"";
-const GPU_TYPES_HINT: &str = "list catalogue GPU type ids separated by commas, e.g. \
-     \"NVIDIA GeForce RTX 4090,NVIDIA L4\"";
+const GPU_TYPES_HINT: &str = "list GPU names separated by commas, e.g. \"RTX4090,L4\" \
+     (`runpod-kubelet gpus` lists them; RunPod's own ids work too)";
 const PRICE_HINT: &str = "set the most USD per hour the whole pod may cost, e.g. \"1.5\"";
 const CLOUD_HINT: &str = "use SECURE (the default) or COMMUNITY";
 const DATACENTERS_HINT: &str = "list datacenter ids separated by commas, e.g. \"EU-RO-1,US-KS-2\"";
@@ -359,7 +360,13 @@ fn evaluate(
     let preference = if requirements.gpu_types.is_empty() {
         0
     } else {
-        requirements.gpu_types.iter().position(|id| *id == gpu.id)?
+        // Any spelling of a model (canonical, RunPod's id, Vast.ai's name) matches the id.
+        contract::gpus::preference(
+            &requirements.gpu_types,
+            contract::provider::Cloud::RunPod,
+            &gpu.id,
+            gpu.memory.map(f64::from),
+        )?
     };
     if gpu.availability == Some(Availability::None) {
         return None;

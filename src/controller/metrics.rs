@@ -80,6 +80,8 @@ pub struct ControllerMetrics {
     /// 1 while the cloud's API answers (the node's own condition), 0 while it is unreachable
     /// or refuses the key.
     pub cloud_api_available: Gauge,
+    /// GPU types the cloud sells that the GPU catalogue does not know (named in the log).
+    pub unknown_gpu_types: Gauge,
 }
 
 impl ControllerMetrics {
@@ -212,6 +214,11 @@ impl ControllerMetrics {
             "cloud_api_available",
             "1 while the cloud's API answers, 0 while it is unreachable or refuses the key (the node's condition)",
             metrics.cloud_api_available.clone(),
+        );
+        registry.register(
+            "unknown_gpu_types",
+            "GPU types the cloud sells that the GPU catalogue does not know: pods cannot name them and cheapest does not compare them (the controller's log names them)",
+            metrics.unknown_gpu_types.clone(),
         );
         Arc::new(metrics)
     }

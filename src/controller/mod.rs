@@ -203,6 +203,7 @@ async fn lead<P: Provider>(
         health_rx.clone(),
         provider.clone(),
         presence.clone(),
+        metrics.clone(),
     ));
 
     let pods: Api<Pod> = Api::all(client.clone());

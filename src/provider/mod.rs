@@ -342,8 +342,14 @@ impl FinalLog {
 
 pub type LogEntries = Pin<Box<dyn Stream<Item = Result<LogEntry, ProviderError>> + Send>>;
 
-/// Cheapest price per GPU per hour for each offer class (e.g. `SECURE`, `COMMUNITY`).
-pub type CheapestPrices = Vec<(String, f64)>;
+/// What a node publishes for `runpod.io/provider: cheapest`: per canonical GPU, count and
+/// class the lowest price inside the installation's placement policy (no price cap: the webhook
+/// applies each pod's), and the names of GPUs the cloud sells that the catalogue does not know.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PriceSheet {
+    pub prices: runpod_contract::gpus::GpuPrices,
+    pub unknown_gpus: std::collections::BTreeSet<String>,
+}
 
 /// How a cloud is named to users: in messages, Events, log lines and container ids. Event
 /// reasons keep their names (users alert on them); everything a person reads names the cloud
@@ -445,8 +451,9 @@ pub trait Provider: Send + Sync + 'static {
     /// The instance's container log.
     fn logs(&self, id: &str, options: LogOptions) -> LogEntries;
 
-    /// The cheapest price per GPU per offer class, from the provider's cached catalogue.
-    fn cheapest_prices(&self) -> CheapestPrices;
+    /// Prices per GPU type from the provider's cached catalogue or last price search; empty
+    /// until the first one.
+    fn price_sheet(&self) -> PriceSheet;
 }
 
 #[cfg(test)]

@@ -8,14 +8,13 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use runpod_contract::CloudType;
 use runpod_contract::env::command_words;
 use tokio::time::Instant;
 use tracing::warn;
 
 use crate::provider::{
-    CheapestPrices, CloudName, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance,
-    InstanceState, LogEntries, LogEntry, LogOptions, Provider, ProviderError, ProvisionError,
+    CloudName, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance, InstanceState,
+    LogEntries, LogEntry, LogOptions, PriceSheet, Provider, ProviderError, ProvisionError,
     ProvisionRequest, Provisioned, SshAddress, Tags, Usage,
 };
 use crate::runpod::catalogue_cache::CatalogueCache;
@@ -484,17 +483,11 @@ impl Provider for RunPodProvider {
         }))
     }
 
-    fn cheapest_prices(&self) -> CheapestPrices {
+    fn price_sheet(&self) -> PriceSheet {
         let Some(cached) = self.catalogue.get() else {
-            return Vec::new();
+            return PriceSheet::default();
         };
-        [CloudType::Secure, CloudType::Community]
-            .into_iter()
-            .filter_map(|cloud| {
-                select::cheapest_price(&cached.catalogue, cloud, 1)
-                    .map(|price| (cloud.as_str().to_owned(), price))
-            })
-            .collect()
+        select::price_sheet(&cached.catalogue, &self.limits.data_center_ids)
     }
 }
 

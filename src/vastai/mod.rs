@@ -9,6 +9,7 @@ pub mod error;
 pub mod label;
 pub mod model;
 pub mod pacer;
+pub mod prices;
 pub mod provider;
 pub mod query;
 pub mod translate;

@@ -28,6 +28,12 @@ pub struct Offer {
     /// USD/h for the whole offer with the searched disk priced in.
     #[serde(default)]
     pub dph_total: f64,
+    /// USD/h for the GPUs alone (`dph_total` less the disk).
+    #[serde(default)]
+    pub dph_base: Option<f64>,
+    /// USD per GB-month of disk (a month is 720 hours).
+    #[serde(default)]
+    pub storage_cost: Option<f64>,
     #[serde(default)]
     pub reliability: Option<f64>,
     #[serde(default)]

@@ -20,6 +20,7 @@ pub struct OfferQuery {
     /// Wanted GPU names in any spelling of the GPU catalogue (`RTX4090`, `RTX 4090`); empty =
     /// any. Searched under Vast.ai's own names.
     pub gpu_names: Vec<String>,
+    /// GPUs per machine; 0 = any count (the price search).
     pub num_gpus: u32,
     /// Per-GPU VRAM.
     pub min_gpu_memory_gb: Option<u32>,
@@ -78,7 +79,6 @@ impl OfferQuery {
     /// The body of `POST /api/v0/bundles/`: on-demand offers, cheapest first.
     pub fn body(&self) -> Value {
         let mut body = json!({
-            "num_gpus": {"eq": self.num_gpus.max(1)},
             "reliability2": {"gte": self.min_reliability},
             "rentable": {"eq": true},
             "rented": {"eq": false},
@@ -94,6 +94,9 @@ impl OfferQuery {
                 object.insert(key.to_owned(), value);
             }
         };
+        if self.num_gpus > 0 {
+            set("num_gpus", json!({"eq": self.num_gpus}));
+        }
         if !self.gpu_names.is_empty() {
             let names = runpod_contract::gpus::names_on(&self.gpu_names, Cloud::VastAi);
             set("gpu_name", json!({"in": names}));
@@ -142,11 +145,10 @@ impl OfferQuery {
                 offer.gpu_name
             ));
         }
-        if offer.num_gpus != self.num_gpus.max(1) {
+        if self.num_gpus > 0 && offer.num_gpus != self.num_gpus {
             return Some(format!(
                 "offer {id}: {} GPUs, not {}",
-                offer.num_gpus,
-                self.num_gpus.max(1)
+                offer.num_gpus, self.num_gpus
             ));
         }
         if let Some(gb) = self.min_gpu_memory_gb

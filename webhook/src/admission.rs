@@ -59,7 +59,7 @@ async fn lookup_context<C: ClusterView>(
         namespace_labels,
         job,
         cheapest_gpu_price: cluster.cheapest_gpu_prices(),
-        cheapest_by_cloud: cluster.cheapest_by_cloud(),
+        gpu_prices: cluster.gpu_prices(),
     })
 }
 

@@ -19,6 +19,7 @@ use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
 use crate::policy::OwningJob;
+use runpod_contract::gpus::GpuPrices;
 use runpod_contract::provider::Cloud;
 
 /// A lookup that could not be answered; the review is refused as retryable.
@@ -50,9 +51,9 @@ pub trait ClusterView: Send + Sync + 'static {
     fn cheapest_gpu_prices(&self) -> BTreeMap<String, f64> {
         BTreeMap::new()
     }
-    /// The lowest price per GPU-hour each cloud's virtual nodes publish, for
-    /// `runpod.io/provider: cheapest`; a cloud without a published price is absent.
-    fn cheapest_by_cloud(&self) -> BTreeMap<Cloud, f64> {
+    /// The prices per GPU type each cloud's virtual nodes publish, all its nodes' together,
+    /// for `runpod.io/provider: cheapest`; a cloud without published prices is absent.
+    fn gpu_prices(&self) -> BTreeMap<Cloud, GpuPrices> {
         BTreeMap::new()
     }
 }
@@ -206,14 +207,27 @@ impl ClusterView for KubeCluster {
         }))
     }
 
-    fn cheapest_by_cloud(&self) -> BTreeMap<Cloud, f64> {
-        lowest_prices(self.nodes.state().iter().filter_map(|node| {
-            let cloud = node_cloud(&node.metadata)?;
-            let price = published_prices(&node.metadata)?
-                .into_values()
-                .min_by(f64::total_cmp)?;
-            Some(BTreeMap::from([(cloud, price)]))
-        }))
+    fn gpu_prices(&self) -> BTreeMap<Cloud, GpuPrices> {
+        let mut by_cloud: BTreeMap<Cloud, GpuPrices> = BTreeMap::new();
+        for node in self.nodes.state() {
+            let Some(cloud) = node_cloud(&node.metadata) else {
+                continue;
+            };
+            let Some(value) = node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(runpod_contract::gpus::GPU_PRICES))
+            else {
+                continue;
+            };
+            by_cloud
+                .entry(cloud)
+                .or_default()
+                .merge(GpuPrices::parse(value));
+        }
+        by_cloud.retain(|_, prices| !prices.is_empty());
+        by_cloud
     }
 }
 
@@ -297,8 +311,8 @@ impl<T: ClusterView> ClusterView for Arc<T> {
         T::cheapest_gpu_prices(self)
     }
 
-    fn cheapest_by_cloud(&self) -> BTreeMap<Cloud, f64> {
-        T::cheapest_by_cloud(self)
+    fn gpu_prices(&self) -> BTreeMap<Cloud, GpuPrices> {
+        T::gpu_prices(self)
     }
 }
 
@@ -315,8 +329,8 @@ pub struct MemoryCluster {
     pub fail_lookups: bool,
     /// What the virtual node publishes as the cheapest GPU prices.
     pub cheapest_gpu_prices: BTreeMap<String, f64>,
-    /// What each cloud's virtual nodes publish, lowest per cloud.
-    pub cheapest_by_cloud: BTreeMap<Cloud, f64>,
+    /// What each cloud's virtual nodes publish per GPU type.
+    pub gpu_prices: BTreeMap<Cloud, GpuPrices>,
 }
 
 impl ClusterView for MemoryCluster {
@@ -360,7 +374,7 @@ impl ClusterView for MemoryCluster {
         self.cheapest_gpu_prices.clone()
     }
 
-    fn cheapest_by_cloud(&self) -> BTreeMap<Cloud, f64> {
-        self.cheapest_by_cloud.clone()
+    fn gpu_prices(&self) -> BTreeMap<Cloud, GpuPrices> {
+        self.gpu_prices.clone()
     }
 }

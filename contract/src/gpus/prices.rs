@@ -121,6 +121,15 @@ impl GpuPrices {
         }
     }
 
+    /// Adds another node's prices (of the same cloud): the lowest of each stays the lowest.
+    pub fn merge(&mut self, other: GpuPrices) {
+        self.quotes.extend(other.quotes);
+        self.storage_per_gb_hour = match (self.storage_per_gb_hour, other.storage_per_gb_hour) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
     pub fn is_empty(&self) -> bool {
         self.quotes.is_empty()
     }
@@ -176,11 +185,11 @@ impl GpuPrices {
         prices
     }
 
-    /// The lowest price per class (`SECURE=…`, or the Vast.ai class) of one GPU of any type:
-    /// what the older `runpod.io/cheapest-gpu-price` annotation publishes.
+    /// The lowest price per GPU-hour per class (`SECURE=…`, or `no_class` for a cloud without
+    /// classes), any type and count: what `runpod.io/cheapest-gpu-price` publishes.
     pub fn lowest_per_class(&self, no_class: &str) -> Vec<(String, f64)> {
         let mut lowest: BTreeMap<String, f64> = BTreeMap::new();
-        for quote in self.quotes.iter().filter(|q| q.from == 1) {
+        for quote in &self.quotes {
             let class = quote
                 .key
                 .class
@@ -194,11 +203,11 @@ impl GpuPrices {
         lowest.into_iter().collect()
     }
 
-    /// The lowest published price of each catalogue GPU for one GPU, any class (for
+    /// The lowest published price per GPU-hour of each catalogue GPU, any class and count (for
     /// `runpod-kubelet gpus`).
     pub fn lowest_per_gpu(&self) -> BTreeMap<String, f64> {
         let mut lowest: BTreeMap<String, f64> = BTreeMap::new();
-        for quote in self.quotes.iter().filter(|q| q.from == 1) {
+        for quote in &self.quotes {
             lowest
                 .entry(quote.key.gpu.clone())
                 .and_modify(|p| *p = p.min(quote.per_gpu))

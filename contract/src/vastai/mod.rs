@@ -20,6 +20,8 @@ pub const REGION: &str = "vast.ai/region";
 pub const MEMORY: &str = "vast.ai/memory";
 /// Disk, e.g. `50GB`.
 pub const DISK: &str = "vast.ai/disk";
+/// Disk of a pod that names none (GB), bought and priced with every instance.
+pub const DEFAULT_DISK_GB: u32 = 20;
 /// Written by the controller only: the instance running the pod.
 pub const INSTANCE_ID: &str = "vast.ai/instance-id";
 

@@ -21,8 +21,8 @@ use tracing::{info, warn};
 
 use crate::controller::leader::Fence;
 use crate::provider::{
-    CheapestPrices, CloudName, Constraints, Ends, FinalLog, Instance, LogEntries, LogOptions,
-    Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned,
+    CloudName, Constraints, Ends, FinalLog, Instance, LogEntries, LogOptions, PriceSheet, Provider,
+    ProviderError, ProvisionError, ProvisionRequest, Provisioned,
 };
 
 /// Whether creates are allowed, from the node as last seen.
@@ -230,8 +230,8 @@ impl<P: Provider> Provider for Gated<P> {
         self.inner.logs(id, options)
     }
 
-    fn cheapest_prices(&self) -> CheapestPrices {
-        self.inner.cheapest_prices()
+    fn price_sheet(&self) -> PriceSheet {
+        self.inner.price_sheet()
     }
 }
 

@@ -1,7 +1,8 @@
 //! The node's two heartbeats while this replica leads: the Lease renewed every few seconds, and
-//! the status (conditions, taints, published prices) written every 30 s or at once when the
+//! the status (conditions, taints, published prices per GPU type) written every 30 s or at once when the
 //! cloud's health changes.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,7 +68,9 @@ pub async fn node_status_loop<P: Provider>(
     mut health: watch::Receiver<ApiHealth>,
     provider: Arc<P>,
     presence: Arc<Presence>,
+    metrics: Arc<ControllerMetrics>,
 ) {
+    let mut reported = BTreeSet::new();
     let mut node_uid = presence.subscribe();
     let mut written_uid = None;
     let mut transitions = TransitionTimes::default();
@@ -89,6 +92,7 @@ pub async fn node_status_loop<P: Provider>(
                 &transitions,
                 &*provider,
                 &presence,
+                (&metrics, &mut reported),
             )
             .await;
         }
@@ -102,6 +106,29 @@ pub async fn node_status_loop<P: Provider>(
     }
 }
 
+/// The class of a price from a cloud without classes, in `runpod.io/cheapest-gpu-price`.
+const ANY_CLASS: &str = "ANY";
+
+/// A GPU the cloud sells that the catalogue does not know cannot be asked for or compared: each
+/// new name is logged once, and the count is a metric.
+fn note_unknown_gpus(
+    unknown: &BTreeSet<String>,
+    reported: &mut BTreeSet<String>,
+    metrics: &ControllerMetrics,
+) {
+    for name in unknown.difference(reported) {
+        warn!(
+            gpu = %name,
+            "the cloud sells a GPU the GPU catalogue does not know: pods cannot name it and \
+             `cheapest` does not compare it until a release adds it"
+        );
+    }
+    reported.extend(unknown.iter().cloned());
+    metrics
+        .unknown_gpu_types
+        .set(i64::try_from(unknown.len()).unwrap_or(i64::MAX));
+}
+
 /// One status apply and one taint/annotation sync.
 async fn write_node<P: Provider>(
     nodes: &Api<Node>,
@@ -110,6 +137,7 @@ async fn write_node<P: Provider>(
     transitions: &TransitionTimes,
     provider: &P,
     presence: &Presence,
+    (metrics, reported): (&ControllerMetrics, &mut BTreeSet<String>),
 ) {
     match super::apply_status(nodes, config, health, transitions).await {
         Ok(()) => {}
@@ -120,9 +148,18 @@ async fn write_node<P: Provider>(
         }
         Err(error) => warn!(error = %error, "writing the node status failed"),
     }
-    let prices = provider.cheapest_prices();
-    let cheapest = (!prices.is_empty()).then(|| runpod_contract::format_cheapest_prices(&prices));
-    if let Err(error) = super::sync_spec(nodes, config, health, cheapest).await {
+    let sheet = provider.price_sheet();
+    note_unknown_gpus(&sheet.unknown_gpus, reported, metrics);
+    let mut annotations = Vec::new();
+    if !sheet.prices.is_empty() {
+        let lowest = sheet.prices.lowest_per_class(ANY_CLASS);
+        annotations.push((
+            runpod_contract::CHEAPEST_GPU_PRICE,
+            runpod_contract::format_cheapest_prices(&lowest),
+        ));
+        annotations.push((runpod_contract::gpus::GPU_PRICES, sheet.prices.format()));
+    }
+    if let Err(error) = super::sync_spec(nodes, config, health, &annotations).await {
         warn!(error = %error, "updating the node's taints failed");
     }
 }

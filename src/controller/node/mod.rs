@@ -29,8 +29,6 @@ pub const FIELD_MANAGER: &str = "runpod-kubelet";
 pub const API_CONDITION: &str = "RunPodAPIAvailable";
 /// Taint keeping new pods away while the cloud's API is unusable.
 pub use runpod_contract::names::API_UNAVAILABLE_TAINT as UNAVAILABLE_TAINT;
-/// Annotation with the cheapest GPU price per cloud type, read by the webhook.
-pub const CHEAPEST_PRICE_ANNOTATION: &str = runpod_contract::CHEAPEST_GPU_PRICE;
 
 /// What the node is configured to offer.
 #[derive(Debug, Clone)]
@@ -244,13 +242,13 @@ pub async fn apply_status(
     Ok(())
 }
 
-/// Sets our taints for `health` and the cheapest-price annotation, by read-modify-write with
+/// Sets our taints for `health` and the published price annotations, by read-modify-write with
 /// the node's resourceVersion (taints are an atomic list: applying ours would drop others').
 pub async fn sync_spec(
     api: &Api<Node>,
     config: &NodeConfig,
     health: &ApiHealth,
-    cheapest: Option<String>,
+    published: &[(&str, String)],
 ) -> Result<(), kube::Error> {
     for _ in 0..5 {
         let mut node = api.get(&config.name).await?;
@@ -261,15 +259,14 @@ pub async fn sync_spec(
             .unwrap_or_default();
         let wanted = merge_taints(&current, &config.taints(health));
         let annotations = node.metadata.annotations.get_or_insert_with(BTreeMap::new);
-        let annotation_changed = match &cheapest {
-            Some(value) => annotations.get(CHEAPEST_PRICE_ANNOTATION) != Some(value),
-            None => false,
-        };
+        let annotation_changed = published
+            .iter()
+            .any(|(key, value)| annotations.get(*key) != Some(value));
         if same_taints(&current, &wanted) && !annotation_changed {
             return Ok(());
         }
-        if let Some(value) = &cheapest {
-            annotations.insert(CHEAPEST_PRICE_ANNOTATION.to_owned(), value.clone());
+        for (key, value) in published {
+            annotations.insert((*key).to_owned(), value.clone());
         }
         node.spec.get_or_insert_with(Default::default).taints = Some(wanted);
         match api

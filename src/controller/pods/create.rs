@@ -154,6 +154,20 @@ pub(super) async fn create<P: Provider>(
         .await;
     }
 
+    // The first attempt repeats `cheapest`'s choice and prices where users read Events.
+    let first_attempt = annotation(pod, CREATE_REQUESTED).is_none() && marked_at.is_none();
+    if let Some(choice) = annotation(pod, runpod_contract::provider::CHEAPEST_CHOICE)
+        && first_attempt
+    {
+        ctx.event(
+            pod,
+            false,
+            "CheapestChosen",
+            format!("{}=cheapest {choice}", runpod_contract::provider::PROVIDER),
+        )
+        .await;
+    }
+
     // Record the attempt before sending it: a leader that dies after the create sees this
     // and searches instead of creating a second pod.
     mark_create_requested(ctx, uid, &pods, &name).await?;

@@ -14,8 +14,11 @@ use runpod_contract::{self as contract, CloudType};
 
 use super::catalogue::{Availability, Catalogue, GpuType};
 
+mod prices;
 #[cfg(test)]
 mod tests;
+
+pub use prices::price_sheet;
 
 /// Slack for price comparisons, the same as the webhook's cap check: `3 × 0.1` must fit a cap
 /// of `0.3`, although binary floating point computes `0.30000000000000004`.

@@ -14,9 +14,9 @@ use tracing::{debug, warn};
 
 use crate::controller::pods::inputs::pull_secrets;
 use crate::provider::{
-    CheapestPrices, CloudName, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance,
-    InstanceState, LogEntries, LogOptions, Provider, ProviderError, ProvisionError,
-    ProvisionRequest, Provisioned, Tags, Usage,
+    CloudName, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance, InstanceState,
+    LogEntries, LogOptions, PriceSheet, Provider, ProviderError, ProvisionError, ProvisionRequest,
+    Provisioned, Tags, Usage,
 };
 use logs::{async_stream, entries, lines_of};
 
@@ -32,11 +32,12 @@ use crate::vastai::query::OfferQuery;
 use crate::vastai::translate;
 
 /// Disk of a pod that names none (GB), priced into every offer.
-pub const DEFAULT_DISK_GB: u32 = 20;
+pub const DEFAULT_DISK_GB: u32 = runpod_contract::vastai::DEFAULT_DISK_GB;
 /// Lines read from a finished instance's log.
 const FINAL_LOG_LINES: u32 = 500;
-/// The key of the cheapest price this provider publishes (any GPU inside the policy).
-pub const PRICE_CLASS: &str = "ANY";
+/// Offers read by one price search: the cheapest this many inside the policy, any GPU count
+/// (one search every few minutes of the ten a minute Vast.ai allows).
+const PRICE_SEARCH_ROWS: u32 = 1000;
 
 /// The Vast.ai provider.
 pub struct VastaiProvider {
@@ -44,8 +45,8 @@ pub struct VastaiProvider {
     policy: VastPolicy,
     cluster_id: String,
     node_name: String,
-    /// Cheapest USD per GPU-hour inside the policy, from the last price search.
-    cheapest: Mutex<Option<f64>>,
+    /// Prices per GPU type inside the policy, from the last price search.
+    prices: Mutex<PriceSheet>,
 }
 
 impl VastaiProvider {
@@ -60,7 +61,7 @@ impl VastaiProvider {
             policy,
             cluster_id,
             node_name,
-            cheapest: Mutex::new(None),
+            prices: Mutex::new(PriceSheet::default()),
         }
     }
 
@@ -93,14 +94,16 @@ impl VastaiProvider {
             datacenter_only: self.policy.datacenter_only,
             min_reliability: self.policy.min_reliability,
             disk_gb: DEFAULT_DISK_GB,
-            max_price_per_hour: self.policy.max_gpu_price,
-            limit: 5,
+            // Every count, no price cap: the webhook applies each pod's cap and names a price
+            // above it when it refuses.
+            num_gpus: 0,
+            limit: PRICE_SEARCH_ROWS,
             ..OfferQuery::default()
         };
         match self.client.search(&query).await {
             Ok(offers) => {
-                let price = cheapest_per_gpu(&offers);
-                *self.cheapest.lock().unwrap_or_else(PoisonError::into_inner) = price;
+                let sheet = crate::vastai::prices::price_sheet(&offers, DEFAULT_DISK_GB);
+                *self.prices.lock().unwrap_or_else(PoisonError::into_inner) = sheet;
             }
             Err(error) => debug!(error = %error, "vastai price search failed"),
         }
@@ -142,15 +145,6 @@ impl VastaiProvider {
             },
         }
     }
-}
-
-/// The lowest price per GPU-hour among `offers`.
-fn cheapest_per_gpu(offers: &[Offer]) -> Option<f64> {
-    offers
-        .iter()
-        .filter(|offer| offer.num_gpus > 0 && offer.dph_total > 0.0)
-        .map(|offer| offer.dph_total / f64::from(offer.num_gpus))
-        .min_by(f64::total_cmp)
 }
 
 fn tags(label: Option<&Label>) -> Tags {
@@ -511,11 +505,10 @@ impl Provider for VastaiProvider {
         Box::pin(stream)
     }
 
-    fn cheapest_prices(&self) -> CheapestPrices {
-        self.cheapest
+    fn price_sheet(&self) -> PriceSheet {
+        self.prices
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .map(|price| vec![(PRICE_CLASS.to_owned(), price)])
-            .unwrap_or_default()
+            .clone()
     }
 }

@@ -114,13 +114,22 @@ fn a_followed_log_yields_each_line_once() {
 }
 
 #[test]
-fn cheapest_is_per_gpu() {
+fn prices_are_per_gpu() {
     let offer = |num_gpus: u32, dph_total: f64| -> Offer {
-        serde_json::from_value(json!({"id": 1, "num_gpus": num_gpus, "dph_total": dph_total}))
-            .unwrap()
+        serde_json::from_value(json!({"id": 1, "gpu_name": "RTX 4090", "gpu_ram": 24564,
+            "num_gpus": num_gpus, "dph_total": dph_total}))
+        .unwrap()
     };
-    assert_eq!(cheapest_per_gpu(&[offer(2, 0.6), offer(1, 0.4)]), Some(0.3));
-    assert_eq!(cheapest_per_gpu(&[]), None);
+    let sheet = crate::vastai::prices::price_sheet(&[offer(2, 0.6), offer(1, 0.4)], 20);
+    assert_eq!(
+        sheet.prices.lowest_per_class("ANY"),
+        [("ANY".to_owned(), 0.3)]
+    );
+    assert!(
+        crate::vastai::prices::price_sheet(&[], 20)
+            .prices
+            .is_empty()
+    );
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! owning Job, and the cluster's policy settings in; a verdict (patch, warnings, or a rejection)
 //! out. No I/O here, so every rule is unit- and property-testable.
 
+mod cheapest;
 mod mutation;
 mod retract;
 
@@ -16,7 +17,7 @@ pub use mutation::Mutation;
 use runpod_contract::checks;
 pub use runpod_contract::config::{OwningJob, PolicyConfig};
 pub use runpod_contract::policy::{Untouched, cannot_run, opt_in, screen};
-use runpod_contract::provider::{self, Cloud, ProviderChoice};
+use runpod_contract::provider::{self, Cheapest, Cloud, ProviderChoice};
 
 /// What the cluster knows about the pod's surroundings, looked up by the caller.
 #[derive(Debug, Clone, Default)]
@@ -27,9 +28,9 @@ pub struct Context {
     /// Cheapest GPU price per cloud type (USD per GPU-hour) as the virtual node publishes it;
     /// empty when no node has published one yet.
     pub cheapest_gpu_price: BTreeMap<String, f64>,
-    /// The lowest price per GPU-hour each cloud's virtual nodes publish, for
-    /// `runpod.io/provider: cheapest`.
-    pub cheapest_by_cloud: BTreeMap<Cloud, f64>,
+    /// The prices per GPU type each cloud's virtual nodes publish (all its nodes' together),
+    /// for `runpod.io/provider: cheapest`; a cloud without published prices is absent.
+    pub gpu_prices: BTreeMap<Cloud, runpod_contract::gpus::GpuPrices>,
 }
 
 /// The decision for one pod.
@@ -70,9 +71,12 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     let mut mutation = Mutation::default();
     let no_annotations = BTreeMap::new();
     let pod_annotations = pod.meta().annotations.as_ref().unwrap_or(&no_annotations);
+    // A `cheapest` record stays when our own earlier review (reinvocation) wrote it.
+    let reviewed = retract::earlier_review(pod).is_some();
     mutation.remove_annotations = contract::CONTROLLER_ANNOTATIONS
         .iter()
         .filter(|key| pod_annotations.contains_key(**key))
+        .filter(|key| !(reviewed && **key == provider::CHEAPEST_CHOICE))
         .map(|key| (*key).to_owned())
         .collect();
 
@@ -135,6 +139,7 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     };
     // A choice `cheapest` made is recorded on the pod, so a later review keeps it.
     let chose_cheapest = choice == ProviderChoice::Cheapest;
+    let mut cheapest_record = None;
     let cloud = match choice {
         ProviderChoice::Cloud(cloud) => cloud,
         ProviderChoice::Cheapest => {
@@ -151,20 +156,29 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
                         .is_ok()
                 }
             };
-            let prices: BTreeMap<Cloud, f64> = context
-                .cheapest_by_cloud
-                .iter()
-                .filter(|(cloud, _)| !config.disabled_clouds.contains(cloud) && fits(**cloud))
-                .map(|(cloud, price)| (*cloud, *price))
+            // The installation's order: RunPod first, for ties and when nothing is published.
+            let clouds: Vec<Cloud> = Cloud::ALL
+                .into_iter()
+                .filter(|cloud| !config.disabled_clouds.contains(cloud) && fits(*cloud))
                 .collect();
-            let (cloud, why) = provider::cheapest(&prices);
-            warnings.push(why);
-            // Nothing published or nothing fits: the installation's default, never a cloud
-            // without a node.
-            if config.disabled_clouds.contains(&cloud) {
-                config.default_cloud()
-            } else {
-                cloud
+            let sides = cheapest::sides(&effective, gpus, config, &context.gpu_prices, &clouds);
+            match provider::cheapest(&sides, config.default_cloud()) {
+                Cheapest::Chose {
+                    cloud,
+                    warning,
+                    record,
+                } => {
+                    warnings.push(warning);
+                    cheapest_record = Some(record);
+                    cloud
+                }
+                Cheapest::Refused(problem) => {
+                    return Verdict::Deny {
+                        code: 403,
+                        reason: "Forbidden".to_owned(),
+                        message: rejection(pod, namespace, &[problem]),
+                    };
+                }
             }
         }
     };
@@ -261,6 +275,15 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
         mutation
             .set_annotations
             .insert(provider::PROVIDER.to_owned(), cloud.as_str().to_owned());
+    }
+    if let Some(record) = cheapest_record {
+        // Ours, not the user's: the controller repeats it in an Event.
+        mutation
+            .remove_annotations
+            .retain(|key| key != provider::CHEAPEST_CHOICE);
+        mutation
+            .set_annotations
+            .insert(provider::CHEAPEST_CHOICE.to_owned(), record);
     }
     warnings.extend(port_warnings);
     mutation::schedule_onto_cloud(pod, placement, cloud, &mut mutation, &mut warnings);

@@ -23,7 +23,7 @@ fn labelled_namespace() -> Context {
         namespace_labels: [(contract::BURST_LABEL.to_owned(), "enabled".to_owned())].into(),
         job: None,
         cheapest_gpu_price: BTreeMap::new(),
-        cheapest_by_cloud: BTreeMap::new(),
+        gpu_prices: BTreeMap::new(),
     }
 }
 

@@ -1,5 +1,7 @@
 //! Which cloud a burst pod goes to (`runpod.io/provider`), and the Vast.ai policy at admission.
 
+use runpod_contract::gpus::GpuPrices;
+use runpod_contract::provider::CHEAPEST_CHOICE;
 use runpod_contract::provider::{Cloud, PROVIDER};
 use runpod_contract::vastai::VastPolicy;
 
@@ -26,6 +28,49 @@ fn namespace_with(provider: &str) -> Context {
         .namespace_labels
         .insert(PROVIDER.to_owned(), provider.to_owned());
     context
+}
+
+/// Each cloud's nodes publish one small GPU (RunPod an RTX A4000, Vast.ai an RTX 4090) at these
+/// prices per GPU-hour.
+fn published(runpod: f64, vast: f64) -> BTreeMap<Cloud, GpuPrices> {
+    [
+        (
+            Cloud::RunPod,
+            GpuPrices::parse(&format!("RTXA4000x1-8:SECURE={runpod}")),
+        ),
+        (
+            Cloud::VastAi,
+            GpuPrices::parse(&format!("RTX4090x1={vast}")),
+        ),
+    ]
+    .into()
+}
+
+/// What the simulators sell, roughly: RunPod's H100 dearer than Vast.ai's, its small GPU
+/// cheaper; A6000s on RunPod only.
+fn market() -> BTreeMap<Cloud, GpuPrices> {
+    [
+        (
+            Cloud::RunPod,
+            GpuPrices::parse(
+                "RTXA4000x1-8:SECURE=0.25,RTXA6000x1-8:SECURE=0.49,H100x1-8:SECURE=2.99,\
+                 H100x1-8:COMMUNITY=1.5",
+            ),
+        ),
+        (
+            Cloud::VastAi,
+            GpuPrices::parse("RTX4090x1=0.4,H100x1=2.1,H100x2=2.0,storage=0.0002"),
+        ),
+    ]
+    .into()
+}
+
+/// Caps high enough for an H100 on either cloud.
+fn generous() -> PolicyConfig {
+    let mut config = vast_config();
+    config.max_gpu_price = Some(5.0);
+    config.vastai.max_gpu_price = Some(5.0);
+    config
 }
 
 fn always(pod: Value) -> Value {
@@ -134,7 +179,7 @@ fn mounted_files_are_refused_on_vastai_only() {
 #[test]
 fn cheapest_picks_the_cloud_with_the_lower_published_price_and_says_why() {
     let mut context = namespace_with("cheapest");
-    context.cheapest_by_cloud = [(Cloud::RunPod, 0.44), (Cloud::VastAi, 0.31)].into();
+    context.gpu_prices = published(0.44, 0.31);
     let (verdict, patched) = admit_with(&always(gpu_pod()), &context, &vast_config());
     let Verdict::Allow { warnings, .. } = &verdict else {
         panic!("{verdict:?}")
@@ -145,7 +190,7 @@ fn cheapest_picks_the_cloud_with_the_lower_published_price_and_says_why() {
         warnings.iter().any(|w| w.contains("chose Vast.ai")),
         "{warnings:?}"
     );
-    context.cheapest_by_cloud = [(Cloud::RunPod, 0.2), (Cloud::VastAi, 0.31)].into();
+    context.gpu_prices = published(0.2, 0.31);
     let (_, patched) = admit_with(&always(gpu_pod()), &context, &vast_config());
     assert_eq!(annotations(&patched)[PROVIDER], "runpod");
     assert_eq!(
@@ -153,7 +198,7 @@ fn cheapest_picks_the_cloud_with_the_lower_published_price_and_says_why() {
         "runpod"
     );
     // Once chosen, the choice stays: a later review does not move the pod.
-    context.cheapest_by_cloud = [(Cloud::RunPod, 0.9), (Cloud::VastAi, 0.31)].into();
+    context.gpu_prices = published(0.9, 0.31);
     let again = decide(&typed(&patched), "ml", &context, &vast_config());
     let Verdict::Allow { mutation, .. } = again else {
         panic!("{again:?}")
@@ -164,7 +209,7 @@ fn cheapest_picks_the_cloud_with_the_lower_published_price_and_says_why() {
 #[test]
 fn cheapest_leaves_out_the_clouds_the_pod_cannot_use() {
     let mut context = namespace_with("cheapest");
-    context.cheapest_by_cloud = [(Cloud::RunPod, 0.44), (Cloud::VastAi, 0.31)].into();
+    context.gpu_prices = published(0.44, 0.31);
     // Outside the Vast.ai policy: RunPod, although dearer.
     let asia = annotate(always(gpu_pod()), "vast.ai/region", "Asia");
     let (verdict, patched) = admit_with(&asia, &context, &vast_config());
@@ -205,11 +250,11 @@ fn an_installation_without_runpod_sends_pods_to_vastai_and_refuses_runpod() {
 
     // `cheapest` compares only what is installed, however cheap RunPod is.
     let mut context = namespace_with("cheapest");
-    context.cheapest_by_cloud = [(Cloud::RunPod, 0.1), (Cloud::VastAi, 0.31)].into();
+    context.gpu_prices = published(0.1, 0.31);
     let (_, patched) = admit_with(&always(gpu_pod()), &context, &config);
     assert_eq!(annotations(&patched)[PROVIDER], "vastai");
     // No price published at all: still never the cloud without a node.
-    context.cheapest_by_cloud.clear();
+    context.gpu_prices.clear();
     let (_, patched) = admit_with(&always(gpu_pod()), &context, &config);
     assert_eq!(patched["spec"]["tolerations"][0]["value"], "vastai");
 }
@@ -258,4 +303,114 @@ fn ports_can_be_closed_by_the_pod_the_namespace_or_the_installation() {
         panic!("{verdict:?}")
     };
     assert!(message.contains("can say only none"), "{message}");
+}
+
+#[test]
+fn cheapest_compares_the_gpu_the_pod_needs_not_each_clouds_cheapest() {
+    let mut context = namespace_with("cheapest");
+    context.gpu_prices = market();
+    let h100 = annotate(always(gpu_pod()), contract::GPU_TYPES, "H100");
+    let (verdict, patched) = admit_with(&h100, &context, &generous());
+    let Verdict::Allow { warnings, .. } = &verdict else {
+        panic!("{verdict:?}")
+    };
+    assert_eq!(
+        annotations(&patched)[PROVIDER],
+        "vastai",
+        "Vast.ai's H100 is cheaper, although RunPod sells the cheapest small GPU"
+    );
+    let warning = warnings
+        .iter()
+        .find(|w| w.contains("cheapest chose Vast.ai"))
+        .unwrap_or_else(|| panic!("{warnings:?}"));
+    assert!(
+        warning.contains("RunPod H100 at 2.990 USD/h")
+            && warning.contains("Vast.ai H100 at 2.104 USD/h"),
+        "both prices: {warning}"
+    );
+    let record = annotations(&patched)[CHEAPEST_CHOICE].as_str().unwrap();
+    assert!(
+        record.starts_with("chose Vast.ai") && record.contains("2.990"),
+        "{record}"
+    );
+
+    // In RunPod's community class its H100 is the cheaper one.
+    let community = annotate(h100.clone(), contract::CLOUD_TYPE, "COMMUNITY");
+    let (_, patched) = admit_with(&community, &context, &generous());
+    assert_eq!(annotations(&patched)[PROVIDER], "runpod");
+
+    // Any GPU: the cheapest small one, RunPod's.
+    let (_, patched) = admit_with(&always(gpu_pod()), &context, &generous());
+    assert_eq!(annotations(&patched)[PROVIDER], "runpod");
+
+    // A type only RunPod sells goes there, in Vast.ai's spelling as well.
+    let a6000 = annotate(always(gpu_pod()), contract::GPU_TYPES, "RTX A6000");
+    let (_, patched) = admit_with(&a6000, &context, &generous());
+    assert_eq!(annotations(&patched)[PROVIDER], "runpod");
+
+    // 48 GB or more: only H100s fit on Vast.ai, the A6000 on RunPod.
+    let big = annotate(always(gpu_pod()), contract::REQUIRED_GPU_MEMORY, "48");
+    let (_, patched) = admit_with(&big, &context, &generous());
+    assert_eq!(annotations(&patched)[PROVIDER], "runpod");
+}
+
+#[test]
+fn cheapest_refuses_when_nothing_fits_the_cap_and_names_each_clouds_cheapest_fit() {
+    let mut context = namespace_with("cheapest");
+    context.gpu_prices = market();
+    let h100 = annotate(always(gpu_pod()), contract::GPU_TYPES, "H100");
+    // vast_config caps both clouds at 0.5 USD per GPU-hour.
+    let (verdict, _) = admit_with(&h100, &context, &vast_config());
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 403);
+    assert!(
+        message
+            .contains("RunPod's cheapest fit H100 at 2.990 USD/h is above the cap of 0.500 USD/h")
+            && message.contains("Vast.ai's cheapest fit H100 at 2.104 USD/h"),
+        "{message}"
+    );
+    // A cloud that has published nothing yet takes the pod, with a warning saying why.
+    context.gpu_prices.remove(&Cloud::VastAi);
+    let (verdict, patched) = admit_with(&h100, &context, &vast_config());
+    let Verdict::Allow { warnings, .. } = &verdict else {
+        panic!("{verdict:?}")
+    };
+    assert_eq!(annotations(&patched)[PROVIDER], "vastai");
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("Vast.ai has published no prices yet")),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn a_forged_cheapest_record_is_removed_and_unknown_gpu_names_are_refused() {
+    let forged = annotate(always(gpu_pod()), CHEAPEST_CHOICE, "chose RunPod: free");
+    let (verdict, patched) = admit(&forged, &labelled_namespace());
+    assert_bursts(&verdict);
+    assert!(annotations(&patched).get(CHEAPEST_CHOICE).is_none());
+
+    for (key, value) in [
+        (contract::GPU_TYPES, "H100,H100X"),
+        ("vast.ai/gpu-type", "H100X"),
+        ("vast.ai/gpu-fallbacks", "RTX 4090,H100X"),
+    ] {
+        let pod = annotate(always(gpu_pod()), key, value);
+        let (verdict, _) = admit_with(&pod, &labelled_namespace(), &vast_config());
+        let (code, message) = denial(&verdict);
+        assert_eq!(code, 422, "{key}");
+        assert!(
+            message.contains("\"H100X\" is not a GPU runpod-kubelet knows")
+                && message.contains("A100-80GB")
+                && message.contains(key),
+            "{message}"
+        );
+    }
+    // Either cloud's spelling, and the canonical one, in any case.
+    for value in ["h100", "NVIDIA H100 80GB HBM3", "H100 SXM", "rtx_4090"] {
+        let pod = annotate(always(gpu_pod()), contract::GPU_TYPES, value);
+        let (verdict, _) = admit(&pod, &labelled_namespace());
+        assert_bursts(&verdict);
+    }
 }

@@ -1,0 +1,98 @@
+//! `runpod.io/provider: cheapest`: what each cloud the pod may use would charge for the
+//! cheapest GPU type that fits it, from the prices its virtual nodes publish.
+
+use std::collections::BTreeMap;
+
+use runpod_contract::gpus::{GpuPrices, Need};
+use runpod_contract::provider::{Cloud, Side};
+use runpod_contract::{self as contract, CloudType, checks};
+
+use super::PolicyConfig;
+
+/// Disk a Vast.ai pod that names none is bought with (the controller's default).
+const VASTAI_DEFAULT_DISK_GB: u32 = runpod_contract::vastai::DEFAULT_DISK_GB;
+
+/// One side per cloud in `clouds` (the pod may use them, in the installation's order): the
+/// cheapest fit under the pod's cap there, or `None` where no node has published prices.
+pub(super) fn sides(
+    effective: &checks::Effective<'_>,
+    gpus: u32,
+    config: &PolicyConfig,
+    prices: &BTreeMap<Cloud, GpuPrices>,
+    clouds: &[Cloud],
+) -> Vec<Side> {
+    clouds
+        .iter()
+        .map(|cloud| {
+            let (need, cap) = match cloud {
+                Cloud::RunPod => runpod_need(effective, gpus, config),
+                Cloud::VastAi => vastai_need(effective, gpus, config),
+            };
+            Side {
+                cloud: *cloud,
+                fits: prices
+                    .get(cloud)
+                    .filter(|published| !published.is_empty())
+                    .map(|published| published.cheapest_fit(&need, cap)),
+                cap,
+            }
+        })
+        .collect()
+}
+
+/// What RunPod would place: `runpod.io/gpu-types`, `-required-gpu-memory`, the cloud class
+/// (SECURE unless set), under the smaller of `runpod.io/max-price` and the installation's cap.
+fn runpod_need(
+    effective: &checks::Effective<'_>,
+    gpus: u32,
+    config: &PolicyConfig,
+) -> (Need, Option<f64>) {
+    let value = |key: &str| effective.get(key).map(|sourced| sourced.value);
+    let count = gpus.max(1);
+    let gpu_types = value(contract::GPU_TYPES)
+        .and_then(|v| contract::split_list(v).ok())
+        .map(|names| names.into_iter().map(str::to_owned).collect())
+        .unwrap_or_default();
+    let class = value(contract::CLOUD_TYPE)
+        .and_then(CloudType::parse)
+        .unwrap_or(CloudType::Secure);
+    let pod_cap = value(contract::MAX_PRICE).and_then(|v| contract::parse_price(v).ok());
+    let cluster_cap = config
+        .max_gpu_price
+        .map(|per_gpu| per_gpu * f64::from(count));
+    let cap = match (pod_cap, cluster_cap) {
+        (Some(pod), Some(cluster)) => Some(pod.min(cluster)),
+        (pod, cluster) => pod.or(cluster),
+    };
+    let need = Need {
+        gpu_types,
+        min_memory_gb: value(contract::REQUIRED_GPU_MEMORY)
+            .and_then(|v| contract::parse_gpu_memory(v).ok()),
+        gpu_count: count,
+        class: Some(class.as_str().to_owned()),
+        disk_gb: 0,
+    };
+    (need, cap)
+}
+
+/// What Vast.ai would buy: the pod's Vast.ai requirements, its disk priced in.
+fn vastai_need(
+    effective: &checks::Effective<'_>,
+    gpus: u32,
+    config: &PolicyConfig,
+) -> (Need, Option<f64>) {
+    match runpod_contract::vastai::requirements(&effective.values(), gpus, &config.vastai) {
+        Ok(wanted) => (
+            Need {
+                gpu_types: wanted.gpu_names,
+                min_memory_gb: wanted.min_gpu_memory_gb,
+                gpu_count: wanted.gpu_count,
+                class: None,
+                disk_gb: wanted.disk_gb.unwrap_or(VASTAI_DEFAULT_DISK_GB),
+            },
+            wanted.max_price_per_hour,
+        ),
+        // Not reached: a pod Vast.ai cannot take is no side.
+        Err(_) => (Need::default(), Some(0.0)),
+    }
+}

@@ -46,8 +46,9 @@ pub enum Command {
     /// `VAST_API_KEY` only.
     #[cfg(feature = "simulator")]
     Simulator(crate::cmd::simulator::SimulatorArgs),
-    /// Print the RunPod placement candidates (GPU type × data centres, cheapest first) for
-    /// given requirements, from the live catalogue. Needs `RUNPOD_API_KEY`.
+    /// Print the GPU catalogue (the names pods may use, each cloud's own names) with each
+    /// cloud's lowest price now, read with `RUNPOD_API_KEY` and/or `VAST_API_KEY`; given
+    /// requirements (`--gpu-count`, `--gpu-types`...), the RunPod placement candidates instead.
     Gpus(crate::cmd::gpus::GpusArgs),
     /// Run the virtual kubelet: register the virtual node and run the pods bound to it on
     /// RunPod or Vast.ai (`--provider`). The API key comes from `RUNPOD_API_KEY` or

@@ -14,6 +14,9 @@ use super::model::{MIN_DISK_GB, Offer};
 /// Vast.ai counts GPU memory in MB of 1000 (a 24 GB card says 24564 or 24576).
 const MB_PER_GB: f64 = 1000.0;
 
+/// Offers read by one price search: the cheapest this many inside the policy, any GPU count.
+pub const PRICE_SEARCH_ROWS: u32 = 1000;
+
 /// What an offer must satisfy: the pod's needs within the installation's policy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OfferQuery {
@@ -72,6 +75,25 @@ impl OfferQuery {
             datacenter_only: policy.datacenter_only,
             min_reliability: policy.min_reliability,
             disk_gb: wanted.disk_gb.unwrap_or(default_disk_gb),
+            ..OfferQuery::default()
+        }
+    }
+
+    /// The price search: every GPU and count inside the policy, no price cap (the webhook
+    /// applies each pod's), the cheapest [`PRICE_SEARCH_ROWS`] offers with the default disk.
+    pub fn price_search(policy: &VastPolicy) -> OfferQuery {
+        OfferQuery {
+            countries: policy
+                .countries
+                .as_ref()
+                .map(|c| c.iter().cloned().collect())
+                .unwrap_or_default(),
+            verified_only: policy.verified_only,
+            datacenter_only: policy.datacenter_only,
+            min_reliability: policy.min_reliability,
+            disk_gb: runpod_contract::vastai::DEFAULT_DISK_GB,
+            num_gpus: 0,
+            limit: PRICE_SEARCH_ROWS,
             ..OfferQuery::default()
         }
     }

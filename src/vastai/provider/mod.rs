@@ -35,9 +35,6 @@ use crate::vastai::translate;
 pub const DEFAULT_DISK_GB: u32 = runpod_contract::vastai::DEFAULT_DISK_GB;
 /// Lines read from a finished instance's log.
 const FINAL_LOG_LINES: u32 = 500;
-/// Offers read by one price search: the cheapest this many inside the policy, any GPU count
-/// (one search every few minutes of the ten a minute Vast.ai allows).
-const PRICE_SEARCH_ROWS: u32 = 1000;
 
 /// The Vast.ai provider.
 pub struct VastaiProvider {
@@ -83,23 +80,7 @@ impl VastaiProvider {
     }
 
     async fn refresh_price(&self) {
-        let query = OfferQuery {
-            countries: self
-                .policy
-                .countries
-                .as_ref()
-                .map(|c| c.iter().cloned().collect())
-                .unwrap_or_default(),
-            verified_only: self.policy.verified_only,
-            datacenter_only: self.policy.datacenter_only,
-            min_reliability: self.policy.min_reliability,
-            disk_gb: DEFAULT_DISK_GB,
-            // Every count, no price cap: the webhook applies each pod's cap and names a price
-            // above it when it refuses.
-            num_gpus: 0,
-            limit: PRICE_SEARCH_ROWS,
-            ..OfferQuery::default()
-        };
+        let query = OfferQuery::price_search(&self.policy);
         match self.client.search(&query).await {
             Ok(offers) => {
                 let sheet = crate::vastai::prices::price_sheet(&offers, DEFAULT_DISK_GB);

@@ -951,7 +951,11 @@ async fn api_calls_429s_and_quota_show_in_the_metrics() {
     use runpod_kubelet::runpod::metrics::RunPodMetrics;
     let (sim, client) = start(fast_scenario()).await;
     let mut registry = prometheus_client::registry::Registry::with_prefix("runpod_kubelet");
-    let client = client.with_metrics(RunPodMetrics::register(&mut registry));
+    let api = runpod_kubelet::provider::metrics::CloudApiMetrics::register(&mut registry);
+    let client = client.with_metrics(RunPodMetrics::register(
+        &mut registry,
+        api.for_provider("runpod"),
+    ));
     sim.inject(
         answer(
             Match::operation(Operation::ListPods),
@@ -970,6 +974,11 @@ async fn api_calls_429s_and_quota_show_in_the_metrics() {
         r#"runpod_kubelet_runpod_api_requests_total{operation="listPods",outcome="ok"} 1"#,
         r#"runpod_kubelet_runpod_api_requests_total{operation="getPod",outcome="not_found"} 1"#,
         r#"runpod_kubelet_runpod_api_request_duration_seconds_count{operation="listPods"} 2"#,
+        // The same calls in the provider-labelled families both clouds share.
+        r#"runpod_kubelet_cloud_api_requests_total{provider="runpod",operation="listPods",outcome="rate_limited"} 1"#,
+        r#"runpod_kubelet_cloud_api_requests_total{provider="runpod",operation="getPod",outcome="not_found"} 1"#,
+        r#"runpod_kubelet_cloud_api_request_duration_seconds_count{provider="runpod",operation="listPods"} 2"#,
+        r#"runpod_kubelet_cloud_api_limiter_delay_seconds{provider="runpod",operation="getPod"}"#,
     ] {
         assert!(text.contains(line), "missing {line} in\n{text}");
     }

@@ -535,3 +535,57 @@ async fn keys_stay_secret_and_bad_settings_are_named() {
     );
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn vastai_calls_429s_and_the_pacer_show_in_the_provider_labelled_metrics() {
+    let scenario = Scenario {
+        rate_limits: RateLimits::default().scaled(10),
+        ..fast_scenario()
+    };
+    let (sim, _default_client) = start(scenario).await;
+    let mut registry = prometheus_client::registry::Registry::with_prefix("runpod_kubelet");
+    let api = runpod_kubelet::provider::metrics::CloudApiMetrics::register(&mut registry);
+    // The default pacing (search 10 a minute) for the search; none for the gets, which meet
+    // the simulator's limit.
+    let ms = Duration::from_millis;
+    let client = VastClient::new(
+        VastConfig {
+            paces: Paces(HashMap::from([(
+                ClientRoute::Search,
+                Pace {
+                    interval: ms(10),
+                    window: Some((10, ms(60_000))),
+                },
+            )])),
+            ..config(&sim)
+        },
+        VastKey::new(KEY.into()).unwrap(),
+    )
+    .unwrap()
+    .with_metrics(api.for_provider("vastai"));
+    let offers = client.search(&rtx_4090()).await.unwrap();
+    let pod = label("uid-metrics");
+    let id = client
+        .buy(&pod, &offers, &request(&pod))
+        .await
+        .unwrap()
+        .instance_id();
+    for _ in 0..5 {
+        assert!(client.get(id).await.unwrap().is_some());
+    }
+    assert!(sim.rate_limited(Route::Get) > 0, "the gets met the limit");
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for line in [
+        r#"runpod_kubelet_cloud_api_requests_total{provider="vastai",operation="search",outcome="ok"} 1"#,
+        r#"runpod_kubelet_cloud_api_requests_total{provider="vastai",operation="get",outcome="rate_limited"}"#,
+        r#"runpod_kubelet_cloud_api_requests_total{provider="vastai",operation="create",outcome="ok"} 1"#,
+        r#"runpod_kubelet_cloud_api_request_duration_seconds_count{provider="vastai",operation="get"}"#,
+        r#"runpod_kubelet_cloud_api_quota_remaining{provider="vastai",window="search/60s"} 9"#,
+        r#"runpod_kubelet_cloud_api_limiter_delay_seconds{provider="vastai",operation="search"}"#,
+    ] {
+        assert!(text.contains(line), "missing {line} in\n{text}");
+    }
+    assert!(!text.contains(r#"provider="runpod""#), "{text}");
+    sim.shutdown().await;
+}

@@ -12,10 +12,24 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+/// The provider label of RunPod, whose older `runpod_*` series count it alone.
+const RUNPOD: &str = "runpod";
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
     pub state: &'static str,
     pub provider: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderLabel {
+    pub provider: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderOutcome {
+    pub provider: &'static str,
+    pub outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -51,13 +65,22 @@ pub struct ControllerMetrics {
     pub lease_renewals: Family<OutcomeLabel, Counter>,
     /// Failed reconciles by `ReconcileError::metric_label`.
     pub reconcile_errors: Family<KindLabel, Counter>,
+    /// Deprecated `runpod_creates`: RunPod's creates only (see `cloud_creates`).
     pub creates: Counter,
+    /// Deprecated `runpod_terminations`: RunPod's only.
     pub terminations: Counter,
+    /// Create attempts by provider.
+    pub cloud_creates: Family<ProviderLabel, Counter>,
+    /// Instances terminated by provider.
+    pub cloud_terminations: Family<ProviderLabel, Counter>,
+    /// Complete lists of instances by provider and outcome.
+    pub cloud_lists: Family<ProviderOutcome, Counter>,
     pub garbage_collected: Counter,
     /// Live cloud instances tagged with this node's name but another cluster id: reported,
     /// never touched (a cloned cluster, or a changed `--cluster-id`).
     pub foreign_instances: Gauge,
     pub pod_writes: Counter,
+    /// Deprecated `runpod_lists`: RunPod's only.
     pub lists: Family<OutcomeLabel, Counter>,
     /// Waiting `delayed` pods moved to the virtual node, by reason.
     pub offloaded: Family<ReasonLabel, Counter>,
@@ -85,6 +108,36 @@ pub struct ControllerMetrics {
 }
 
 impl ControllerMetrics {
+    /// A create attempt on `provider`'s cloud.
+    pub fn created(&self, provider: &'static str) {
+        self.cloud_creates
+            .get_or_create(&ProviderLabel { provider })
+            .inc();
+        if provider == RUNPOD {
+            self.creates.inc();
+        }
+    }
+
+    /// An instance terminated on `provider`'s cloud.
+    pub fn terminated(&self, provider: &'static str) {
+        self.cloud_terminations
+            .get_or_create(&ProviderLabel { provider })
+            .inc();
+        if provider == RUNPOD {
+            self.terminations.inc();
+        }
+    }
+
+    /// A complete list of `provider`'s instances, `ok` or `error`.
+    pub fn listed(&self, provider: &'static str, outcome: &'static str) {
+        self.cloud_lists
+            .get_or_create(&ProviderOutcome { provider, outcome })
+            .inc();
+        if provider == RUNPOD {
+            self.lists.get_or_create(&OutcomeLabel { outcome }).inc();
+        }
+    }
+
     /// One example series in each labelled family, so that an exposition lists every family
     /// (an empty family is not exported): for the generated metrics reference only.
     pub fn add_example_series(&self) {
@@ -103,7 +156,13 @@ impl ControllerMetrics {
         let _ = self
             .reconcile_errors
             .get_or_create(&KindLabel { kind: "conflict" });
-        let _ = self.lists.get_or_create(&OutcomeLabel { outcome: "ok" });
+        self.listed(RUNPOD, "ok");
+        let _ = self
+            .cloud_creates
+            .get_or_create(&ProviderLabel { provider: RUNPOD });
+        let _ = self
+            .cloud_terminations
+            .get_or_create(&ProviderLabel { provider: RUNPOD });
         let _ = self.offloaded.get_or_create(&ReasonLabel {
             reason: "max_pending_time",
         });
@@ -137,13 +196,28 @@ impl ControllerMetrics {
         );
         registry.register(
             "runpod_creates",
-            "Create attempts (provision calls)",
+            "Deprecated (use cloud_creates): RunPod create attempts (provision calls)",
             metrics.creates.clone(),
         );
         registry.register(
             "runpod_terminations",
-            "Cloud instances terminated",
+            "Deprecated (use cloud_terminations): RunPod pods terminated",
             metrics.terminations.clone(),
+        );
+        registry.register(
+            "cloud_creates",
+            "Create attempts (provision calls) by provider",
+            metrics.cloud_creates.clone(),
+        );
+        registry.register(
+            "cloud_terminations",
+            "Cloud instances terminated, by provider",
+            metrics.cloud_terminations.clone(),
+        );
+        registry.register(
+            "cloud_lists",
+            "Complete lists of cloud instances by provider and outcome",
+            metrics.cloud_lists.clone(),
         );
         registry.register(
             "garbage_collected",
@@ -162,7 +236,7 @@ impl ControllerMetrics {
         );
         registry.register(
             "runpod_lists",
-            "Complete lists of cloud instances by outcome",
+            "Deprecated (use cloud_lists): complete lists of RunPod pods by outcome",
             metrics.lists.clone(),
         );
         registry.register(

@@ -9,6 +9,7 @@ use futures_util::Stream;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
+pub mod metrics;
 pub mod request;
 
 pub use request::ProvisionRequest;

@@ -96,7 +96,11 @@ fn table(out: &mut String, exposition: &str) {
 fn controller_exposition() -> String {
     // As `runpod-kubelet controller` builds it.
     let mut registry = Registry::with_prefix("runpod_kubelet");
-    let runpod = runpod_kubelet::runpod::metrics::RunPodMetrics::register(&mut registry);
+    let cloud_api = runpod_kubelet::provider::metrics::CloudApiMetrics::register(&mut registry);
+    let runpod = runpod_kubelet::runpod::metrics::RunPodMetrics::register(
+        &mut registry,
+        cloud_api.for_provider("runpod"),
+    );
     let controller =
         runpod_kubelet::controller::metrics::ControllerMetrics::register(&mut registry);
     runpod.add_example_series();
@@ -108,7 +112,7 @@ fn controller_exposition() -> String {
 
 pub(super) fn render() -> String {
     let mut out = generated_by(
-        "the registered metrics (src/controller/metrics.rs, src/runpod/metrics.rs, webhook/src/metrics.rs)",
+        "the registered metrics (src/controller/metrics.rs, src/provider/metrics.rs, src/runpod/metrics.rs, webhook/src/metrics.rs)",
     );
     out.push_str(
         "# Metrics\n\n\

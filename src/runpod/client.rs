@@ -194,8 +194,12 @@ impl RunPodClient {
         body: Option<&(dyn erased::Body + Sync)>,
     ) -> Result<Answer, ApiError> {
         let url = self.url(segments, query);
+        let asked = tokio::time::Instant::now();
         let permit = self.limiter.acquire(priority).await;
         let started = tokio::time::Instant::now();
+        if let Some(metrics) = &self.metrics {
+            metrics.waited(operation, started - asked);
+        }
         // reqwest's timeout covers the whole exchange, body included.
         let mut request = self
             .request(method.clone(), url)

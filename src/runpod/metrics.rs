@@ -1,5 +1,7 @@
 //! Prometheus metrics of RunPod API use: calls by operation and outcome (429s included),
-//! their latency, and what the limiter believes is left of each quota window.
+//! their latency, and what the limiter believes is left of each quota window. Recorded in the
+//! provider-labelled `cloud_api_*` families, and for one more release also in the older
+//! `runpod_api_*` ones (RunPod only), so that existing dashboards keep working.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +12,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::provider::metrics::CloudApi;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
@@ -33,16 +37,18 @@ pub struct RunPodMetrics {
     calls: Family<CallLabels, Counter>,
     latency: Family<OperationLabel, Histogram>,
     quota_remaining: Family<WindowLabel, Gauge>,
+    api: CloudApi,
 }
 
 impl RunPodMetrics {
-    /// Registers `runpod_api_requests`, `runpod_api_request_duration_seconds` and
-    /// `runpod_api_quota_remaining` (under the registry's prefix).
-    pub fn register(registry: &mut Registry) -> Arc<RunPodMetrics> {
+    /// Registers the deprecated `runpod_api_requests`, `runpod_api_request_duration_seconds`
+    /// and `runpod_api_quota_remaining` (under the registry's prefix); every call is recorded
+    /// in `api` as well.
+    pub fn register(registry: &mut Registry, api: CloudApi) -> Arc<RunPodMetrics> {
         let calls = Family::<CallLabels, Counter>::default();
         registry.register(
             "runpod_api_requests",
-            "RunPod API requests by operation (spec operationId) and outcome (ok or the error kind, e.g. rate_limited)",
+            "Deprecated (removed in the next release; use cloud_api_requests with provider=\"runpod\"): RunPod API requests by operation (spec operationId) and outcome (ok or the error kind, e.g. rate_limited)",
             calls.clone(),
         );
         let latency = Family::<OperationLabel, Histogram>::new_with_constructor(|| {
@@ -51,23 +57,25 @@ impl RunPodMetrics {
         });
         registry.register(
             "runpod_api_request_duration_seconds",
-            "RunPod API request latency by operation, including the body",
+            "Deprecated (use cloud_api_request_duration_seconds): RunPod API request latency by operation, including the body",
             latency.clone(),
         );
         let quota_remaining = Family::<WindowLabel, Gauge>::default();
         registry.register(
             "runpod_api_quota_remaining",
-            "Requests the rate limiter believes are left in each RunPod quota window",
+            "Deprecated (use cloud_api_quota_remaining): requests the rate limiter believes are left in each RunPod quota window",
             quota_remaining.clone(),
         );
         Arc::new(RunPodMetrics {
             calls,
             latency,
             quota_remaining,
+            api,
         })
     }
 
     pub(crate) fn record(&self, operation: &'static str, outcome: &'static str, elapsed: Duration) {
+        self.api.record(operation, outcome, elapsed);
         self.calls
             .get_or_create(&CallLabels { operation, outcome })
             .inc();
@@ -83,8 +91,14 @@ impl RunPodMetrics {
         self.quota(&[("minute".to_string(), 60, 60)]);
     }
 
+    /// How long a call waited for the limiter.
+    pub(crate) fn waited(&self, operation: &'static str, delay: Duration) {
+        self.api.waited(operation, delay);
+    }
+
     pub(crate) fn quota(&self, windows: &[(String, u32, u32)]) {
         for (window, _, remaining) in windows {
+            self.api.quota(window, *remaining);
             self.quota_remaining
                 .get_or_create(&WindowLabel {
                     window: window.clone(),

@@ -19,6 +19,7 @@ use super::model::{
 use super::pacer::{Pacer, Paces, Route, backoff};
 use super::query::OfferQuery;
 use crate::http::{ApiKey, KeyError, error_chain, tls_config};
+use crate::provider::metrics::CloudApi;
 
 /// The environment variable holding the key; never a flag, so it stays out of `ps` output.
 pub const API_KEY_ENV: &str = "VAST_API_KEY";
@@ -137,6 +138,8 @@ pub struct VastClient {
     pacer: Arc<Mutex<Pacer>>,
     config: Arc<VastConfig>,
     recent: Arc<Mutex<HashMap<String, u64>>>,
+    /// Every call is counted here (provider `vastai`), when set.
+    metrics: Option<CloudApi>,
 }
 
 impl VastClient {
@@ -163,7 +166,14 @@ impl VastClient {
             pacer: Arc::new(Mutex::new(Pacer::new(config.paces.clone()))),
             config: Arc::new(config),
             recent: Arc::default(),
+            metrics: None,
         })
+    }
+
+    /// Records every call: requests, latency, 429s and the pacer's state.
+    pub fn with_metrics(mut self, metrics: CloudApi) -> VastClient {
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn retry_policy(&self) -> &RetryPolicy {
@@ -192,8 +202,20 @@ impl VastClient {
         url: Url,
         body: Option<&Value>,
     ) -> Result<bytes::Bytes, VastError> {
-        let start = self.pacer().reserve(route, tokio::time::Instant::now());
+        let asked = tokio::time::Instant::now();
+        let (start, left) = {
+            let mut pacer = self.pacer();
+            let start = pacer.reserve(route, asked);
+            (start, pacer.window_left(route, asked))
+        };
+        if let Some(metrics) = &self.metrics {
+            metrics.waited(route.as_str(), start.saturating_duration_since(asked));
+            if let Some((window, remaining)) = left {
+                metrics.quota(&window, remaining);
+            }
+        }
         tokio::time::sleep_until(start).await;
+        let sent = tokio::time::Instant::now();
         let mut request = self
             .http
             .request(method, url)
@@ -213,11 +235,11 @@ impl VastClient {
             }
         }
         .await;
-        debug!(
-            route = route.as_str(),
-            outcome = result.as_ref().map_or_else(VastError::kind, |_| "ok"),
-            "vastai call"
-        );
+        let outcome = result.as_ref().map_or_else(VastError::kind, |_| "ok");
+        debug!(route = route.as_str(), outcome, "vastai call");
+        if let Some(metrics) = &self.metrics {
+            metrics.record(route.as_str(), outcome, sent.elapsed());
+        }
         if let Err(VastError::RateLimited { .. }) = &result {
             // No Retry-After: hold the route for a backoff of our own.
             let hold = backoff(self.config.retry.base_delay, self.config.retry.max_delay, 0);

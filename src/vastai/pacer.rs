@@ -135,6 +135,23 @@ impl Pacer {
         start
     }
 
+    /// For a route with a quota window: its name (`search/60s`) and the calls left in the
+    /// window at `now`, counting those already reserved.
+    pub fn window_left(&self, route: Route, now: Instant) -> Option<(String, u32)> {
+        let (calls, length) = self.paces.0.get(&route)?.window?;
+        let used = self.slots.get(&route).map_or(0, |slot| {
+            slot.recent
+                .iter()
+                .filter(|at| at.checked_add(length).is_some_and(|end| end > now))
+                .count()
+        });
+        let used = u32::try_from(used).unwrap_or(u32::MAX);
+        Some((
+            format!("{}/{}s", route.as_str(), length.as_secs()),
+            calls.saturating_sub(used),
+        ))
+    }
+
     /// After a 429 on `route`: nothing starts there before `until`.
     pub fn hold(&mut self, route: Route, until: Instant) {
         let slot = self.slots.entry(route).or_default();

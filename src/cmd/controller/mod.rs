@@ -18,7 +18,9 @@ use runpod_kubelet::controller::node::NodeConfig;
 use runpod_kubelet::controller::node::drain::DrainConfig;
 use runpod_kubelet::controller::node::ssh_key;
 use runpod_kubelet::controller::{self, Runtime, kubelet_api};
+use runpod_kubelet::provider::CloudName;
 use runpod_kubelet::provider::Provider;
+use runpod_kubelet::provider::metrics::CloudApiMetrics;
 use runpod_kubelet::runpod::catalogue_cache::CatalogueCache;
 use runpod_kubelet::runpod::metrics::RunPodMetrics;
 use runpod_kubelet::runpod::provider::RunPodProvider;
@@ -197,7 +199,11 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
     let election = election(&args, internal_ip)?;
 
     let mut registry = prometheus_client::registry::Registry::with_prefix("runpod_kubelet");
-    let runpod_metrics = RunPodMetrics::register(&mut registry);
+    let cloud_api = CloudApiMetrics::register(&mut registry);
+    let runpod_metrics = RunPodMetrics::register(
+        &mut registry,
+        cloud_api.for_provider(CloudName::RUNPOD.name),
+    );
     let metrics = ControllerMetrics::register(&mut registry);
     let mut admission = runpod_webhook::policy::PolicyConfig::from_flags(
         &args.exclude_namespaces,
@@ -256,7 +262,8 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
             let vast_client = args
                 .vastai
                 .client(&args.cloud_ca)
-                .context("configuring the Vast.ai client")?;
+                .context("configuring the Vast.ai client")?
+                .with_metrics(cloud_api.for_provider(CloudName::VASTAI.name));
             // Every instance's label names the cluster and the node: refuse ids it cannot hold.
             runpod_kubelet::vastai::label::Label::new(&setup.cluster_id, &args.nodename, "pod-uid")
                 .map_err(anyhow::Error::msg)

@@ -161,10 +161,7 @@ pub async fn run<P: Provider>(
             }
             Err(error) => {
                 failures += 1;
-                metrics
-                    .lists
-                    .get_or_create(&crate::controller::metrics::OutcomeLabel { outcome: "error" })
-                    .inc();
+                metrics.listed(provider.name(), "error");
                 warn!(error = %error, failures, cloud = provider.name(), "listing instances failed");
                 usage.outage(&shared);
                 if let Some(next) =
@@ -187,10 +184,7 @@ pub async fn run<P: Provider>(
         };
         failures = 0;
         key_worked = true;
-        metrics
-            .lists
-            .get_or_create(&crate::controller::metrics::OutcomeLabel { outcome: "ok" })
-            .inc();
+        metrics.listed(provider.name(), "ok");
         health.send_if_modified(|current| {
             let changed = *current != ApiHealth::Available;
             *current = ApiHealth::Available;

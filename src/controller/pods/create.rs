@@ -192,7 +192,7 @@ pub(super) async fn create<P: Provider>(
         excluded_gpu_types: &excluded,
         pull_credentials: &pull_credentials,
     };
-    ctx.metrics.creates.inc();
+    ctx.metrics.created(ctx.provider.name());
     match provision_marked(ctx, &pods, &name, request).await {
         Ok(provisioned) => {
             let instance = provisioned.instance;

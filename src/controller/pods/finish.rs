@@ -98,7 +98,7 @@ pub(super) async fn delete<P: Provider>(
     {
         ctx.provider.terminate(&id, Ends::GpuBilling).await?;
         ctx.remember(uid, |m| m.terminated.insert(id.clone()));
-        ctx.metrics.terminations.inc();
+        ctx.metrics.terminated(ctx.provider.name());
     }
     if pending {
         return Ok(Action::requeue(SHORT));
@@ -144,7 +144,7 @@ pub(crate) async fn terminate<P: Provider>(
         instance.state.termination_ends()
     };
     ctx.provider.terminate(&instance.id, ends).await?;
-    ctx.metrics.terminations.inc();
+    ctx.metrics.terminated(ctx.provider.name());
     ctx.remember(uid, |m| m.terminated.insert(instance.id.clone()));
     ctx.event(
         pod,

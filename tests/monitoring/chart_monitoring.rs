@@ -263,6 +263,21 @@ fn the_dashboard_is_labelled_for_the_sidecar_and_has_every_row() {
         assert!(!targets.is_empty(), "{panel}");
         assert!(targets.iter().all(|t| t["expr"].is_string()), "{panel}");
     }
+    // Every cloud alike: the Cloud API panels read the provider-labelled families, split by
+    // provider, and no panel reads the RunPod-only series kept for one release.
+    let all: Vec<&str> = panels
+        .iter()
+        .filter_map(|p| p["targets"].as_array())
+        .flatten()
+        .filter_map(|t| t["expr"].as_str())
+        .collect();
+    assert!(all.iter().all(|e| !e.contains("runpod_kubelet_runpod_")), "{all:?}");
+    let cloud_api: Vec<&&str> = all
+        .iter()
+        .filter(|e| e.contains("runpod_kubelet_cloud_api_requests_total"))
+        .collect();
+    assert!(cloud_api.len() >= 3, "{all:?}");
+    assert!(cloud_api.iter().all(|e| e.contains("provider")), "{cloud_api:?}");
     // Only the leader reports the API's state; a standby exports 0, so the figure is the
     // leader's, never a min over the replicas.
     let exprs: Vec<&str> = panels

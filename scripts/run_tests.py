@@ -34,6 +34,7 @@ SLOW_FIRST = [
     "e2e_metrics",
     "e2e_vastai",
     "e2e_examples",
+    "e2e_cheapest",
     "e2e_exec",
     "e2e_certs",
     "runpod_quota",

@@ -271,13 +271,19 @@ fn the_dashboard_is_labelled_for_the_sidecar_and_has_every_row() {
         .flatten()
         .filter_map(|t| t["expr"].as_str())
         .collect();
-    assert!(all.iter().all(|e| !e.contains("runpod_kubelet_runpod_")), "{all:?}");
+    assert!(
+        all.iter().all(|e| !e.contains("runpod_kubelet_runpod_")),
+        "{all:?}"
+    );
     let cloud_api: Vec<&&str> = all
         .iter()
         .filter(|e| e.contains("runpod_kubelet_cloud_api_requests_total"))
         .collect();
     assert!(cloud_api.len() >= 3, "{all:?}");
-    assert!(cloud_api.iter().all(|e| e.contains("provider")), "{cloud_api:?}");
+    assert!(
+        cloud_api.iter().all(|e| e.contains("provider")),
+        "{cloud_api:?}"
+    );
     // Only the leader reports the API's state; a standby exports 0, so the figure is the
     // leader's, never a min over the replicas.
     let exprs: Vec<&str> = panels

@@ -104,6 +104,7 @@ fn controller_exposition() -> String {
     let controller =
         runpod_kubelet::controller::metrics::ControllerMetrics::register(&mut registry);
     runpod.add_example_series();
+    cloud_api.for_provider("vastai").add_example_series();
     controller.add_example_series();
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
@@ -158,7 +159,9 @@ fn every_registered_family_is_in_the_reference() {
     let controller = families(&controller_exposition());
     assert_eq!(
         controller.len(),
-        registrations("src/controller/metrics.rs") + registrations("src/runpod/metrics.rs")
+        registrations("src/controller/metrics.rs")
+            + registrations("src/runpod/metrics.rs")
+            + registrations("src/provider/metrics.rs")
     );
     let webhook = families(&runpod_webhook::metrics::Metrics::default().render());
     assert_eq!(webhook.len(), registrations("webhook/src/metrics.rs"));

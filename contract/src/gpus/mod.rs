@@ -4,8 +4,10 @@
 //! these spellings, so one list means the same GPUs on either cloud and `cheapest` can compare
 //! like with like.
 
+mod cheapest;
 mod prices;
 
+pub use cheapest::{Cheapest, Side, cheapest};
 pub use prices::{Fit, Fits, GPU_PRICES, GpuPrices, Need, PriceKey, Quote, STORAGE_KEY};
 
 use crate::provider::Cloud;

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use runpod_contract::gpus::{GpuPrices, Need};
-use runpod_contract::provider::{Cloud, Side};
+use runpod_contract::gpus::{GpuPrices, Need, Side};
+use runpod_contract::provider::Cloud;
 use runpod_contract::{self as contract, CloudType, checks};
 
 use super::PolicyConfig;

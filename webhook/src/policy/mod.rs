@@ -16,8 +16,9 @@ pub use checks::{detect_ports, gpu_count};
 pub use mutation::Mutation;
 use runpod_contract::checks;
 pub use runpod_contract::config::{OwningJob, PolicyConfig};
+use runpod_contract::gpus::Cheapest;
 pub use runpod_contract::policy::{Untouched, cannot_run, opt_in, screen};
-use runpod_contract::provider::{self, Cheapest, Cloud, ProviderChoice};
+use runpod_contract::provider::{self, Cloud, ProviderChoice};
 
 /// What the cluster knows about the pod's surroundings, looked up by the caller.
 #[derive(Debug, Clone, Default)]
@@ -162,7 +163,7 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
                 .filter(|cloud| !config.disabled_clouds.contains(cloud) && fits(*cloud))
                 .collect();
             let sides = cheapest::sides(&effective, gpus, config, &context.gpu_prices, &clouds);
-            match provider::cheapest(&sides, config.default_cloud()) {
+            match runpod_contract::gpus::cheapest(&sides, config.default_cloud()) {
                 Cheapest::Chose {
                     cloud,
                     warning,

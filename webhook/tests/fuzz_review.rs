@@ -28,6 +28,22 @@ fn cluster() -> MemoryCluster {
         "ml".into(),
         [("runpod.io/burst".to_owned(), "enabled".to_owned())].into(),
     );
+    // Published prices, so that `cheapest` pods take the comparison path.
+    cluster.gpu_prices = [
+        (
+            runpod_webhook::contract::provider::Cloud::RunPod,
+            runpod_webhook::contract::gpus::GpuPrices::parse(
+                "H100x1-8:SECURE=2.99,RTX4090x1-8:SECURE=0.44",
+            ),
+        ),
+        (
+            runpod_webhook::contract::provider::Cloud::VastAi,
+            runpod_webhook::contract::gpus::GpuPrices::parse(
+                "H100x1=2.1,RTX4090x1=0.6,storage=0.0002",
+            ),
+        ),
+    ]
+    .into();
     cluster
 }
 
@@ -43,6 +59,10 @@ fn arb_json() -> impl Strategy<Value = Value> {
         "[ -~]{0,12}".prop_map(Value::String),
         Just(json!("nvidia.com/gpu")),
         Just(json!("runpod.io/burst-mode")),
+        Just(json!("runpod.io/provider")),
+        Just(json!("cheapest")),
+        Just(json!("runpod.io/gpu-types")),
+        Just(json!("H100 SXM")),
     ];
     leaf.prop_recursive(3, 16, 4, |inner| {
         prop_oneof![

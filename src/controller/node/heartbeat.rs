@@ -163,3 +163,23 @@ async fn write_node<P: Provider>(
         warn!(error = %error, "updating the node's taints failed");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_gpus_are_reported_once_and_counted_while_sold() {
+        let metrics = ControllerMetrics::default();
+        let mut reported = BTreeSet::new();
+        let sold = BTreeSet::from(["Quantum X9".to_owned(), "NVIDIA Z100".to_owned()]);
+        note_unknown_gpus(&sold, &mut reported, &metrics);
+        assert_eq!(metrics.unknown_gpu_types.get(), 2);
+        assert_eq!(reported, sold, "each name is logged once");
+        // One stops being sold: the gauge follows, the names stay reported.
+        let fewer = BTreeSet::from(["Quantum X9".to_owned()]);
+        note_unknown_gpus(&fewer, &mut reported, &metrics);
+        assert_eq!(metrics.unknown_gpu_types.get(), 1);
+        assert_eq!(reported.len(), 2);
+    }
+}

@@ -12,9 +12,26 @@ fn cluster() -> &'static MemoryCluster {
     static CLUSTER: OnceLock<MemoryCluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {
         let mut cluster = MemoryCluster::default();
-        cluster
-            .namespaces
-            .insert("ml".into(), [("runpod.io/burst".to_owned(), "enabled".to_owned())].into());
+        cluster.namespaces.insert(
+            "ml".into(),
+            [("runpod.io/burst".to_owned(), "enabled".to_owned())].into(),
+        );
+        // Published prices, so that `cheapest` pods take the comparison path.
+        cluster.gpu_prices = [
+            (
+                runpod_webhook::contract::provider::Cloud::RunPod,
+                runpod_webhook::contract::gpus::GpuPrices::parse(
+                    "H100x1-8:SECURE=2.99,RTX4090x1-8:SECURE=0.44",
+                ),
+            ),
+            (
+                runpod_webhook::contract::provider::Cloud::VastAi,
+                runpod_webhook::contract::gpus::GpuPrices::parse(
+                    "H100x1=2.1,RTX4090x1=0.6,storage=0.0002",
+                ),
+            ),
+        ]
+        .into();
         cluster
     })
 }
@@ -34,8 +51,10 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     };
     if let Ok((response, _)) = runtime.block_on(admit(data, cluster(), &config)) {
         if let Some(patch) = response.decoded_patch() {
-            let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("patch is JSON Patch");
-            let review: serde_json::Value = serde_json::from_slice(data).expect("admitted body is JSON");
+            let patch: json_patch::Patch =
+                serde_json::from_slice(&patch).expect("patch is JSON Patch");
+            let review: serde_json::Value =
+                serde_json::from_slice(data).expect("admitted body is JSON");
             let mut object = review["request"]["object"].clone();
             json_patch::patch(&mut object, &patch).expect("patch applies to the reviewed object");
         }

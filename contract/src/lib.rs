@@ -4,6 +4,7 @@
 //! Pure code only, so linking it costs no HTTP stack.
 
 mod annotations;
+pub mod budget;
 pub mod checks;
 pub mod config;
 pub mod env;

@@ -245,7 +245,7 @@ pub const NAMES: &[Name] = &[
         on: "virtual node",
         written_by: Writer::Controller,
         read_by: "webhook (`cheapest`)",
-        values: "`H100x1-8:SECURE=2.99,RTX4090x2=0.35,storage=0.0002` (USD per GPU-hour; `storage` per GB-hour)",
+        values: "`H100x1-8:SECURE=2.99,RTX4090x2=0.35,storage=0.0002,at=1795000000` (USD per GPU-hour; `storage` per GB-hour; `at` when, Unix seconds)",
         meaning: "per canonical GPU, GPU count and (RunPod) class, the lowest price inside the policy",
     },
     Name {

@@ -13,9 +13,14 @@ use super::model::{MIN_DISK_GB, Offer};
 
 /// Vast.ai counts GPU memory in MB of 1000 (a 24 GB card says 24564 or 24576).
 const MB_PER_GB: f64 = 1000.0;
+/// The share of a model's nominal memory its cards report at least (an 80 GB card says 79 to
+/// 82 thousand MB; the 40 GB card of the same name far less).
+const NOMINAL_SHARE: f64 = 0.9;
 
 /// Offers read by one price search: the cheapest this many inside the policy, any GPU count.
-pub const PRICE_SEARCH_ROWS: u32 = 1000;
+pub const PRICE_SEARCH_ROWS: u32 = 500;
+/// Memory tiers (GB) of the price searches: the cheapest rows of each tier are read apart.
+const PRICE_TIERS_GB: [u32; 5] = [0, 24, 40, 80, u32::MAX];
 
 /// What an offer must satisfy: the pod's needs within the installation's policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,10 +84,13 @@ impl OfferQuery {
         }
     }
 
-    /// The price search: every GPU and count inside the policy, no price cap (the webhook
-    /// applies each pod's), the cheapest [`PRICE_SEARCH_ROWS`] offers with the default disk.
-    pub fn price_search(policy: &VastPolicy) -> OfferQuery {
-        OfferQuery {
+    /// The price searches: every GPU and count inside the policy, no price cap (the webhook
+    /// applies each pod's), with the default disk. One search per memory tier of the GPU
+    /// catalogue (by Vast.ai's own names), so that a market of thousands of cheap consumer
+    /// cards cannot hide the H100s; and one without a GPU filter, which also shows GPUs the
+    /// catalogue does not know. [`PRICE_SEARCH_ROWS`] rows each.
+    pub fn price_searches(policy: &VastPolicy) -> Vec<OfferQuery> {
+        let base = OfferQuery {
             countries: policy
                 .countries
                 .as_ref()
@@ -95,7 +103,30 @@ impl OfferQuery {
             num_gpus: 0,
             limit: PRICE_SEARCH_ROWS,
             ..OfferQuery::default()
-        }
+        };
+        let tier = |low: u32, high: u32| {
+            let names: Vec<String> = runpod_contract::gpus::CATALOGUE
+                .iter()
+                .filter(|m| (low..high).contains(&m.memory_gb))
+                .flat_map(|m| m.vastai.iter().map(|n| (*n).to_owned()))
+                .fold(Vec::new(), |mut names, name| {
+                    if !names.contains(&name) {
+                        names.push(name);
+                    }
+                    names
+                });
+            OfferQuery {
+                gpu_names: names,
+                ..base.clone()
+            }
+        };
+        let mut searches: Vec<OfferQuery> = PRICE_TIERS_GB
+            .windows(2)
+            .map(|bounds| tier(bounds[0], bounds[1]))
+            .filter(|query| !query.gpu_names.is_empty())
+            .collect();
+        searches.push(base);
+        searches
     }
 
     /// The body of `POST /api/v0/bundles/`: on-demand offers, cheapest first.
@@ -123,8 +154,8 @@ impl OfferQuery {
             let names = runpod_contract::gpus::names_on(&self.gpu_names, Cloud::VastAi);
             set("gpu_name", json!({"in": names}));
         }
-        if let Some(gb) = self.min_gpu_memory_gb {
-            set("gpu_ram", json!({"gte": f64::from(gb) * MB_PER_GB}));
+        if let Some(mb) = self.gpu_ram_floor_mb() {
+            set("gpu_ram", json!({"gte": mb}));
         }
         if let Some(price) = self.max_price_per_hour {
             set("dph_total", json!({"lte": price}));
@@ -142,6 +173,19 @@ impl OfferQuery {
             set("duration", json!({"gte": duration.as_secs()}));
         }
         body
+    }
+
+    /// The least VRAM per GPU to search for: the pod's own minimum, and for models asked by
+    /// canonical name most of their memory (cards report a little over or under the nominal
+    /// size), so that a name Vast.ai gives to two sizes finds the size asked for.
+    fn gpu_ram_floor_mb(&self) -> Option<f64> {
+        let own = self.min_gpu_memory_gb.map(|gb| f64::from(gb) * MB_PER_GB);
+        let models = runpod_contract::gpus::memory_floor_gb(&self.gpu_names, Cloud::VastAi)
+            .map(|gb| f64::from(gb) * MB_PER_GB * NOMINAL_SHARE);
+        match (own, models) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn disk(&self) -> u32 {
@@ -316,6 +360,20 @@ mod tests {
             query.body()["gpu_name"],
             json!({"in": ["A100 SXM4", "RTX 4090"]})
         );
+        // Searched above the 40 GB cards of the same name (the RTX 4090's 24 GB is the floor
+        // of the two models); a pod's own higher minimum wins.
+        assert_eq!(query.body()["gpu_ram"], json!({"gte": 21600.0}));
+        let only_80 = OfferQuery {
+            gpu_names: vec!["A100-80GB".into()],
+            ..OfferQuery::default()
+        };
+        assert_eq!(only_80.body()["gpu_ram"], json!({"gte": 72000.0}));
+        let vast_spelling = OfferQuery {
+            gpu_names: vec!["A100 SXM4".into()],
+            min_gpu_memory_gb: Some(30),
+            ..OfferQuery::default()
+        };
+        assert_eq!(vast_spelling.body()["gpu_ram"], json!({"gte": 30000.0}));
         let row = |name: &str, ram: f64| {
             let mut offer = offer();
             offer.gpu_name = name.into();
@@ -330,6 +388,42 @@ mod tests {
         );
         assert_eq!(row("RTX 4090", 24_564.0), None);
         assert!(row("RTX 3090", 24_564.0).is_some());
+    }
+
+    #[test]
+    fn price_searches_cover_every_memory_tier_and_the_unknown() {
+        let policy =
+            VastPolicy::from_flags(&["Europe".into()], &[], false, true, 0.98, Some(0.5)).unwrap();
+        let searches = OfferQuery::price_searches(&policy);
+        assert_eq!(searches.len(), 5, "{searches:?}");
+        let tier_of = |name: &str| {
+            searches
+                .iter()
+                .position(|q| q.gpu_names.iter().any(|n| n == name))
+        };
+        assert_eq!(tier_of("H100 SXM"), Some(3));
+        assert_eq!(
+            tier_of("A100 SXM4"),
+            Some(2),
+            "40 GB A100s are sold under it too"
+        );
+        assert_eq!(tier_of("RTX 4090"), Some(1));
+        assert_eq!(tier_of("RTX 3060"), Some(0));
+        for query in &searches {
+            let body = query.body();
+            assert!(body.get("num_gpus").is_none(), "any count: {body}");
+            assert!(body.get("dph_total").is_none(), "no price cap: {body}");
+            assert!(body.get("gpu_ram").is_none(), "Vast.ai's own names: {body}");
+            assert!(
+                body["geolocation"]["in"]
+                    .as_array()
+                    .is_some_and(|c| !c.is_empty())
+            );
+        }
+        assert!(
+            searches[4].gpu_names.is_empty(),
+            "the last one sees every GPU"
+        );
     }
 
     #[test]

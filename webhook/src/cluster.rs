@@ -208,6 +208,7 @@ impl ClusterView for KubeCluster {
     }
 
     fn gpu_prices(&self) -> BTreeMap<Cloud, GpuPrices> {
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
         let mut by_cloud: BTreeMap<Cloud, GpuPrices> = BTreeMap::new();
         for node in self.nodes.state() {
             let Some(cloud) = node_cloud(&node.metadata) else {
@@ -221,10 +222,11 @@ impl ClusterView for KubeCluster {
             else {
                 continue;
             };
-            by_cloud
-                .entry(cloud)
-                .or_default()
-                .merge(GpuPrices::parse(value));
+            // A node whose controller stopped publishing is not compared.
+            let prices = GpuPrices::parse(value);
+            if prices.fresh(now) {
+                by_cloud.entry(cloud).or_default().merge(prices);
+            }
         }
         by_cloud.retain(|_, prices| !prices.is_empty());
         by_cloud

@@ -27,6 +27,14 @@ pub enum Cheapest {
     Refused(String),
 }
 
+/// The cloud a `runpod.io/cheapest-choice` record names (`chose Vast.ai: ...`), when it is one.
+pub fn recorded_choice(record: &str) -> Option<Cloud> {
+    let named = record.strip_prefix("chose ")?.split_once(':')?.0;
+    Cloud::ALL
+        .into_iter()
+        .find(|cloud| cloud.display_name() == named)
+}
+
 /// The cloud `cheapest` picks among the clouds the pod may use (`sides`, in preference order
 /// for ties): the lowest published price of a GPU type that fits the pod within its cap. When
 /// nothing fits where prices are published but some cloud has published none yet, that cloud
@@ -150,6 +158,9 @@ mod tests {
             "both prices, disk included: {warning}"
         );
         assert!(record.starts_with("chose Vast.ai"), "{record}");
+        assert_eq!(recorded_choice(&record), Some(Cloud::VastAi));
+        assert_eq!(recorded_choice("chose AWS: cheap"), None);
+        assert_eq!(recorded_choice("free GPUs"), None);
         // Any small GPU: RunPod's RTX A4000 against Vast.ai's RTX 4090.
         let Cheapest::Chose { cloud, .. } = cheapest(&sides(&[], None), Cloud::RunPod) else {
             panic!("refused")

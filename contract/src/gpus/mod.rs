@@ -7,8 +7,11 @@
 mod cheapest;
 mod prices;
 
-pub use cheapest::{Cheapest, Side, cheapest};
-pub use prices::{Fit, Fits, GPU_PRICES, GpuPrices, Need, PriceKey, Quote, STORAGE_KEY};
+pub use cheapest::{Cheapest, Side, cheapest, recorded_choice};
+pub use prices::{
+    Fit, Fits, GPU_PRICES, GpuPrices, Need, PUBLISHED_AT_KEY, PriceKey, Quote, STALE_AFTER_SECS,
+    STORAGE_KEY,
+};
 
 use crate::provider::Cloud;
 
@@ -50,7 +53,8 @@ const fn model(
     }
 }
 
-/// Every GPU either cloud sells that a pod may name, largest memory first. RunPod ids come from
+/// Every GPU either cloud sells that a pod may name, largest memory first within each cloud's
+/// group. RunPod ids come from
 /// its catalogue, Vast.ai names from its `gpu_names` list; the ids RunPod spells with a double
 /// space or without one (`NVIDIA  RTX A4500`, `NVIDIA GeForce RTX 3080TI`) match through
 /// [`normalize`].
@@ -90,12 +94,8 @@ pub const CATALOGUE: &[GpuModel] = &[
     model("L40S", 48, &["NVIDIA L40S"], &["L40S"]),
     model("L40", 48, &["NVIDIA L40"], &["L40"]),
     model("A40", 48, &["NVIDIA A40"], &["A40"]),
-    model(
-        "A100",
-        40,
-        &["NVIDIA A100-SXM4-40GB"],
-        &["A100 SXM4", "A100 PCIE"],
-    ),
+    model("A100", 40, &["NVIDIA A100-SXM4-40GB"], &["A100 SXM4"]),
+    model("A100-PCIE", 40, &[], &["A100 PCIE"]),
     model("RTX5090", 32, &["NVIDIA GeForce RTX 5090"], &["RTX 5090"]),
     model(
         "RTX5000-Ada",
@@ -176,6 +176,25 @@ pub const CATALOGUE: &[GpuModel] = &[
     model("RTX3080", 10, &["NVIDIA GeForce RTX 3080"], &["RTX 3080"]),
     model("RTX3070", 8, &["NVIDIA GeForce RTX 3070"], &["RTX 3070"]),
     model("RTXA2000", 6, &["NVIDIA RTX A2000"], &["RTX A2000"]),
+    // Sold on Vast.ai only (its `gpu_names`), so that pods may name them too.
+    model("GH200", 96, &[], &["GH200 SXM"]),
+    model("A800", 80, &[], &["A800 PCIE"]),
+    model("RTX8000", 48, &[], &["Q RTX 8000"]),
+    model("RTX6000", 24, &[], &["Q RTX 6000"]),
+    model("P40", 24, &[], &["Tesla P40"]),
+    model("TITAN-RTX", 24, &[], &["Titan RTX"]),
+    model("RTX5070-Ti", 16, &[], &["RTX 5070 Ti"]),
+    model("RTX5060-Ti", 16, &[], &["RTX 5060 Ti"]),
+    model("RTX4060-Ti", 16, &[], &["RTX 4060 Ti"]),
+    model("RTX4070-Ti-SUPER", 16, &[], &["RTX 4070 Ti SUPER"]),
+    model("P100", 16, &[], &["Tesla P100"]),
+    model("RTX5070", 12, &[], &["RTX 5070"]),
+    model("RTX4070", 12, &[], &["RTX 4070"]),
+    model("RTX4070-SUPER", 12, &[], &["RTX 4070S"]),
+    model("RTX3060", 12, &[], &["RTX 3060"]),
+    model("RTX2080-Ti", 11, &[], &["RTX 2080 Ti"]),
+    model("GTX1080-Ti", 11, &[], &["GTX 1080 Ti"]),
+    model("RTX3060-Ti", 8, &[], &["RTX 3060 Ti"]),
 ];
 
 /// How names are compared: case, spaces and underscores (the Vast.ai CLI's spelling of a space)
@@ -246,17 +265,37 @@ pub fn preference(
     let own = normalize(name);
     let model = identify(cloud, name, memory_gb);
     wanted.iter().position(|asked| {
-        normalize(asked) == own
-            || model.is_some_and(|model| resolve(asked).iter().any(|m| m.name == model.name))
+        let asked_name = normalize(asked);
+        if asked_name == own {
+            return true;
+        }
+        // This cloud's own spelling means exactly the GPUs it sells under that name (the Go
+        // kubelets' meaning); a canonical name or the other cloud's spelling, its models.
+        !is_own_spelling(cloud, &asked_name)
+            && model.is_some_and(|model| resolve(asked).iter().any(|m| m.name == model.name))
     })
 }
 
-/// A cloud's names to search for the wanted names, in order, each once: a canonical name
-/// becomes that cloud's names for it; a name the catalogue does not know is kept as written.
+/// Whether `normalized` is a name `cloud` itself sells GPUs under (and not a canonical name).
+fn is_own_spelling(cloud: Cloud, normalized: &str) -> bool {
+    by_name(normalized).is_none()
+        && CATALOGUE
+            .iter()
+            .flat_map(|m| m.names_on(cloud))
+            .any(|own| normalize(own) == normalized)
+}
+
+/// A cloud's names to search for the wanted names, in order, each once: a canonical name (or
+/// the other cloud's spelling) becomes this cloud's names for its models; this cloud's own
+/// spelling, and a name the catalogue does not know, are kept as written.
 pub fn names_on(wanted: &[String], cloud: Cloud) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     for asked in wanted {
-        let models = resolve(asked);
+        let models = if is_own_spelling(cloud, &normalize(asked)) {
+            Vec::new()
+        } else {
+            resolve(asked)
+        };
         let own: Vec<String> = if models.is_empty() {
             vec![asked.trim().to_owned()]
         } else {
@@ -272,6 +311,22 @@ pub fn names_on(wanted: &[String], cloud: Cloud) -> Vec<String> {
         }
     }
     names
+}
+
+/// The least memory per GPU (GB) of the models the wanted names stand for on `cloud`, to search
+/// with: a cloud name that covers several sizes (Vast.ai's `A100 SXM4`) then skips the smaller
+/// cards an `A100-80GB` pod does not want. `None` (no floor) when a name is the cloud's own
+/// spelling (it means every size sold under it) or unknown.
+pub fn memory_floor_gb(wanted: &[String], cloud: Cloud) -> Option<u32> {
+    let mut least: Option<u32> = None;
+    for asked in wanted {
+        if is_own_spelling(cloud, &normalize(asked)) {
+            return None;
+        }
+        let smallest = resolve(asked).iter().map(|m| m.memory_gb).min()?;
+        least = Some(least.map_or(smallest, |l| l.min(smallest)));
+    }
+    least
 }
 
 /// Why a GPU name is refused, listing what is known.

@@ -6,7 +6,7 @@
 //! `H100x1-8:SECURE=2.99,RTX4090x2=0.35,storage=0.0002`: `COUNTS` is one count or a range with
 //! one price (RunPod prices per GPU whatever the count); Vast.ai entries have no class, and its
 //! `storage` entry is the lowest disk price in USD per GB-hour, so that a pod's own disk is
-//! priced in.
+//! priced in. `at=` says when (Unix seconds): prices a node stopped refreshing go stale.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +16,12 @@ use super::{GpuModel, by_name, resolve};
 pub const GPU_PRICES: &str = "runpod.io/gpu-prices";
 /// The entry holding the disk price (USD per GB-hour).
 pub const STORAGE_KEY: &str = "storage";
+/// The entry holding when the prices were published (Unix seconds, to five minutes).
+pub const PUBLISHED_AT_KEY: &str = "at";
+/// Prices older than this are not compared: their node's controller has stopped publishing.
+pub const STALE_AFTER_SECS: i64 = 15 * 60;
+/// How finely the publication time is written (a finer one would rewrite the node each time).
+const PUBLISHED_AT_STEP: i64 = 300;
 /// At most this many entries are published (every catalogue GPU in two classes and eight counts
 /// fits): an annotation has to stay small.
 const MAX_QUOTES: usize = 800;
@@ -46,6 +52,8 @@ pub struct GpuPrices {
     pub quotes: Vec<Quote>,
     /// USD per GB-hour of disk (Vast.ai prices disk separately).
     pub storage_per_gb_hour: Option<f64>,
+    /// When the node published them (Unix seconds); `None` from a node that does not say.
+    pub published_at: Option<i64>,
 }
 
 /// The lowest price of a GPU type that fits a pod.
@@ -101,6 +109,8 @@ impl GpuPrices {
                 .or_insert(price);
         }
         let mut quotes: Vec<Quote> = Vec::new();
+        // Prices are published to six decimals: one that rounds to nothing is not published.
+        lowest.retain(|_, price| round(*price) > 0.0);
         for ((key, count), price) in lowest {
             match quotes.last_mut() {
                 Some(last) if last.key == key && last.to + 1 == count && last.per_gpu == price => {
@@ -118,7 +128,21 @@ impl GpuPrices {
         GpuPrices {
             quotes,
             storage_per_gb_hour: storage_per_gb_hour.filter(|p| p.is_finite() && *p >= 0.0),
+            published_at: None,
         }
+    }
+
+    /// Stamps the prices as published at `now` (Unix seconds), to five minutes.
+    pub fn stamped(mut self, now: i64) -> GpuPrices {
+        self.published_at = Some(now - now.rem_euclid(PUBLISHED_AT_STEP));
+        self
+    }
+
+    /// Whether they may be compared at `now`: published within [`STALE_AFTER_SECS`] (or by a
+    /// node that does not say when).
+    pub fn fresh(&self, now: i64) -> bool {
+        self.published_at
+            .is_none_or(|at| now - at <= STALE_AFTER_SECS + PUBLISHED_AT_STEP)
     }
 
     /// Adds another node's prices (of the same cloud): the lowest of each stays the lowest.
@@ -157,6 +181,9 @@ impl GpuPrices {
         if let Some(storage) = self.storage_per_gb_hour {
             entries.push(format!("{STORAGE_KEY}={}", round(storage)));
         }
+        if let Some(at) = self.published_at {
+            entries.push(format!("{PUBLISHED_AT_KEY}={at}"));
+        }
         entries.join(",")
     }
 
@@ -168,6 +195,10 @@ impl GpuPrices {
             let Some((key, price)) = entry.split_once('=') else {
                 continue;
             };
+            if key.trim() == PUBLISHED_AT_KEY {
+                prices.published_at = price.trim().parse().ok();
+                continue;
+            }
             let Ok(price) = price.trim().parse::<f64>() else {
                 continue;
             };
@@ -176,6 +207,10 @@ impl GpuPrices {
             }
             if key.trim() == STORAGE_KEY {
                 prices.storage_per_gb_hour = Some(price);
+                continue;
+            }
+            // A GPU for nothing would win every comparison: never a price.
+            if price <= 0.0 {
                 continue;
             }
             if let Some(quote) = parse_key(key.trim(), price) {

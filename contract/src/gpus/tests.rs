@@ -43,7 +43,7 @@ const FROM_THE_NOTES: &[(Cloud, &str, Option<f64>, &str)] = &[
     (Cloud::VastAi, "A100 SXM4", Some(81.9), "A100-80GB"),
     (Cloud::VastAi, "A100 SXM4", Some(40.9), "A100"),
     (Cloud::VastAi, "A100 PCIE", Some(80.0), "A100-80GB-PCIE"),
-    (Cloud::VastAi, "A100 PCIE", Some(40.0), "A100"),
+    (Cloud::VastAi, "A100 PCIE", Some(40.0), "A100-PCIE"),
     (Cloud::VastAi, "Tesla V100", Some(16.1), "V100"),
     (Cloud::VastAi, "Tesla V100", Some(32.5), "V100-32GB"),
     (Cloud::VastAi, "RTX 4090", Some(24.5), "RTX4090"),
@@ -99,6 +99,12 @@ fn every_canonical_name_maps_both_ways() {
     let mut seen = std::collections::BTreeSet::new();
     for model in CATALOGUE {
         assert!(seen.insert(normalize(model.name)), "{} twice", model.name);
+        // The price annotation separates name and count with a lower-case x.
+        assert!(
+            !model.name.contains('x'),
+            "{} has a lower-case x",
+            model.name
+        );
         assert_eq!(resolve(model.name), vec![model], "{}", model.name);
         assert!(
             !model.runpod.is_empty() || !model.vastai.is_empty(),
@@ -160,6 +166,21 @@ fn case_spaces_and_underscores_are_ignored() {
         ["A100-80GB", "A100"],
         "Vast.ai's shared name stands for both sizes"
     );
+    let floor = |names: &[&str], cloud| {
+        memory_floor_gb(
+            &names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>(),
+            cloud,
+        )
+    };
+    assert_eq!(floor(&["A100-80GB"], Cloud::VastAi), Some(80));
+    assert_eq!(floor(&["A100-80GB", "H100", "L4"], Cloud::VastAi), Some(24));
+    assert_eq!(floor(&["A100 SXM4"], Cloud::RunPod), Some(40));
+    assert_eq!(
+        floor(&["A100 SXM4"], Cloud::VastAi),
+        None,
+        "every size sold under it"
+    );
+    assert_eq!(floor(&["A100-80GB", "Brand New"], Cloud::VastAi), None);
     assert!(resolve("H100X").is_empty());
     assert!(resolve("").is_empty());
 }
@@ -179,6 +200,31 @@ fn a_list_is_matched_by_model_in_its_order() {
         preference(&wanted, Cloud::VastAi, "A100 SXM4", Some(40.0)),
         None,
         "a 40 GB A100 is not an A100-80GB"
+    );
+    // A cloud's own spelling means exactly what it sells under that name: Vast.ai's
+    // `A100 SXM4` is never an `A100 PCIE`, and RunPod gets only the SXM4 cards for it.
+    let sxm4 = vec!["A100 SXM4".to_owned()];
+    assert_eq!(names_on(&sxm4, Cloud::VastAi), ["A100 SXM4"]);
+    assert_eq!(
+        preference(&sxm4, Cloud::VastAi, "A100 PCIE", Some(40.0)),
+        None
+    );
+    assert_eq!(
+        names_on(&sxm4, Cloud::RunPod),
+        ["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB"]
+    );
+    assert_eq!(
+        names_on(&["A100 PCIE".to_owned()], Cloud::RunPod),
+        ["NVIDIA A100 80GB PCIe"]
+    );
+    assert_eq!(
+        preference(
+            &["A100 PCIE".to_owned()],
+            Cloud::RunPod,
+            "NVIDIA A100-SXM4-40GB",
+            Some(40.0)
+        ),
+        None
     );
     // The cloud's shared name accepts both sizes; a verbatim unknown name still matches itself.
     let vast = vec!["A100 SXM4".to_owned(), "Brand New GPU".to_owned()];
@@ -230,6 +276,16 @@ fn prices_round_trip_and_merge_counts() {
     assert!(!text.contains("Nonesuch") && !text.contains("L4"), "{text}");
     let back = GpuPrices::parse(&text);
     assert_eq!(back.quotes, prices.quotes);
+    // Stamped to five minutes; stale after a quarter of an hour without a new stamp.
+    let stamped = GpuPrices::parse(&prices.clone().stamped(1_000_123).format());
+    assert_eq!(stamped.published_at, Some(999_900));
+    assert_eq!(stamped.quotes, prices.quotes);
+    assert!(stamped.fresh(1_000_123 + 600));
+    assert!(!stamped.fresh(1_000_123 + 3600));
+    assert!(
+        back.fresh(i64::MAX),
+        "a node that does not say is not judged"
+    );
     assert!((back.storage_per_gb_hour.unwrap() - 0.15 / 720.0).abs() < 1e-6);
     // Malformed entries are skipped, the rest kept.
     let odd =

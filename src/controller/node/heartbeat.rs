@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use tokio::sync::watch;
 use tracing::warn;
@@ -106,6 +107,20 @@ pub async fn node_status_loop<P: Provider>(
     }
 }
 
+/// The per-type prices to publish: stamped with the time, so that the webhook stops comparing
+/// them when this controller stops; none while the cloud's API is unusable (its prices may be
+/// gone, and nothing can be created there meanwhile).
+fn published_prices(
+    prices: runpod_contract::gpus::GpuPrices,
+    health: &ApiHealth,
+    now: i64,
+) -> String {
+    if prices.is_empty() || *health != ApiHealth::Available {
+        return String::new();
+    }
+    prices.stamped(now).format()
+}
+
 /// The class of a price from a cloud without classes, in `runpod.io/cheapest-gpu-price`.
 const ANY_CLASS: &str = "ANY";
 
@@ -157,8 +172,11 @@ async fn write_node<P: Provider>(
             runpod_contract::CHEAPEST_GPU_PRICE,
             runpod_contract::format_cheapest_prices(&lowest),
         ));
-        annotations.push((runpod_contract::gpus::GPU_PRICES, sheet.prices.format()));
     }
+    annotations.push((
+        runpod_contract::gpus::GPU_PRICES,
+        published_prices(sheet.prices, health, Timestamp::now().as_second()),
+    ));
     if let Err(error) = super::sync_spec(nodes, config, health, &annotations).await {
         warn!(error = %error, "updating the node's taints failed");
     }
@@ -167,6 +185,22 @@ async fn write_node<P: Provider>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prices_are_stamped_and_withdrawn_while_the_cloud_is_unusable() {
+        let prices = runpod_contract::gpus::GpuPrices::parse("H100x1-8:SECURE=2.99");
+        let published = published_prices(prices.clone(), &ApiHealth::Available, 1_000_123);
+        assert_eq!(published, "H100x1-8:SECURE=2.99,at=999900");
+        let down = ApiHealth::Unavailable {
+            reason: "APIUnreachable".into(),
+            message: "down".into(),
+        };
+        assert_eq!(published_prices(prices, &down, 1_000_123), "");
+        assert_eq!(
+            published_prices(Default::default(), &ApiHealth::Available, 1),
+            ""
+        );
+    }
 
     #[test]
     fn unknown_gpus_are_reported_once_and_counted_while_sold() {

@@ -158,6 +158,8 @@ pub(super) async fn create<P: Provider>(
     let first_attempt = annotation(pod, CREATE_REQUESTED).is_none() && marked_at.is_none();
     if let Some(choice) = annotation(pod, runpod_contract::provider::CHEAPEST_CHOICE)
         && first_attempt
+        && runpod_contract::gpus::recorded_choice(choice)
+            .is_some_and(|cloud| cloud.as_str() == ctx.provider.name())
     {
         ctx.event(
             pod,

@@ -33,6 +33,8 @@ use crate::vastai::translate;
 
 /// Disk of a pod that names none (GB), priced into every offer.
 pub const DEFAULT_DISK_GB: u32 = runpod_contract::vastai::DEFAULT_DISK_GB;
+/// Between two price searches (Vast.ai allows 10 searches a minute, and creates search too).
+const PRICE_SEARCH_GAP: Duration = Duration::from_secs(8);
 /// Lines read from a finished instance's log.
 const FINAL_LOG_LINES: u32 = 500;
 
@@ -42,8 +44,8 @@ pub struct VastaiProvider {
     policy: VastPolicy,
     cluster_id: String,
     node_name: String,
-    /// Prices per GPU type inside the policy, from the last price search.
-    prices: Mutex<PriceSheet>,
+    /// Prices per GPU type inside the policy, from the last price search of each tier.
+    prices: Mutex<Vec<PriceSheet>>,
 }
 
 impl VastaiProvider {
@@ -58,7 +60,7 @@ impl VastaiProvider {
             policy,
             cluster_id,
             node_name,
-            prices: Mutex::new(PriceSheet::default()),
+            prices: Mutex::new(Vec::new()),
         }
     }
 
@@ -79,14 +81,24 @@ impl VastaiProvider {
         });
     }
 
+    /// One price search per memory tier, [`PRICE_SEARCH_GAP`] apart so that a pod's own search
+    /// never queues behind all of them; a tier whose search fails keeps its last prices.
     async fn refresh_price(&self) {
-        let query = OfferQuery::price_search(&self.policy);
-        match self.client.search(&query).await {
-            Ok(offers) => {
-                let sheet = crate::vastai::prices::price_sheet(&offers, DEFAULT_DISK_GB);
-                *self.prices.lock().unwrap_or_else(PoisonError::into_inner) = sheet;
+        for (tier, query) in OfferQuery::price_searches(&self.policy).iter().enumerate() {
+            if tier > 0 {
+                tokio::time::sleep(PRICE_SEARCH_GAP).await;
             }
-            Err(error) => debug!(error = %error, "vastai price search failed"),
+            match self.client.search(query).await {
+                Ok(offers) => {
+                    let sheet = crate::vastai::prices::price_sheet(&offers, query.disk_gb);
+                    let mut tiers = self.prices.lock().unwrap_or_else(PoisonError::into_inner);
+                    if tiers.len() <= tier {
+                        tiers.resize(tier + 1, PriceSheet::default());
+                    }
+                    tiers[tier] = sheet;
+                }
+                Err(error) => debug!(error = %error, tier, "vastai price search failed"),
+            }
         }
     }
 
@@ -487,9 +499,12 @@ impl Provider for VastaiProvider {
     }
 
     fn price_sheet(&self) -> PriceSheet {
-        self.prices
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        let tiers = self.prices.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut sheet = PriceSheet::default();
+        for tier in tiers.iter() {
+            sheet.prices.merge(tier.prices.clone());
+            sheet.unknown_gpus.extend(tier.unknown_gpus.iter().cloned());
+        }
+        sheet
     }
 }

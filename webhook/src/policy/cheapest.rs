@@ -49,10 +49,7 @@ fn runpod_need(
 ) -> (Need, Option<f64>) {
     let value = |key: &str| effective.get(key).map(|sourced| sourced.value);
     let count = gpus.max(1);
-    let gpu_types = value(contract::GPU_TYPES)
-        .and_then(|v| contract::split_list(v).ok())
-        .map(|names| names.into_iter().map(str::to_owned).collect())
-        .unwrap_or_default();
+    let gpu_types = runpod_gpu_types(effective);
     let class = value(contract::CLOUD_TYPE)
         .and_then(CloudType::parse)
         .unwrap_or(CloudType::Secure);
@@ -66,8 +63,7 @@ fn runpod_need(
     };
     let need = Need {
         gpu_types,
-        min_memory_gb: value(contract::REQUIRED_GPU_MEMORY)
-            .and_then(|v| contract::parse_gpu_memory(v).ok()),
+        min_memory_gb: runpod_memory(effective),
         gpu_count: count,
         class: Some(class.as_str().to_owned()),
         disk_gb: 0,
@@ -95,4 +91,51 @@ fn vastai_need(
         // Not reached: a pod Vast.ai cannot take is no side.
         Err(_) => (Need::default(), Some(0.0)),
     }
+}
+
+/// The GPU types a RunPod placement takes: `runpod.io/gpu-types`, else (one vocabulary for both
+/// clouds) the pod's `vast.ai/gpu-type` and `-fallbacks`.
+fn runpod_gpu_types(effective: &checks::Effective<'_>) -> Vec<String> {
+    let value = |key: &str| effective.get(key).map(|sourced| sourced.value);
+    match value(contract::GPU_TYPES) {
+        Some(types) => contract::split_list(types)
+            .map(|names| names.into_iter().map(str::to_owned).collect())
+            .unwrap_or_default(),
+        None => contract::vastai::gpu_names(
+            value(contract::vastai::GPU_TYPE),
+            value(contract::vastai::GPU_FALLBACKS),
+        )
+        .unwrap_or_default(),
+    }
+}
+
+/// The least VRAM a RunPod placement takes: `runpod.io/required-gpu-memory`, else
+/// `vast.ai/memory`.
+fn runpod_memory(effective: &checks::Effective<'_>) -> Option<u32> {
+    let value = |key: &str| effective.get(key).map(|sourced| sourced.value);
+    match value(contract::REQUIRED_GPU_MEMORY) {
+        Some(memory) => contract::parse_gpu_memory(memory).ok(),
+        None => value(contract::vastai::MEMORY)
+            .and_then(|v| contract::vastai::parse_gb(v).ok())
+            .filter(|gb| *gb <= 1024),
+    }
+}
+
+/// When `cheapest` sends to RunPod a pod that named its GPUs or memory only with Vast.ai's
+/// annotations: the RunPod annotations to write on it, so that RunPod places what was compared
+/// (the controller reads `runpod.io/` only).
+pub(super) fn runpod_annotations(effective: &checks::Effective<'_>) -> Vec<(&'static str, String)> {
+    let mut written = Vec::new();
+    if effective.get(contract::GPU_TYPES).is_none() {
+        let types = runpod_gpu_types(effective);
+        if !types.is_empty() {
+            written.push((contract::GPU_TYPES, types.join(",")));
+        }
+    }
+    if effective.get(contract::REQUIRED_GPU_MEMORY).is_none()
+        && let Some(memory) = runpod_memory(effective)
+    {
+        written.push((contract::REQUIRED_GPU_MEMORY, memory.to_string()));
+    }
+    written
 }

@@ -72,12 +72,18 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     let mut mutation = Mutation::default();
     let no_annotations = BTreeMap::new();
     let pod_annotations = pod.meta().annotations.as_ref().unwrap_or(&no_annotations);
-    // A `cheapest` record stays when our own earlier review (reinvocation) wrote it.
-    let reviewed = retract::earlier_review(pod).is_some();
+    // A `cheapest` record stays on a second review (reinvocation) when it names the cloud the
+    // pod is set to; any other is removed.
+    let kept_record = pod_annotations
+        .get(provider::CHEAPEST_CHOICE)
+        .and_then(|record| runpod_contract::gpus::recorded_choice(record))
+        .is_some_and(|cloud| {
+            pod_annotations.get(provider::PROVIDER).map(String::as_str) == Some(cloud.as_str())
+        });
     mutation.remove_annotations = contract::CONTROLLER_ANNOTATIONS
         .iter()
         .filter(|key| pod_annotations.contains_key(**key))
-        .filter(|key| !(reviewed && **key == provider::CHEAPEST_CHOICE))
+        .filter(|key| !(kept_record && **key == provider::CHEAPEST_CHOICE))
         .map(|key| (*key).to_owned())
         .collect();
 
@@ -158,10 +164,52 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
                 }
             };
             // The installation's order: RunPod first, for ties and when nothing is published.
-            let clouds: Vec<Cloud> = Cloud::ALL
+            let installed: Vec<Cloud> = Cloud::ALL
                 .into_iter()
-                .filter(|cloud| !config.disabled_clouds.contains(cloud) && fits(*cloud))
+                .filter(|cloud| !config.disabled_clouds.contains(cloud))
                 .collect();
+            let clouds: Vec<Cloud> = installed
+                .iter()
+                .copied()
+                .filter(|cloud| fits(*cloud))
+                .collect();
+            if clouds.is_empty() {
+                // No cloud would take it: say what each one minds.
+                let problems: Vec<String> = installed
+                    .iter()
+                    .map(|cloud| {
+                        let why = match cloud {
+                            Cloud::RunPod => checks::policy_violations(&effective, gpus, config),
+                            Cloud::VastAi => {
+                                let mut why = checks::vastai_unsupported_shape(pod);
+                                if let Err(problems) = runpod_contract::vastai::requirements(
+                                    &effective.values(),
+                                    gpus,
+                                    &config.vastai,
+                                ) {
+                                    why.extend(problems);
+                                }
+                                why
+                            }
+                        };
+                        format!("{}: {}", cloud.display_name(), why.join(", "))
+                    })
+                    .collect();
+                return Verdict::Deny {
+                    code: 403,
+                    reason: "Forbidden".to_owned(),
+                    message: rejection(
+                        pod,
+                        namespace,
+                        &[format!(
+                            "{} is cheapest but no cloud of this installation can run the pod \
+                             ({})",
+                            provider::PROVIDER,
+                            problems.join("; ")
+                        )],
+                    ),
+                };
+            }
             let sides = cheapest::sides(&effective, gpus, config, &context.gpu_prices, &clouds);
             match runpod_contract::gpus::cheapest(&sides, config.default_cloud()) {
                 Cheapest::Chose {
@@ -171,6 +219,11 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
                 } => {
                     warnings.push(warning);
                     cheapest_record = Some(record);
+                    if cloud == Cloud::RunPod {
+                        for (key, value) in cheapest::runpod_annotations(&effective) {
+                            mutation.set_annotations.insert(key.to_owned(), value);
+                        }
+                    }
                     cloud
                 }
                 Cheapest::Refused(problem) => {

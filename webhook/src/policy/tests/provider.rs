@@ -390,6 +390,22 @@ fn a_forged_cheapest_record_is_removed_and_unknown_gpu_names_are_refused() {
     let (verdict, patched) = admit(&forged, &labelled_namespace());
     assert_bursts(&verdict);
     assert!(annotations(&patched).get(CHEAPEST_CHOICE).is_none());
+    // A record naming another cloud than the pod's is removed too; one naming the pod's own
+    // cloud (our record, reviewed again) stays.
+    let other = annotate(
+        annotate(always(gpu_pod()), PROVIDER, "runpod"),
+        CHEAPEST_CHOICE,
+        "chose Vast.ai: cheaper",
+    );
+    let (_, patched) = admit(&other, &labelled_namespace());
+    assert!(annotations(&patched).get(CHEAPEST_CHOICE).is_none());
+    let ours = annotate(
+        annotate(always(gpu_pod()), PROVIDER, "runpod"),
+        CHEAPEST_CHOICE,
+        "chose RunPod: RunPod L4 at 0.400 USD/h",
+    );
+    let (_, patched) = admit(&ours, &labelled_namespace());
+    assert!(annotations(&patched).get(CHEAPEST_CHOICE).is_some());
 
     for (key, value) in [
         (contract::GPU_TYPES, "H100,H100X"),
@@ -413,4 +429,52 @@ fn a_forged_cheapest_record_is_removed_and_unknown_gpu_names_are_refused() {
         let (verdict, _) = admit(&pod, &labelled_namespace());
         assert_bursts(&verdict);
     }
+}
+
+#[test]
+fn cheapest_with_only_vastai_names_compares_and_places_those_gpus_on_runpod_too() {
+    let mut context = namespace_with("cheapest");
+    context.gpu_prices = market();
+    // Asked as Vast.ai's H100 only; RunPod's community H100 (1.5) beats Vast.ai's (2.1).
+    let pod = annotate(
+        annotate(always(gpu_pod()), "vast.ai/gpu-type", "H100 SXM"),
+        contract::CLOUD_TYPE,
+        "COMMUNITY",
+    );
+    let (verdict, patched) = admit_with(&pod, &context, &generous());
+    assert_bursts(&verdict);
+    assert_eq!(annotations(&patched)[PROVIDER], "runpod");
+    assert_eq!(
+        annotations(&patched)[contract::GPU_TYPES],
+        "H100 SXM",
+        "RunPod places the GPU that was compared"
+    );
+    // In the secure class Vast.ai's is cheaper: nothing is written for RunPod.
+    let secure = annotate(always(gpu_pod()), "vast.ai/gpu-type", "H100 SXM");
+    let (_, patched) = admit_with(&secure, &context, &generous());
+    assert_eq!(annotations(&patched)[PROVIDER], "vastai");
+    assert!(annotations(&patched).get(contract::GPU_TYPES).is_none());
+}
+
+#[test]
+fn cheapest_refuses_a_pod_no_cloud_would_take_naming_each_clouds_reason() {
+    let mut context = namespace_with("cheapest");
+    context.gpu_prices = market();
+    // A forbidden RunPod datacenter and a region outside the Vast.ai policy.
+    let pod = annotate(
+        annotate(always(gpu_pod()), contract::DATACENTER_IDS, "US-CA-2"),
+        "vast.ai/region",
+        "Asia",
+    );
+    let (verdict, _) = admit_with(&pod, &context, &vast_config());
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("no cloud of this installation can run the pod")
+            && message.contains("RunPod: ")
+            && message.contains("US-CA-2")
+            && message.contains("Vast.ai: ")
+            && message.contains("Asia"),
+        "{message}"
+    );
 }

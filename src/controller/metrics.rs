@@ -102,7 +102,7 @@ pub struct ControllerMetrics {
     pub provisioning_longest_wait: Gauge<f64, AtomicU64>,
     /// 1 while the cloud's API answers (the node's own condition), 0 while it is unreachable
     /// or refuses the key.
-    pub cloud_api_available: Gauge,
+    pub cloud_api_available: Family<ProviderLabel, Gauge>,
     /// GPU types the cloud sells that the GPU catalogue does not know (named in the log).
     pub unknown_gpu_types: Gauge,
 }
@@ -157,6 +157,9 @@ impl ControllerMetrics {
             .reconcile_errors
             .get_or_create(&KindLabel { kind: "conflict" });
         self.listed(RUNPOD, "ok");
+        let _ = self
+            .cloud_api_available
+            .get_or_create(&ProviderLabel { provider: RUNPOD });
         let _ = self
             .cloud_creates
             .get_or_create(&ProviderLabel { provider: RUNPOD });
@@ -286,7 +289,7 @@ impl ControllerMetrics {
         );
         registry.register(
             "cloud_api_available",
-            "1 while the cloud's API answers, 0 while it is unreachable or refuses the key (the node's condition)",
+            "1 while the cloud's API answers, 0 while it is unreachable or refuses the key (the node's condition), by provider",
             metrics.cloud_api_available.clone(),
         );
         registry.register(

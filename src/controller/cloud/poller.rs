@@ -122,7 +122,12 @@ pub async fn run<P: Provider>(
     loop {
         interval.tick().await;
         let available = matches!(*health.borrow(), ApiHealth::Available);
-        metrics.cloud_api_available.set(i64::from(available));
+        metrics
+            .cloud_api_available
+            .get_or_create(&crate::controller::metrics::ProviderLabel {
+                provider: provider.name(),
+            })
+            .set(i64::from(available));
         let started = Timestamp::now();
         debug!(cloud = provider.name(), "listing instances");
         // A list that hangs must not stop every later one.

@@ -350,6 +350,9 @@ pub type LogEntries = Pin<Box<dyn Stream<Item = Result<LogEntry, ProviderError>>
 pub struct PriceSheet {
     pub prices: runpod_contract::gpus::GpuPrices,
     pub unknown_gpus: std::collections::BTreeSet<String>,
+    /// When the oldest of these prices was read from the cloud (Unix seconds): what the node
+    /// stamps, so that prices a failing refresh keeps go stale.
+    pub fetched_at: Option<i64>,
 }
 
 /// How a cloud is named to users: in messages, Events, log lines and container ids. Event

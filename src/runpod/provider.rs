@@ -487,7 +487,11 @@ impl Provider for RunPodProvider {
         let Some(cached) = self.catalogue.get() else {
             return PriceSheet::default();
         };
-        select::price_sheet(&cached.catalogue, &self.limits.data_center_ids)
+        let age = i64::try_from(cached.fetched_at.elapsed().as_secs()).unwrap_or(i64::MAX);
+        PriceSheet {
+            fetched_at: Some(Timestamp::now().as_second().saturating_sub(age)),
+            ..select::price_sheet(&cached.catalogue, &self.limits.data_center_ids)
+        }
     }
 }
 

@@ -14,6 +14,8 @@ use crate::provider::PriceSheet;
 const MONTH_HOURS: f64 = 720.0;
 /// Vast.ai counts GPU memory in MB of 1000.
 const MB_PER_GB: f64 = 1000.0;
+/// The share of a model's nominal memory its cards report at least (as the pod searches use).
+const NOMINAL_SHARE: f64 = 0.9;
 
 /// The price sheet of the offers a search returned, with `disk_gb` priced into their totals.
 pub fn price_sheet(offers: &[Offer], disk_gb: u32) -> PriceSheet {
@@ -34,6 +36,11 @@ pub fn price_sheet(offers: &[Offer], disk_gb: u32) -> PriceSheet {
             }
             continue;
         };
+        // A smaller variant sold under the model's name (an 8 GB RTX 4060 Ti) is not that
+        // model: a pod's search for it skips such cards too.
+        if offer.gpu_ram < f64::from(model.memory_gb) * MB_PER_GB * NOMINAL_SHARE {
+            continue;
+        }
         let disk = offer
             .storage_cost
             .filter(|cost| cost.is_finite() && *cost >= 0.0)
@@ -54,6 +61,7 @@ pub fn price_sheet(offers: &[Offer], disk_gb: u32) -> PriceSheet {
     PriceSheet {
         prices: GpuPrices::from_observations(observations, storage),
         unknown_gpus: unknown,
+        fetched_at: None,
     }
 }
 
@@ -79,6 +87,7 @@ mod tests {
                 offer("A100 SXM4", 1, 40_960.0, 0.7),
                 offer("A100 SXM4", 1, 81_920.0, 1.1),
                 offer("Quantum X9", 1, 24_000.0, 0.1),
+                offer("RTX 4060 Ti", 1, 8_188.0, 0.05),
             ],
             20,
         );
@@ -90,6 +99,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("storage=0.0002"), "{text}");
+        assert!(
+            !text.contains("RTX4060-Ti"),
+            "the 8 GB variant is not the 16 GB model: {text}"
+        );
         assert_eq!(
             sheet.unknown_gpus.into_iter().collect::<Vec<_>>(),
             ["Quantum X9"]
@@ -99,6 +112,6 @@ mod tests {
         total_only.dph_base = None;
         total_only.dph_total = 0.3 + 0.0002 * 20.0;
         let sheet = price_sheet(&[total_only], 20);
-        assert_eq!(sheet.prices.format(), "L4x1=0.3,storage=0.0002");
+        assert_eq!(sheet.prices.format(), "storage=0.0002,L4x1=0.3");
     }
 }

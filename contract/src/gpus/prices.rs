@@ -146,12 +146,29 @@ impl GpuPrices {
     }
 
     /// Adds another node's prices (of the same cloud): the lowest of each stays the lowest.
+    /// Rebuilt through [`GpuPrices::from_observations`], so overlapping sheets (search tiers,
+    /// nodes) stay one bounded sheet; the older publication time is kept.
     pub fn merge(&mut self, other: GpuPrices) {
-        self.quotes.extend(other.quotes);
-        self.storage_per_gb_hour = match (self.storage_per_gb_hour, other.storage_per_gb_hour) {
+        let storage = match (self.storage_per_gb_hour, other.storage_per_gb_hour) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let published_at = match (self.published_at, other.published_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let quotes = std::mem::take(&mut self.quotes);
+        let observations: Vec<(&str, u32, Option<&str>, f64)> = quotes
+            .iter()
+            .chain(&other.quotes)
+            .flat_map(|q| {
+                (q.from..=q.to).map(move |count| {
+                    (q.key.gpu.as_str(), count, q.key.class.as_deref(), q.per_gpu)
+                })
+            })
+            .collect();
+        *self = GpuPrices::from_observations(observations, storage);
+        self.published_at = published_at;
     }
 
     pub fn is_empty(&self) -> bool {
@@ -160,7 +177,7 @@ impl GpuPrices {
 
     /// The annotation value.
     pub fn format(&self) -> String {
-        let mut entries: Vec<String> = self
+        let entries: Vec<String> = self
             .quotes
             .iter()
             .map(|q| {
@@ -178,20 +195,23 @@ impl GpuPrices {
                 format!("{}x{counts}{class}={}", q.key.gpu, round(q.per_gpu))
             })
             .collect();
-        if let Some(storage) = self.storage_per_gb_hour {
-            entries.push(format!("{STORAGE_KEY}={}", round(storage)));
-        }
+        // First, so that a reader's bound never cuts them off.
+        let mut head = Vec::new();
         if let Some(at) = self.published_at {
-            entries.push(format!("{PUBLISHED_AT_KEY}={at}"));
+            head.push(format!("{PUBLISHED_AT_KEY}={at}"));
         }
-        entries.join(",")
+        if let Some(storage) = self.storage_per_gb_hour {
+            head.push(format!("{STORAGE_KEY}={}", round(storage)));
+        }
+        head.extend(entries);
+        head.join(",")
     }
 
     /// Reads the annotation; malformed entries and unknown GPUs are skipped (a node of a newer
     /// release may know more), and no more than the bound is read.
     pub fn parse(value: &str) -> GpuPrices {
         let mut prices = GpuPrices::default();
-        for entry in value.split(',').take(MAX_QUOTES + 1) {
+        for entry in value.split(',').take(MAX_QUOTES + 2) {
             let Some((key, price)) = entry.split_once('=') else {
                 continue;
             };

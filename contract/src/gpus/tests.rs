@@ -273,6 +273,27 @@ fn prices_round_trip_and_merge_counts() {
     let text = prices.format();
     assert!(text.contains("H100x1-8:SECURE=2.99"), "{text}");
     assert!(text.contains("RTX4090x1=0.3,RTX4090x2=0.35"), "{text}");
+    assert!(
+        text.starts_with("storage="),
+        "read before any bound: {text}"
+    );
+    // Merging overlapping sheets keeps the lowest per key, bounded.
+    let mut merged = prices.clone();
+    merged.merge(GpuPrices::parse(
+        "H100x2-3:SECURE=2.5,RTX4090x1=0.35,at=600",
+    ));
+    let merged_text = merged.format();
+    assert!(
+        merged_text.contains("H100x1:SECURE=2.99,H100x2-3:SECURE=2.5,H100x4-8:SECURE=2.99")
+            && merged_text.contains("RTX4090x1=0.3,"),
+        "{merged_text}"
+    );
+    assert_eq!(merged.published_at, Some(600));
+    let mut many = GpuPrices::default();
+    for _ in 0..10 {
+        many.merge(prices.clone());
+    }
+    assert_eq!(many.quotes, prices.quotes, "no duplicates pile up");
     assert!(!text.contains("Nonesuch") && !text.contains("L4"), "{text}");
     let back = GpuPrices::parse(&text);
     assert_eq!(back.quotes, prices.quotes);

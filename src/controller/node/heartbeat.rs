@@ -107,18 +107,22 @@ pub async fn node_status_loop<P: Provider>(
     }
 }
 
-/// The per-type prices to publish: stamped with the time, so that the webhook stops comparing
-/// them when this controller stops; none while the cloud's API is unusable (its prices may be
-/// gone, and nothing can be created there meanwhile).
+/// The per-type prices to publish, stamped with when they were read from the cloud (`fetched`,
+/// else now), so that the webhook stops comparing them when this controller stops or its
+/// refreshes keep failing; none while the cloud's API is unusable (its prices may be gone, and
+/// nothing can be created there meanwhile) or once they are stale.
 fn published_prices(
     prices: runpod_contract::gpus::GpuPrices,
     health: &ApiHealth,
+    fetched: Option<i64>,
     now: i64,
 ) -> String {
-    if prices.is_empty() || *health != ApiHealth::Available {
+    let at = fetched.unwrap_or(now);
+    let stale = now - at > runpod_contract::gpus::STALE_AFTER_SECS;
+    if prices.is_empty() || *health != ApiHealth::Available || stale {
         return String::new();
     }
-    prices.stamped(now).format()
+    prices.stamped(at).format()
 }
 
 /// The class of a price from a cloud without classes, in `runpod.io/cheapest-gpu-price`.
@@ -175,7 +179,12 @@ async fn write_node<P: Provider>(
     }
     annotations.push((
         runpod_contract::gpus::GPU_PRICES,
-        published_prices(sheet.prices, health, Timestamp::now().as_second()),
+        published_prices(
+            sheet.prices,
+            health,
+            sheet.fetched_at,
+            Timestamp::now().as_second(),
+        ),
     ));
     if let Err(error) = super::sync_spec(nodes, config, health, &annotations).await {
         warn!(error = %error, "updating the node's taints failed");
@@ -189,15 +198,27 @@ mod tests {
     #[test]
     fn prices_are_stamped_and_withdrawn_while_the_cloud_is_unusable() {
         let prices = runpod_contract::gpus::GpuPrices::parse("H100x1-8:SECURE=2.99");
-        let published = published_prices(prices.clone(), &ApiHealth::Available, 1_000_123);
-        assert_eq!(published, "H100x1-8:SECURE=2.99,at=999900");
+        let published = published_prices(prices.clone(), &ApiHealth::Available, None, 1_000_123);
+        assert_eq!(published, "at=999900,H100x1-8:SECURE=2.99");
+        // Stamped with when they were read: a refresh that keeps failing lets them go stale.
+        let read_earlier = published_prices(
+            prices.clone(),
+            &ApiHealth::Available,
+            Some(999_500),
+            1_000_123,
+        );
+        assert_eq!(read_earlier, "at=999300,H100x1-8:SECURE=2.99");
+        assert_eq!(
+            published_prices(prices.clone(), &ApiHealth::Available, Some(0), 1_000_123),
+            ""
+        );
         let down = ApiHealth::Unavailable {
             reason: "APIUnreachable".into(),
             message: "down".into(),
         };
-        assert_eq!(published_prices(prices, &down, 1_000_123), "");
+        assert_eq!(published_prices(prices, &down, None, 1_000_123), "");
         assert_eq!(
-            published_prices(Default::default(), &ApiHealth::Available, 1),
+            published_prices(Default::default(), &ApiHealth::Available, None, 1),
             ""
         );
     }

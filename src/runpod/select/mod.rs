@@ -363,7 +363,8 @@ fn evaluate(
     let preference = if requirements.gpu_types.is_empty() {
         0
     } else {
-        // Any spelling of a model (canonical, RunPod's id, Vast.ai's name) matches the id.
+        // A canonical name or Vast.ai's name matches every id of its models; a RunPod id
+        // matches itself (case and spaces ignored).
         contract::gpus::preference(
             &requirements.gpu_types,
             contract::provider::Cloud::RunPod,

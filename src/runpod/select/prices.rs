@@ -55,5 +55,6 @@ pub fn price_sheet(catalogue: &Catalogue, data_center_ids: &[String]) -> PriceSh
     PriceSheet {
         prices: GpuPrices::from_observations(observations, None),
         unknown_gpus: unknown,
+        fetched_at: None,
     }
 }

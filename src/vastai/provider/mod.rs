@@ -64,9 +64,9 @@ impl VastaiProvider {
         }
     }
 
-    /// Reads the market's cheapest price inside the policy every `every`, for the node's
-    /// published price (`runpod.io/provider: cheapest` compares it). Searches are limited to
-    /// 10 a minute: one every few minutes leaves them to creates.
+    /// Reads the market's prices inside the policy every `every` (five searches, 8 s apart),
+    /// for the node's published prices (`runpod.io/provider: cheapest` compares them). Vast.ai
+    /// allows 10 searches a minute: a few every few minutes leave the rest to creates.
     pub fn spawn_price_refresher(self: &Arc<Self>, every: Duration) {
         let provider = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -90,7 +90,10 @@ impl VastaiProvider {
             }
             match self.client.search(query).await {
                 Ok(offers) => {
-                    let sheet = crate::vastai::prices::price_sheet(&offers, query.disk_gb);
+                    let sheet = PriceSheet {
+                        fetched_at: Some(Timestamp::now().as_second()),
+                        ..crate::vastai::prices::price_sheet(&offers, query.disk_gb)
+                    };
                     let mut tiers = self.prices.lock().unwrap_or_else(PoisonError::into_inner);
                     if tiers.len() <= tier {
                         tiers.resize(tier + 1, PriceSheet::default());
@@ -500,10 +503,22 @@ impl Provider for VastaiProvider {
 
     fn price_sheet(&self) -> PriceSheet {
         let tiers = self.prices.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Timestamp::now().as_second();
         let mut sheet = PriceSheet::default();
-        for tier in tiers.iter() {
+        // A tier whose searches keep failing drops out once its prices are stale.
+        for tier in tiers.iter().filter(|tier| {
+            tier.fetched_at
+                .is_some_and(|at| now - at <= runpod_contract::gpus::STALE_AFTER_SECS)
+        }) {
             sheet.prices.merge(tier.prices.clone());
             sheet.unknown_gpus.extend(tier.unknown_gpus.iter().cloned());
+            sheet.fetched_at = Some(
+                sheet
+                    .fetched_at
+                    .map_or(tier.fetched_at.unwrap_or(now), |oldest| {
+                        oldest.min(tier.fetched_at.unwrap_or(now))
+                    }),
+            );
         }
         sheet
     }

@@ -168,31 +168,35 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
                 .into_iter()
                 .filter(|cloud| !config.disabled_clouds.contains(cloud))
                 .collect();
-            let clouds: Vec<Cloud> = installed
+            let mut clouds: Vec<Cloud> = installed
                 .iter()
                 .copied()
                 .filter(|cloud| fits(*cloud))
                 .collect();
-            if clouds.is_empty() {
-                // No cloud would take it: say what each one minds.
+            // Refused here only when every cloud's policy says no; a shape a cloud cannot run
+            // is judged below per burst mode (a `fallback` pod then stays local).
+            let policy_problems = |cloud: Cloud| match cloud {
+                Cloud::RunPod => checks::policy_violations(&effective, gpus, config),
+                Cloud::VastAi => {
+                    runpod_contract::vastai::requirements(&effective.values(), gpus, &config.vastai)
+                        .err()
+                        .unwrap_or_default()
+                }
+            };
+            if clouds.is_empty()
+                && !installed.is_empty()
+                && installed
+                    .iter()
+                    .all(|cloud| !policy_problems(*cloud).is_empty())
+            {
                 let problems: Vec<String> = installed
                     .iter()
                     .map(|cloud| {
-                        let why = match cloud {
-                            Cloud::RunPod => checks::policy_violations(&effective, gpus, config),
-                            Cloud::VastAi => {
-                                let mut why = checks::vastai_unsupported_shape(pod);
-                                if let Err(problems) = runpod_contract::vastai::requirements(
-                                    &effective.values(),
-                                    gpus,
-                                    &config.vastai,
-                                ) {
-                                    why.extend(problems);
-                                }
-                                why
-                            }
-                        };
-                        format!("{}: {}", cloud.display_name(), why.join(", "))
+                        format!(
+                            "{}: {}",
+                            cloud.display_name(),
+                            policy_problems(*cloud).join(", ")
+                        )
                     })
                     .collect();
                 return Verdict::Deny {
@@ -202,13 +206,23 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
                         pod,
                         namespace,
                         &[format!(
-                            "{} is cheapest but no cloud of this installation can run the pod \
+                            "{} is cheapest but no cloud of this installation allows the pod \
                              ({})",
                             provider::PROVIDER,
                             problems.join("; ")
                         )],
                     ),
                 };
+            }
+            // Only shapes stand in the way: the first installed cloud without a policy problem,
+            // where the shape checks below decide.
+            if clouds.is_empty()
+                && let Some(cloud) = installed
+                    .iter()
+                    .copied()
+                    .find(|cloud| policy_problems(*cloud).is_empty())
+            {
+                clouds.push(cloud);
             }
             let sides = cheapest::sides(&effective, gpus, config, &context.gpu_prices, &clouds);
             match runpod_contract::gpus::cheapest(&sides, config.default_cloud()) {

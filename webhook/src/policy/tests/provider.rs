@@ -470,11 +470,44 @@ fn cheapest_refuses_a_pod_no_cloud_would_take_naming_each_clouds_reason() {
     let (code, message) = denial(&verdict);
     assert_eq!(code, 403);
     assert!(
-        message.contains("no cloud of this installation can run the pod")
+        message.contains("no cloud of this installation allows the pod")
             && message.contains("RunPod: ")
             && message.contains("US-CA-2")
             && message.contains("Vast.ai: ")
             && message.contains("Asia"),
         "{message}"
     );
+}
+
+#[test]
+fn cheapest_keeps_a_fallback_pod_only_a_shape_stops_local() {
+    // A Vast.ai-only installation and a pod mounting a ConfigMap: Vast.ai cannot run it, which
+    // is a shape, not a policy: in `fallback` it stays local with a warning, as before.
+    let config = PolicyConfig {
+        disabled_clouds: [Cloud::RunPod].into(),
+        ..vast_config()
+    };
+    let mut context = namespace_with("cheapest");
+    context.gpu_prices = market();
+    let pod = with(
+        with(
+            gpu_pod(),
+            "/spec/containers",
+            json!([{"name": "main", "image": "pytorch/pytorch", "command": ["python"],
+                    "volumeMounts": [{"name": "cfg", "mountPath": "/etc/app"}],
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]),
+        ),
+        "/spec/volumes",
+        json!([{"name": "cfg", "configMap": {"name": "app"}}]),
+    );
+    let (verdict, _) = admit_with(&pod, &context, &config);
+    let Verdict::Allow {
+        untouched,
+        warnings,
+        ..
+    } = &verdict
+    else {
+        panic!("{verdict:?}")
+    };
+    assert_eq!(*untouched, Some(Untouched::CannotBurst), "{warnings:?}");
 }

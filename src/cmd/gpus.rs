@@ -94,16 +94,16 @@ async fn catalogue(args: GpusArgs) -> anyhow::Result<()> {
             .vastai_policy
             .policy(args.max_gpu_price)
             .map_err(anyhow::Error::msg)?;
-        let mut merged = runpod_contract::gpus::GpuPrices::default();
-        let mut names = std::collections::BTreeSet::new();
+        let mut sheet = runpod_kubelet::provider::PriceSheet::default();
         for query in OfferQuery::price_searches(&policy) {
             let offers = client.search(&query).await?;
-            let sheet = runpod_kubelet::vastai::prices::price_sheet(&offers, query.disk_gb);
-            names.extend(sheet.unknown_gpus);
-            merged.merge(sheet.prices);
+            sheet.merge(runpod_kubelet::vastai::prices::price_sheet(
+                &offers,
+                query.disk_gb,
+            ));
         }
-        unknown.insert(Cloud::VastAi, names);
-        prices.insert(Cloud::VastAi, merged.lowest_per_gpu());
+        unknown.insert(Cloud::VastAi, sheet.unknown_gpus);
+        prices.insert(Cloud::VastAi, sheet.prices.lowest_per_gpu());
     }
     let price = |cloud: Cloud, gpu: &str| prices.get(&cloud).and_then(|p| p.get(gpu)).copied();
     if args.json {

@@ -355,6 +355,19 @@ pub struct PriceSheet {
     pub fetched_at: Option<i64>,
 }
 
+impl PriceSheet {
+    /// Adds another sheet of the same cloud (a search tier): the lowest prices, every unknown
+    /// GPU, the older read time.
+    pub fn merge(&mut self, other: PriceSheet) {
+        self.prices.merge(other.prices);
+        self.unknown_gpus.extend(other.unknown_gpus);
+        self.fetched_at = match (self.fetched_at, other.fetched_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
 /// How a cloud is named to users: in messages, Events, log lines and container ids. Event
 /// reasons keep their names (users alert on them); everything a person reads names the cloud
 /// the pod really runs on.

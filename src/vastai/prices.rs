@@ -8,14 +8,11 @@ use runpod_contract::gpus::{self, GpuPrices};
 use runpod_contract::provider::Cloud;
 
 use super::model::Offer;
+use super::query::{MB_PER_GB, NOMINAL_SHARE};
 use crate::provider::PriceSheet;
 
 /// Hours in the month Vast.ai prices disk by.
 const MONTH_HOURS: f64 = 720.0;
-/// Vast.ai counts GPU memory in MB of 1000.
-const MB_PER_GB: f64 = 1000.0;
-/// The share of a model's nominal memory its cards report at least (as the pod searches use).
-const NOMINAL_SHARE: f64 = 0.9;
 
 /// The price sheet of the offers a search returned, with `disk_gb` priced into their totals.
 pub fn price_sheet(offers: &[Offer], disk_gb: u32) -> PriceSheet {

@@ -12,10 +12,10 @@ use runpod_contract::vastai::{Requirements, VastPolicy};
 use super::model::{MIN_DISK_GB, Offer};
 
 /// Vast.ai counts GPU memory in MB of 1000 (a 24 GB card says 24564 or 24576).
-const MB_PER_GB: f64 = 1000.0;
+pub(crate) const MB_PER_GB: f64 = 1000.0;
 /// The share of a model's nominal memory its cards report at least (an 80 GB card says 79 to
 /// 82 thousand MB; the 40 GB card of the same name far less).
-const NOMINAL_SHARE: f64 = 0.9;
+pub(crate) const NOMINAL_SHARE: f64 = 0.9;
 
 /// Offers read by one price search: the cheapest this many inside the policy, any GPU count.
 pub const PRICE_SEARCH_ROWS: u32 = 500;

@@ -243,28 +243,29 @@ impl GpuPrices {
     /// The lowest price per GPU-hour per class (`SECURE=…`, or `no_class` for a cloud without
     /// classes), any type and count: what `runpod.io/cheapest-gpu-price` publishes.
     pub fn lowest_per_class(&self, no_class: &str) -> Vec<(String, f64)> {
-        let mut lowest: BTreeMap<String, f64> = BTreeMap::new();
-        for quote in &self.quotes {
-            let class = quote
+        self.lowest_by(|quote| {
+            quote
                 .key
                 .class
                 .clone()
-                .unwrap_or_else(|| no_class.to_owned());
-            lowest
-                .entry(class)
-                .and_modify(|p| *p = p.min(quote.per_gpu))
-                .or_insert(quote.per_gpu);
-        }
-        lowest.into_iter().collect()
+                .unwrap_or_else(|| no_class.to_owned())
+        })
+        .into_iter()
+        .collect()
     }
 
     /// The lowest published price per GPU-hour of each catalogue GPU, any class and count (for
     /// `runpod-kubelet gpus`).
     pub fn lowest_per_gpu(&self) -> BTreeMap<String, f64> {
+        self.lowest_by(|quote| quote.key.gpu.clone())
+    }
+
+    /// The lowest price per GPU-hour of the quotes sharing each key.
+    fn lowest_by(&self, key: impl Fn(&Quote) -> String) -> BTreeMap<String, f64> {
         let mut lowest: BTreeMap<String, f64> = BTreeMap::new();
         for quote in &self.quotes {
             lowest
-                .entry(quote.key.gpu.clone())
+                .entry(key(quote))
                 .and_modify(|p| *p = p.min(quote.per_gpu))
                 .or_insert(quote.per_gpu);
         }

@@ -510,15 +510,7 @@ impl Provider for VastaiProvider {
             tier.fetched_at
                 .is_some_and(|at| now - at <= runpod_contract::gpus::STALE_AFTER_SECS)
         }) {
-            sheet.prices.merge(tier.prices.clone());
-            sheet.unknown_gpus.extend(tier.unknown_gpus.iter().cloned());
-            sheet.fetched_at = Some(
-                sheet
-                    .fetched_at
-                    .map_or(tier.fetched_at.unwrap_or(now), |oldest| {
-                        oldest.min(tier.fetched_at.unwrap_or(now))
-                    }),
-            );
+            sheet.merge(tier.clone());
         }
         sheet
     }

@@ -150,18 +150,19 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     let cloud = match choice {
         ProviderChoice::Cloud(cloud) => cloud,
         ProviderChoice::Cheapest => {
-            // Only the clouds this pod may go to are compared; judged only for such pods.
-            let fits = |cloud: Cloud| match cloud {
-                Cloud::RunPod => checks::policy_violations(&effective, gpus, config).is_empty(),
+            // What each cloud's policy minds about this pod.
+            let policy_problems = |cloud: Cloud| match cloud {
+                Cloud::RunPod => checks::policy_violations(&effective, gpus, config),
                 Cloud::VastAi => {
-                    checks::vastai_unsupported_shape(pod).is_empty()
-                        && runpod_contract::vastai::requirements(
-                            &effective.values(),
-                            gpus,
-                            &config.vastai,
-                        )
-                        .is_ok()
+                    runpod_contract::vastai::requirements(&effective.values(), gpus, &config.vastai)
+                        .err()
+                        .unwrap_or_default()
                 }
+            };
+            // Only the clouds this pod may go to are compared; judged only for such pods.
+            let fits = |cloud: Cloud| {
+                policy_problems(cloud).is_empty()
+                    && (cloud != Cloud::VastAi || checks::vastai_unsupported_shape(pod).is_empty())
             };
             // The installation's order: RunPod first, for ties and when nothing is published.
             let installed: Vec<Cloud> = Cloud::ALL
@@ -175,14 +176,6 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
                 .collect();
             // Refused here only when every cloud's policy says no; a shape a cloud cannot run
             // is judged below per burst mode (a `fallback` pod then stays local).
-            let policy_problems = |cloud: Cloud| match cloud {
-                Cloud::RunPod => checks::policy_violations(&effective, gpus, config),
-                Cloud::VastAi => {
-                    runpod_contract::vastai::requirements(&effective.values(), gpus, &config.vastai)
-                        .err()
-                        .unwrap_or_default()
-                }
-            };
             if clouds.is_empty()
                 && !installed.is_empty()
                 && installed

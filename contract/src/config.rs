@@ -24,6 +24,9 @@ pub struct PolicyConfig {
     /// `--accept-seed-tolerations`: a pod that itself tolerates the RunPod node's taint by key
     /// (the Go kubelet's manifests) counts as opted in.
     pub accept_seed_tolerations: bool,
+    /// The budget (USD per hour) of a namespace without `runpod.io/budget-per-hour`
+    /// (`--default-budget-per-hour`); `None`: no budget.
+    pub default_budget: Option<f64>,
 }
 
 impl PolicyConfig {
@@ -65,6 +68,7 @@ impl PolicyConfig {
             disabled_clouds: BTreeSet::new(),
             expose_no_ports: false,
             accept_seed_tolerations: false,
+            default_budget: None,
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod names;
 pub mod pod;
 pub mod policy;
 pub mod provider;
+pub mod teams;
 pub mod vastai;
 
 pub use annotations::*;

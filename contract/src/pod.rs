@@ -91,6 +91,9 @@ pub struct SpecView {
     pub affinity: Option<AffinityView>,
     #[serde(default)]
     pub runtime_class_name: Option<String>,
+    /// A pod that names its node is bound by its author, not by the webhook.
+    #[serde(default)]
+    pub node_name: Option<String>,
 }
 
 /// A container (regular or init).
@@ -185,6 +188,9 @@ pub struct AffinityView {
 pub struct NodeAffinityView {
     #[serde(default)]
     pub preferred_during_scheduling_ignored_during_execution: Option<Vec<PreferredTermView>>,
+    /// Kept whole: a node binding is added into each of the pod's own terms.
+    #[serde(default)]
+    pub required_during_scheduling_ignored_during_execution: Option<serde_json::Value>,
 }
 
 /// A preferred scheduling term: all of its fields, so that one can be compared with ours.

@@ -83,6 +83,10 @@ pub struct WebhookArgs {
     /// Most reviews in flight at once on one h2 connection.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..), env = "RUNPOD_KUBELET_MAX_CONCURRENT_STREAMS")]
     pub max_concurrent_streams: u32,
+    /// Budget in USD per hour of a namespace without `runpod.io/budget-per-hour` (give the
+    /// controllers the same); default: none.
+    #[arg(long, value_parser = runpod_contract::budget::parse_budget, env = "RUNPOD_KUBELET_DEFAULT_BUDGET_PER_HOUR")]
+    pub default_budget_per_hour: Option<f64>,
 }
 
 pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
@@ -97,6 +101,14 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         .context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
     let mut supervisor = Supervisor::default();
     let (cluster, cache_tasks) = KubeCluster::start(client);
+    // The budget ledgers live in the release's namespace, where the controllers run.
+    let cluster = cluster.with_ledger_namespace(
+        std::env::var("POD_NAMESPACE")
+            .ok()
+            .map(|ns| ns.trim().to_owned())
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or_else(|| "default".to_owned()),
+    );
     for (name, task) in cache_tasks {
         supervisor.adopt(name, task);
     }
@@ -162,6 +174,7 @@ fn policy_config(
         .map_err(anyhow::Error::msg)?;
     config.expose_no_ports = args.expose_ports == crate::cmd::flags::ExposePorts::None;
     config.accept_seed_tolerations = args.accept_seed_tolerations;
+    config.default_budget = args.default_budget_per_hour;
     config.disabled_clouds = runpod_contract::provider::Cloud::ALL
         .into_iter()
         .filter(|cloud| !args.clouds.contains(cloud))

@@ -41,6 +41,11 @@ pub struct Settings {
     pub adoption_namespace: String,
     /// Exec and port-forward over the cloud's SSH (`--exec-ssh`, the node's key).
     pub exec: crate::controller::kubelet_api::exec::ExecAccess,
+    /// Namespace of the budget ledgers, shared by every node of the installation (the
+    /// controller's own).
+    pub ledger_namespace: String,
+    /// The namespaces this node serves (`--serve-namespaces`); empty: those bound to no node.
+    pub serve_namespaces: Vec<String>,
 }
 
 /// One complete, successful list of the cloud's instances, reduced to this cluster and node.
@@ -79,6 +84,8 @@ pub struct Shared<P> {
     pub ends_due: tokio::sync::Notify,
     /// The operator's adoption record as last read (`controller::adoption`).
     pub adopted: Mutex<std::collections::BTreeMap<String, String>>,
+    /// Budget reservations under way and whether the ledgers were rebuilt (`budget`).
+    pub budget: crate::controller::budget::BudgetState,
 }
 
 impl<P> Shared<P> {

@@ -50,7 +50,8 @@ impl Judged {
             return false;
         }
         match &self.refusal {
-            Some(refusal) if refusal.reason == NOT_OPTED_IN => {
+            // Labels (opt-in, the node binding) can change: read them again now and then.
+            Some(refusal) if refusal.reason == NOT_OPTED_IN || refusal.reason == WRONG_NODE => {
                 Duration::try_from(now.duration_since(self.at))
                     .is_ok_and(|age| age < NOT_OPTED_IN_RECHECK)
             }
@@ -60,6 +61,25 @@ impl Judged {
 }
 
 const NOT_OPTED_IN: &str = "NotOptedIn";
+use contract::teams::WRONG_NODE;
+
+/// The verdict once the node binding is known: a pod whose namespace is bound to another node
+/// (`why_not_here`) is refused `WrongNode` before anything but the reasons that say the node
+/// is not for it at all (not opted in, not a GPU pod).
+pub fn with_binding(refusal: Option<Refusal>, why_not_here: Option<String>) -> Option<Refusal> {
+    match refusal {
+        Some(refusal) if refusal.reason == NOT_OPTED_IN || refusal.reason == "NotRunOnRunPod" => {
+            Some(refusal)
+        }
+        refusal => why_not_here
+            .map(|message| Refusal {
+                reason: WRONG_NODE,
+                message,
+                fail: false,
+            })
+            .or(refusal),
+    }
+}
 
 /// Owners that replace a failed pod at once: failing their pods would only churn.
 const RECREATING_OWNERS: [&str; 4] = [
@@ -377,6 +397,49 @@ mod tests {
             at,
         };
         assert!(allowed.still_holds(None, later(3600)));
+    }
+
+    #[test]
+    fn a_pod_bound_elsewhere_is_refused_before_what_it_could_run() {
+        let elsewhere = || Some("namespace team is bound to node b".to_owned());
+        let cannot = refusal(
+            &pod(json!({"spec": {"initContainers": [{"name": "i", "image": "b"}]}})),
+            &enabled(),
+            &policy(),
+            CloudName::RUNPOD,
+        );
+        assert_eq!(
+            reason(with_binding(cannot.clone(), elsewhere())),
+            Some(("WrongNode", false))
+        );
+        assert_eq!(with_binding(cannot.clone(), None), cannot);
+        let not_opted_in = refusal(
+            &pod(json!({})),
+            &BTreeMap::new(),
+            &policy(),
+            CloudName::RUNPOD,
+        );
+        assert_eq!(
+            reason(with_binding(not_opted_in, elsewhere())),
+            Some(("NotOptedIn", false))
+        );
+        assert_eq!(
+            reason(with_binding(None, elsewhere())),
+            Some(("WrongNode", false))
+        );
+        let at: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let judged = Judged {
+            refusal: with_binding(None, elsewhere()),
+            label: None,
+            at,
+        };
+        let later = at
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(61))
+            .unwrap();
+        assert!(
+            !judged.still_holds(None, later),
+            "the namespace may be bound anew"
+        );
     }
 
     #[test]

@@ -43,5 +43,7 @@ pub fn settings() -> Settings {
         key_source: "Secret ns/key".into(),
         adoption_namespace: "runpod-system".into(),
         exec: crate::controller::kubelet_api::exec::ExecAccess::Off,
+        ledger_namespace: "runpod-system".into(),
+        serve_namespaces: Vec::new(),
     }
 }

@@ -43,6 +43,12 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
+/// One namespace (budgets are per namespace; the set is bounded by namespaces with burst pods).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabel {
+    pub namespace: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: &'static str,
@@ -105,6 +111,11 @@ pub struct ControllerMetrics {
     pub cloud_api_available: Family<ProviderLabel, Gauge>,
     /// GPU types the cloud sells that the GPU catalogue does not know (named in the log).
     pub unknown_gpu_types: Gauge,
+    /// What each namespace's burst pods cost per hour now, every node and cloud together (the
+    /// shared budget ledger), creates under way included.
+    pub namespace_spend: Family<NamespaceLabel, Gauge<f64, AtomicU64>>,
+    /// Each namespace's `runpod.io/budget-per-hour` (or the installation's default).
+    pub namespace_budget: Family<NamespaceLabel, Gauge<f64, AtomicU64>>,
 }
 
 impl ControllerMetrics {
@@ -172,6 +183,35 @@ impl ControllerMetrics {
         let _ = self.pod_gpu_utilization.get_or_create(&pod);
         let _ = self.pod_gpu_memory_utilization.get_or_create(&pod);
         let _ = self.pod_cost_per_hour.get_or_create(&pod);
+        let team = NamespaceLabel {
+            namespace: "team-a".to_string(),
+        };
+        let _ = self.namespace_spend.get_or_create(&team);
+        let _ = self.namespace_budget.get_or_create(&team);
+    }
+
+    /// A namespace's spend, as its ledger says.
+    pub fn namespace_spend(&self, namespace: &str, usd: f64) {
+        self.namespace_spend
+            .get_or_create(&NamespaceLabel {
+                namespace: namespace.to_owned(),
+            })
+            .set(usd);
+    }
+
+    /// A namespace's budget, or no series when it has none.
+    pub fn namespace_budget(&self, namespace: &str, usd: Option<f64>) {
+        let label = NamespaceLabel {
+            namespace: namespace.to_owned(),
+        };
+        match usd {
+            Some(usd) => {
+                self.namespace_budget.get_or_create(&label).set(usd);
+            }
+            None => {
+                self.namespace_budget.remove(&label);
+            }
+        }
     }
 
     /// Registers every metric under the registry's prefix.
@@ -296,6 +336,16 @@ impl ControllerMetrics {
             "unknown_gpu_types",
             "GPU types the cloud sells that the GPU catalogue does not know: pods cannot name them and cheapest does not compare them (the controller's log names them)",
             metrics.unknown_gpu_types.clone(),
+        );
+        registry.register(
+            "namespace_spend_per_hour",
+            "USD per hour each namespace's burst pods cost now, every node and cloud together (the clouds' own figures, plus creates under way)",
+            metrics.namespace_spend.clone(),
+        );
+        registry.register(
+            "namespace_budget_per_hour",
+            "Each namespace's budget in USD per hour (runpod.io/budget-per-hour, or the installation's default)",
+            metrics.namespace_budget.clone(),
         );
         Arc::new(metrics)
     }

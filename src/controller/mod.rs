@@ -3,6 +3,7 @@
 //! behind the `provider::Provider` seam; RunPod is `runpod_provider`.
 
 pub mod adoption;
+pub mod budget;
 pub mod clock;
 pub mod cloud;
 pub mod context;
@@ -176,6 +177,7 @@ async fn lead<P: Provider>(
         usage: Mutex::new(usage::UsageLedger::default()),
         ends_due: tokio::sync::Notify::new(),
         adopted: Mutex::new(adoption::Record::new()),
+        budget: budget::BudgetState::default(),
     });
 
     let mut tasks = tokio::task::JoinSet::new();
@@ -230,6 +232,7 @@ async fn lead<P: Provider>(
         tick_tx,
     ));
     tasks.spawn(cloud::billing::run(shared.clone(), store.clone()));
+    tasks.spawn(budget::sync::run(shared.clone(), store.clone()));
     tasks.spawn(kubelet_api::serve(
         kubelet_listener,
         kubelet_tls,

@@ -23,7 +23,7 @@ pub async fn admit<C: ClusterView>(
             warnings: Vec::new(),
             untouched: Some(reason),
         },
-        None => match lookup_context(&creation, cluster).await {
+        None => match lookup_context(&creation, cluster, config).await {
             Ok(context) => policy::decide(&creation.pod, &creation.namespace, &context, config),
             Err(error) => {
                 tracing::warn!(%error, namespace = %creation.namespace, "admission refused: lookup failed");
@@ -48,6 +48,7 @@ pub async fn admit<C: ClusterView>(
 async fn lookup_context<C: ClusterView>(
     creation: &review::PodCreation,
     cluster: &C,
+    config: &PolicyConfig,
 ) -> Result<Context, crate::cluster::LookupError> {
     let namespace_labels: BTreeMap<String, String> =
         cluster.namespace_labels(&creation.namespace).await?;
@@ -55,11 +56,24 @@ async fn lookup_context<C: ClusterView>(
         Some((name, uid)) => cluster.job(&creation.namespace, &name, &uid).await?,
         None => None,
     };
+    let namespace_annotations = cluster.namespace_annotations(&creation.namespace);
+    // The ledger is read only where a budget could make it matter.
+    let namespace_spend = if namespace_annotations
+        .contains_key(runpod_contract::budget::BUDGET_PER_HOUR)
+        || config.default_budget.is_some()
+    {
+        cluster.namespace_spend(&creation.namespace).await
+    } else {
+        None
+    };
     Ok(Context {
         namespace_labels,
         job,
         cheapest_gpu_price: cluster.cheapest_gpu_prices(),
         gpu_prices: cluster.gpu_prices(),
+        namespace_annotations,
+        served: cluster.served(),
+        namespace_spend,
     })
 }
 

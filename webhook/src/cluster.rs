@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -19,8 +19,10 @@ use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
 use crate::policy::OwningJob;
+use runpod_contract::budget::ledger::Ledger;
 use runpod_contract::gpus::GpuPrices;
 use runpod_contract::provider::Cloud;
+use runpod_contract::teams::Served;
 
 /// A lookup that could not be answered; the review is refused as retryable.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +58,20 @@ pub trait ClusterView: Send + Sync + 'static {
     fn gpu_prices(&self) -> BTreeMap<Cloud, GpuPrices> {
         BTreeMap::new()
     }
+    /// Annotations of a namespace as cached (its budget); empty when unknown. The controller
+    /// enforces the budget before every create: admission only refuses early.
+    fn namespace_annotations(&self, _name: &str) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+    /// Each virtual node of ours: its cloud and the namespaces it lists.
+    fn served(&self) -> Vec<(Cloud, Served)> {
+        Vec::new()
+    }
+    /// What a namespace spends now per its budget ledger, when it can be read (only feeds a
+    /// warning, so it never blocks a review).
+    fn namespace_spend(&self, _namespace: &str) -> impl Future<Output = Option<f64>> + Send {
+        async { None }
+    }
 }
 
 const DIRECT_GET_TIMEOUT: Duration = Duration::from_secs(3);
@@ -69,6 +85,8 @@ pub struct KubeCluster {
     /// Virtual nodes of ours (provider label), for the price annotation.
     nodes: Store<PartialObjectMeta<Node>>,
     synced: Arc<AtomicBool>,
+    /// Where the controllers keep the budget ledgers (their namespace, and this webhook's).
+    ledger_namespace: String,
 }
 
 /// Named background tasks that must run as long as the server; one that ends has failed.
@@ -139,8 +157,15 @@ impl KubeCluster {
             jobs,
             nodes,
             synced,
+            ledger_namespace: "default".to_owned(),
         };
         (cluster, tasks)
+    }
+
+    /// Reads the budget ledgers in `namespace` (the release's own).
+    pub fn with_ledger_namespace(mut self, namespace: String) -> Self {
+        self.ledger_namespace = namespace;
+        self
     }
 }
 
@@ -231,6 +256,43 @@ impl ClusterView for KubeCluster {
         by_cloud.retain(|_, prices| !prices.is_empty());
         by_cloud
     }
+
+    fn namespace_annotations(&self, name: &str) -> BTreeMap<String, String> {
+        self.namespaces
+            .get(&ObjectRef::new(name))
+            .and_then(|namespace| namespace.metadata.annotations.clone())
+            .unwrap_or_default()
+    }
+
+    fn served(&self) -> Vec<(Cloud, Served)> {
+        self.nodes
+            .state()
+            .iter()
+            .filter_map(|node| {
+                let cloud = node_cloud(&node.metadata)?;
+                let name = node.metadata.name.as_deref()?;
+                let listed = node
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(runpod_contract::teams::SERVES_NAMESPACES));
+                Some((cloud, Served::parse(name, listed.map(String::as_str))))
+            })
+            .collect()
+    }
+
+    async fn namespace_spend(&self, namespace: &str) -> Option<f64> {
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), &self.ledger_namespace);
+        let name = runpod_contract::budget::ledger::ledger_name(namespace);
+        let found = direct_get(api.get_opt(&name), || format!("ConfigMap {name}"))
+            .await
+            .ok()?;
+        let ledger = found
+            .and_then(|map| map.data)
+            .map(|data| Ledger::parse(&data))
+            .unwrap_or_default();
+        Some(ledger.spend().total())
+    }
 }
 
 /// The cloud a virtual node of ours serves, from its provider label.
@@ -316,6 +378,18 @@ impl<T: ClusterView> ClusterView for Arc<T> {
     fn gpu_prices(&self) -> BTreeMap<Cloud, GpuPrices> {
         T::gpu_prices(self)
     }
+
+    fn namespace_annotations(&self, name: &str) -> BTreeMap<String, String> {
+        T::namespace_annotations(self, name)
+    }
+
+    fn served(&self) -> Vec<(Cloud, Served)> {
+        T::served(self)
+    }
+
+    fn namespace_spend(&self, namespace: &str) -> impl Future<Output = Option<f64>> + Send {
+        T::namespace_spend(self, namespace)
+    }
 }
 
 /// A [`ClusterView`] held in memory: for fuzzing, tests and benchmarks of the policy path
@@ -333,6 +407,12 @@ pub struct MemoryCluster {
     pub cheapest_gpu_prices: BTreeMap<String, f64>,
     /// What each cloud's virtual nodes publish per GPU type.
     pub gpu_prices: BTreeMap<Cloud, GpuPrices>,
+    /// Namespace name → annotations.
+    pub namespace_annotations: BTreeMap<String, BTreeMap<String, String>>,
+    /// The virtual nodes and what they serve.
+    pub served: Vec<(Cloud, Served)>,
+    /// Namespace name → what its ledger says it spends.
+    pub spend: BTreeMap<String, f64>,
 }
 
 impl ClusterView for MemoryCluster {
@@ -378,5 +458,20 @@ impl ClusterView for MemoryCluster {
 
     fn gpu_prices(&self) -> BTreeMap<Cloud, GpuPrices> {
         self.gpu_prices.clone()
+    }
+
+    fn namespace_annotations(&self, name: &str) -> BTreeMap<String, String> {
+        self.namespace_annotations
+            .get(name)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn served(&self) -> Vec<(Cloud, Served)> {
+        self.served.clone()
+    }
+
+    async fn namespace_spend(&self, namespace: &str) -> Option<f64> {
+        self.spend.get(namespace).copied()
     }
 }

@@ -19,6 +19,7 @@ fn config() -> PolicyConfig {
         disabled_clouds: Default::default(),
         expose_no_ports: false,
         accept_seed_tolerations: false,
+        default_budget: None,
     }
 }
 

@@ -185,6 +185,15 @@ pub struct ControllerArgs {
     /// Cap in USD per hour per GPU.
     #[arg(long, default_value_t = 0.5, env = "RUNPOD_KUBELET_MAX_GPU_PRICE")]
     pub max_gpu_price: f64,
+    /// Budget in USD per hour of a namespace without `runpod.io/budget-per-hour` (its burst pods
+    /// on every node and cloud together); default: none.
+    #[arg(long, value_parser = runpod_contract::budget::parse_budget, env = "RUNPOD_KUBELET_DEFAULT_BUDGET_PER_HOUR")]
+    pub default_budget_per_hour: Option<f64>,
+    /// The namespaces this node serves (comma-separated; the chart's `nodes[].namespaces`):
+    /// pods of any other namespace are refused (`WrongNode`) unless their namespace's
+    /// `runpod.io/node` label names this node. Empty: namespaces bound to no node.
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_SERVE_NAMESPACES")]
+    pub serve_namespaces: Vec<String>,
     /// What a pod without `runpod.io/ports` exposes: `auto`, its declared container ports (as
     /// public endpoints of the cloud), or `none`. Give the webhook the same.
     #[arg(

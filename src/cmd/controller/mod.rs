@@ -217,6 +217,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     admission.expose_no_ports = args.expose_ports == crate::cmd::flags::ExposePorts::None;
     admission.accept_seed_tolerations = args.accept_seed_tolerations;
+    admission.default_budget = args.default_budget_per_hour;
     let mut setup = Setup {
         cluster_id,
         internal_ip,
@@ -405,6 +406,12 @@ async fn serve<P: Provider>(
             max_gpus: args.max_gpus,
             cpu: "1000".into(),
             memory: "4Ti".into(),
+            serves: args
+                .serve_namespaces
+                .iter()
+                .map(|ns| ns.trim().to_owned())
+                .filter(|ns| !ns.is_empty())
+                .collect(),
         },
         settings: Settings {
             node_name: args.nodename.clone(),
@@ -418,6 +425,13 @@ async fn serve<P: Provider>(
             admission,
             key_source: args::key_source(args.provider, args.api_key_secret.as_deref()),
             adoption_namespace: args::adoption_namespace(args.adoption_namespace.as_deref()),
+            ledger_namespace: args::adoption_namespace(None),
+            serve_namespaces: args
+                .serve_namespaces
+                .iter()
+                .map(|ns| ns.trim().to_owned())
+                .filter(|ns| !ns.is_empty())
+                .collect(),
             exec,
         },
         kubelet_listener,

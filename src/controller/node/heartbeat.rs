@@ -186,6 +186,8 @@ async fn write_node<P: Provider>(
             Timestamp::now().as_second(),
         ),
     ));
+    let serves = config.serves.join(",");
+    annotations.push((runpod_contract::teams::SERVES_NAMESPACES, serves));
     if let Err(error) = super::sync_spec(nodes, config, health, &annotations).await {
         warn!(error = %error, "updating the node's taints failed");
     }

@@ -41,6 +41,9 @@ pub struct NodeConfig {
     pub max_gpus: u32,
     pub cpu: String,
     pub memory: String,
+    /// The namespaces this node serves (`--serve-namespaces`), published on the node for the
+    /// webhook and the other nodes' controllers.
+    pub serves: Vec<String>,
 }
 
 impl NodeConfig {
@@ -295,6 +298,7 @@ mod tests {
             max_gpus: 8,
             cpu: "100".into(),
             memory: "1Ti".into(),
+            serves: Vec::new(),
         }
     }
 

@@ -15,6 +15,7 @@ use tracing::{info, warn};
 
 use super::decide::{self, create::CreateFacts};
 use super::{ReconcileError, annotation, bound_at, finish, pods_in_namespace_of, write};
+use crate::controller::budget::{self, Gate, Settled};
 use crate::controller::context::{Shared, Snapshot};
 use crate::controller::eligibility::{self, Judged, Refusal};
 use crate::controller::node::health::ApiHealth;
@@ -154,6 +155,16 @@ pub(super) async fn create<P: Provider>(
         .await;
     }
 
+    // The namespace's budget: reserve what this create may cost, or wait for room.
+    let reserved = match budget::before_create(ctx, pod, uid).await? {
+        Gate::Unbounded => None,
+        Gate::Reserved { usd } => Some(usd),
+        Gate::Wait(message) => {
+            return write::apply(ctx, pod, decide::create::budget_wait(message, settings)).await;
+        }
+        Gate::Later => return Ok(Action::requeue(super::SHORT)),
+    };
+
     // The first attempt repeats `cheapest`'s choice and prices where users read Events.
     let first_attempt = annotation(pod, CREATE_REQUESTED).is_none() && marked_at.is_none();
     if let Some(choice) = annotation(pod, runpod_contract::provider::CHEAPEST_CHOICE)
@@ -187,6 +198,11 @@ pub(super) async fn create<P: Provider>(
             }
         };
     let for_cloud = decide::create::with_default_ports(pod, ctx.settings.admission.expose_no_ports);
+    // A create under a reservation may cost no more than was reserved.
+    let for_cloud = match reserved {
+        Some(usd) => std::borrow::Cow::Owned(decide::create::capped(&for_cloud, usd)),
+        None => for_cloud,
+    };
     let request = ProvisionRequest {
         pod: &for_cloud,
         env: &resolved,
@@ -195,7 +211,19 @@ pub(super) async fn create<P: Provider>(
         pull_credentials: &pull_credentials,
     };
     ctx.metrics.created(ctx.provider.name());
-    match provision_marked(ctx, &pods, &name, request).await {
+    if reserved.is_some() {
+        budget::sending(ctx, uid);
+    }
+    let provisioned = provision_marked(ctx, &pods, &name, request).await;
+    if reserved.is_some() {
+        let settled = match &provisioned {
+            Ok(made) => Settled::Created(made.instance.cost_per_hour),
+            Err(error) if decide::create::made_nothing(error) => Settled::Nothing,
+            Err(_) => Settled::Unknown,
+        };
+        budget::after_create(ctx, pod, uid, settled).await;
+    }
+    match provisioned {
         Ok(provisioned) => {
             let instance = provisioned.instance;
             info!(instance = %instance.id, cloud = ctx.provider.name(), summary = %provisioned.summary, "instance for the pod");
@@ -309,15 +337,22 @@ async fn eligibility<P: Provider>(
     {
         return Ok(judged.refusal);
     }
-    let labels = if eligibility::needs_namespace_labels(pod) {
-        let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
-        let name = pod.metadata.namespace.as_deref().unwrap_or("default");
-        match namespaces.get_metadata_opt(name).await {
-            Ok(namespace) => namespace
-                .and_then(|ns| ns.metadata.labels)
-                .unwrap_or_default(),
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    let name = pod.metadata.namespace.as_deref().unwrap_or("default");
+    // The namespace's labels: its opt-in and its node binding.
+    let labels = match namespaces.get_metadata_opt(name).await {
+        Ok(namespace) => namespace
+            .and_then(|ns| ns.metadata.labels)
+            .unwrap_or_default(),
+        // A pod that opts in itself is judged without them (manifests from an older chart).
+        Err(kube::Error::Api(status))
+            if status.code == 403 && !eligibility::needs_namespace_labels(pod) =>
+        {
+            Default::default()
+        }
+        Err(error) => match error {
             // Said on the pod rather than retried in silence (manifests from an older chart).
-            Err(kube::Error::Api(status)) if status.code == 403 => {
+            kube::Error::Api(status) if status.code == 403 => {
                 return Ok(Some(Refusal {
                     reason: "NamespaceUnreadable",
                     message: format!(
@@ -329,12 +364,12 @@ async fn eligibility<P: Provider>(
                     fail: false,
                 }));
             }
-            Err(error) => return Err(error.into()),
-        }
-    } else {
-        Default::default()
+            error => return Err(error.into()),
+        },
     };
     let refusal = eligibility::refusal(pod, &labels, &ctx.settings.admission, ctx.provider.cloud());
+    let why_not_here = wrong_node(ctx, name, &labels).await?;
+    let refusal = eligibility::with_binding(refusal, why_not_here);
     ctx.remember(uid, |m| {
         m.refusal = Some(Judged {
             refusal: refusal.clone(),
@@ -343,6 +378,50 @@ async fn eligibility<P: Provider>(
         })
     });
     Ok(refusal)
+}
+
+/// Why this node must not run pods of `namespace`, if it must not: the namespace's label
+/// `runpod.io/node`, else the nodes listing it (this node's own list from its flags, the
+/// others' from their annotations).
+async fn wrong_node<P: Provider>(
+    ctx: &Shared<P>,
+    namespace: &str,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Result<Option<String>, ReconcileError> {
+    use runpod_contract::teams::{self, Served};
+    let label = labels.get(teams::NODE_LABEL).map(String::as_str);
+    let node = &ctx.settings.node_name;
+    let serves = &ctx.settings.serve_namespaces;
+    let mut nodes = vec![Served {
+        node: node.clone(),
+        namespaces: serves.clone(),
+    }];
+    if label.is_none() && !serves.iter().any(|ns| ns == namespace) {
+        // Only another node listing the namespace can bind it now.
+        let all: Api<k8s_openapi::api::core::v1::Node> = Api::all(ctx.client.clone());
+        let listed = all
+            .list_metadata(&kube::api::ListParams::default().labels("type=virtual-kubelet"))
+            .await?;
+        nodes.extend(
+            listed
+                .items
+                .iter()
+                .filter(|other| other.metadata.name.as_deref() != Some(node))
+                .map(|other| {
+                    Served::parse(
+                        other.metadata.name.as_deref().unwrap_or_default(),
+                        other
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get(teams::SERVES_NAMESPACES))
+                            .map(String::as_str),
+                    )
+                }),
+        );
+    }
+    let binding = teams::binding(namespace, label, &nodes);
+    Ok(teams::may_run(namespace, &binding, node, serves).err())
 }
 
 /// Writes `runpod.io/create-requested` with the current time, remembering it first: the next

@@ -458,6 +458,8 @@ mod tests {
             key_source: "Secret ns/key".into(),
             adoption_namespace: "runpod-system".into(),
             exec: crate::controller::kubelet_api::exec::ExecAccess::Off,
+            ledger_namespace: "runpod-system".into(),
+            serve_namespaces: Vec::new(),
         };
         let tagged = |cluster: &str, node: &str, uid: &str| Instance {
             tags: Tags {

@@ -45,6 +45,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         disabled_clouds: Default::default(),
         expose_no_ports: false,
         accept_seed_tolerations: false,
+        default_budget: None,
     };
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread().build() else {
         return;

@@ -40,6 +40,42 @@ pub(super) fn sides(
         .collect()
 }
 
+/// What `cloud` would charge this pod at least: the cheapest published type that fits it under
+/// its cap (`None` when none does), and the cap (USD per hour for the whole pod). The
+/// controller's budget gate judges a create by these.
+pub fn price_on(
+    cloud: Cloud,
+    annotations: &BTreeMap<String, String>,
+    gpus: u32,
+    config: &PolicyConfig,
+    prices: &GpuPrices,
+) -> (Option<runpod_contract::gpus::Fit>, Option<f64>) {
+    let effective = checks::Effective::resolve(annotations, None);
+    let cap = match cloud {
+        Cloud::RunPod => runpod_need(&effective, gpus, config).1,
+        Cloud::VastAi => vastai_need(&effective, gpus, config).1,
+    };
+    (
+        fits_on(cloud, &effective, gpus, config, prices).within_cap,
+        cap,
+    )
+}
+
+/// The cheapest published fit of the pod on `cloud`, and the cheapest under its cap.
+pub(super) fn fits_on(
+    cloud: Cloud,
+    effective: &checks::Effective<'_>,
+    gpus: u32,
+    config: &PolicyConfig,
+    prices: &GpuPrices,
+) -> runpod_contract::gpus::Fits {
+    let (need, cap) = match cloud {
+        Cloud::RunPod => runpod_need(effective, gpus, config),
+        Cloud::VastAi => vastai_need(effective, gpus, config),
+    };
+    prices.cheapest_fit(&need, cap)
+}
+
 /// What RunPod would place: `runpod.io/gpu-types`, `-required-gpu-memory`, the cloud class
 /// (SECURE unless set), under the smaller of `runpod.io/max-price` and the installation's cap.
 fn runpod_need(

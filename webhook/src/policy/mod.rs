@@ -3,8 +3,10 @@
 //! out. No I/O here, so every rule is unit- and property-testable.
 
 mod cheapest;
+pub use cheapest::price_on;
 mod mutation;
 mod retract;
+mod teams;
 
 use std::collections::BTreeMap;
 
@@ -32,6 +34,12 @@ pub struct Context {
     /// The prices per GPU type each cloud's virtual nodes publish (all its nodes' together),
     /// for `runpod.io/provider: cheapest`; a cloud without published prices is absent.
     pub gpu_prices: BTreeMap<Cloud, runpod_contract::gpus::GpuPrices>,
+    /// The namespace's annotations (its budget).
+    pub namespace_annotations: BTreeMap<String, String>,
+    /// Each virtual node: its cloud and the namespaces it lists (node binding).
+    pub served: Vec<(Cloud, runpod_contract::teams::Served)>,
+    /// What the namespace spends now (its budget ledger), when known.
+    pub namespace_spend: Option<f64>,
 }
 
 /// The decision for one pod.
@@ -132,11 +140,19 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     if !invalid.is_empty() {
         return deny_invalid(pod, namespace, invalid);
     }
+    // The namespace's node binding: a namespace bound to one cloud's node goes to that cloud
+    // unless the pod or namespace names another (refused below).
+    let placement_of_nodes = teams::placement(pod, namespace, context);
+    let bound_cloud = teams::only_cloud(&placement_of_nodes);
+    let named_cloud = effective.get(provider::PROVIDER).is_some()
+        || context.namespace_labels.contains_key(provider::PROVIDER);
     let choice = match provider_choice(
         &effective,
         &context.namespace_labels,
         namespace,
-        config.default_cloud(),
+        bound_cloud
+            .filter(|_| !named_cloud)
+            .unwrap_or_else(|| config.default_cloud()),
     ) {
         Ok(ProviderChoice::Cloud(cloud)) if config.disabled_clouds.contains(&cloud) => {
             return deny_invalid(pod, namespace, vec![not_installed(cloud, config)]);
@@ -168,6 +184,7 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
             let installed: Vec<Cloud> = Cloud::ALL
                 .into_iter()
                 .filter(|cloud| !config.disabled_clouds.contains(cloud))
+                .filter(|cloud| bound_cloud.is_none_or(|bound| bound == *cloud))
                 .collect();
             let mut clouds: Vec<Cloud> = installed
                 .iter()
@@ -301,6 +318,27 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
         };
     }
 
+    let pin = match teams::hosts_on(&placement_of_nodes, cloud) {
+        Ok(pin) => pin,
+        Err(problem) => {
+            return Verdict::Deny {
+                code: 403,
+                reason: "Forbidden".to_owned(),
+                message: rejection(pod, namespace, &[problem]),
+            };
+        }
+    };
+    match teams::budget(namespace, &effective, gpus, cloud, config, context) {
+        Ok(warning) => warnings.extend(warning),
+        Err((code, problem)) => {
+            return Verdict::Deny {
+                code,
+                reason: if code == 403 { "Forbidden" } else { "Invalid" }.to_owned(),
+                message: rejection(pod, namespace, &[problem]),
+            };
+        }
+    }
+
     if cloud == Cloud::RunPod
         && let Some(warning) =
             checks::cap_below_market(&effective, gpus, config, &context.cheapest_gpu_price)
@@ -348,6 +386,9 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     }
     warnings.extend(port_warnings);
     mutation::schedule_onto_cloud(pod, placement, cloud, &mut mutation, &mut warnings);
+    if let Some(hosts) = pin {
+        mutation.require_nodes = mutation::pinned_terms(pod, placement, &hosts);
+    }
     Verdict::Allow {
         mutation,
         warnings,

@@ -25,6 +25,9 @@ pub struct Mutation {
     pub remove_preferred_terms: Vec<usize>,
     /// Keys of `spec.nodeSelector` to remove.
     pub remove_node_selector: Vec<String>,
+    /// The pod's required node affinity with its namespace's node binding in every term
+    /// ([`pinned_terms`]).
+    pub require_nodes: Option<Value>,
 }
 
 impl Mutation {
@@ -55,8 +58,10 @@ impl Mutation {
         }
         self.removals(&mut ops);
         let spec = pod.spec.as_ref();
-        let changes_spec =
-            self.add_toleration || !self.set_node_selector.is_empty() || self.prefer_local_nodes;
+        let changes_spec = self.add_toleration
+            || !self.set_node_selector.is_empty()
+            || self.prefer_local_nodes
+            || self.require_nodes.is_some();
         if changes_spec && spec.is_none() {
             ops.push(add(&["spec"], json!({})));
         }
@@ -78,34 +83,56 @@ impl Mutation {
                 &self.set_node_selector,
             );
         }
-        if self.prefer_local_nodes {
-            let affinity = spec.and_then(|s| s.affinity.as_ref());
-            let node_affinity = affinity.and_then(|a| a.node_affinity.as_ref());
-            let preferred = node_affinity.and_then(|n| {
-                n.preferred_during_scheduling_ignored_during_execution
-                    .as_ref()
-            });
-            let term = local_preference_json();
-            let op = match (affinity, node_affinity, preferred) {
-                (None, _, _) => add(
-                    &["spec", "affinity"],
-                    json!({"nodeAffinity": {PREFERRED: [term]}}),
-                ),
-                (Some(_), None, _) => add(
-                    &["spec", "affinity", "nodeAffinity"],
-                    json!({PREFERRED: [term]}),
-                ),
-                (Some(_), Some(_), None) => add(
-                    &["spec", "affinity", "nodeAffinity", PREFERRED],
-                    json!([term]),
-                ),
-                (Some(_), Some(_), Some(_)) => {
-                    add(&["spec", "affinity", "nodeAffinity", PREFERRED, "-"], term)
-                }
-            };
-            ops.push(op);
-        }
+        self.affinity(spec, &mut ops);
         ops
+    }
+
+    /// The node-affinity additions (the local preference, the node binding), in one `add` where
+    /// their parent is missing.
+    fn affinity(&self, spec: Option<&crate::pod::SpecView>, ops: &mut Vec<Value>) {
+        if !self.prefer_local_nodes && self.require_nodes.is_none() {
+            return;
+        }
+        let affinity = spec.and_then(|s| s.affinity.as_ref());
+        let node_affinity = affinity.and_then(|a| a.node_affinity.as_ref());
+        let mut members = serde_json::Map::new();
+        if self.prefer_local_nodes {
+            members.insert(PREFERRED.to_owned(), json!([local_preference_json()]));
+        }
+        if let Some(required) = &self.require_nodes {
+            members.insert(REQUIRED.to_owned(), required.clone());
+        }
+        match (affinity, node_affinity) {
+            (None, _) => ops.push(add(&["spec", "affinity"], json!({"nodeAffinity": members}))),
+            (Some(_), None) => ops.push(add(
+                &["spec", "affinity", "nodeAffinity"],
+                Value::Object(members),
+            )),
+            (Some(_), Some(node_affinity)) => {
+                let preferred = node_affinity
+                    .preferred_during_scheduling_ignored_during_execution
+                    .as_ref();
+                if self.prefer_local_nodes {
+                    ops.push(match preferred {
+                        None => add(
+                            &["spec", "affinity", "nodeAffinity", PREFERRED],
+                            json!([local_preference_json()]),
+                        ),
+                        Some(_) => add(
+                            &["spec", "affinity", "nodeAffinity", PREFERRED, "-"],
+                            local_preference_json(),
+                        ),
+                    });
+                }
+                if let Some(required) = &self.require_nodes {
+                    // `add` of an existing member replaces it.
+                    ops.push(add(
+                        &["spec", "affinity", "nodeAffinity", REQUIRED],
+                        required.clone(),
+                    ));
+                }
+            }
+        }
     }
 
     /// Removals, highest index first so that each index still points at its item.
@@ -135,6 +162,78 @@ impl Mutation {
 }
 
 const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
+const REQUIRED: &str = "requiredDuringSchedulingIgnoredDuringExecution";
+
+/// The pod's required node affinity with the node binding `hosts` (by `kubernetes.io/hostname`)
+/// added into each of its own terms: in `always` mode only those nodes; otherwise those nodes
+/// or any local node (`type NotIn virtual-kubelet`), so a `fallback` pod still runs locally.
+/// `None` when every term carries a binding already (a second review).
+pub(super) fn pinned_terms(pod: &PodView, mode: BurstMode, hosts: &[String]) -> Option<Value> {
+    let host = json!({"key": HOSTNAME_LABEL, "operator": "In", "values": hosts});
+    let local = json!({"key": contract::NODE_TYPE_LABEL, "operator": "NotIn",
+        "values": [contract::NODE_TYPE_VALUE]});
+    let alternatives: Vec<Value> = if mode == BurstMode::Always {
+        vec![host]
+    } else {
+        vec![local, host]
+    };
+    let existing: Vec<Value> = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .and_then(|required| required.get("nodeSelectorTerms"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let expressions = |term: &Value| -> Vec<Value> {
+        term.get("matchExpressions")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let binds = |expression: &Value| {
+        expression.get("key").and_then(Value::as_str) == Some(HOSTNAME_LABEL)
+            && expression.get("operator").and_then(Value::as_str) == Some("In")
+    };
+    let already = !existing.is_empty()
+        && existing
+            .iter()
+            .any(|term| expressions(term).iter().any(binds))
+        && existing.iter().all(|term| {
+            expressions(term)
+                .iter()
+                .any(|e| binds(e) || (mode != BurstMode::Always && alternatives[0] == *e))
+        });
+    if already {
+        return None;
+    }
+    let own = if existing.is_empty() {
+        vec![json!({})]
+    } else {
+        existing
+    };
+    let mut terms = Vec::new();
+    for term in &own {
+        for alternative in &alternatives {
+            let mut term = term.clone();
+            let mut all = expressions(&term);
+            all.push(alternative.clone());
+            if let Some(object) = term.as_object_mut() {
+                object.insert("matchExpressions".to_owned(), Value::Array(all));
+            }
+            terms.push(term);
+        }
+    }
+    Some(json!({"nodeSelectorTerms": terms}))
+}
+
+/// Every node's own name, as kubelets (and our virtual nodes) label it.
+pub(super) const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
 /// Adds what makes the scheduler place the pod per its mode, skipping what is already there.
 pub(super) fn schedule_onto_cloud(

@@ -234,5 +234,6 @@ pub fn policy() -> PolicyConfig {
         disabled_clouds: Default::default(),
         expose_no_ports: false,
         accept_seed_tolerations: false,
+        default_budget: None,
     }
 }

@@ -160,6 +160,45 @@ pub fn refused(refusal: Refusal) -> Outcome {
     }
 }
 
+/// A pod that does not fit its namespace's budget now: Pending with `BudgetExceeded` and the
+/// Event naming budget, spend and price; looked at again at every list, to start when room
+/// frees up.
+pub fn budget_wait(message: String, settings: &Settings) -> Outcome {
+    let reason = runpod_contract::budget::BUDGET_EXCEEDED;
+    Outcome {
+        event: Some(Note::warning(reason, message.clone())),
+        status: Some(View::Waiting { reason, message }),
+        next: Next::Requeue(settings.reconcile_interval),
+    }
+}
+
+/// Whether a failed provision is known to have created nothing (its reservation can go).
+pub fn made_nothing(error: &ProvisionError) -> bool {
+    !matches!(error, ProvisionError::Unsettled(_))
+}
+
+/// The pod as the cloud should see it under a budget reservation of `usd` per hour: its price
+/// caps (`runpod.io/max-price`, and Vast.ai's own when set) no higher than the reservation.
+pub fn capped(pod: &k8s_openapi::api::core::v1::Pod, usd: f64) -> k8s_openapi::api::core::v1::Pod {
+    let mut pod = pod.clone();
+    // Rounded down: the instance must never cost more than was reserved.
+    let usd = (usd * 10_000.0).floor() / 10_000.0;
+    let annotations = pod.metadata.annotations.get_or_insert_default();
+    for key in [
+        runpod_contract::MAX_PRICE,
+        runpod_contract::vastai::PRICE_MAX,
+    ] {
+        let current = annotations
+            .get(key)
+            .and_then(|value| runpod_contract::parse_price(value).ok());
+        let is_set = annotations.contains_key(key);
+        if (key == runpod_contract::MAX_PRICE || is_set) && current.is_none_or(|cap| cap > usd) {
+            annotations.insert(key.to_owned(), format!("{usd:.4}"));
+        }
+    }
+    pod
+}
+
 /// The container's env or files cannot be built (a missing ConfigMap key, say): waiting, and
 /// tried again, as a kubelet does.
 pub fn config_error(message: String) -> Outcome {
@@ -259,6 +298,35 @@ mod tests {
 
     /// The create Event names every public endpoint (RunPod's proxy URL for HTTP), or says
     /// nothing is exposed.
+    #[test]
+    fn a_reservation_caps_what_the_cloud_may_charge() {
+        let pod = |annotations: serde_json::Value| -> k8s_openapi::api::core::v1::Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "annotations": annotations}}))
+            .unwrap()
+        };
+        let get = |pod: &k8s_openapi::api::core::v1::Pod, key: &str| {
+            pod.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(key))
+                .cloned()
+        };
+        let plain = capped(&pod(serde_json::json!({})), 0.66666);
+        assert_eq!(
+            get(&plain, "runpod.io/max-price").as_deref(),
+            Some("0.6666")
+        );
+        assert_eq!(get(&plain, "vast.ai/price-max"), None);
+        let cheaper = capped(&pod(serde_json::json!({"runpod.io/max-price": "0.3"})), 1.0);
+        assert_eq!(get(&cheaper, "runpod.io/max-price").as_deref(), Some("0.3"));
+        let vast = capped(&pod(serde_json::json!({"vast.ai/price-max": "2"})), 1.0);
+        assert_eq!(get(&vast, "vast.ai/price-max").as_deref(), Some("1.0000"));
+        assert!(runpod_contract::parse_price("1.0000").is_ok());
+        assert!(made_nothing(&ProvisionError::NoCapacity("x".into())));
+        assert!(!made_nothing(&ProvisionError::Unsettled("x".into())));
+    }
+
     #[test]
     fn the_create_event_says_what_is_public() {
         let ports = runpod_contract::parse_ports("8888/http,22/tcp").unwrap();

@@ -15,6 +15,7 @@ fn config() -> PolicyConfig {
         disabled_clouds: Default::default(),
         expose_no_ports: false,
         accept_seed_tolerations: false,
+        default_budget: None,
     }
 }
 
@@ -24,6 +25,9 @@ fn labelled_namespace() -> Context {
         job: None,
         cheapest_gpu_price: BTreeMap::new(),
         gpu_prices: BTreeMap::new(),
+        namespace_annotations: BTreeMap::new(),
+        served: Vec::new(),
+        namespace_spend: None,
     }
 }
 
@@ -1429,3 +1433,4 @@ fn cheapest_prices_round_trip_through_the_node_annotation() {
 }
 
 mod provider;
+mod teams;

@@ -8,6 +8,8 @@
 //! a small pod never overtakes a large one that waits, so the large one cannot starve while
 //! small ones keep taking the room it needs.
 
+pub mod ledger;
+
 /// Namespace annotation: the most USD per hour the namespace's burst pods may cost together.
 pub const BUDGET_PER_HOUR: &str = "runpod.io/budget-per-hour";
 /// The reason of a pod waiting for budget (its Event and status).
@@ -26,6 +28,18 @@ pub fn parse_budget(value: &str) -> Result<f64, String> {
         .ok_or_else(|| {
             format!("{value:?} is not a number of USD per hour (0 or more), such as \"20\"")
         })
+}
+
+/// A namespace's budget: its annotation, else the installation's default; `Err` when the
+/// annotation cannot be read (then nothing starts there: money first).
+pub fn budget_of(
+    annotations: &std::collections::BTreeMap<String, String>,
+    default: Option<f64>,
+) -> Option<Result<f64, String>> {
+    match annotations.get(BUDGET_PER_HOUR) {
+        Some(value) => Some(parse_budget(value)),
+        None => default.map(Ok),
+    }
 }
 
 /// At admission: a pod whose cheapest possible price (the lowest published price of a GPU type
@@ -92,6 +106,18 @@ pub fn room(namespace: &str, budget: f64, spend: Spend, price: f64, ahead: usize
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_budget_comes_from_the_namespace_else_the_default() {
+        let annotated: std::collections::BTreeMap<String, String> =
+            [(BUDGET_PER_HOUR.to_owned(), "1.5".to_owned())].into();
+        assert_eq!(budget_of(&annotated, Some(9.0)), Some(Ok(1.5)));
+        assert_eq!(budget_of(&Default::default(), Some(9.0)), Some(Ok(9.0)));
+        assert_eq!(budget_of(&Default::default(), None), None);
+        let bad: std::collections::BTreeMap<String, String> =
+            [(BUDGET_PER_HOUR.to_owned(), "lots".to_owned())].into();
+        assert!(matches!(budget_of(&bad, None), Some(Err(_))));
+    }
 
     #[test]
     fn budgets_parse_as_decimal_usd_per_hour() {

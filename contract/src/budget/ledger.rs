@@ -1,0 +1,292 @@
+//! One namespace's budget ledger, as pure data: what each of its pods costs, by whichever node
+//! runs it. It is stored as a ConfigMap `runpod-kubelet-budget-<namespace>` in the controllers'
+//! namespace (one entry per pod UID), so every node's controller sees every node's spend, and a
+//! reservation written with the ConfigMap's `resourceVersion` fails when another controller wrote
+//! first: two leaders cannot both take the last dollar.
+//!
+//! Each controller writes only its own entries: a reservation before a create (`starting`, the
+//! most the create may cost), the cloud's own figure once its list shows the instance
+//! (`billing`, `costPerHr` / `dph_total`), nothing once the instance is gone.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::Spend;
+use k8s_openapi::jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+/// The ledger ConfigMap of a namespace.
+pub fn ledger_name(namespace: &str) -> String {
+    format!("runpod-kubelet-budget-{namespace}")
+}
+
+/// The label every ledger carries (the controllers list them by it).
+pub const LEDGER_LABEL: (&str, &str) = ("app.kubernetes.io/component", "budget-ledger");
+/// The ledger's annotation naming its namespace (names can be cut; this cannot).
+pub const LEDGER_NAMESPACE: &str = "runpod.io/budget-namespace";
+
+/// Where an entry's money stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Reserved before a create: the most the instance may cost.
+    Starting,
+    /// What the cloud says the live instance costs.
+    Billing,
+}
+
+/// One pod's line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub node: String,
+    pub pod: String,
+    /// USD per hour.
+    pub usd: f64,
+    pub state: State,
+    /// When the line was last written.
+    pub at: Timestamp,
+}
+
+/// A namespace's lines by pod UID.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ledger {
+    pub entries: BTreeMap<String, Entry>,
+    /// Lines that could not be read (kept as they are, their money unknown).
+    pub unreadable: BTreeMap<String, String>,
+}
+
+impl Ledger {
+    /// Reads a ConfigMap's data.
+    pub fn parse(data: &BTreeMap<String, String>) -> Self {
+        let mut ledger = Self::default();
+        for (uid, line) in data {
+            match serde_json::from_str::<Entry>(line) {
+                Ok(entry) if entry.usd.is_finite() && entry.usd >= 0.0 => {
+                    ledger.entries.insert(uid.clone(), entry);
+                }
+                _ => {
+                    ledger.unreadable.insert(uid.clone(), line.clone());
+                }
+            }
+        }
+        ledger
+    }
+
+    /// The ConfigMap's data.
+    pub fn data(&self) -> BTreeMap<String, String> {
+        let mut data = self.unreadable.clone();
+        for (uid, entry) in &self.entries {
+            if let Ok(line) = serde_json::to_string(entry) {
+                data.insert(uid.clone(), line);
+            }
+        }
+        data
+    }
+
+    /// What the namespace spends, every node together.
+    pub fn spend(&self) -> Spend {
+        let mut spend = Spend::default();
+        for entry in self.entries.values() {
+            match entry.state {
+                State::Billing => spend.billing += entry.usd,
+                State::Starting => spend.in_flight += entry.usd,
+            }
+        }
+        spend
+    }
+
+    /// Reserves `usd` for a create of `uid` by `node`.
+    pub fn reserve(&mut self, uid: &str, node: &str, pod: &str, usd: f64, now: Timestamp) {
+        self.entries.insert(
+            uid.to_owned(),
+            Entry {
+                node: node.to_owned(),
+                pod: pod.to_owned(),
+                usd,
+                state: State::Starting,
+                at: now,
+            },
+        );
+    }
+
+    /// Drops `node`'s line of `uid` (a create that made nothing); whether there was one.
+    pub fn release(&mut self, uid: &str, node: &str) -> bool {
+        let ours = self
+            .entries
+            .get(uid)
+            .is_some_and(|entry| entry.node == node);
+        if ours {
+            self.entries.remove(uid);
+        }
+        ours
+    }
+
+    /// Brings `node`'s lines in line with its cloud's list: `live` are the namespace's live
+    /// instances of this node (pod UID -> pod name and the cloud's cost per hour, if given).
+    /// A live instance bills at the cloud's figure (or what was reserved for it while the cloud
+    /// gives none); a billing line whose instance is gone goes; a reservation goes once no create
+    /// of this process is under way for it (`in_flight`) and it is older than `stale` (a create
+    /// made by then shows in the list). Whether anything changed.
+    pub fn sync(
+        &mut self,
+        node: &str,
+        live: &BTreeMap<String, (String, Option<f64>)>,
+        in_flight: &BTreeSet<String>,
+        now: Timestamp,
+        stale: Duration,
+    ) -> bool {
+        let before = self.entries.clone();
+        for (uid, (pod, cost)) in live {
+            let reserved = self
+                .entries
+                .get(uid)
+                .filter(|entry| entry.node == node)
+                .map(|entry| entry.usd);
+            let usd = cost.or(reserved).unwrap_or(0.0);
+            let unchanged = self.entries.get(uid).is_some_and(|entry| {
+                entry.node == node && entry.state == State::Billing && entry.usd == usd
+            });
+            if !unchanged {
+                self.entries.insert(
+                    uid.clone(),
+                    Entry {
+                        node: node.to_owned(),
+                        pod: pod.clone(),
+                        usd,
+                        state: State::Billing,
+                        at: now,
+                    },
+                );
+            }
+        }
+        self.entries.retain(|uid, entry| {
+            if entry.node != node || live.contains_key(uid) {
+                return true;
+            }
+            match entry.state {
+                State::Billing => false,
+                State::Starting => {
+                    let age = Duration::try_from(now.duration_since(entry.at)).unwrap_or_default();
+                    in_flight.contains(uid) || age < stale
+                }
+            }
+        });
+        self.entries != before
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn live(lines: &[(&str, Option<f64>)]) -> BTreeMap<String, (String, Option<f64>)> {
+        lines
+            .iter()
+            .map(|(uid, cost)| ((*uid).to_owned(), (format!("pod-{uid}"), *cost)))
+            .collect()
+    }
+
+    #[test]
+    fn spend_counts_every_node_and_reservations_apart() {
+        let mut ledger = Ledger::default();
+        ledger.reserve("a", "team-a-node", "p", 0.6, at(0));
+        ledger.sync(
+            "other-node",
+            &live(&[("b", Some(0.4))]),
+            &BTreeSet::new(),
+            at(0),
+            Duration::from_secs(60),
+        );
+        let spend = ledger.spend();
+        assert_eq!((spend.billing, spend.in_flight), (0.4, 0.6));
+        let round_trip = Ledger::parse(&ledger.data());
+        assert_eq!(round_trip, ledger);
+    }
+
+    #[test]
+    fn a_reservation_becomes_the_clouds_figure_then_goes_with_the_instance() {
+        let stale = Duration::from_secs(60);
+        let none = BTreeSet::new();
+        let mut ledger = Ledger::default();
+        ledger.reserve("a", "n", "p", 1.0, at(0));
+        assert!(!ledger.sync("n", &live(&[]), &none, at(10), stale), "young");
+        assert!(ledger.sync("n", &live(&[("a", Some(0.4))]), &none, at(20), stale));
+        assert_eq!(ledger.entries["a"].state, State::Billing);
+        assert_eq!(ledger.spend().billing, 0.4);
+        assert!(!ledger.sync("n", &live(&[("a", Some(0.4))]), &none, at(30), stale));
+        assert!(
+            ledger.sync("n", &live(&[]), &none, at(40), stale),
+            "terminated"
+        );
+        assert!(ledger.entries.is_empty());
+    }
+
+    #[test]
+    fn a_reservation_outlives_its_settle_time_only_while_its_create_runs() {
+        let stale = Duration::from_secs(60);
+        let mut ledger = Ledger::default();
+        ledger.reserve("a", "n", "p", 1.0, at(0));
+        let running: BTreeSet<String> = ["a".to_owned()].into();
+        assert!(!ledger.sync("n", &live(&[]), &running, at(300), stale));
+        assert!(ledger.sync("n", &live(&[]), &BTreeSet::new(), at(300), stale));
+        assert!(ledger.entries.is_empty(), "a crashed create's reservation");
+    }
+
+    #[test]
+    fn a_node_touches_only_its_own_lines() {
+        let mut ledger = Ledger::default();
+        ledger.reserve("a", "other", "p", 1.0, at(0));
+        ledger.sync(
+            "other",
+            &live(&[("b", Some(0.5))]),
+            &BTreeSet::new(),
+            at(0),
+            Duration::from_secs(1),
+        );
+        let before = ledger.clone();
+        assert!(!ledger.sync(
+            "n",
+            &live(&[]),
+            &BTreeSet::new(),
+            at(900),
+            Duration::from_secs(1)
+        ));
+        assert_eq!(ledger, before);
+        assert!(!ledger.release("a", "n"));
+        assert!(ledger.release("a", "other"));
+    }
+
+    #[test]
+    fn a_live_instance_without_a_price_keeps_what_was_reserved() {
+        let mut ledger = Ledger::default();
+        ledger.reserve("a", "n", "p", 0.7, at(0));
+        ledger.sync(
+            "n",
+            &live(&[("a", None)]),
+            &BTreeSet::new(),
+            at(1),
+            Duration::from_secs(60),
+        );
+        assert_eq!(ledger.spend().billing, 0.7);
+    }
+
+    #[test]
+    fn unreadable_lines_are_kept_as_they_are() {
+        let data: BTreeMap<String, String> = [
+            ("x".to_owned(), "not json".to_owned()),
+            (
+                "y".to_owned(),
+                r#"{"node":"n","pod":"p","usd":-1,"state":"billing","at":"2027-01-01T00:00:00Z"}"#
+                    .to_owned(),
+            ),
+        ]
+        .into();
+        let ledger = Ledger::parse(&data);
+        assert!(ledger.entries.is_empty());
+        assert_eq!(ledger.data(), data);
+    }
+}

@@ -1,0 +1,357 @@
+//! Budgets per namespace (`runpod.io/budget-per-hour`): before every create the controller
+//! reserves the most the new instance may cost in the namespace's shared ledger (`ledger`),
+//! against what the namespace's live instances really cost, on every node and cloud; a pod that
+//! does not fit waits Pending (`BudgetExceeded`) and is created when room frees up. After every
+//! list each controller writes its own instances' costs into the ledgers (`sync`), so a
+//! restarted controller rebuilds them from the cloud before its first create.
+//!
+//! The decisions are pure (`runpod_contract::budget`, `ledger`); this is the shell that reads
+//! and writes the ledger ConfigMaps with optimistic concurrency.
+
+pub mod sync;
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{ListParams, ObjectMeta, PostParams};
+use runpod_contract::budget::{self, BUDGET_EXCEEDED, BUDGET_PER_HOUR, Room, budget_of};
+use runpod_contract::checks::gpu_count;
+use tracing::warn;
+
+use crate::controller::context::Shared;
+use crate::provider::Provider;
+use runpod_contract::budget::ledger::{self, LEDGER_LABEL, LEDGER_NAMESPACE, Ledger, ledger_name};
+
+/// This leader's budget bookkeeping.
+#[derive(Debug, Default)]
+pub struct BudgetState {
+    /// This leader has written its own instances into the ledgers once: until then it creates
+    /// nothing in a namespace with a budget (a restart rebuilds spend from the cloud first).
+    pub synced: AtomicBool,
+    /// Pods whose create this process is sending now: their reservations stay.
+    in_flight: Mutex<BTreeSet<String>>,
+}
+
+impl BudgetState {
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    fn in_flight(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        match self.in_flight.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// The pods whose create is under way here.
+    pub fn creating(&self) -> BTreeSet<String> {
+        self.in_flight().clone()
+    }
+}
+
+/// What the budget says about a create.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Gate {
+    /// The namespace has no budget.
+    Unbounded,
+    /// `usd` per hour is reserved for this pod: the create may cost up to that.
+    Reserved { usd: f64 },
+    /// Wait, Pending with `BudgetExceeded` (the message names budget, spend and price).
+    Wait(String),
+    /// The ledger is not rebuilt yet, or another controller wrote it first: look again soon.
+    Later,
+}
+
+/// Whether `pod` waits for budget now (as its controller, on any node, wrote it).
+pub fn waits_for_budget(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    status.phase.as_deref() == Some("Pending")
+        && status
+            .container_statuses
+            .iter()
+            .flatten()
+            .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.as_deref())
+            .any(|reason| reason == BUDGET_EXCEEDED)
+}
+
+/// Pods of the namespace that wait for budget and came first (creation time, then name): they
+/// start before `pod`.
+pub fn ahead_of(pod: &Pod, namespace_pods: &[Pod], ledger: &Ledger) -> usize {
+    let key = |p: &Pod| {
+        (
+            p.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            p.metadata.name.clone(),
+        )
+    };
+    let mine = key(pod);
+    namespace_pods
+        .iter()
+        .filter(|other| {
+            let uid = other.metadata.uid.as_deref().unwrap_or_default();
+            uid != pod.metadata.uid.as_deref().unwrap_or_default()
+                && !ledger.entries.contains_key(uid)
+                && other.metadata.deletion_timestamp.is_none()
+                && waits_for_budget(other)
+                && key(other) < mine
+        })
+        .count()
+}
+
+/// The price a create is judged by (the cheapest fit this cloud publishes, else the pod's cap)
+/// and the most it may cost (its cap), USD per hour for the whole pod.
+fn price_of<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> (f64, Option<f64>) {
+    let Some(cloud) = runpod_contract::provider::Cloud::parse(ctx.provider.name()) else {
+        return (0.0, None);
+    };
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let sheet = ctx.provider.price_sheet();
+    let (fit, cap) = runpod_webhook::policy::price_on(
+        cloud,
+        &annotations,
+        gpu_count(pod),
+        &ctx.settings.admission,
+        &sheet.prices,
+    );
+    (fit.map(|fit| fit.per_hour).or(cap).unwrap_or(0.0), cap)
+}
+
+fn ledgers<P>(ctx: &Shared<P>) -> Api<ConfigMap> {
+    Api::namespaced(ctx.client.clone(), &ctx.settings.ledger_namespace)
+}
+
+/// Judges a create of `pod` against its namespace's budget and, when it fits, reserves its
+/// most in the shared ledger (only one of two controllers racing for the last dollar wins: the
+/// write carries the ledger's `resourceVersion`).
+pub async fn before_create<P: Provider>(
+    ctx: &Shared<P>,
+    pod: &Pod,
+    uid: &str,
+) -> Result<Gate, kube::Error> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    let annotations = namespaces
+        .get_metadata_opt(namespace)
+        .await?
+        .and_then(|ns| ns.metadata.annotations)
+        .unwrap_or_default();
+    let budget = match budget_of(&annotations, ctx.settings.admission.default_budget) {
+        None => {
+            ctx.metrics.namespace_budget(namespace, None);
+            return Ok(Gate::Unbounded);
+        }
+        Some(Err(problem)) => {
+            return Ok(Gate::Wait(format!(
+                "namespace {namespace}'s {BUDGET_PER_HOUR}: {problem}; nothing is created \
+                 there until it is fixed"
+            )));
+        }
+        Some(Ok(budget)) => budget,
+    };
+    ctx.metrics.namespace_budget(namespace, Some(budget));
+    if !ctx.budget.is_synced() {
+        return Ok(Gate::Later);
+    }
+    let maps = ledgers(ctx);
+    let existing = maps.get_opt(&ledger_name(namespace)).await?;
+    let mut ledger = existing
+        .as_ref()
+        .and_then(|map| map.data.as_ref())
+        .map(Ledger::parse)
+        .unwrap_or_default();
+    let node = &ctx.settings.node_name;
+    if let Some(entry) = ledger.entries.get(uid).filter(|entry| &entry.node == node) {
+        // Reserved by an earlier attempt (or before a restart): the create goes on under it.
+        return Ok(Gate::Reserved { usd: entry.usd });
+    }
+    let spend = ledger.spend();
+    ctx.metrics.namespace_spend(namespace, spend.total());
+    let (price, cap) = price_of(ctx, pod);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let namespace_pods = pods.list(&ListParams::default()).await?.items;
+    let ahead = ahead_of(pod, &namespace_pods, &ledger);
+    match budget::room(namespace, budget, spend, price, ahead) {
+        Room::Wait(message) => Ok(Gate::Wait(message)),
+        Room::Create => {
+            // The most this create may cost: its cap, within what is left (never below the
+            // price it was judged by).
+            let left = (budget - spend.total()).max(0.0);
+            let usd = cap.map_or(left, |cap| cap.min(left)).max(price);
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            ledger.reserve(uid, node, name, usd, Timestamp::now());
+            if write(&maps, namespace, existing, &ledger).await? {
+                ctx.metrics
+                    .namespace_spend(namespace, ledger.spend().total());
+                Ok(Gate::Reserved { usd })
+            } else {
+                Ok(Gate::Later)
+            }
+        }
+    }
+}
+
+/// How a create under a reservation ended.
+#[derive(Debug, Clone, Copy)]
+pub enum Settled {
+    /// The instance exists; the cloud's cost per hour when it said.
+    Created(Option<f64>),
+    /// Nothing was created: the reservation goes.
+    Nothing,
+    /// Unknown: the reservation stays until a list settles it (`sync`).
+    Unknown,
+}
+
+/// Marks a create as under way: its reservation survives the ledger's sync meanwhile.
+pub fn sending<P>(ctx: &Shared<P>, uid: &str) {
+    ctx.budget.in_flight().insert(uid.to_owned());
+}
+
+/// Replaces a reservation by what the create made. Best effort: the next sync settles whatever
+/// this could not write.
+pub async fn after_create<P>(ctx: &Shared<P>, pod: &Pod, uid: &str, settled: Settled) {
+    ctx.budget.in_flight().remove(uid);
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let node = ctx.settings.node_name.clone();
+    let maps = ledgers(ctx);
+    for _ in 0..3 {
+        let existing = match maps.get_opt(&ledger_name(namespace)).await {
+            Ok(existing) => existing,
+            Err(error) => {
+                warn!(%error, namespace, "reading the budget ledger failed");
+                return;
+            }
+        };
+        let mut ledger = existing
+            .as_ref()
+            .and_then(|map| map.data.as_ref())
+            .map(Ledger::parse)
+            .unwrap_or_default();
+        let changed = match settled {
+            Settled::Created(Some(cost)) => match ledger.entries.get_mut(uid) {
+                Some(entry) if entry.node == node => {
+                    entry.usd = cost;
+                    entry.state = ledger::State::Billing;
+                    entry.at = Timestamp::now();
+                    true
+                }
+                _ => false,
+            },
+            Settled::Nothing => ledger.release(uid, &node),
+            Settled::Created(None) | Settled::Unknown => false,
+        };
+        if !changed {
+            return;
+        }
+        match write(&maps, namespace, existing, &ledger).await {
+            Ok(true) => {
+                ctx.metrics
+                    .namespace_spend(namespace, ledger.spend().total());
+                return;
+            }
+            Ok(false) => continue,
+            Err(error) => {
+                warn!(%error, namespace, "writing the budget ledger failed");
+                return;
+            }
+        }
+    }
+}
+
+/// Writes a ledger over `existing` (its `resourceVersion`), or creates it; `false` when another
+/// writer came first (a conflict): read it again.
+async fn write(
+    maps: &Api<ConfigMap>,
+    namespace: &str,
+    existing: Option<ConfigMap>,
+    ledger: &Ledger,
+) -> Result<bool, kube::Error> {
+    let result = match existing {
+        Some(mut map) => {
+            map.data = Some(ledger.data());
+            let name = map.metadata.name.clone().unwrap_or_default();
+            maps.replace(&name, &PostParams::default(), &map).await
+        }
+        None => {
+            let map = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(ledger_name(namespace)),
+                    labels: Some([(LEDGER_LABEL.0.to_owned(), LEDGER_LABEL.1.to_owned())].into()),
+                    annotations: Some([(LEDGER_NAMESPACE.to_owned(), namespace.to_owned())].into()),
+                    ..Default::default()
+                },
+                data: Some(ledger.data()),
+                ..Default::default()
+            };
+            maps.create(&PostParams::default(), &map).await
+        }
+    };
+    match result {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, created: &str, waiting: Option<&str>) -> Pod {
+        let mut pod = json!({
+            "metadata": {"name": name, "namespace": "team", "uid": format!("uid-{name}"),
+                "creationTimestamp": created},
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Pending"}
+        });
+        if let Some(reason) = waiting {
+            pod["status"]["containerStatuses"] = json!([{"name": "c", "image": "i",
+                "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": reason}}}]);
+        }
+        serde_json::from_value(pod).unwrap()
+    }
+
+    #[test]
+    fn only_earlier_pods_waiting_for_budget_go_first() {
+        let me = pod("c", "2026-01-01T00:00:10Z", Some(BUDGET_EXCEEDED));
+        let pods = vec![
+            pod("a", "2026-01-01T00:00:00Z", Some(BUDGET_EXCEEDED)),
+            pod("b", "2026-01-01T00:00:05Z", Some("NotOptedIn")),
+            pod("d", "2026-01-01T00:00:20Z", Some(BUDGET_EXCEEDED)),
+            pod("e", "2026-01-01T00:00:01Z", None),
+            me.clone(),
+        ];
+        assert_eq!(ahead_of(&me, &pods, &Ledger::default()), 1);
+        let mut reserved = Ledger::default();
+        reserved.reserve("uid-a", "n", "a", 1.0, Timestamp::now());
+        assert_eq!(ahead_of(&me, &pods, &reserved), 0, "a has its turn");
+        let same_time = pod("cc", "2026-01-01T00:00:10Z", Some(BUDGET_EXCEEDED));
+        assert_eq!(
+            ahead_of(&me, &[same_time], &Ledger::default()),
+            0,
+            "same time: by name"
+        );
+    }
+
+    #[test]
+    fn a_pod_waits_for_budget_only_while_pending_with_the_reason() {
+        assert!(waits_for_budget(&pod(
+            "a",
+            "2026-01-01T00:00:00Z",
+            Some(BUDGET_EXCEEDED)
+        )));
+        assert!(!waits_for_budget(&pod("a", "2026-01-01T00:00:00Z", None)));
+        let mut running = pod("a", "2026-01-01T00:00:00Z", Some(BUDGET_EXCEEDED));
+        if let Some(status) = running.status.as_mut() {
+            status.phase = Some("Running".into());
+        }
+        assert!(!waits_for_budget(&running));
+    }
+}

@@ -1,0 +1,147 @@
+//! After every complete list of the cloud: this node's live instances written into their
+//! namespaces' ledgers at the cloud's own cost per hour, reservations whose create made nothing
+//! dropped, terminated instances removed. The first pass of a leader (a restart included) must
+//! succeed before it creates anything in a namespace with a budget.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::ListParams;
+use kube::runtime::reflector::Store;
+use tracing::{debug, warn};
+
+use super::{ledgers, write};
+use crate::controller::context::{Shared, Snapshot};
+use crate::provider::Provider;
+use runpod_contract::budget::budget_of;
+use runpod_contract::budget::ledger::{LEDGER_LABEL, LEDGER_NAMESPACE, Ledger};
+
+/// Runs a sync after each new list until the leader stops.
+pub async fn run<P: Provider>(shared: Arc<Shared<P>>, store: Store<Pod>) {
+    let mut snapshots = shared.snapshot.clone();
+    loop {
+        if snapshots.changed().await.is_err() {
+            return;
+        }
+        let Some(snapshot) = snapshots.borrow_and_update().clone() else {
+            continue;
+        };
+        // Before the pod cache is filled, an instance's namespace may be unknown.
+        let ready = futures_util::FutureExt::now_or_never(store.wait_until_ready())
+            .is_some_and(|r| r.is_ok());
+        if !ready {
+            continue;
+        }
+        match once(&shared, &store.state(), &snapshot).await {
+            Ok(true) => shared.budget.synced.store(true, Ordering::Release),
+            Ok(false) => debug!("a budget ledger changed under this pass; the next list writes it"),
+            Err(error) => warn!(%error, "writing this node's spend into the budget ledgers failed"),
+        }
+    }
+}
+
+/// How long a reservation outlives its create when nothing shows up: a create sent under it
+/// shows in the list by then (the create marker's settle rule).
+fn stale_after(settings: &crate::controller::context::Settings) -> Duration {
+    settings.create_settle * 2 + settings.reconcile_interval * 3
+}
+
+/// One pass over every ledger this node has a line in or should have; `false` when another
+/// controller wrote one of them first.
+async fn once<P: Provider>(
+    shared: &Shared<P>,
+    pods: &[Arc<Pod>],
+    snapshot: &Snapshot,
+) -> Result<bool, kube::Error> {
+    let mut complete = true;
+    let node = &shared.settings.node_name;
+    let maps = ledgers(shared);
+    let listed = maps
+        .list(&ListParams::default().labels(&format!("{}={}", LEDGER_LABEL.0, LEDGER_LABEL.1)))
+        .await?
+        .items;
+    let mut by_namespace: BTreeMap<String, Option<ConfigMap>> = BTreeMap::new();
+    let mut namespace_of: BTreeMap<String, String> = BTreeMap::new();
+    for map in listed {
+        let Some(namespace) = map
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(LEDGER_NAMESPACE))
+            .cloned()
+        else {
+            continue;
+        };
+        let ledger = map.data.as_ref().map(Ledger::parse).unwrap_or_default();
+        for (uid, entry) in &ledger.entries {
+            if &entry.node == node {
+                namespace_of.insert(uid.clone(), namespace.clone());
+            }
+        }
+        by_namespace.insert(namespace, Some(map));
+    }
+    for pod in pods {
+        if let (Some(uid), Some(namespace)) = (&pod.metadata.uid, &pod.metadata.namespace) {
+            namespace_of.insert(uid.clone(), namespace.clone());
+        }
+    }
+    let mut live: BTreeMap<String, BTreeMap<String, (String, Option<f64>)>> = BTreeMap::new();
+    for instance in snapshot.instances.iter().filter(|i| i.state.is_live()) {
+        let Some(uid) = instance.tags.pod_uid.as_deref() else {
+            continue;
+        };
+        let Some(namespace) = namespace_of.get(uid) else {
+            debug!(instance = %instance.id, "a live instance of a pod this node never knew; not in any ledger");
+            continue;
+        };
+        let pod = pods
+            .iter()
+            .find(|p| p.metadata.uid.as_deref() == Some(uid))
+            .and_then(|p| p.metadata.name.clone())
+            .unwrap_or_else(|| instance.name.clone());
+        live.entry(namespace.clone())
+            .or_default()
+            .insert(uid.to_owned(), (pod, instance.cost_per_hour));
+        by_namespace.entry(namespace.clone()).or_insert(None);
+    }
+    let creating = shared.budget.creating();
+    let now = Timestamp::now();
+    let stale = stale_after(&shared.settings);
+    let namespaces: Api<Namespace> = Api::all(shared.client.clone());
+    for (namespace, existing) in by_namespace {
+        let mut ledger = existing
+            .as_ref()
+            .and_then(|map| map.data.as_ref())
+            .map(Ledger::parse)
+            .unwrap_or_default();
+        let empty = BTreeMap::new();
+        let mine = live.get(&namespace).unwrap_or(&empty);
+        let changed = ledger.sync(node, mine, &creating, now, stale);
+        if changed && !write(&maps, &namespace, existing, &ledger).await? {
+            // Another controller wrote first: the next list tries again.
+            complete = false;
+            continue;
+        }
+        shared
+            .metrics
+            .namespace_spend(&namespace, ledger.spend().total());
+        let budget = match namespaces.get_metadata_opt(&namespace).await {
+            Ok(found) => found
+                .and_then(|ns| ns.metadata.annotations)
+                .unwrap_or_default(),
+            Err(error) => {
+                debug!(%error, namespace, "reading the namespace's budget failed");
+                continue;
+            }
+        };
+        let budget =
+            budget_of(&budget, shared.settings.admission.default_budget).and_then(Result::ok);
+        shared.metrics.namespace_budget(&namespace, budget);
+    }
+    Ok(complete)
+}

@@ -1,0 +1,164 @@
+//! Budgets and teams at admission: which virtual nodes a namespace's pods may go to (its node
+//! binding), and whether a pod could ever fit its namespace's budget. The controllers enforce
+//! both before every create; the webhook refuses early and selects the node.
+
+use runpod_contract::budget::{self, budget_of};
+use runpod_contract::checks;
+use runpod_contract::provider::Cloud;
+use runpod_contract::teams::{self, Binding, Served};
+
+use super::{Context, PolicyConfig};
+use crate::pod::PodView;
+
+/// Where a namespace's burst pods may go.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Placement {
+    /// Any node of the pod's cloud (no binding applies).
+    Anywhere,
+    /// Only these nodes (name, and cloud where the node is registered).
+    Nodes {
+        hosts: Vec<(String, Option<Cloud>)>,
+        why: String,
+    },
+    /// No node may run them: why.
+    Nowhere(String),
+}
+
+/// The namespace's binding, from its label and the nodes' lists. A pod that names its node
+/// (`spec.nodeName`) is not bound here: that node's controller judges it.
+pub(super) fn placement(pod: &PodView, namespace: &str, context: &Context) -> Placement {
+    let named = pod
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.node_name.as_deref())
+        .is_some_and(|node| !node.is_empty());
+    if named {
+        return Placement::Anywhere;
+    }
+    let served: Vec<Served> = context.served.iter().map(|(_, s)| s.clone()).collect();
+    let cloud_of = |node: &str| {
+        context
+            .served
+            .iter()
+            .find(|(_, s)| s.node == node)
+            .map(|(cloud, _)| *cloud)
+    };
+    let label = context
+        .namespace_labels
+        .get(teams::NODE_LABEL)
+        .map(String::as_str);
+    match teams::binding(namespace, label, &served) {
+        Binding::Node { node, by_label } => Placement::Nodes {
+            hosts: vec![(node.clone(), cloud_of(&node))],
+            why: if by_label {
+                format!(
+                    "namespace {namespace} is bound to node {node} (label {})",
+                    teams::NODE_LABEL
+                )
+            } else {
+                format!("namespace {namespace} is served by node {node}")
+            },
+        },
+        Binding::Unbound => match teams::unbound_nodes(&served) {
+            None => Placement::Anywhere,
+            Some(nodes) if nodes.is_empty() => Placement::Nowhere(format!(
+                "namespace {namespace} is bound to no node and every virtual node serves only \
+                 the namespaces it lists: label the namespace {}=<node>",
+                teams::NODE_LABEL
+            )),
+            Some(nodes) => Placement::Nodes {
+                hosts: nodes
+                    .iter()
+                    .map(|node| (node.clone(), cloud_of(node)))
+                    .collect(),
+                why: format!(
+                    "namespace {namespace} is bound to no node, so it goes to the nodes serving \
+                     unbound namespaces ({})",
+                    nodes.join(", ")
+                ),
+            },
+        },
+    }
+}
+
+/// The one cloud a placement allows, when all its known nodes are of one cloud.
+pub(super) fn only_cloud(placement: &Placement) -> Option<Cloud> {
+    let Placement::Nodes { hosts, .. } = placement else {
+        return None;
+    };
+    let mut clouds = hosts.iter().filter_map(|(_, cloud)| *cloud);
+    let first = clouds.next()?;
+    clouds.all(|cloud| cloud == first).then_some(first)
+}
+
+/// The nodes of `cloud` the pod must be pinned to (`None`: no binding), or why it cannot go
+/// anywhere.
+pub(super) fn hosts_on(placement: &Placement, cloud: Cloud) -> Result<Option<Vec<String>>, String> {
+    match placement {
+        Placement::Anywhere => Ok(None),
+        Placement::Nowhere(why) => Err(why.clone()),
+        Placement::Nodes { hosts, why } => {
+            let fitting: Vec<String> = hosts
+                .iter()
+                .filter(|(_, node_cloud)| node_cloud.is_none_or(|c| c == cloud))
+                .map(|(node, _)| node.clone())
+                .collect();
+            if fitting.is_empty() {
+                Err(format!(
+                    "{why}, which runs on another cloud than {}: remove the pod's cloud choice \
+                     or ask the platform team for a node of that cloud",
+                    cloud.display_name()
+                ))
+            } else {
+                Ok(Some(fitting))
+            }
+        }
+    }
+}
+
+/// A refusal at admission: code and message.
+pub(super) type Refusal = (u16, String);
+
+/// The namespace's budget against the pod's cheapest published price on `cloud`: a refusal
+/// when it could never fit, a warning when it does not fit now.
+pub(super) fn budget(
+    namespace: &str,
+    effective: &checks::Effective<'_>,
+    gpus: u32,
+    cloud: Cloud,
+    config: &PolicyConfig,
+    context: &Context,
+) -> Result<Option<String>, Refusal> {
+    let budget = match budget_of(&context.namespace_annotations, config.default_budget) {
+        None => return Ok(None),
+        Some(Err(problem)) => {
+            return Err((
+                422,
+                format!(
+                    "namespace {namespace} has annotation {}: {problem}; ask the platform team \
+                     to fix it",
+                    budget::BUDGET_PER_HOUR
+                ),
+            ));
+        }
+        Some(Ok(budget)) => budget,
+    };
+    let Some(prices) = context.gpu_prices.get(&cloud) else {
+        return Ok(None);
+    };
+    let fits = super::cheapest::fits_on(cloud, effective, gpus, config, prices);
+    let cheapest = fits.cheapest.as_ref().map(|fit| (fit.gpu, fit.per_hour));
+    if let Some(refusal) = budget::never_fits(namespace, budget, cheapest) {
+        return Err((403, refusal));
+    }
+    let price = fits.within_cap.or(fits.cheapest).map(|fit| fit.per_hour);
+    Ok(match (context.namespace_spend, price) {
+        (Some(spend), Some(price)) if spend + price > budget + 1e-9 => Some(format!(
+            "runpod-kubelet: namespace {namespace} spends {spend:.3} USD/h of its budget of \
+             {budget:.3} USD/h now and this pod costs at least {price:.3} USD/h: it waits \
+             Pending ({}) until room frees up",
+            budget::BUDGET_EXCEEDED
+        )),
+        _ => None,
+    })
+}

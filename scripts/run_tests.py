@@ -35,6 +35,7 @@ SLOW_FIRST = [
     "e2e_vastai",
     "e2e_examples",
     "e2e_cheapest",
+    "e2e_budgets",
     "e2e_exec",
     "e2e_certs",
     "runpod_quota",

@@ -32,6 +32,16 @@ impl SimulatorProcess {
         scenario: &serde_json::Value,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_keyed(cloud, scenario, extra, API_KEY)
+    }
+
+    /// The simulator of one account: it accepts `key` only, and its ledger is that account's.
+    pub fn start_keyed(
+        cloud: &str,
+        scenario: &serde_json::Value,
+        extra: &[&str],
+        key: &str,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("scenario.json");
         std::fs::write(&path, serde_json::to_vec(scenario)?)?;
@@ -42,8 +52,8 @@ impl SimulatorProcess {
             .args(["simulator", "--cloud", cloud, "--scenario"])
             .arg(&path)
             .args(extra)
-            .env("RUNPOD_API_KEY", API_KEY)
-            .env("VAST_API_KEY", API_KEY)
+            .env("RUNPOD_API_KEY", key)
+            .env("VAST_API_KEY", key)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -30,12 +30,24 @@ pub async fn namespace_labelled(
     name: &str,
     labels: &[(&str, &str)],
 ) -> anyhow::Result<()> {
+    namespace_annotated(client, name, labels, &[]).await
+}
+
+/// Creates a namespace with `labels` and `annotations` and waits for its ServiceAccount.
+pub async fn namespace_annotated(
+    client: &kube::Client,
+    name: &str,
+    labels: &[(&str, &str)],
+    annotations: &[(&str, &str)],
+) -> anyhow::Result<()> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let labels: std::collections::BTreeMap<&str, &str> = labels.iter().copied().collect();
+    let annotations: std::collections::BTreeMap<&str, &str> = annotations.iter().copied().collect();
     namespaces
         .create(
             &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))?,
+            &serde_json::from_value(json!({"metadata": {"name": name, "labels": labels,
+                "annotations": annotations}}))?,
         )
         .await?;
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), name);

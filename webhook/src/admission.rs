@@ -56,7 +56,7 @@ async fn lookup_context<C: ClusterView>(
         Some((name, uid)) => cluster.job(&creation.namespace, &name, &uid).await?,
         None => None,
     };
-    let namespace_annotations = cluster.namespace_annotations(&creation.namespace);
+    let namespace_annotations = cluster.namespace_annotations(&creation.namespace).await;
     // The ledger is read only where a budget could make it matter.
     let namespace_spend = if namespace_annotations
         .contains_key(runpod_contract::budget::BUDGET_PER_HOUR)

@@ -60,8 +60,11 @@ pub trait ClusterView: Send + Sync + 'static {
     }
     /// Annotations of a namespace as cached (its budget); empty when unknown. The controller
     /// enforces the budget before every create: admission only refuses early.
-    fn namespace_annotations(&self, _name: &str) -> BTreeMap<String, String> {
-        BTreeMap::new()
+    fn namespace_annotations(
+        &self,
+        _name: &str,
+    ) -> impl Future<Output = BTreeMap<String, String>> + Send {
+        async { BTreeMap::new() }
     }
     /// Each virtual node of ours: its cloud and the namespaces it lists.
     fn served(&self) -> Vec<(Cloud, Served)> {
@@ -257,10 +260,17 @@ impl ClusterView for KubeCluster {
         by_cloud
     }
 
-    fn namespace_annotations(&self, name: &str) -> BTreeMap<String, String> {
-        self.namespaces
-            .get(&ObjectRef::new(name))
-            .and_then(|namespace| namespace.metadata.annotations.clone())
+    async fn namespace_annotations(&self, name: &str) -> BTreeMap<String, String> {
+        if let Some(namespace) = self.namespaces.get(&ObjectRef::new(name)) {
+            return namespace.metadata.annotations.clone().unwrap_or_default();
+        }
+        // A namespace created a moment ago: one direct read (best effort).
+        let api = Api::<Namespace>::all(self.client.clone());
+        direct_get(api.get_metadata_opt(name), || format!("namespace {name}"))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|ns| ns.metadata.annotations)
             .unwrap_or_default()
     }
 
@@ -379,7 +389,10 @@ impl<T: ClusterView> ClusterView for Arc<T> {
         T::gpu_prices(self)
     }
 
-    fn namespace_annotations(&self, name: &str) -> BTreeMap<String, String> {
+    fn namespace_annotations(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = BTreeMap<String, String>> + Send {
         T::namespace_annotations(self, name)
     }
 
@@ -460,7 +473,7 @@ impl ClusterView for MemoryCluster {
         self.gpu_prices.clone()
     }
 
-    fn namespace_annotations(&self, name: &str) -> BTreeMap<String, String> {
+    async fn namespace_annotations(&self, name: &str) -> BTreeMap<String, String> {
         self.namespace_annotations
             .get(name)
             .cloned()

@@ -479,6 +479,7 @@ pub(crate) fn commit(
         created_instant: now,
         terminated_at: None,
         stopped_at: None,
+        gpu_billing_ended_at: None,
         create_status,
     };
     let mut events = Events::new(clock);

@@ -35,6 +35,10 @@ pub struct LedgerEntry {
     /// `terminated_at`).
     #[serde(with = "serde_time::option", default)]
     pub stopped_at: Option<SystemTime>,
+    /// When the container last stopped by itself or by a stop (EXITED, ERROR): GPU billing
+    /// ended then; `None` while it runs.
+    #[serde(with = "serde_time::option", default)]
+    pub gpu_billing_ended_at: Option<SystemTime>,
     /// The HTTP status the create call answered: 201, or e.g. 500 for an injected
     /// create-then-fail.
     pub create_status: u16,
@@ -94,6 +98,7 @@ mod tests {
             created_at: at(start),
             terminated_at: end.map(at),
             stopped_at: end.map(at),
+            gpu_billing_ended_at: None,
             create_status: 201,
         }
     }

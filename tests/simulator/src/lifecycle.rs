@@ -117,6 +117,7 @@ pub(crate) fn restart_container(
 }
 
 fn enter_starting(pod: &mut PodRecord, at: Instant, ev: &mut Events<'_>) {
+    pod.gpu_billing_ended_at = None;
     pod.status = PodStatus::Starting;
     pod.phase_since = at;
     pod.running_since = None;
@@ -126,6 +127,7 @@ fn enter_starting(pod: &mut PodRecord, at: Instant, ev: &mut Events<'_>) {
 
 /// RUNNING from `at`: `startedAt` set, container log lines of the script emitted.
 pub(crate) fn enter_running(pod: &mut PodRecord, at: Instant, ev: &mut Events<'_>) {
+    pod.gpu_billing_ended_at = None;
     pod.status = PodStatus::Running;
     pod.phase_since = at;
     pod.running_since = Some(at);
@@ -140,6 +142,9 @@ pub(crate) fn enter_running(pod: &mut PodRecord, at: Instant, ev: &mut Events<'_
 
 /// EXITED or ERROR from `at` (runtime and ports gone).
 pub(crate) fn enter_stopped(pod: &mut PodRecord, status: PodStatus, at: Instant) {
+    // GPU billing ends here (it resumes if the pod is started again).
+    pod.gpu_billing_ended_at =
+        Some(pod.created_at + at.saturating_duration_since(pod.created_instant));
     pod.status = status;
     pod.phase_since = at;
     pod.running_since = None;

@@ -136,6 +136,9 @@ pub(crate) struct PodRecord {
     pub terminated_at: Option<SystemTime>,
     /// The first stop action or termination: GPU billing ended then.
     pub stopped_at: Option<SystemTime>,
+    /// When the container last stopped (EXITED or ERROR, by itself or by a stop): GPU billing
+    /// ended then; `None` while it runs (again).
+    pub gpu_billing_ended_at: Option<SystemTime>,
     pub create_status: u16,
 }
 
@@ -172,6 +175,7 @@ impl PodRecord {
             created_at: self.created_at,
             terminated_at: self.terminated_at,
             stopped_at: self.stopped_at,
+            gpu_billing_ended_at: self.gpu_billing_ended_at,
             create_status: self.create_status,
         }
     }

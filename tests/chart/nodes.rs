@@ -310,3 +310,63 @@ fn without_nodes_nothing_new_renders() {
         assert!(args.contains(&"--vastai-verified-only=false".to_owned()));
     }
 }
+
+/// A node per team (`nodes[].namespaces`, `nodeNamespaces`) reaches each controller as
+/// `--serve-namespaces`, the default budget reaches the webhook and every controller, and both
+/// may read the budget ledgers in the release namespace only (the controllers also write them).
+#[test]
+fn a_node_per_team_and_the_default_budget_reach_every_component() {
+    let objects = render(&[
+        "runpod.apiKey=k",
+        "nodeNamespaces={shared-a,shared-b}",
+        "defaultBudgetPerHour=20",
+        "nodes[0].name=team-b-node",
+        "nodes[0].provider=runpod",
+        "nodes[0].existingSecret=team-b-key",
+        "nodes[0].namespaces={team-b}",
+    ]);
+    let main = args_of(named(&objects, "Deployment", "r-runpod-kubelet-controller"));
+    assert_eq!(flag(&main, "--serve-namespaces"), Some("shared-a,shared-b"));
+    let team = args_of(named(
+        &objects,
+        "Deployment",
+        "r-runpod-kubelet-controller-team-b-node",
+    ));
+    assert_eq!(flag(&team, "--serve-namespaces"), Some("team-b"));
+    let webhook = args_of(named(&objects, "Deployment", "r-runpod-kubelet-webhook"));
+    for args in [&main, &team, &webhook] {
+        assert_eq!(flag(args, "--default-budget-per-hour"), Some("20"));
+    }
+    for (role, verbs) in [
+        (
+            "r-runpod-kubelet-controller-budgets",
+            vec!["get", "list", "create", "update"],
+        ),
+        ("r-runpod-kubelet-webhook-budgets", vec!["get"]),
+    ] {
+        let role = named(&objects, "Role", role);
+        assert_eq!(role["metadata"]["namespace"], "runpod-system");
+        assert_eq!(
+            role["rules"][0]["resources"],
+            serde_json::json!(["configmaps"])
+        );
+        assert_eq!(role["rules"][0]["verbs"], serde_json::json!(verbs));
+    }
+
+    // Without them, no flag.
+    let objects = render(&["runpod.apiKey=k"]);
+    let main = args_of(named(&objects, "Deployment", "r-runpod-kubelet-controller"));
+    assert_eq!(flag(&main, "--serve-namespaces"), None);
+    assert_eq!(flag(&main, "--default-budget-per-hour"), None);
+    // A budget that is not a number is refused at install.
+    let refused = helm(&[
+        "template",
+        "r",
+        "charts/runpod-kubelet",
+        "--set",
+        "runpod.apiKey=k",
+        "--set",
+        "defaultBudgetPerHour=lots",
+    ]);
+    assert!(!refused.status.success());
+}

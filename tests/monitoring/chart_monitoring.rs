@@ -141,7 +141,7 @@ fn alert_rules_pass_promtool_and_their_unit_tests() {
         .filter_map(|a| a["alertname"].as_str())
         .collect();
     let alerts = alerts(&rules);
-    assert_eq!(alerts.len(), 10, "{alerts:?}");
+    assert_eq!(alerts.len(), 11, "{alerts:?}");
     for alert in &alerts {
         assert!(
             tested.contains(&alert.as_str()),
@@ -251,6 +251,7 @@ fn the_dashboard_is_labelled_for_the_sidecar_and_has_every_row() {
         rows,
         [
             "Spend",
+            "Budgets",
             "Pods",
             "GPU utilization",
             "Cloud API",

@@ -63,6 +63,7 @@ node); OUT an empty dict (a template returns only text). */}}
 {{- $_ = set $policy $key $value -}}
 {{- end -}}
 {{- $_ = set $out "vastai" $policy -}}
+{{- $_ = set $out "namespaces" ($entry.namespaces | default list) -}}
 {{- else -}}
 {{- $_ = set $out "name" $account -}}
 {{- $_ = set $out "nodeName" $.Values.nodeName -}}
@@ -81,6 +82,7 @@ node); OUT an empty dict (a template returns only text). */}}
 {{- $_ = set $out "maxGpuPrice" (include "runpod-kubelet.maxGpuPrice" $) -}}
 {{- $_ = set $out "datacenterIds" $.Values.runpod.datacenterIds -}}
 {{- $_ = set $out "vastai" $.Values.vastai -}}
+{{- $_ = set $out "namespaces" ($.Values.nodeNamespaces | default list) -}}
 {{- end -}}
 {{- end -}}
 
@@ -222,6 +224,14 @@ spec:
             {{- end }}
             {{- with include "runpod-kubelet.vastaiPolicyArgs" .vastai | trim }}
             {{- . | nindent 12 }}
+            {{- end }}
+            {{- with .namespaces }}
+            - --serve-namespaces
+            - {{ join "," . | quote }}
+            {{- end }}
+            {{- with $v.defaultBudgetPerHour | toString }}
+            - --default-budget-per-hour
+            - {{ . | quote }}
             {{- end }}
             - --leader-elect={{ $v.controller.leaderElection.enabled }}
             {{- if $v.controller.leaderElection.enabled }}

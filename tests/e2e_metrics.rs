@@ -65,6 +65,9 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
             IDLE_AFTER,
             "--idle-gpu-threshold",
             "5",
+            // Every namespace has a (roomy) budget, so its spend and budget series exist.
+            "--default-budget-per-hour",
+            "100",
         ],
     )?;
     let outcome = scenario(

@@ -4,7 +4,7 @@
 
 use crate::provider::{self, PROVIDER};
 use crate::*;
-use crate::{gpus, vastai};
+use crate::{budget, gpus, teams, vastai};
 
 /// Where a name lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +104,24 @@ pub const NAMES: &[Name] = &[
         read_by: "webhook",
         values: "`runpod`, `vastai`, `cheapest`",
         meaning: "the default cloud of the namespace's pods",
+    },
+    Name {
+        name: teams::NODE_LABEL,
+        kind: Kind::Label,
+        on: "namespace",
+        written_by: Writer::Operator,
+        read_by: "webhook (selects the node), controller (`WrongNode` elsewhere)",
+        values: "a virtual node's name",
+        meaning: "binds the namespace's burst pods to that node (and its cloud key)",
+    },
+    Name {
+        name: budget::BUDGET_PER_HOUR,
+        kind: Kind::Annotation,
+        on: "namespace",
+        written_by: Writer::Operator,
+        read_by: "webhook (refuses what could never fit), controller (`BudgetExceeded`)",
+        values: "USD per hour, e.g. `20` or `0.5`",
+        meaning: "the most the namespace's burst pods may cost together, every node and cloud",
     },
     Name {
         name: PORTS,
@@ -247,6 +265,15 @@ pub const NAMES: &[Name] = &[
         read_by: "webhook (`cheapest`)",
         values: "`H100x1-8:SECURE=2.99,RTX4090x2=0.35,storage=0.0002,at=1795000000` (USD per GPU-hour; `storage` per GB-hour; `at` when, Unix seconds)",
         meaning: "per canonical GPU, GPU count and (RunPod) class, the lowest price inside the policy",
+    },
+    Name {
+        name: teams::SERVES_NAMESPACES,
+        kind: Kind::Annotation,
+        on: "virtual node",
+        written_by: Writer::Controller,
+        read_by: "webhook and the other nodes' controllers (node binding)",
+        values: "`team-a,team-a-dev` (empty: namespaces bound to no node)",
+        meaning: "the namespaces the node serves (`--serve-namespaces`, the chart's `nodes[].namespaces`)",
     },
     Name {
         name: provider::CHEAPEST_CHOICE,

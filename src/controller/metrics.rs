@@ -199,6 +199,15 @@ impl ControllerMetrics {
             .set(usd);
     }
 
+    /// Removes a namespace's spend and budget series (it has no burst pods any more).
+    pub fn forget_namespace(&self, namespace: &str) {
+        let label = NamespaceLabel {
+            namespace: namespace.to_owned(),
+        };
+        self.namespace_spend.remove(&label);
+        self.namespace_budget.remove(&label);
+    }
+
     /// A namespace's budget, or no series when it has none.
     pub fn namespace_budget(&self, namespace: &str, usd: Option<f64>) {
         let label = NamespaceLabel {

@@ -46,6 +46,12 @@ pub(super) fn render() -> String {
     );
     section(
         &mut out,
+        "Budgets (namespace annotations)",
+        "Set by the platform team on namespaces ([budgets and teams](../budgets-and-teams.md)).",
+        |e| e.kind == Kind::Annotation && e.on == "namespace",
+    );
+    section(
+        &mut out,
         "What a pod asks for (annotations)",
         "Set by whoever writes the pod or its Job; the webhook checks each at admission and \
          refuses a bad value with a message naming it.",

@@ -45,6 +45,22 @@ fn cluster() -> MemoryCluster {
         ),
     ]
     .into();
+    // A budget, its ledger and a node per team, so budget and binding judgements run too.
+    cluster.namespace_annotations.insert(
+        "ml".into(),
+        [("runpod.io/budget-per-hour".to_owned(), "1".to_owned())].into(),
+    );
+    cluster.spend.insert("ml".into(), 0.8);
+    cluster.served = vec![
+        (
+            runpod_webhook::contract::provider::Cloud::RunPod,
+            runpod_webhook::contract::teams::Served::parse("team-node", Some("ml")),
+        ),
+        (
+            runpod_webhook::contract::provider::Cloud::VastAi,
+            runpod_webhook::contract::teams::Served::parse("shared", None),
+        ),
+    ];
     cluster
 }
 

@@ -23,6 +23,7 @@ use runpod_contract::checks::gpu_count;
 use tracing::warn;
 
 use crate::controller::context::Shared;
+use crate::controller::metrics::ControllerMetrics;
 use crate::provider::Provider;
 use runpod_contract::budget::ledger::{self, LEDGER_LABEL, LEDGER_NAMESPACE, Ledger, ledger_name};
 
@@ -34,6 +35,8 @@ pub struct BudgetState {
     pub synced: AtomicBool,
     /// Pods whose create this process is sending now: their reservations stay.
     in_flight: Mutex<BTreeSet<String>>,
+    /// Namespaces with spend or budget series on `/metrics`.
+    exported: Mutex<BTreeSet<String>>,
 }
 
 impl BudgetState {
@@ -51,6 +54,37 @@ impl BudgetState {
     /// The pods whose create is under way here.
     pub fn creating(&self) -> BTreeSet<String> {
         self.in_flight().clone()
+    }
+
+    fn exported(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        match self.exported.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Publishes what a namespace spends.
+    pub fn show_spend(&self, metrics: &ControllerMetrics, namespace: &str, usd: f64) {
+        self.exported().insert(namespace.to_owned());
+        metrics.namespace_spend(namespace, usd);
+    }
+
+    /// Publishes a namespace's budget (no series without one).
+    pub fn show_budget(&self, metrics: &ControllerMetrics, namespace: &str, usd: Option<f64>) {
+        self.exported().insert(namespace.to_owned());
+        metrics.namespace_budget(namespace, usd);
+    }
+
+    /// Removes the series of every namespace not in `keep` (none of its pods bills or waits
+    /// here any more), so a team's series end with its pods.
+    pub fn hide_all_but(&self, metrics: &ControllerMetrics, keep: &BTreeSet<String>) {
+        self.exported().retain(|namespace| {
+            let kept = keep.contains(namespace);
+            if !kept {
+                metrics.forget_namespace(namespace);
+            }
+            kept
+        });
     }
 }
 
@@ -143,7 +177,7 @@ pub async fn before_create<P: Provider>(
         .unwrap_or_default();
     let budget = match budget_of(&annotations, ctx.settings.admission.default_budget) {
         None => {
-            ctx.metrics.namespace_budget(namespace, None);
+            ctx.budget.show_budget(&ctx.metrics, namespace, None);
             return Ok(Gate::Unbounded);
         }
         Some(Err(problem)) => {
@@ -154,7 +188,8 @@ pub async fn before_create<P: Provider>(
         }
         Some(Ok(budget)) => budget,
     };
-    ctx.metrics.namespace_budget(namespace, Some(budget));
+    ctx.budget
+        .show_budget(&ctx.metrics, namespace, Some(budget));
     if !ctx.budget.is_synced() {
         return Ok(Gate::Later);
     }
@@ -171,7 +206,8 @@ pub async fn before_create<P: Provider>(
         return Ok(Gate::Reserved { usd: entry.usd });
     }
     let spend = ledger.spend();
-    ctx.metrics.namespace_spend(namespace, spend.total());
+    ctx.budget
+        .show_spend(&ctx.metrics, namespace, spend.total());
     let (price, cap) = price_of(ctx, pod);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let namespace_pods = pods.list(&ListParams::default()).await?.items;
@@ -186,8 +222,8 @@ pub async fn before_create<P: Provider>(
             let name = pod.metadata.name.as_deref().unwrap_or_default();
             ledger.reserve(uid, node, name, usd, Timestamp::now());
             if write(&maps, namespace, existing, &ledger).await? {
-                ctx.metrics
-                    .namespace_spend(namespace, ledger.spend().total());
+                ctx.budget
+                    .show_spend(&ctx.metrics, namespace, ledger.spend().total());
                 Ok(Gate::Reserved { usd })
             } else {
                 Ok(Gate::Later)
@@ -250,8 +286,8 @@ pub async fn after_create<P>(ctx: &Shared<P>, pod: &Pod, uid: &str, settled: Set
         }
         match write(&maps, namespace, existing, &ledger).await {
             Ok(true) => {
-                ctx.metrics
-                    .namespace_spend(namespace, ledger.spend().total());
+                ctx.budget
+                    .show_spend(&ctx.metrics, namespace, ledger.spend().total());
                 return;
             }
             Ok(false) => continue,

@@ -3,7 +3,7 @@
 //! dropped, terminated instances removed. The first pass of a leader (a restart included) must
 //! succeed before it creates anything in a namespace with a budget.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -113,6 +113,11 @@ async fn once<P: Provider>(
     let now = Timestamp::now();
     let stale = stale_after(&shared.settings);
     let namespaces: Api<Namespace> = Api::all(shared.client.clone());
+    // Namespaces whose series stay: a pod of theirs is bound here or a line bills.
+    let mut keep: BTreeSet<String> = pods
+        .iter()
+        .filter_map(|pod| pod.metadata.namespace.clone())
+        .collect();
     for (namespace, existing) in by_namespace {
         let mut ledger = existing
             .as_ref()
@@ -122,14 +127,20 @@ async fn once<P: Provider>(
         let empty = BTreeMap::new();
         let mine = live.get(&namespace).unwrap_or(&empty);
         let changed = ledger.sync(node, mine, &creating, now, stale);
+        if !ledger.entries.is_empty() {
+            keep.insert(namespace.clone());
+        }
         if changed && !write(&maps, &namespace, existing, &ledger).await? {
             // Another controller wrote first: the next list tries again.
             complete = false;
             continue;
         }
+        if !keep.contains(&namespace) {
+            continue;
+        }
         shared
-            .metrics
-            .namespace_spend(&namespace, ledger.spend().total());
+            .budget
+            .show_spend(&shared.metrics, &namespace, ledger.spend().total());
         let budget = match namespaces.get_metadata_opt(&namespace).await {
             Ok(found) => found
                 .and_then(|ns| ns.metadata.annotations)
@@ -141,7 +152,10 @@ async fn once<P: Provider>(
         };
         let budget =
             budget_of(&budget, shared.settings.admission.default_budget).and_then(Result::ok);
-        shared.metrics.namespace_budget(&namespace, budget);
+        shared
+            .budget
+            .show_budget(&shared.metrics, &namespace, budget);
     }
+    shared.budget.hide_all_but(&shared.metrics, &keep);
     Ok(complete)
 }

@@ -23,7 +23,7 @@ use kube::api::PostParams;
 use serde_json::{Value, json};
 use support::control_plane::{ControlPlane, ExtraFlags};
 use support::controller::{ControllerProcess, SimulatorProcess, metric};
-use support::pods::{annotation, phase, uid};
+use support::pods::{annotation, phase, running, uid};
 use support::wait;
 use support::webhook::WebhookProcess;
 
@@ -137,25 +137,11 @@ fn pod(name: &str, annotations: &Value, node_name: Option<&str>) -> anyhow::Resu
 
 /// The reason a pod's container waits with, if it waits.
 fn waiting_reason(pod: &Pod) -> Option<String> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .first()?
-        .state
-        .as_ref()?
+    support::pods::container_state(pod)?
         .waiting
         .as_ref()?
         .reason
         .clone()
-}
-
-async fn running(pods: &Api<Pod>, name: &str) -> anyhow::Result<Pod> {
-    wait::until(&format!("pod {name} Running"), WAIT, || async {
-        let pod = pods.get(name).await?;
-        Ok((phase(&pod) == Some("Running")).then_some(pod))
-    })
-    .await
 }
 
 async fn waits_for_budget(pods: &Api<Pod>, name: &str) -> anyhow::Result<Pod> {

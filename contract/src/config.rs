@@ -27,6 +27,8 @@ pub struct PolicyConfig {
     /// The budget (USD per hour) of a namespace without `runpod.io/budget-per-hour`
     /// (`--default-budget-per-hour`); `None`: no budget.
     pub default_budget: Option<f64>,
+    /// The installation's node bindings (`--namespace-nodes`, from the chart's `namespaces`).
+    pub namespace_nodes: Vec<crate::teams::Served>,
 }
 
 impl PolicyConfig {
@@ -69,6 +71,7 @@ impl PolicyConfig {
             expose_no_ports: false,
             accept_seed_tolerations: false,
             default_budget: None,
+            namespace_nodes: Vec::new(),
         }
     }
 }

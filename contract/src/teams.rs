@@ -35,6 +35,40 @@ impl Served {
     }
 }
 
+/// The installation's bindings as the chart gives them to every component
+/// (`--namespace-nodes team-a=team-a-node,team-b=team-b-node`): known even while a node is not
+/// registered, so a team's namespace is never taken for unbound while its node is down.
+pub fn parse_assignments(items: &[String]) -> Result<Vec<Served>, String> {
+    let mut nodes: Vec<Served> = Vec::new();
+    for item in items.iter().map(|i| i.trim()).filter(|i| !i.is_empty()) {
+        let Some((namespace, node)) = item
+            .split_once('=')
+            .map(|(ns, node)| (ns.trim(), node.trim()))
+            .filter(|(ns, node)| !ns.is_empty() && !node.is_empty())
+        else {
+            return Err(format!("{item:?} is not NAMESPACE=NODE"));
+        };
+        match nodes.iter_mut().find(|served| served.node == node) {
+            Some(served) => served.namespaces.push(namespace.to_owned()),
+            None => nodes.push(Served {
+                node: node.to_owned(),
+                namespaces: vec![namespace.to_owned()],
+            }),
+        }
+    }
+    Ok(nodes)
+}
+
+/// `known` with the nodes of `more` it does not name yet (a node's own word comes first).
+pub fn with_more(mut known: Vec<Served>, more: &[Served]) -> Vec<Served> {
+    for served in more {
+        if !known.iter().any(|k| k.node == served.node) {
+            known.push(served.clone());
+        }
+    }
+    known
+}
+
 /// Where a namespace's pods may run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Binding {
@@ -165,6 +199,29 @@ mod tests {
         )
         .unwrap_err();
         assert!(message.contains("runpod.io/node=team-b-node"), "{message}");
+    }
+
+    #[test]
+    fn the_installations_bindings_parse_by_node() {
+        let parsed = parse_assignments(&[
+            "team-a=team-a-node".to_owned(),
+            " team-a-dev = team-a-node ".to_owned(),
+            "team-b=team-b-node".to_owned(),
+        ])
+        .unwrap();
+        assert_eq!(
+            parsed,
+            vec![
+                Served::parse("team-a-node", Some("team-a,team-a-dev")),
+                Served::parse("team-b-node", Some("team-b")),
+            ]
+        );
+        assert!(parse_assignments(&["team-a".to_owned()]).is_err());
+        assert!(parse_assignments(&["=node".to_owned()]).is_err());
+        // A registered node's own list wins over the installation's.
+        let merged = with_more(vec![Served::parse("team-a-node", Some("x"))], &parsed);
+        assert_eq!(merged[0].namespaces, vec!["x".to_owned()]);
+        assert_eq!(merged.len(), 2);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use runpod_contract::checks::gpu_count;
 use runpod_contract::config::PolicyConfig;
 use runpod_contract::pod::PodView;
 use runpod_contract::policy::{self, Untouched};
+use runpod_contract::teams::WRONG_NODE;
 
 use crate::provider::CloudName;
 
@@ -50,18 +51,16 @@ impl Judged {
             return false;
         }
         match &self.refusal {
-            // Labels (opt-in, the node binding) can change: read them again now and then.
-            Some(refusal) if refusal.reason == NOT_OPTED_IN || refusal.reason == WRONG_NODE => {
-                Duration::try_from(now.duration_since(self.at))
-                    .is_ok_and(|age| age < NOT_OPTED_IN_RECHECK)
-            }
-            _ => true,
+            // Labels (opt-in, the node binding) can change: read them again now and then, for
+            // a pod allowed to start too (its namespace may have moved to another node).
+            Some(refusal) if refusal.reason != NOT_OPTED_IN && refusal.reason != WRONG_NODE => true,
+            _ => Duration::try_from(now.duration_since(self.at))
+                .is_ok_and(|age| age < NOT_OPTED_IN_RECHECK),
         }
     }
 }
 
 const NOT_OPTED_IN: &str = "NotOptedIn";
-use contract::teams::WRONG_NODE;
 
 /// The verdict once the node binding is known: a pod whose namespace is bound to another node
 /// (`why_not_here`) is refused `WrongNode` before anything but the reasons that say the node
@@ -396,7 +395,11 @@ mod tests {
             label: None,
             at,
         };
-        assert!(allowed.still_holds(None, later(3600)));
+        assert!(allowed.still_holds(None, later(10)));
+        assert!(
+            !allowed.still_holds(None, later(61)),
+            "its namespace may have been bound to another node"
+        );
     }
 
     #[test]

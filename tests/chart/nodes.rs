@@ -336,6 +336,11 @@ fn a_node_per_team_and_the_default_budget_reach_every_component() {
     let webhook = args_of(named(&objects, "Deployment", "r-runpod-kubelet-webhook"));
     for args in [&main, &team, &webhook] {
         assert_eq!(flag(args, "--default-budget-per-hour"), Some("20"));
+        // Every component knows every binding, even of a node that is not registered.
+        assert_eq!(
+            flag(args, "--namespace-nodes"),
+            Some("shared-a=virtual-runpod,shared-b=virtual-runpod,team-b=team-b-node")
+        );
     }
     for (role, verbs) in [
         (
@@ -358,6 +363,7 @@ fn a_node_per_team_and_the_default_budget_reach_every_component() {
     let main = args_of(named(&objects, "Deployment", "r-runpod-kubelet-controller"));
     assert_eq!(flag(&main, "--serve-namespaces"), None);
     assert_eq!(flag(&main, "--default-budget-per-hour"), None);
+    assert_eq!(flag(&main, "--namespace-nodes"), None);
     // A budget that is not a number is refused at install.
     let refused = helm(&[
         "template",

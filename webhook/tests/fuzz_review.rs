@@ -20,6 +20,7 @@ fn config() -> PolicyConfig {
         expose_no_ports: false,
         accept_seed_tolerations: false,
         default_budget: None,
+        namespace_nodes: Vec::new(),
     }
 }
 

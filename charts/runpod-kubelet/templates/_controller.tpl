@@ -229,6 +229,10 @@ spec:
             - --serve-namespaces
             - {{ join "," . | quote }}
             {{- end }}
+            {{- with include "runpod-kubelet.namespaceNodes" $root }}
+            - --namespace-nodes
+            - {{ . | quote }}
+            {{- end }}
             {{- with $v.defaultBudgetPerHour | toString }}
             - --default-budget-per-hour
             - {{ . | quote }}

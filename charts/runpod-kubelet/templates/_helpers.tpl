@@ -544,3 +544,18 @@ wins when set), cluster.identifier as controller.clusterId; kubelet.namespace is
 {{- .Values.cluster.identifier | default "" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The installation's node bindings, NAMESPACE=NODE comma-separated (nodeNamespaces and every
+`nodes` entry's namespaces), given to the webhook and every controller; empty: none. */}}
+{{- define "runpod-kubelet.namespaceNodes" -}}
+{{- $pairs := list -}}
+{{- range .Values.nodeNamespaces | default list -}}
+{{- $pairs = append $pairs (printf "%s=%s" . $.Values.nodeName) -}}
+{{- end -}}
+{{- range $node := .Values.nodes | default list -}}
+{{- range $node.namespaces | default list -}}
+{{- $pairs = append $pairs (printf "%s=%s" . $node.name) -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

@@ -45,6 +45,9 @@ pub struct Entry {
     pub state: State,
     /// When the line was last written.
     pub at: Timestamp,
+    /// A list of the cloud has shown the instance: once it is missing from one, it is gone.
+    #[serde(default)]
+    pub listed: bool,
 }
 
 /// A namespace's lines by pod UID.
@@ -105,8 +108,24 @@ impl Ledger {
                 usd,
                 state: State::Starting,
                 at: now,
+                listed: false,
             },
         );
+    }
+
+    /// A create under `node`'s line of `uid` ended: the cloud's figure when it gave one (the
+    /// line then bills), and the line's clock restarted, so it outlives the list's lag.
+    /// Whether there was such a line.
+    pub fn created(&mut self, uid: &str, node: &str, cost: Option<f64>, now: Timestamp) -> bool {
+        let Some(entry) = self.entries.get_mut(uid).filter(|entry| entry.node == node) else {
+            return false;
+        };
+        if let Some(cost) = cost {
+            entry.usd = cost;
+            entry.state = State::Billing;
+        }
+        entry.at = now;
+        true
     }
 
     /// Drops `node`'s line of `uid` (a create that made nothing); whether there was one.
@@ -124,9 +143,9 @@ impl Ledger {
     /// Brings `node`'s lines in line with its cloud's list: `live` are the namespace's live
     /// instances of this node (pod UID -> pod name and the cloud's cost per hour, if given).
     /// A live instance bills at the cloud's figure (or what was reserved for it while the cloud
-    /// gives none); a billing line whose instance is gone goes; a reservation goes once no create
-    /// of this process is under way for it (`in_flight`) and it is older than `stale` (a create
-    /// made by then shows in the list). Whether anything changed.
+    /// gives none); a line whose instance was listed and is gone goes; a line never listed goes
+    /// once no create of this process is under way for it (`in_flight`) and it is older than
+    /// `stale` (a create made by then shows in the list). Whether anything changed.
     pub fn sync(
         &mut self,
         node: &str,
@@ -144,7 +163,10 @@ impl Ledger {
                 .map(|entry| entry.usd);
             let usd = cost.or(reserved).unwrap_or(0.0);
             let unchanged = self.entries.get(uid).is_some_and(|entry| {
-                entry.node == node && entry.state == State::Billing && entry.usd == usd
+                entry.node == node
+                    && entry.state == State::Billing
+                    && entry.usd == usd
+                    && entry.listed
             });
             if !unchanged {
                 self.entries.insert(
@@ -155,6 +177,7 @@ impl Ledger {
                         usd,
                         state: State::Billing,
                         at: now,
+                        listed: true,
                     },
                 );
             }
@@ -163,13 +186,10 @@ impl Ledger {
             if entry.node != node || live.contains_key(uid) {
                 return true;
             }
-            match entry.state {
-                State::Billing => false,
-                State::Starting => {
-                    let age = Duration::try_from(now.duration_since(entry.at)).unwrap_or_default();
-                    in_flight.contains(uid) || age < stale
-                }
-            }
+            // Listed once and missing now: terminated. Never listed yet: kept while its create
+            // runs or the list may still lag behind it.
+            let age = Duration::try_from(now.duration_since(entry.at)).unwrap_or_default();
+            !entry.listed && (in_flight.contains(uid) || age < stale)
         });
         self.entries != before
     }
@@ -223,6 +243,35 @@ mod tests {
             "terminated"
         );
         assert!(ledger.entries.is_empty());
+    }
+
+    /// The create answered with the cloud's price before any list showed the instance: the line
+    /// bills at once and stays until a list has shown it and then lost it.
+    #[test]
+    fn a_created_instance_outlives_the_lists_lag() {
+        let stale = Duration::from_secs(60);
+        let none = BTreeSet::new();
+        let mut ledger = Ledger::default();
+        ledger.reserve("a", "n", "p", 1.0, at(0));
+        assert!(ledger.created("a", "n", Some(0.4), at(200)));
+        assert_eq!(ledger.spend().billing, 0.4);
+        assert!(
+            !ledger.sync("n", &live(&[]), &none, at(210), stale),
+            "the list lags"
+        );
+        assert!(ledger.sync("n", &live(&[("a", Some(0.4))]), &none, at(220), stale));
+        assert!(ledger.entries["a"].listed);
+        assert!(
+            ledger.sync("n", &live(&[]), &none, at(221), stale),
+            "terminated"
+        );
+        assert!(ledger.entries.is_empty());
+        // Without a price, the reservation's clock restarts at the create's end.
+        ledger.reserve("b", "n", "p", 1.0, at(0));
+        assert!(ledger.created("b", "n", None, at(500)));
+        assert!(!ledger.sync("n", &live(&[]), &none, at(530), stale));
+        assert_eq!(ledger.spend().in_flight, 1.0);
+        assert!(!ledger.created("b", "other", None, at(500)));
     }
 
     #[test]

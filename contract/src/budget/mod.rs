@@ -14,6 +14,9 @@ pub mod ledger;
 pub const BUDGET_PER_HOUR: &str = "runpod.io/budget-per-hour";
 /// The reason of a pod waiting for budget (its Event and status).
 pub const BUDGET_EXCEEDED: &str = "BudgetExceeded";
+/// The reason of a pod that alone costs more than its namespace's whole budget (it waits for a
+/// larger budget, outside the namespace's queue).
+pub const BUDGET_TOO_SMALL: &str = "BudgetTooSmall";
 
 /// Slack for sums of prices (`0.1 + 0.2` must fit `0.3`).
 const SLACK: f64 = 1e-9;
@@ -66,6 +69,7 @@ pub struct Spend {
 }
 
 impl Spend {
+    /// Billing and starting together.
     pub fn total(&self) -> f64 {
         self.billing + self.in_flight
     }

@@ -194,6 +194,11 @@ pub struct ControllerArgs {
     /// `runpod.io/node` label names this node. Empty: namespaces bound to no node.
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_SERVE_NAMESPACES")]
     pub serve_namespaces: Vec<String>,
+    /// The installation's node bindings, `NAMESPACE=NODE` comma-separated (the chart passes every
+    /// node's `namespaces`): a namespace listed for another node is refused here even while that
+    /// node is not registered.
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_NAMESPACE_NODES")]
+    pub namespace_nodes: Vec<String>,
     /// What a pod without `runpod.io/ports` exposes: `auto`, its declared container ports (as
     /// public endpoints of the cloud), or `none`. Give the webhook the same.
     #[arg(

@@ -10,7 +10,7 @@
 
 pub mod sync;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -33,6 +33,9 @@ pub struct BudgetState {
     /// This leader has written its own instances into the ledgers once: until then it creates
     /// nothing in a namespace with a budget (a restart rebuilds spend from the cloud first).
     pub synced: AtomicBool,
+    /// Namespaces whose ledger this leader's last sync could not write: no create there until
+    /// one does.
+    unsynced: Mutex<BTreeSet<String>>,
     /// Pods whose create this process is sending now: their reservations stay.
     in_flight: Mutex<BTreeSet<String>>,
     /// Namespaces with spend or budget series on `/metrics`.
@@ -40,15 +43,24 @@ pub struct BudgetState {
 }
 
 impl BudgetState {
-    pub fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire)
+    /// Whether this leader's own instances in `namespace` are in its ledger (rebuilt from the
+    /// cloud since it started, and the last write there succeeded).
+    pub fn is_synced(&self, namespace: &str) -> bool {
+        self.synced.load(Ordering::Acquire) && !lock(&self.unsynced).contains(namespace)
+    }
+
+    /// Records whether the last sync wrote `namespace`'s ledger.
+    pub fn wrote(&self, namespace: &str, written: bool) {
+        let mut unsynced = lock(&self.unsynced);
+        if written {
+            unsynced.remove(namespace);
+        } else {
+            unsynced.insert(namespace.to_owned());
+        }
     }
 
     fn in_flight(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
-        match self.in_flight.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        lock(&self.in_flight)
     }
 
     /// The pods whose create is under way here.
@@ -57,10 +69,7 @@ impl BudgetState {
     }
 
     fn exported(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
-        match self.exported.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        lock(&self.exported)
     }
 
     /// Publishes what a namespace spends.
@@ -88,6 +97,27 @@ impl BudgetState {
     }
 }
 
+/// A lock, even after a panic elsewhere poisoned it.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+/// While alive, the pod's create counts as under way here (its reservation survives the
+/// ledger's sync); dropped once the create's outcome is in the ledger.
+pub struct Sending<'a> {
+    state: &'a BudgetState,
+    uid: String,
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        self.state.in_flight().remove(&self.uid);
+    }
+}
+
 /// What the budget says about a create.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Gate {
@@ -97,6 +127,9 @@ pub enum Gate {
     Reserved { usd: f64 },
     /// Wait, Pending with `BudgetExceeded` (the message names budget, spend and price).
     Wait(String),
+    /// The pod alone costs more than the whole budget: Pending with `BudgetTooSmall`, and left
+    /// out of the namespace's queue (it would block every pod behind it).
+    TooSmall(String),
     /// The ledger is not rebuilt yet, or another controller wrote it first: look again soon.
     Later,
 }
@@ -140,9 +173,9 @@ pub fn ahead_of(pod: &Pod, namespace_pods: &[Pod], ledger: &Ledger) -> usize {
 
 /// The price a create is judged by (the cheapest fit this cloud publishes, else the pod's cap)
 /// and the most it may cost (its cap), USD per hour for the whole pod.
-fn price_of<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> (f64, Option<f64>) {
+fn price_of<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> (f64, Option<f64>, &'static str) {
     let Some(cloud) = runpod_contract::provider::Cloud::parse(ctx.provider.name()) else {
-        return (0.0, None);
+        return (0.0, None, "its price cap");
     };
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     let sheet = ctx.provider.price_sheet();
@@ -153,7 +186,10 @@ fn price_of<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> (f64, Option<f64>) {
         &ctx.settings.admission,
         &sheet.prices,
     );
-    (fit.map(|fit| fit.per_hour).or(cap).unwrap_or(0.0), cap)
+    match fit {
+        Some(fit) => (fit.per_hour, cap, fit.gpu),
+        None => (cap.unwrap_or(0.0), cap, "its price cap"),
+    }
 }
 
 fn ledgers<P>(ctx: &Shared<P>) -> Api<ConfigMap> {
@@ -170,11 +206,14 @@ pub async fn before_create<P: Provider>(
 ) -> Result<Gate, kube::Error> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
-    let annotations = namespaces
-        .get_metadata_opt(namespace)
-        .await?
-        .and_then(|ns| ns.metadata.annotations)
-        .unwrap_or_default();
+    let annotations = match namespaces.get_metadata_opt(namespace).await {
+        Ok(found) => found
+            .and_then(|ns| ns.metadata.annotations)
+            .unwrap_or_default(),
+        // Manifests from an older chart: only the installation's default budget applies.
+        Err(kube::Error::Api(status)) if status.code == 403 => BTreeMap::new(),
+        Err(error) => return Err(error),
+    };
     let budget = match budget_of(&annotations, ctx.settings.admission.default_budget) {
         None => {
             ctx.budget.show_budget(&ctx.metrics, namespace, None);
@@ -190,7 +229,7 @@ pub async fn before_create<P: Provider>(
     };
     ctx.budget
         .show_budget(&ctx.metrics, namespace, Some(budget));
-    if !ctx.budget.is_synced() {
+    if !ctx.budget.is_synced(namespace) {
         return Ok(Gate::Later);
     }
     let maps = ledgers(ctx);
@@ -201,14 +240,31 @@ pub async fn before_create<P: Provider>(
         .map(Ledger::parse)
         .unwrap_or_default();
     let node = &ctx.settings.node_name;
-    if let Some(entry) = ledger.entries.get(uid).filter(|entry| &entry.node == node) {
-        // Reserved by an earlier attempt (or before a restart): the create goes on under it.
-        return Ok(Gate::Reserved { usd: entry.usd });
+    let now = Timestamp::now();
+    let unlisted = ledger.entries.get_mut(uid).filter(|entry| {
+        &entry.node == node && entry.state == ledger::State::Starting && !entry.listed
+    });
+    if let Some(entry) = unlisted {
+        // Reserved by an earlier attempt (or before a restart): the create goes on under it,
+        // the reservation's clock restarted so that the sync keeps it meanwhile.
+        let usd = entry.usd;
+        entry.at = now;
+        return Ok(if write(&maps, namespace, existing, &ledger).await? {
+            ctx.budget.in_flight().insert(uid.to_owned());
+            Gate::Reserved { usd }
+        } else {
+            Gate::Later
+        });
     }
+    // A line of the pod's previous instance (it is being replaced) gives way to the new one.
+    ledger.release(uid, node);
     let spend = ledger.spend();
     ctx.budget
         .show_spend(&ctx.metrics, namespace, spend.total());
-    let (price, cap) = price_of(ctx, pod);
+    let (price, cap, gpu) = price_of(ctx, pod);
+    if let Some(message) = budget::never_fits(namespace, budget, Some((gpu, price))) {
+        return Ok(Gate::TooSmall(message));
+    }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let namespace_pods = pods.list(&ListParams::default()).await?.items;
     let ahead = ahead_of(pod, &namespace_pods, &ledger);
@@ -220,8 +276,9 @@ pub async fn before_create<P: Provider>(
             let left = (budget - spend.total()).max(0.0);
             let usd = cap.map_or(left, |cap| cap.min(left)).max(price);
             let name = pod.metadata.name.as_deref().unwrap_or_default();
-            ledger.reserve(uid, node, name, usd, Timestamp::now());
+            ledger.reserve(uid, node, name, usd, now);
             if write(&maps, namespace, existing, &ledger).await? {
+                ctx.budget.in_flight().insert(uid.to_owned());
                 ctx.budget
                     .show_spend(&ctx.metrics, namespace, ledger.spend().total());
                 Ok(Gate::Reserved { usd })
@@ -239,19 +296,23 @@ pub enum Settled {
     Created(Option<f64>),
     /// Nothing was created: the reservation goes.
     Nothing,
-    /// Unknown: the reservation stays until a list settles it (`sync`).
+    /// Unknown: the reservation stays until a list settles it (`sync`), counted from now.
     Unknown,
 }
 
-/// Marks a create as under way: its reservation survives the ledger's sync meanwhile.
-pub fn sending<P>(ctx: &Shared<P>, uid: &str) {
+/// The create of a pod `before_create` reserved for is under way until the guard drops (after
+/// `after_create`).
+pub fn sending<'a, P>(ctx: &'a Shared<P>, uid: &str) -> Sending<'a> {
     ctx.budget.in_flight().insert(uid.to_owned());
+    Sending {
+        state: &ctx.budget,
+        uid: uid.to_owned(),
+    }
 }
 
 /// Replaces a reservation by what the create made. Best effort: the next sync settles whatever
 /// this could not write.
 pub async fn after_create<P>(ctx: &Shared<P>, pod: &Pod, uid: &str, settled: Settled) {
-    ctx.budget.in_flight().remove(uid);
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let node = ctx.settings.node_name.clone();
     let maps = ledgers(ctx);
@@ -269,17 +330,11 @@ pub async fn after_create<P>(ctx: &Shared<P>, pod: &Pod, uid: &str, settled: Set
             .map(Ledger::parse)
             .unwrap_or_default();
         let changed = match settled {
-            Settled::Created(Some(cost)) => match ledger.entries.get_mut(uid) {
-                Some(entry) if entry.node == node => {
-                    entry.usd = cost;
-                    entry.state = ledger::State::Billing;
-                    entry.at = Timestamp::now();
-                    true
-                }
-                _ => false,
-            },
+            Settled::Created(cost) => ledger.created(uid, &node, cost, Timestamp::now()),
             Settled::Nothing => ledger.release(uid, &node),
-            Settled::Created(None) | Settled::Unknown => false,
+            // The reservation's clock restarts: an instance made at the end of a long create
+            // shows in a list within the settle time from now.
+            Settled::Unknown => ledger.created(uid, &node, None, Timestamp::now()),
         };
         if !changed {
             return;

@@ -37,10 +37,11 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>, store: Store<Pod>) {
         if !ready {
             continue;
         }
+        // A namespace whose ledger could not be written is marked (no create there until a
+        // later pass writes it); the others go on.
         match once(&shared, &store.state(), &snapshot).await {
-            Ok(true) => shared.budget.synced.store(true, Ordering::Release),
-            Ok(false) => debug!("a budget ledger changed under this pass; the next list writes it"),
-            Err(error) => warn!(%error, "writing this node's spend into the budget ledgers failed"),
+            Ok(()) => shared.budget.synced.store(true, Ordering::Release),
+            Err(error) => warn!(%error, "reading the budget ledgers failed"),
         }
     }
 }
@@ -51,14 +52,30 @@ fn stale_after(settings: &crate::controller::context::Settings) -> Duration {
     settings.create_settle * 2 + settings.reconcile_interval * 3
 }
 
-/// One pass over every ledger this node has a line in or should have; `false` when another
-/// controller wrote one of them first.
+/// Pods whose create marker is younger than `stale`: a create sent for them may not show in
+/// the list yet.
+fn recently_marked(pods: &[Arc<Pod>], now: Timestamp, stale: Duration) -> BTreeSet<String> {
+    pods.iter()
+        .filter_map(|pod| {
+            let marked: Timestamp = pod
+                .metadata
+                .annotations
+                .as_ref()?
+                .get(runpod_contract::CREATE_REQUESTED)?
+                .parse()
+                .ok()?;
+            let age = Duration::try_from(now.duration_since(marked)).unwrap_or_default();
+            (age < stale).then(|| pod.metadata.uid.clone()).flatten()
+        })
+        .collect()
+}
+
+/// One pass over every ledger this node has a line in or should have.
 async fn once<P: Provider>(
     shared: &Shared<P>,
     pods: &[Arc<Pod>],
     snapshot: &Snapshot,
-) -> Result<bool, kube::Error> {
-    let mut complete = true;
+) -> Result<(), kube::Error> {
     let node = &shared.settings.node_name;
     let maps = ledgers(shared);
     let listed = maps
@@ -106,12 +123,23 @@ async fn once<P: Provider>(
             .unwrap_or_else(|| instance.name.clone());
         live.entry(namespace.clone())
             .or_default()
-            .insert(uid.to_owned(), (pod, instance.cost_per_hour));
+            .entry(uid.to_owned())
+            // Two instances of one pod (a duplicate being terminated) both bill.
+            .and_modify(|(_, cost)| {
+                *cost = match (*cost, instance.cost_per_hour) {
+                    (Some(a), Some(b)) => Some(a + b),
+                    (a, b) => a.or(b),
+                }
+            })
+            .or_insert((pod, instance.cost_per_hour));
         by_namespace.entry(namespace.clone()).or_insert(None);
     }
-    let creating = shared.budget.creating();
     let now = Timestamp::now();
     let stale = stale_after(&shared.settings);
+    // Creates under way: sent by this process, or marked on the pod recently (by this process
+    // or one that died): their reservations stay until a list can show what they made.
+    let mut creating = shared.budget.creating();
+    creating.extend(recently_marked(pods, now, stale));
     let namespaces: Api<Namespace> = Api::all(shared.client.clone());
     // Namespaces whose series stay: a pod of theirs is bound here or a line bills.
     let mut keep: BTreeSet<String> = pods
@@ -130,10 +158,21 @@ async fn once<P: Provider>(
         if !ledger.entries.is_empty() {
             keep.insert(namespace.clone());
         }
-        if changed && !write(&maps, &namespace, existing, &ledger).await? {
-            // Another controller wrote first: the next list tries again.
-            complete = false;
-            continue;
+        if changed {
+            let written = match write(&maps, &namespace, existing, &ledger).await {
+                Ok(written) => written,
+                Err(error) => {
+                    warn!(%error, namespace, "writing this node's spend into the budget ledger failed");
+                    false
+                }
+            };
+            // Another controller wrote first, or the write failed: the next list tries again.
+            shared.budget.wrote(&namespace, written);
+            if !written {
+                continue;
+            }
+        } else {
+            shared.budget.wrote(&namespace, true);
         }
         if !keep.contains(&namespace) {
             continue;
@@ -157,5 +196,34 @@ async fn once<P: Provider>(
             .show_budget(&shared.metrics, &namespace, budget);
     }
     shared.budget.hide_all_but(&shared.metrics, &keep);
-    Ok(complete)
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str, marked: Option<&str>) -> Arc<Pod> {
+        let mut pod = serde_json::json!({"metadata": {"name": uid, "uid": uid}});
+        if let Some(at) = marked {
+            pod["metadata"]["annotations"] =
+                serde_json::json!({runpod_contract::CREATE_REQUESTED: at});
+        }
+        Arc::new(serde_json::from_value(pod).unwrap())
+    }
+
+    /// A controller restarted after a SIGKILL mid-create keeps that create's reservation while
+    /// the cloud's list may still lag behind it.
+    #[test]
+    fn a_recent_create_marker_keeps_the_reservation() {
+        let now: Timestamp = "2026-11-27T12:01:00Z".parse().unwrap();
+        let pods = [
+            pod("fresh", Some("2026-11-27T12:00:30Z")),
+            pod("old", Some("2026-11-27T11:50:00Z")),
+            pod("never", None),
+            pod("garbled", Some("yesterday")),
+        ];
+        let marked = recently_marked(&pods, now, Duration::from_secs(60));
+        assert_eq!(marked, ["fresh".to_owned()].into());
+    }
 }

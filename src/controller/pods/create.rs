@@ -22,6 +22,7 @@ use crate::controller::node::health::ApiHealth;
 use crate::controller::pods::inputs::env::{self, ClusterEnvSource};
 use crate::controller::pods::inputs::{pull_secrets, volumes};
 use crate::provider::{Provider, ProvisionError, ProvisionRequest, Provisioned};
+use runpod_contract::budget::{BUDGET_EXCEEDED, BUDGET_TOO_SMALL};
 
 /// Taints the node lifecycle controller puts on an unhealthy node.
 const OUTAGE_TAINTS: [&str; 2] = [
@@ -160,10 +161,17 @@ pub(super) async fn create<P: Provider>(
         Gate::Unbounded => None,
         Gate::Reserved { usd } => Some(usd),
         Gate::Wait(message) => {
-            return write::apply(ctx, pod, decide::create::budget_wait(message, settings)).await;
+            let outcome = decide::create::budget_wait(BUDGET_EXCEEDED, message, settings);
+            return write::apply(ctx, pod, outcome).await;
         }
-        Gate::Later => return Ok(Action::requeue(super::SHORT)),
+        Gate::TooSmall(message) => {
+            let outcome = decide::create::budget_wait(BUDGET_TOO_SMALL, message, settings);
+            return write::apply(ctx, pod, outcome).await;
+        }
+        Gate::Later => return Ok(Action::requeue(settings.reconcile_interval)),
     };
+    // The create is under way (its reservation kept) until this function returns.
+    let _sending = reserved.map(|_| budget::sending(ctx, uid));
 
     // The first attempt repeats `cheapest`'s choice and prices where users read Events.
     let first_attempt = annotation(pod, CREATE_REQUESTED).is_none() && marked_at.is_none();
@@ -211,9 +219,6 @@ pub(super) async fn create<P: Provider>(
         pull_credentials: &pull_credentials,
     };
     ctx.metrics.created(ctx.provider.name());
-    if reserved.is_some() {
-        budget::sending(ctx, uid);
-    }
     let provisioned = provision_marked(ctx, &pods, &name, request).await;
     if reserved.is_some() {
         let settled = match &provisioned {
@@ -344,9 +349,13 @@ async fn eligibility<P: Provider>(
         Ok(namespace) => namespace
             .and_then(|ns| ns.metadata.labels)
             .unwrap_or_default(),
-        // A pod that opts in itself is judged without them (manifests from an older chart).
+        // A pod that opts in itself is judged without them (manifests from an older chart),
+        // unless nodes are bound to teams: then the namespace's binding must be known.
         Err(kube::Error::Api(status))
-            if status.code == 403 && !eligibility::needs_namespace_labels(pod) =>
+            if status.code == 403
+                && !eligibility::needs_namespace_labels(pod)
+                && ctx.settings.serve_namespaces.is_empty()
+                && ctx.settings.admission.namespace_nodes.is_empty() =>
         {
             Default::default()
         }
@@ -357,7 +366,8 @@ async fn eligibility<P: Provider>(
                     reason: "NamespaceUnreadable",
                     message: format!(
                         "the controller may not read namespace {name} to check its opt-in \
-                         label (RBAC: namespaces get); grant it, or give the pod the label {}={}",
+                         label and node binding (RBAC: namespaces get); grant it, or give the \
+                         pod the label {}={}",
                         contract::BURST_LABEL,
                         contract::BURST_ENABLED
                     ),
@@ -392,11 +402,17 @@ async fn wrong_node<P: Provider>(
     let label = labels.get(teams::NODE_LABEL).map(String::as_str);
     let node = &ctx.settings.node_name;
     let serves = &ctx.settings.serve_namespaces;
+    let installed = &ctx.settings.admission.namespace_nodes;
     let mut nodes = vec![Served {
         node: node.clone(),
         namespaces: serves.clone(),
     }];
-    if label.is_none() && !serves.iter().any(|ns| ns == namespace) {
+    let listed = |nodes: &[Served]| {
+        nodes
+            .iter()
+            .any(|served| served.namespaces.iter().any(|ns| ns == namespace))
+    };
+    if label.is_none() && !listed(&nodes) && !listed(installed) {
         // Only another node listing the namespace can bind it now.
         let all: Api<k8s_openapi::api::core::v1::Node> = Api::all(ctx.client.clone());
         let listed = all
@@ -420,6 +436,8 @@ async fn wrong_node<P: Provider>(
                 }),
         );
     }
+    // The nodes' own lists first, then the installation's (a node that is not registered).
+    let nodes = teams::with_more(nodes, installed);
     let binding = teams::binding(namespace, label, &nodes);
     Ok(teams::may_run(namespace, &binding, node, serves).err())
 }

@@ -62,6 +62,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         expose_no_ports: false,
         accept_seed_tolerations: false,
         default_budget: None,
+        namespace_nodes: Vec::new(),
     };
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread().build() else {
         return;

@@ -142,7 +142,7 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     }
     // The namespace's node binding: a namespace bound to one cloud's node goes to that cloud
     // unless the pod or namespace names another (refused below).
-    let placement_of_nodes = teams::placement(pod, namespace, context);
+    let placement_of_nodes = teams::placement(pod, namespace, context, config);
     let bound_cloud = teams::only_cloud(&placement_of_nodes);
     let named_cloud = effective.get(provider::PROVIDER).is_some()
         || context.namespace_labels.contains_key(provider::PROVIDER);
@@ -320,12 +320,23 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
 
     let pin = match teams::hosts_on(&placement_of_nodes, cloud) {
         Ok(pin) => pin,
-        Err(problem) => {
+        Err(problem) if placement == BurstMode::Always => {
             return Verdict::Deny {
                 code: 403,
                 reason: "Forbidden".to_owned(),
                 message: rejection(pod, namespace, &[problem]),
             };
+        }
+        // No node may take it: a pod that may run locally stays local, as with a shape the
+        // cloud cannot run.
+        Err(problem) => {
+            if let Some(earlier) = retract::earlier_review(pod) {
+                earlier.retract(&mut mutation);
+            }
+            warnings.push(format!(
+                "runpod-kubelet: this pod stays on local nodes: {problem}"
+            ));
+            return untouched(mutation, warnings, Untouched::CannotBurst);
         }
     };
     match teams::budget(namespace, &effective, gpus, cloud, config, context) {

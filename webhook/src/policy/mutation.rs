@@ -196,10 +196,8 @@ pub(super) fn pinned_terms(pod: &PodView, mode: BurstMode, hosts: &[String]) -> 
             .cloned()
             .unwrap_or_default()
     };
-    let binds = |expression: &Value| {
-        expression.get("key").and_then(Value::as_str) == Some(HOSTNAME_LABEL)
-            && expression.get("operator").and_then(Value::as_str) == Some("In")
-    };
+    // Ours exactly: a term of the user's naming other nodes is no binding of ours.
+    let binds = |expression: &Value| *expression == alternatives[alternatives.len() - 1];
     let already = !existing.is_empty()
         && existing
             .iter()

@@ -5,7 +5,7 @@
 use runpod_contract::budget::{self, budget_of};
 use runpod_contract::checks;
 use runpod_contract::provider::Cloud;
-use runpod_contract::teams::{self, Binding, Served};
+use runpod_contract::teams::{self, Binding};
 
 use super::{Context, PolicyConfig};
 use crate::pod::PodView;
@@ -26,7 +26,12 @@ pub(super) enum Placement {
 
 /// The namespace's binding, from its label and the nodes' lists. A pod that names its node
 /// (`spec.nodeName`) is not bound here: that node's controller judges it.
-pub(super) fn placement(pod: &PodView, namespace: &str, context: &Context) -> Placement {
+pub(super) fn placement(
+    pod: &PodView,
+    namespace: &str,
+    context: &Context,
+    config: &PolicyConfig,
+) -> Placement {
     let named = pod
         .spec
         .as_ref()
@@ -35,7 +40,11 @@ pub(super) fn placement(pod: &PodView, namespace: &str, context: &Context) -> Pl
     if named {
         return Placement::Anywhere;
     }
-    let served: Vec<Served> = context.served.iter().map(|(_, s)| s.clone()).collect();
+    // The nodes' own lists first, then the installation's (a node not registered yet).
+    let served = teams::with_more(
+        context.served.iter().map(|(_, s)| s.clone()).collect(),
+        &config.namespace_nodes,
+    );
     let cloud_of = |node: &str| {
         context
             .served

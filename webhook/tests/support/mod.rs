@@ -235,5 +235,6 @@ pub fn policy() -> PolicyConfig {
         expose_no_ports: false,
         accept_seed_tolerations: false,
         default_budget: None,
+        namespace_nodes: Vec::new(),
     }
 }

@@ -160,11 +160,10 @@ pub fn refused(refusal: Refusal) -> Outcome {
     }
 }
 
-/// A pod that does not fit its namespace's budget now: Pending with `BudgetExceeded` and the
-/// Event naming budget, spend and price; looked at again at every list, to start when room
-/// frees up.
-pub fn budget_wait(message: String, settings: &Settings) -> Outcome {
-    let reason = runpod_contract::budget::BUDGET_EXCEEDED;
+/// A pod that does not fit its namespace's budget now (`BudgetExceeded`) or ever
+/// (`BudgetTooSmall`): Pending with the reason and the Event naming budget, spend and price;
+/// looked at again at every list, to start when room frees up (or the budget grows).
+pub fn budget_wait(reason: &'static str, message: String, settings: &Settings) -> Outcome {
     Outcome {
         event: Some(Note::warning(reason, message.clone())),
         status: Some(View::Waiting { reason, message }),
@@ -296,8 +295,7 @@ mod tests {
     use super::*;
     use crate::controller::fixtures::settings;
 
-    /// The create Event names every public endpoint (RunPod's proxy URL for HTTP), or says
-    /// nothing is exposed.
+    /// A create under a budget reservation asks the cloud for no more than was reserved.
     #[test]
     fn a_reservation_caps_what_the_cloud_may_charge() {
         let pod = |annotations: serde_json::Value| -> k8s_openapi::api::core::v1::Pod {
@@ -327,6 +325,8 @@ mod tests {
         assert!(!made_nothing(&ProvisionError::Unsettled("x".into())));
     }
 
+    /// The create Event names every public endpoint (RunPod's proxy URL for HTTP), or says
+    /// nothing is exposed.
     #[test]
     fn the_create_event_says_what_is_public() {
         let ports = runpod_contract::parse_ports("8888/http,22/tcp").unwrap();

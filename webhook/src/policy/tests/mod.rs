@@ -16,6 +16,7 @@ fn config() -> PolicyConfig {
         expose_no_ports: false,
         accept_seed_tolerations: false,
         default_budget: None,
+        namespace_nodes: Vec::new(),
     }
 }
 
@@ -84,7 +85,17 @@ fn admit(raw: &Value, context: &Context) -> (Verdict, Value) {
 
 /// [`admit`] under another policy.
 fn admit_with(raw: &Value, context: &Context, config: &PolicyConfig) -> (Verdict, Value) {
-    let verdict = decide(&typed(raw), "ml", context, config);
+    admit_in_with("ml", raw, context, config)
+}
+
+/// [`admit_with`] in another namespace.
+fn admit_in_with(
+    namespace: &str,
+    raw: &Value,
+    context: &Context,
+    config: &PolicyConfig,
+) -> (Verdict, Value) {
+    let verdict = decide(&typed(raw), namespace, context, config);
     let patched = match &verdict {
         Verdict::Allow { mutation, .. } => {
             let mut patched = raw.clone();

@@ -121,11 +121,27 @@ fn the_label_binds_and_unbound_namespaces_avoid_the_teams_nodes() {
         hostname_term(&["shared"])
     );
 
-    // ... and is refused when every node lists its namespaces.
+    // ... and is refused when every node lists its namespaces (in fallback it stays local).
     unbound.served.truncate(1);
-    let (code, message) = denied(&admit(&gpu_pod(), &unbound).0);
+    let always = annotate(gpu_pod(), contract::BURST_MODE, "always");
+    let (code, message) = denied(&admit(&always, &unbound).0);
     assert_eq!(code, 403);
     assert!(message.contains("runpod.io/node"), "{message}");
+    let (verdict, local) = admit(&gpu_pod(), &unbound);
+    let Verdict::Allow {
+        warnings,
+        untouched,
+        ..
+    } = &verdict
+    else {
+        panic!("{verdict:?}")
+    };
+    assert_eq!(*untouched, Some(Untouched::CannotBurst));
+    assert!(
+        warnings.iter().any(|w| w.contains("stays on local nodes")),
+        "{warnings:?}"
+    );
+    assert!(terms(&local).is_empty() && local["spec"]["tolerations"].is_null());
 
     // No node lists anything: no binding at all.
     let (_, free) = admit(
@@ -145,12 +161,54 @@ fn a_namespace_bound_to_another_clouds_node_goes_there_unless_the_pod_names_a_cl
         terms(&patched)[1]["matchExpressions"][0],
         hostname_term(&["team-b-node"])
     );
-    let named = annotate(gpu_pod(), PROVIDER, "runpod");
+    let named = annotate(
+        annotate(gpu_pod(), PROVIDER, "runpod"),
+        contract::BURST_MODE,
+        "always",
+    );
     let (code, message) = denied(&admit_in("vision", &named, &context).0);
     assert_eq!(code, 403);
     assert!(
         message.contains("team-b-node") && message.contains("RunPod"),
         "{message}"
+    );
+}
+
+/// The installation's bindings (the chart's `namespaces`) hold while the team's node is not
+/// registered: its namespace is never taken for unbound.
+#[test]
+fn the_installations_bindings_hold_before_the_node_registers() {
+    let mut context = labelled_namespace();
+    context.served = vec![(Cloud::RunPod, Served::parse("shared", None))];
+    let mut config = config();
+    config.namespace_nodes = vec![Served::parse("team-a-node", Some("ml"))];
+    let (_, patched) = admit_with(
+        &annotate(gpu_pod(), contract::BURST_MODE, "always"),
+        &context,
+        &config,
+    );
+    assert_eq!(
+        terms(&patched)[0]["matchExpressions"][0],
+        hostname_term(&["team-a-node"])
+    );
+}
+
+/// A user's own hostname term naming another node is not taken for the binding.
+#[test]
+fn a_users_hostname_term_is_no_binding() {
+    let mut context = labelled_namespace();
+    context.served = teams();
+    let theirs = json!({"matchExpressions": [hostname_term(&["team-b-node"])]});
+    let pod = with(
+        annotate(gpu_pod(), contract::BURST_MODE, "always"),
+        &format!("/spec/affinity/nodeAffinity/{REQUIRED}"),
+        json!({"nodeSelectorTerms": [theirs]}),
+    );
+    let (_, patched) = admit(&pod, &context);
+    assert_eq!(
+        terms(&patched),
+        vec![json!({"matchExpressions": [hostname_term(&["team-b-node"]),
+            hostname_term(&["team-a-node"])]})]
     );
 }
 
@@ -241,16 +299,7 @@ fn the_installations_default_budget_applies_without_an_annotation() {
 }
 
 fn admit_in(namespace: &str, raw: &Value, context: &Context) -> (Verdict, Value) {
-    let verdict = decide(&typed(raw), namespace, context, &provider_config());
-    let patched = match &verdict {
-        Verdict::Allow { mutation, .. } => {
-            let mut patched = raw.clone();
-            json_patch::patch(&mut patched, &patch_for(raw, mutation)).expect("patch applies");
-            patched
-        }
-        Verdict::Deny { .. } => raw.clone(),
-    };
-    (verdict, patched)
+    admit_in_with(namespace, raw, context, &provider_config())
 }
 
 /// A policy Vast.ai accepts the test pod under (any region).

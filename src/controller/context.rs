@@ -85,7 +85,7 @@ pub struct Shared<P> {
     /// The operator's adoption record as last read (`controller::adoption`).
     pub adopted: Mutex<std::collections::BTreeMap<String, String>>,
     /// Budget reservations under way and whether the ledgers were rebuilt (`budget`).
-    pub budget: crate::controller::budget::BudgetState,
+    pub budget: crate::controller::budget::state::BudgetState,
 }
 
 impl<P> Shared<P> {

@@ -143,8 +143,10 @@ pub(crate) fn enter_running(pod: &mut PodRecord, at: Instant, ev: &mut Events<'_
 /// EXITED or ERROR from `at` (runtime and ports gone).
 pub(crate) fn enter_stopped(pod: &mut PodRecord, status: PodStatus, at: Instant) {
     // GPU billing ends here (it resumes if the pod is started again).
-    pod.gpu_billing_ended_at =
-        Some(pod.created_at + at.saturating_duration_since(pod.created_instant));
+    // To the microsecond, as every time the ledger serves.
+    pod.gpu_billing_ended_at = Some(crate::timefmt::truncate_micros(
+        pod.created_at + at.saturating_duration_since(pod.created_instant),
+    ));
     pod.status = status;
     pod.phase_since = at;
     pod.running_since = None;

@@ -29,6 +29,8 @@ pub struct PolicyConfig {
     pub default_budget: Option<f64>,
     /// The installation's node bindings (`--namespace-nodes`, from the chart's `namespaces`).
     pub namespace_nodes: Vec<crate::teams::Served>,
+    /// The cloud of each of those nodes, for a node not registered yet.
+    pub node_clouds: BTreeMap<String, crate::provider::Cloud>,
 }
 
 impl PolicyConfig {
@@ -72,6 +74,7 @@ impl PolicyConfig {
             accept_seed_tolerations: false,
             default_budget: None,
             namespace_nodes: Vec::new(),
+            node_clouds: BTreeMap::new(),
         }
     }
 }

@@ -4,6 +4,10 @@
 //! node as `runpod.io/serves-namespaces`). The webhook selects the node; every controller
 //! refuses pods of namespaces bound elsewhere, however they reached its node.
 
+use std::collections::BTreeMap;
+
+use crate::provider::Cloud;
+
 /// Namespace label: the virtual node that runs the namespace's burst pods.
 pub const NODE_LABEL: &str = "runpod.io/node";
 /// Node annotation (written by its controller): the namespaces it serves, comma-separated;
@@ -36,17 +40,31 @@ impl Served {
 }
 
 /// The installation's bindings as the chart gives them to every component
-/// (`--namespace-nodes team-a=team-a-node,team-b=team-b-node`): known even while a node is not
-/// registered, so a team's namespace is never taken for unbound while its node is down.
-pub fn parse_assignments(items: &[String]) -> Result<Vec<Served>, String> {
+/// (`--namespace-nodes team-a=team-a-node@runpod,team-b=team-b-node@vastai`): known even while a
+/// node is not registered, so a team's namespace is never taken for unbound while its node is
+/// down, nor sent to the wrong cloud. Each node's cloud, when given, comes second.
+pub type Assignments = (Vec<Served>, BTreeMap<String, Cloud>);
+
+/// Reads `--namespace-nodes`.
+pub fn parse_assignments(items: &[String]) -> Result<Assignments, String> {
     let mut nodes: Vec<Served> = Vec::new();
+    let mut clouds = BTreeMap::new();
     for item in items.iter().map(|i| i.trim()).filter(|i| !i.is_empty()) {
         let Some((namespace, node)) = item
             .split_once('=')
             .map(|(ns, node)| (ns.trim(), node.trim()))
             .filter(|(ns, node)| !ns.is_empty() && !node.is_empty())
         else {
-            return Err(format!("{item:?} is not NAMESPACE=NODE"));
+            return Err(format!("{item:?} is not NAMESPACE=NODE[@CLOUD]"));
+        };
+        let node = match node.split_once('@') {
+            Some((node, cloud)) => {
+                let cloud = Cloud::parse(cloud.trim())
+                    .ok_or_else(|| format!("{item:?}: {cloud:?} is not runpod or vastai"))?;
+                clouds.insert(node.trim().to_owned(), cloud);
+                node.trim()
+            }
+            None => node,
         };
         match nodes.iter_mut().find(|served| served.node == node) {
             Some(served) => served.namespaces.push(namespace.to_owned()),
@@ -56,7 +74,7 @@ pub fn parse_assignments(items: &[String]) -> Result<Vec<Served>, String> {
             }),
         }
     }
-    Ok(nodes)
+    Ok((nodes, clouds))
 }
 
 /// `known` with the nodes of `more` it does not name yet (a node's own word comes first).
@@ -203,12 +221,14 @@ mod tests {
 
     #[test]
     fn the_installations_bindings_parse_by_node() {
-        let parsed = parse_assignments(&[
-            "team-a=team-a-node".to_owned(),
-            " team-a-dev = team-a-node ".to_owned(),
-            "team-b=team-b-node".to_owned(),
+        let (parsed, clouds) = parse_assignments(&[
+            "team-a=team-a-node@runpod".to_owned(),
+            " team-a-dev = team-a-node@runpod ".to_owned(),
+            "team-b=team-b-node@vastai".to_owned(),
         ])
         .unwrap();
+        assert_eq!(clouds["team-b-node"], Cloud::VastAi);
+        assert!(parse_assignments(&["a=b@aws".to_owned()]).is_err());
         assert_eq!(
             parsed,
             vec![

@@ -87,7 +87,7 @@ pub struct WebhookArgs {
     /// controllers the same); default: none.
     #[arg(long, value_parser = runpod_contract::budget::parse_budget, env = "RUNPOD_KUBELET_DEFAULT_BUDGET_PER_HOUR")]
     pub default_budget_per_hour: Option<f64>,
-    /// The installation's node bindings, `NAMESPACE=NODE` comma-separated (the chart passes every
+    /// The installation's node bindings, `NAMESPACE=NODE@CLOUD` comma-separated (the chart passes every
     /// node's `namespaces`); the nodes' own `runpod.io/serves-namespaces` come first.
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_NAMESPACE_NODES")]
     pub namespace_nodes: Vec<String>,
@@ -179,8 +179,9 @@ fn policy_config(
     config.expose_no_ports = args.expose_ports == crate::cmd::flags::ExposePorts::None;
     config.accept_seed_tolerations = args.accept_seed_tolerations;
     config.default_budget = args.default_budget_per_hour;
-    config.namespace_nodes = runpod_contract::teams::parse_assignments(&args.namespace_nodes)
-        .map_err(|problem| anyhow::anyhow!("--namespace-nodes: {problem}"))?;
+    (config.namespace_nodes, config.node_clouds) =
+        runpod_contract::teams::parse_assignments(&args.namespace_nodes)
+            .map_err(|problem| anyhow::anyhow!("--namespace-nodes: {problem}"))?;
     config.disabled_clouds = runpod_contract::provider::Cloud::ALL
         .into_iter()
         .filter(|cloud| !args.clouds.contains(cloud))

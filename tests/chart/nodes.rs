@@ -339,7 +339,9 @@ fn a_node_per_team_and_the_default_budget_reach_every_component() {
         // Every component knows every binding, even of a node that is not registered.
         assert_eq!(
             flag(args, "--namespace-nodes"),
-            Some("shared-a=virtual-runpod,shared-b=virtual-runpod,team-b=team-b-node")
+            Some(
+                "shared-a=virtual-runpod@runpod,shared-b=virtual-runpod@runpod,team-b=team-b-node@runpod"
+            )
         );
     }
     for (role, verbs) in [

@@ -21,6 +21,7 @@ fn config() -> PolicyConfig {
         accept_seed_tolerations: false,
         default_budget: None,
         namespace_nodes: Vec::new(),
+        node_clouds: Default::default(),
     }
 }
 

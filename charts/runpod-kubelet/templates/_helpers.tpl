@@ -545,16 +545,18 @@ wins when set), cluster.identifier as controller.clusterId; kubelet.namespace is
 {{- end -}}
 {{- end -}}
 
-{{/* The installation's node bindings, NAMESPACE=NODE comma-separated (nodeNamespaces and every
+{{/* The installation's node bindings, NAMESPACE=NODE@CLOUD comma-separated (nodeNamespaces and every
 `nodes` entry's namespaces), given to the webhook and every controller; empty: none. */}}
 {{- define "runpod-kubelet.namespaceNodes" -}}
 {{- $pairs := list -}}
+{{- if .Values.runpod.enabled -}}
 {{- range .Values.nodeNamespaces | default list -}}
-{{- $pairs = append $pairs (printf "%s=%s" . $.Values.nodeName) -}}
+{{- $pairs = append $pairs (printf "%s=%s@runpod" . $.Values.nodeName) -}}
+{{- end -}}
 {{- end -}}
 {{- range $node := .Values.nodes | default list -}}
 {{- range $node.namespaces | default list -}}
-{{- $pairs = append $pairs (printf "%s=%s" . $node.name) -}}
+{{- $pairs = append $pairs (printf "%s=%s@%s" . $node.name $node.provider) -}}
 {{- end -}}
 {{- end -}}
 {{- join "," $pairs -}}

@@ -125,15 +125,19 @@ impl Ledger {
             entry.state = State::Billing;
         }
         entry.at = now;
+        // This create's instance has not been listed yet (whatever an earlier one had).
+        entry.listed = false;
         true
     }
 
-    /// Drops `node`'s line of `uid` (a create that made nothing); whether there was one.
-    pub fn release(&mut self, uid: &str, node: &str) -> bool {
+    /// Drops `node`'s line of `uid`; whether there was one. `listed_too`: also a line whose
+    /// instance a list has shown (it is being replaced); otherwise only a reservation (a create
+    /// that made nothing, while an instance an earlier create made may still bill).
+    pub fn release(&mut self, uid: &str, node: &str, listed_too: bool) -> bool {
         let ours = self
             .entries
             .get(uid)
-            .is_some_and(|entry| entry.node == node);
+            .is_some_and(|entry| entry.node == node && (listed_too || !entry.listed));
         if ours {
             self.entries.remove(uid);
         }
@@ -144,8 +148,8 @@ impl Ledger {
     /// instances of this node (pod UID -> pod name and the cloud's cost per hour, if given).
     /// A live instance bills at the cloud's figure (or what was reserved for it while the cloud
     /// gives none); a line whose instance was listed and is gone goes; a line never listed goes
-    /// once no create of this process is under way for it (`in_flight`) and it is older than
-    /// `stale` (a create made by then shows in the list). Whether anything changed.
+    /// once it is older than `stale` (a create made by then shows in the list). A create under
+    /// way (`in_flight`) keeps its line whatever the list shows. Whether anything changed.
     pub fn sync(
         &mut self,
         node: &str,
@@ -156,6 +160,16 @@ impl Ledger {
     ) -> bool {
         let before = self.entries.clone();
         for (uid, (pod, cost)) in live {
+            // A create under way for this pod (a replacement) keeps its own reservation: the
+            // instance listed is the one it replaces.
+            let replacing = in_flight.contains(uid)
+                && self
+                    .entries
+                    .get(uid)
+                    .is_some_and(|e| e.node == node && e.state == State::Starting && !e.listed);
+            if replacing {
+                continue;
+            }
             let reserved = self
                 .entries
                 .get(uid)
@@ -189,7 +203,7 @@ impl Ledger {
             // Listed once and missing now: terminated. Never listed yet: kept while its create
             // runs or the list may still lag behind it.
             let age = Duration::try_from(now.duration_since(entry.at)).unwrap_or_default();
-            !entry.listed && (in_flight.contains(uid) || age < stale)
+            in_flight.contains(uid) || (!entry.listed && age < stale)
         });
         self.entries != before
     }
@@ -274,6 +288,37 @@ mod tests {
         assert!(!ledger.created("b", "other", None, at(500)));
     }
 
+    /// A pod's instance is replaced: the old one, still listed, does not take the new create's
+    /// reservation's place, and its disappearance does not drop the reservation.
+    #[test]
+    fn a_replacements_reservation_survives_the_old_instance() {
+        let stale = Duration::from_secs(60);
+        let running: BTreeSet<String> = ["a".to_owned()].into();
+        let mut ledger = Ledger::default();
+        ledger.sync(
+            "n",
+            &live(&[("a", Some(0.4))]),
+            &BTreeSet::new(),
+            at(0),
+            stale,
+        );
+        assert!(!ledger.release("a", "n", false), "a listed line stays");
+        assert!(ledger.release("a", "n", true));
+        ledger.reserve("a", "n", "p", 1.0, at(10));
+        ledger.sync("n", &live(&[("a", Some(0.4))]), &running, at(11), stale);
+        assert_eq!(
+            ledger.spend().in_flight,
+            1.0,
+            "not the old instance's figure"
+        );
+        ledger.sync("n", &live(&[]), &running, at(12), stale);
+        assert_eq!(ledger.spend().in_flight, 1.0, "kept while its create runs");
+        assert!(ledger.created("a", "n", Some(0.5), at(13)));
+        assert!(!ledger.entries["a"].listed);
+        ledger.sync("n", &live(&[]), &BTreeSet::new(), at(14), stale);
+        assert_eq!(ledger.spend().billing, 0.5, "kept until a list shows it");
+    }
+
     #[test]
     fn a_reservation_outlives_its_settle_time_only_while_its_create_runs() {
         let stale = Duration::from_secs(60);
@@ -305,8 +350,8 @@ mod tests {
             Duration::from_secs(1)
         ));
         assert_eq!(ledger, before);
-        assert!(!ledger.release("a", "n"));
-        assert!(ledger.release("a", "other"));
+        assert!(!ledger.release("a", "n", true));
+        assert!(ledger.release("a", "other", false));
     }
 
     #[test]

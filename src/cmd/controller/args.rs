@@ -194,7 +194,7 @@ pub struct ControllerArgs {
     /// `runpod.io/node` label names this node. Empty: namespaces bound to no node.
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_SERVE_NAMESPACES")]
     pub serve_namespaces: Vec<String>,
-    /// The installation's node bindings, `NAMESPACE=NODE` comma-separated (the chart passes every
+    /// The installation's node bindings, `NAMESPACE=NODE@CLOUD` comma-separated (the chart passes every
     /// node's `namespaces`): a namespace listed for another node is refused here even while that
     /// node is not registered.
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_NAMESPACE_NODES")]

@@ -218,8 +218,9 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
     admission.expose_no_ports = args.expose_ports == crate::cmd::flags::ExposePorts::None;
     admission.accept_seed_tolerations = args.accept_seed_tolerations;
     admission.default_budget = args.default_budget_per_hour;
-    admission.namespace_nodes = runpod_contract::teams::parse_assignments(&args.namespace_nodes)
-        .map_err(|problem| anyhow::anyhow!("--namespace-nodes: {problem}"))?;
+    (admission.namespace_nodes, admission.node_clouds) =
+        runpod_contract::teams::parse_assignments(&args.namespace_nodes)
+            .map_err(|problem| anyhow::anyhow!("--namespace-nodes: {problem}"))?;
     let mut setup = Setup {
         cluster_id,
         internal_ip,

@@ -165,7 +165,7 @@ pub async fn before_create<P: Provider>(
         });
     }
     // A line of the pod's previous instance (it is being replaced) gives way to the new one.
-    ledger.release(uid, node);
+    ledger.release(uid, node, true);
     let spend = ledger.spend();
     ctx.budget
         .show_spend(&ctx.metrics, namespace, spend.total());
@@ -239,7 +239,7 @@ pub async fn after_create<P>(ctx: &Shared<P>, pod: &Pod, uid: &str, settled: Set
             .unwrap_or_default();
         let changed = match settled {
             Settled::Created(cost) => ledger.created(uid, &node, cost, Timestamp::now()),
-            Settled::Nothing => ledger.release(uid, &node),
+            Settled::Nothing => ledger.release(uid, &node, false),
             // The reservation's clock restarts: an instance made at the end of a long create
             // shows in a list within the settle time from now.
             Settled::Unknown => ledger.created(uid, &node, None, Timestamp::now()),

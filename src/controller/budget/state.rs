@@ -29,6 +29,12 @@ impl BudgetState {
         self.synced.load(Ordering::Acquire) && !lock(&self.unsynced).contains(namespace)
     }
 
+    /// A new pass starts: only its failures count from now on (a namespace it does not visit
+    /// has nothing of this node's to write).
+    pub fn new_pass(&self) {
+        lock(&self.unsynced).clear();
+    }
+
     /// Records whether the last sync wrote `namespace`'s ledger.
     pub fn wrote(&self, namespace: &str, written: bool) {
         let mut unsynced = lock(&self.unsynced);

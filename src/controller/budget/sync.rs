@@ -82,6 +82,7 @@ async fn once<P: Provider>(
         .list(&ListParams::default().labels(&format!("{}={}", LEDGER_LABEL.0, LEDGER_LABEL.1)))
         .await?
         .items;
+    shared.budget.new_pass();
     let mut by_namespace: BTreeMap<String, Option<ConfigMap>> = BTreeMap::new();
     let mut namespace_of: BTreeMap<String, String> = BTreeMap::new();
     for map in listed {

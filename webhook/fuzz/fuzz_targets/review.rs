@@ -63,6 +63,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         accept_seed_tolerations: false,
         default_budget: None,
         namespace_nodes: Vec::new(),
+        node_clouds: Default::default(),
     };
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread().build() else {
         return;

@@ -320,15 +320,17 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
 
     let pin = match teams::hosts_on(&placement_of_nodes, cloud) {
         Ok(pin) => pin,
-        Err(problem) if placement == BurstMode::Always => {
+        // Only a `fallback` pod may stay local: a `delayed` one would be moved to a virtual
+        // node later by the offloader, which knows no binding.
+        Err(problem) if placement != BurstMode::Fallback => {
             return Verdict::Deny {
                 code: 403,
                 reason: "Forbidden".to_owned(),
                 message: rejection(pod, namespace, &[problem]),
             };
         }
-        // No node may take it: a pod that may run locally stays local, as with a shape the
-        // cloud cannot run.
+        // No node may take it: a `fallback` pod stays local, as with a shape the cloud cannot
+        // run.
         Err(problem) => {
             if let Some(earlier) = retract::earlier_review(pod) {
                 earlier.retract(&mut mutation);

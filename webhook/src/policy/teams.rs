@@ -45,12 +45,14 @@ pub(super) fn placement(
         context.served.iter().map(|(_, s)| s.clone()).collect(),
         &config.namespace_nodes,
     );
+    // The registered node's cloud, else the installation's word for it.
     let cloud_of = |node: &str| {
         context
             .served
             .iter()
             .find(|(_, s)| s.node == node)
             .map(|(cloud, _)| *cloud)
+            .or_else(|| config.node_clouds.get(node).copied())
     };
     let label = context
         .namespace_labels
@@ -75,11 +77,16 @@ pub(super) fn placement(
                  the namespaces it lists: label the namespace {}=<node>",
                 teams::NODE_LABEL
             )),
-            Some(nodes) => Placement::Nodes {
-                hosts: nodes
-                    .iter()
-                    .map(|node| (node.clone(), cloud_of(node)))
-                    .collect(),
+            Some(mut nodes) => Placement::Nodes {
+                // Sorted: every webhook replica writes the same term (a second review sees it).
+                hosts: {
+                    nodes.sort();
+                    nodes.dedup();
+                    nodes.clone()
+                }
+                .iter()
+                .map(|node| (node.clone(), cloud_of(node)))
+                .collect(),
                 why: format!(
                     "namespace {namespace} is bound to no node, so it goes to the nodes serving \
                      unbound namespaces ({})",

@@ -236,5 +236,6 @@ pub fn policy() -> PolicyConfig {
         accept_seed_tolerations: false,
         default_budget: None,
         namespace_nodes: Vec::new(),
+        node_clouds: Default::default(),
     }
 }

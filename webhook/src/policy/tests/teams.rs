@@ -182,6 +182,7 @@ fn the_installations_bindings_hold_before_the_node_registers() {
     context.served = vec![(Cloud::RunPod, Served::parse("shared", None))];
     let mut config = config();
     config.namespace_nodes = vec![Served::parse("team-a-node", Some("ml"))];
+    config.node_clouds = [("team-a-node".to_owned(), Cloud::VastAi)].into();
     let (_, patched) = admit_with(
         &annotate(gpu_pod(), contract::BURST_MODE, "always"),
         &context,
@@ -191,6 +192,8 @@ fn the_installations_bindings_hold_before_the_node_registers() {
         terms(&patched)[0]["matchExpressions"][0],
         hostname_term(&["team-a-node"])
     );
+    // ... on that node's cloud, which the installation names.
+    assert_eq!(annotations(&patched)[PROVIDER], "vastai");
 }
 
 /// A user's own hostname term naming another node is not taken for the binding.

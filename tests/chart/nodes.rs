@@ -232,7 +232,7 @@ fn no_two_nodes_select_each_others_pods() {
 
 #[test]
 fn bad_nodes_and_policies_are_refused() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["nodes[0].name=n", "nodes[0].provider=aws"],
             "/nodes/0/provider",
@@ -249,6 +249,16 @@ fn bad_nodes_and_policies_are_refused() {
         (
             &["vastai.regions={Europe}", "vastai.countries={DE}"],
             "not both",
+        ),
+        // A namespace's pods run on one node: two nodes listing it would bill either key.
+        (
+            &[
+                "nodeNamespaces={team-a}",
+                "nodes[0].name=team-a-node",
+                "nodes[0].provider=runpod",
+                "nodes[0].namespaces={team-a}",
+            ],
+            "listed by nodes virtual-runpod and team-a-node",
         ),
     ];
     super::assert_refused(&cases);

@@ -549,6 +549,20 @@ wins when set), cluster.identifier as controller.clusterId; kubelet.namespace is
 `nodes` entry's namespaces), given to the webhook and every controller; empty: none. */}}
 {{- define "runpod-kubelet.namespaceNodes" -}}
 {{- $pairs := list -}}
+{{- $seen := dict -}}
+{{- $lists := list (list $.Values.nodeName ($.Values.nodeNamespaces | default list)) -}}
+{{- range $node := .Values.nodes | default list -}}
+{{- $lists = append $lists (list $node.name ($node.namespaces | default list)) -}}
+{{- end -}}
+{{- range $lists -}}
+{{- $name := index . 0 -}}
+{{- range (index . 1) -}}
+{{- if hasKey $seen . -}}
+{{- fail (printf "namespace %s is listed by nodes %s and %s: a namespace's pods run on one node only" . (get $seen .) $name) -}}
+{{- end -}}
+{{- $_ := set $seen . $name -}}
+{{- end -}}
+{{- end -}}
 {{- if .Values.runpod.enabled -}}
 {{- range .Values.nodeNamespaces | default list -}}
 {{- $pairs = append $pairs (printf "%s=%s@runpod" . $.Values.nodeName) -}}

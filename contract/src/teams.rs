@@ -147,18 +147,22 @@ pub fn may_run(
     }
 }
 
-/// The nodes an unbound namespace's pods may go to: those listing no namespaces; `None` when
+/// The nodes an unbound namespace's pods may go to: those listing no namespaces, sorted (the
+/// node cache has no order, and every webhook replica must write the same term); `None` when
 /// no node lists any (no restriction).
 pub fn unbound_nodes(nodes: &[Served]) -> Option<Vec<String>> {
     nodes
         .iter()
         .any(|served| !served.namespaces.is_empty())
         .then(|| {
-            nodes
+            let mut unbound: Vec<String> = nodes
                 .iter()
                 .filter(|served| served.namespaces.is_empty())
                 .map(|served| served.node.clone())
-                .collect()
+                .collect();
+            unbound.sort();
+            unbound.dedup();
+            unbound
         })
 }
 
@@ -247,6 +251,15 @@ mod tests {
     #[test]
     fn unbound_namespaces_avoid_listing_nodes_once_any_lists() {
         assert_eq!(unbound_nodes(&nodes()), Some(vec!["shared".to_owned()]));
+        let unordered = [
+            Served::parse("z", None),
+            Served::parse("team", Some("t")),
+            Served::parse("a", None),
+        ];
+        assert_eq!(
+            unbound_nodes(&unordered),
+            Some(vec!["a".to_owned(), "z".to_owned()])
+        );
         assert_eq!(unbound_nodes(&[Served::parse("a", Some(""))]), None);
     }
 }

@@ -398,6 +398,13 @@ async fn serve<P: Provider>(
         kubelet_port = args.kubelet_port,
         "controller starting"
     );
+    // The namespaces this node serves: published on the node and judged by its controller.
+    let serve_namespaces: Vec<String> = args
+        .serve_namespaces
+        .iter()
+        .map(|ns| ns.trim().to_owned())
+        .filter(|ns| !ns.is_empty())
+        .collect();
     let runtime = Runtime {
         client,
         node: NodeConfig {
@@ -409,12 +416,7 @@ async fn serve<P: Provider>(
             max_gpus: args.max_gpus,
             cpu: "1000".into(),
             memory: "4Ti".into(),
-            serves: args
-                .serve_namespaces
-                .iter()
-                .map(|ns| ns.trim().to_owned())
-                .filter(|ns| !ns.is_empty())
-                .collect(),
+            serves: serve_namespaces.clone(),
         },
         settings: Settings {
             node_name: args.nodename.clone(),
@@ -429,12 +431,7 @@ async fn serve<P: Provider>(
             key_source: args::key_source(args.provider, args.api_key_secret.as_deref()),
             adoption_namespace: args::adoption_namespace(args.adoption_namespace.as_deref()),
             ledger_namespace: args::adoption_namespace(None),
-            serve_namespaces: args
-                .serve_namespaces
-                .iter()
-                .map(|ns| ns.trim().to_owned())
-                .filter(|ns| !ns.is_empty())
-                .collect(),
+            serve_namespaces,
             exec,
         },
         kubelet_listener,

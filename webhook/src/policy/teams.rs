@@ -77,16 +77,11 @@ pub(super) fn placement(
                  the namespaces it lists: label the namespace {}=<node>",
                 teams::NODE_LABEL
             )),
-            Some(mut nodes) => Placement::Nodes {
-                // Sorted: every webhook replica writes the same term (a second review sees it).
-                hosts: {
-                    nodes.sort();
-                    nodes.dedup();
-                    nodes.clone()
-                }
-                .iter()
-                .map(|node| (node.clone(), cloud_of(node)))
-                .collect(),
+            Some(nodes) => Placement::Nodes {
+                hosts: nodes
+                    .iter()
+                    .map(|node| (node.clone(), cloud_of(node)))
+                    .collect(),
                 why: format!(
                     "namespace {namespace} is bound to no node, so it goes to the nodes serving \
                      unbound namespaces ({})",

@@ -263,6 +263,30 @@ pub fn split_list(value: &str) -> Result<Vec<&str>, String> {
 /// The `runpod.io/ports` value (and namespace label value) that exposes no port at all.
 pub const PORTS_NONE: &str = "none";
 
+/// Whether a pod with these annotations exposes nothing public at all: its `runpod.io/ports`
+/// says `none` (written by the webhook from the pod, its namespace or the installation), or it
+/// names no ports on an installation started with `--expose-ports none`. Such a pod gets no
+/// port of the controller's either (no `22/tcp`), so exec and port-forward cannot reach it.
+pub fn exposes_nothing(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+    installation_exposes_none: bool,
+) -> bool {
+    match annotations.and_then(|a| a.get(PORTS)) {
+        Some(value) => value.trim().eq_ignore_ascii_case(PORTS_NONE),
+        None => installation_exposes_none,
+    }
+}
+
+/// What `kubectl exec` and `port-forward` say about a pod that exposes nothing.
+pub fn exec_refused_for_none(namespace: &str, pod: &str) -> String {
+    format!(
+        "runpod-kubelet: pod {namespace}/{pod} exposes nothing public ({PORTS}: {PORTS_NONE}, \
+         set on the pod, its namespace or the installation), so no SSH port was opened for \
+         exec and port-forward; to allow them, give the pod the ports it publishes instead of \
+         {PORTS_NONE:?} (22/tcp is then opened for this node's key only) and recreate it"
+    )
+}
+
 /// Parses `runpod.io/ports`: `none`, or `PORT/http|tcp`, comma-separated, ports 1..65535, each
 /// port once, at most [`MAX_HTTP_PORTS`] HTTP ports.
 pub fn parse_ports(value: &str) -> Result<Vec<PortSpec>, String> {
@@ -387,6 +411,23 @@ mod tests {
             ]
         );
         assert_eq!(format_ports(&ports), "8080/http,22/tcp");
+    }
+
+    #[test]
+    fn nothing_is_exposed_only_where_none_was_said() {
+        let none: std::collections::BTreeMap<String, String> =
+            [(PORTS.to_owned(), " None ".to_owned())].into();
+        let some: std::collections::BTreeMap<String, String> =
+            [(PORTS.to_owned(), "8080/http".to_owned())].into();
+        assert!(exposes_nothing(Some(&none), false));
+        assert!(
+            !exposes_nothing(Some(&some), true),
+            "the pod's own ports win"
+        );
+        assert!(exposes_nothing(None, true));
+        assert!(!exposes_nothing(None, false));
+        let message = exec_refused_for_none("ns", "p");
+        assert!(message.contains("runpod.io/ports: none") && message.contains("to allow"));
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! A node per team: which virtual node may run a namespace's burst pods, so that one team's pod
-//! never bills another team's key. A namespace is bound by its label `runpod.io/node` or by a
-//! node that lists it (`--serve-namespaces`, the chart's `nodes[].namespaces`, published on the
-//! node as `runpod.io/serves-namespaces`). The webhook selects the node; every controller
-//! refuses pods of namespaces bound elsewhere, however they reached its node.
+//! never bills another team's key. The installation's lists are an allow-list: a node that
+//! lists namespaces (`--serve-namespaces`, the chart's `nodes[].namespaces`, published on the
+//! node as `runpod.io/serves-namespaces`) serves exactly those, and a node without a list
+//! serves the namespaces no list names. A namespace's label `runpod.io/node` may only narrow
+//! that choice: whoever may label a namespace must not be able to bill another team's key. The
+//! webhook selects the node; every controller refuses pods of namespaces it does not serve,
+//! however they reached its node.
 
 use std::collections::BTreeMap;
 
@@ -94,25 +97,49 @@ pub enum Binding {
     Node { node: String, by_label: bool },
     /// On nodes that list no namespaces (all of them when none does).
     Unbound,
+    /// Nowhere: the namespace's label names a node the installation does not let serve it.
+    Refused(String),
 }
 
-/// The binding of `namespace`: its label first, then the first node listing it.
+/// The binding of `namespace`: the node listing it, else the nodes listing none; its label
+/// picks among those and is refused when it names a node outside them.
 pub fn binding(namespace: &str, label: Option<&str>, nodes: &[Served]) -> Binding {
-    if let Some(node) = label.map(str::trim).filter(|node| !node.is_empty()) {
-        return Binding::Node {
+    let label = label.map(str::trim).filter(|node| !node.is_empty());
+    let listing = nodes
+        .iter()
+        .find(|served| served.namespaces.iter().any(|ns| ns == namespace));
+    match (label, listing) {
+        (Some(node), Some(served)) if node == served.node => Binding::Node {
             node: node.to_owned(),
             by_label: true,
-        };
-    }
-    match nodes
-        .iter()
-        .find(|served| served.namespaces.iter().any(|ns| ns == namespace))
-    {
-        Some(served) => Binding::Node {
+        },
+        (Some(node), Some(served)) => Binding::Refused(format!(
+            "namespace {namespace}'s label {NODE_LABEL}={node} names a node that does not \
+             serve it: the installation binds it to node {} ({SERVES_NAMESPACES}); a label may \
+             only choose among the nodes that serve the namespace",
+            served.node
+        )),
+        (None, Some(served)) => Binding::Node {
             node: served.node.clone(),
             by_label: false,
         },
-        None => Binding::Unbound,
+        (Some(node), None) => match nodes
+            .iter()
+            .find(|served| served.node == node && !served.namespaces.is_empty())
+        {
+            Some(served) => Binding::Refused(format!(
+                "namespace {namespace}'s label {NODE_LABEL}={node} names a node that does not \
+                 serve it: node {node} serves only namespaces {} (the installation's list); a \
+                 label may only choose among the nodes that serve the namespace",
+                served.namespaces.join(", ")
+            )),
+            // A node without a list (or not known yet) serves the namespaces no list names.
+            None => Binding::Node {
+                node: node.to_owned(),
+                by_label: true,
+            },
+        },
+        (None, None) => Binding::Unbound,
     }
 }
 
@@ -138,10 +165,12 @@ pub fn may_run(
                 format!("that node serves it, {SERVES_NAMESPACES}")
             }
         )),
+        Binding::Refused(why) => Err(why.clone()),
         Binding::Unbound if serves.is_empty() => Ok(()),
         Binding::Unbound => Err(format!(
             "node {node} serves only namespaces {} and namespace {namespace} is bound to no \
-             node: label it {NODE_LABEL}={node} to run its pods here",
+             node: add it to this node's namespaces (--serve-namespaces, the chart's \
+             nodes[].namespaces) to run its pods here",
             serves.join(", ")
         )),
     }
@@ -181,16 +210,21 @@ mod tests {
     #[test]
     fn the_binding_table() {
         let nodes = nodes();
-        let cases: [(&str, Option<&str>, &str, bool); 9] = [
+        let cases: [(&str, Option<&str>, &str, bool); 13] = [
             ("team-a", None, "team-a-node", true),
             ("team-a-dev", None, "team-a-node", true),
             ("team-a", None, "team-b-node", false),
             ("team-a", None, "shared", false),
             ("other", None, "shared", true),
             ("other", None, "team-a-node", false),
-            ("other", Some("team-b-node"), "team-b-node", true),
+            // A label only narrows: it cannot hand a namespace to a node that lists others.
+            ("other", Some("team-b-node"), "team-b-node", false),
             ("other", Some("team-b-node"), "shared", false),
-            ("team-a", Some("shared"), "shared", true),
+            ("team-a", Some("shared"), "shared", false),
+            ("team-a", Some("shared"), "team-a-node", false),
+            ("team-a", Some("team-a-node"), "team-a-node", true),
+            ("other", Some("shared"), "shared", true),
+            ("other", Some("shared"), "team-b-node", false),
         ];
         for (namespace, label, node, allowed) in cases {
             let bound = binding(namespace, label, &nodes);
@@ -220,7 +254,32 @@ mod tests {
             &["team-b".to_owned()],
         )
         .unwrap_err();
+        assert!(message.contains("--serve-namespaces"), "{message}");
+    }
+
+    /// Issue 41, item 8: namespace `other` labelled with team B's node is refused by team B's
+    /// node, with a message naming why.
+    #[test]
+    fn a_label_cannot_bill_another_teams_key() {
+        let nodes = nodes();
+        let bound = binding("other", Some("team-b-node"), &nodes);
+        let message = may_run("other", &bound, "team-b-node", &["team-b".to_owned()]).unwrap_err();
+        assert!(
+            message.contains("serves only namespaces team-b"),
+            "{message}"
+        );
         assert!(message.contains("runpod.io/node=team-b-node"), "{message}");
+        // Team B's node as its controller sees it: itself and the installation's lists only.
+        let own = [Served::parse("team-b-node", Some("team-b"))];
+        assert!(matches!(
+            binding("other", Some("team-b-node"), &own),
+            Binding::Refused(_)
+        ));
+        let taken = binding("team-a", Some("team-b-node"), &nodes);
+        assert!(
+            matches!(&taken, Binding::Refused(why) if why.contains("team-a-node")),
+            "{taken:?}"
+        );
     }
 
     #[test]

@@ -157,7 +157,9 @@ pub fn create_request(
         env.insert(key.to_owned(), value);
     }
     let mut ports = ports(pod)?;
-    if let Some(key) = origin.ssh_public_key {
+    // `none` means nothing public: not even the controller's own SSH port.
+    let none = contract::exposes_nothing(pod.metadata.annotations.as_ref(), false);
+    if let Some(key) = origin.ssh_public_key.filter(|_| !none) {
         // RunPod's images start sshd with this key (one per line: a key of the pod's own
         // stays authorized); the port is ours unless the pod asked.
         let keys = match env.get(PUBLIC_KEY_ENV).map(|own| own.trim()) {
@@ -324,6 +326,23 @@ mod tests {
         // Exec off: nothing of it.
         let request = create_request(&pod, &BTreeMap::new(), &ORIGIN, &candidate()).unwrap();
         assert!(!request.env.contains_key(PUBLIC_KEY_ENV));
+    }
+
+    /// Issue 41, item 13: `none` means nothing public, the controller's 22/tcp included.
+    #[test]
+    fn a_pod_that_exposes_none_gets_no_ssh_port_and_no_key() {
+        let origin = Origin {
+            ssh_public_key: Some("ssh-ed25519 AAAAnode"),
+            ..ORIGIN
+        };
+        let pod = gpu_pod(
+            json!({"name": "main", "image": "img", "ports": [{"containerPort": 8888}]}),
+            json!({"runpod.io/ports": "none"}),
+        );
+        let request = create_request(&pod, &BTreeMap::new(), &origin, &candidate()).unwrap();
+        assert!(request.ports.is_empty(), "{:?}", request.ports);
+        assert!(!request.env.contains_key(PUBLIC_KEY_ENV));
+        assert!(!request.env.contains_key(TAG_SSH));
     }
 
     #[test]

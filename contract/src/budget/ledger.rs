@@ -45,9 +45,23 @@ pub struct Entry {
     pub state: State,
     /// When the line was last written.
     pub at: Timestamp,
-    /// A list of the cloud has shown the instance: once it is missing from one, it is gone.
+    /// A list of the cloud has shown the instance. Missing from later lists, it still bills
+    /// until it is known gone (a lookup by id, or its pod's record): lists omit live instances.
     #[serde(default)]
     pub listed: bool,
+    /// The instance the line was last listed with: what a lookup by id asks for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+}
+
+/// A live instance of one pod as a list shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listed {
+    pub pod: String,
+    /// The cloud's cost per hour, when it gives one.
+    pub cost: Option<f64>,
+    /// The instance's id.
+    pub instance: String,
 }
 
 /// A namespace's lines by pod UID.
@@ -109,6 +123,7 @@ impl Ledger {
                 state: State::Starting,
                 at: now,
                 listed: false,
+                instance: None,
             },
         );
     }
@@ -144,22 +159,47 @@ impl Ledger {
         ours
     }
 
+    /// `node`'s lines whose instance a list showed and this one does not (pod UID and the
+    /// instance id): the shell asks the cloud for each by id before `sync` may drop it.
+    pub fn unlisted(
+        &self,
+        node: &str,
+        live: &BTreeMap<String, Listed>,
+    ) -> Vec<(String, Option<String>)> {
+        self.entries
+            .iter()
+            .filter(|(uid, entry)| entry.node == node && entry.listed && !live.contains_key(*uid))
+            .map(|(uid, entry)| (uid.clone(), entry.instance.clone()))
+            .collect()
+    }
+
     /// Brings `node`'s lines in line with its cloud's list: `live` are the namespace's live
-    /// instances of this node (pod UID -> pod name and the cloud's cost per hour, if given).
-    /// A live instance bills at the cloud's figure (or what was reserved for it while the cloud
-    /// gives none); a line whose instance was listed and is gone goes; a line never listed goes
-    /// once it is older than `stale` (a create made by then shows in the list). A create under
-    /// way (`in_flight`) keeps its line whatever the list shows. Whether anything changed.
+    /// instances of this node by pod UID. A live instance bills at the cloud's figure (or
+    /// what was reserved for it while the cloud gives none). A line whose instance was listed
+    /// and is missing now goes only when it is known gone (`gone`: a lookup by id found
+    /// nothing live, or the pod's record says terminated); a list that omits a running
+    /// instance must not free its money for another create. A line never listed goes once it
+    /// is older than `stale` (a create made by then shows in the list). A create under way
+    /// (`in_flight`) keeps its line whatever the list shows. Whether anything changed.
     pub fn sync(
         &mut self,
         node: &str,
-        live: &BTreeMap<String, (String, Option<f64>)>,
+        live: &BTreeMap<String, Listed>,
         in_flight: &BTreeSet<String>,
+        gone: &BTreeSet<String>,
         now: Timestamp,
         stale: Duration,
     ) -> bool {
         let before = self.entries.clone();
-        for (uid, (pod, cost)) in live {
+        for (
+            uid,
+            Listed {
+                pod,
+                cost,
+                instance,
+            },
+        ) in live
+        {
             // A create under way for this pod (a replacement) keeps its own reservation: the
             // instance listed is the one it replaces.
             let replacing = in_flight.contains(uid)
@@ -181,6 +221,7 @@ impl Ledger {
                     && entry.state == State::Billing
                     && entry.usd == usd
                     && entry.listed
+                    && entry.instance.as_deref() == Some(instance.as_str())
             });
             if !unchanged {
                 self.entries.insert(
@@ -192,6 +233,7 @@ impl Ledger {
                         state: State::Billing,
                         at: now,
                         listed: true,
+                        instance: Some(instance.clone()),
                     },
                 );
             }
@@ -200,10 +242,13 @@ impl Ledger {
             if entry.node != node || live.contains_key(uid) {
                 return true;
             }
-            // Listed once and missing now: terminated. Never listed yet: kept while its create
-            // runs or the list may still lag behind it.
+            // Listed once and missing now: kept until known gone. Never listed yet: kept while
+            // its create runs or the list may still lag behind it.
+            if entry.listed {
+                return !gone.contains(uid);
+            }
             let age = Duration::try_from(now.duration_since(entry.at)).unwrap_or_default();
-            in_flight.contains(uid) || (!entry.listed && age < stale)
+            in_flight.contains(uid) || age < stale
         });
         self.entries != before
     }
@@ -217,11 +262,22 @@ mod tests {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
     }
 
-    fn live(lines: &[(&str, Option<f64>)]) -> BTreeMap<String, (String, Option<f64>)> {
+    fn live(lines: &[(&str, Option<f64>)]) -> BTreeMap<String, Listed> {
         lines
             .iter()
-            .map(|(uid, cost)| ((*uid).to_owned(), (format!("pod-{uid}"), *cost)))
+            .map(|(uid, cost)| {
+                let listed = Listed {
+                    pod: format!("pod-{uid}"),
+                    cost: *cost,
+                    instance: format!("i-{uid}"),
+                };
+                ((*uid).to_owned(), listed)
+            })
             .collect()
+    }
+
+    fn gone(uids: &[&str]) -> BTreeSet<String> {
+        uids.iter().map(|uid| (*uid).to_owned()).collect()
     }
 
     #[test]
@@ -232,6 +288,7 @@ mod tests {
             "other-node",
             &live(&[("b", Some(0.4))]),
             &BTreeSet::new(),
+            &gone(&[]),
             at(0),
             Duration::from_secs(60),
         );
@@ -247,13 +304,34 @@ mod tests {
         let none = BTreeSet::new();
         let mut ledger = Ledger::default();
         ledger.reserve("a", "n", "p", 1.0, at(0));
-        assert!(!ledger.sync("n", &live(&[]), &none, at(10), stale), "young");
-        assert!(ledger.sync("n", &live(&[("a", Some(0.4))]), &none, at(20), stale));
+        assert!(
+            !ledger.sync("n", &live(&[]), &none, &gone(&[]), at(10), stale),
+            "young"
+        );
+        assert!(ledger.sync(
+            "n",
+            &live(&[("a", Some(0.4))]),
+            &none,
+            &gone(&[]),
+            at(20),
+            stale
+        ));
         assert_eq!(ledger.entries["a"].state, State::Billing);
         assert_eq!(ledger.spend().billing, 0.4);
-        assert!(!ledger.sync("n", &live(&[("a", Some(0.4))]), &none, at(30), stale));
+        assert!(!ledger.sync(
+            "n",
+            &live(&[("a", Some(0.4))]),
+            &none,
+            &gone(&[]),
+            at(30),
+            stale
+        ));
         assert!(
-            ledger.sync("n", &live(&[]), &none, at(40), stale),
+            !ledger.sync("n", &live(&[]), &none, &gone(&[]), at(40), stale),
+            "missing from a list: not known gone"
+        );
+        assert!(
+            ledger.sync("n", &live(&[]), &none, &gone(&["a"]), at(41), stale),
             "terminated"
         );
         assert!(ledger.entries.is_empty());
@@ -270,20 +348,27 @@ mod tests {
         assert!(ledger.created("a", "n", Some(0.4), at(200)));
         assert_eq!(ledger.spend().billing, 0.4);
         assert!(
-            !ledger.sync("n", &live(&[]), &none, at(210), stale),
+            !ledger.sync("n", &live(&[]), &none, &gone(&[]), at(210), stale),
             "the list lags"
         );
-        assert!(ledger.sync("n", &live(&[("a", Some(0.4))]), &none, at(220), stale));
+        assert!(ledger.sync(
+            "n",
+            &live(&[("a", Some(0.4))]),
+            &none,
+            &gone(&[]),
+            at(220),
+            stale
+        ));
         assert!(ledger.entries["a"].listed);
         assert!(
-            ledger.sync("n", &live(&[]), &none, at(221), stale),
+            ledger.sync("n", &live(&[]), &none, &gone(&["a"]), at(221), stale),
             "terminated"
         );
         assert!(ledger.entries.is_empty());
         // Without a price, the reservation's clock restarts at the create's end.
         ledger.reserve("b", "n", "p", 1.0, at(0));
         assert!(ledger.created("b", "n", None, at(500)));
-        assert!(!ledger.sync("n", &live(&[]), &none, at(530), stale));
+        assert!(!ledger.sync("n", &live(&[]), &none, &gone(&[]), at(530), stale));
         assert_eq!(ledger.spend().in_flight, 1.0);
         assert!(!ledger.created("b", "other", None, at(500)));
     }
@@ -299,23 +384,31 @@ mod tests {
             "n",
             &live(&[("a", Some(0.4))]),
             &BTreeSet::new(),
+            &gone(&[]),
             at(0),
             stale,
         );
         assert!(!ledger.release("a", "n", false), "a listed line stays");
         assert!(ledger.release("a", "n", true));
         ledger.reserve("a", "n", "p", 1.0, at(10));
-        ledger.sync("n", &live(&[("a", Some(0.4))]), &running, at(11), stale);
+        ledger.sync(
+            "n",
+            &live(&[("a", Some(0.4))]),
+            &running,
+            &gone(&[]),
+            at(11),
+            stale,
+        );
         assert_eq!(
             ledger.spend().in_flight,
             1.0,
             "not the old instance's figure"
         );
-        ledger.sync("n", &live(&[]), &running, at(12), stale);
+        ledger.sync("n", &live(&[]), &running, &gone(&[]), at(12), stale);
         assert_eq!(ledger.spend().in_flight, 1.0, "kept while its create runs");
         assert!(ledger.created("a", "n", Some(0.5), at(13)));
         assert!(!ledger.entries["a"].listed);
-        ledger.sync("n", &live(&[]), &BTreeSet::new(), at(14), stale);
+        ledger.sync("n", &live(&[]), &BTreeSet::new(), &gone(&[]), at(14), stale);
         assert_eq!(ledger.spend().billing, 0.5, "kept until a list shows it");
     }
 
@@ -325,8 +418,15 @@ mod tests {
         let mut ledger = Ledger::default();
         ledger.reserve("a", "n", "p", 1.0, at(0));
         let running: BTreeSet<String> = ["a".to_owned()].into();
-        assert!(!ledger.sync("n", &live(&[]), &running, at(300), stale));
-        assert!(ledger.sync("n", &live(&[]), &BTreeSet::new(), at(300), stale));
+        assert!(!ledger.sync("n", &live(&[]), &running, &gone(&[]), at(300), stale));
+        assert!(ledger.sync(
+            "n",
+            &live(&[]),
+            &BTreeSet::new(),
+            &gone(&[]),
+            at(300),
+            stale
+        ));
         assert!(ledger.entries.is_empty(), "a crashed create's reservation");
     }
 
@@ -338,6 +438,7 @@ mod tests {
             "other",
             &live(&[("b", Some(0.5))]),
             &BTreeSet::new(),
+            &gone(&[]),
             at(0),
             Duration::from_secs(1),
         );
@@ -346,6 +447,7 @@ mod tests {
             "n",
             &live(&[]),
             &BTreeSet::new(),
+            &gone(&[]),
             at(900),
             Duration::from_secs(1)
         ));
@@ -362,6 +464,7 @@ mod tests {
             "n",
             &live(&[("a", None)]),
             &BTreeSet::new(),
+            &gone(&[]),
             at(1),
             Duration::from_secs(60),
         );
@@ -382,5 +485,37 @@ mod tests {
         let ledger = Ledger::parse(&data);
         assert!(ledger.entries.is_empty());
         assert_eq!(ledger.data(), data);
+    }
+
+    /// Issue 41, item 7: budget 1.0, a 0.6 pod running, its instance hidden from two lists
+    /// while a lookup by id still finds it: its money stays in the ledger, so a second 0.6 pod
+    /// does not fit.
+    #[test]
+    fn an_instance_the_lists_omit_keeps_its_money_until_known_gone() {
+        let stale = Duration::from_secs(60);
+        let none = BTreeSet::new();
+        let mut ledger = Ledger::default();
+        ledger.reserve("a", "n", "p", 0.6, at(0));
+        ledger.sync(
+            "n",
+            &live(&[("a", Some(0.6))]),
+            &none,
+            &gone(&[]),
+            at(10),
+            stale,
+        );
+        for list in 0..2 {
+            assert_eq!(
+                ledger.unlisted("n", &live(&[])),
+                vec![("a".to_owned(), Some("i-a".to_owned()))]
+            );
+            ledger.sync("n", &live(&[]), &none, &gone(&[]), at(20 + list), stale);
+        }
+        assert_eq!(ledger.spend().billing, 0.6);
+        let room = super::super::room("team", 1.0, ledger.spend(), 0.6, 0);
+        assert!(matches!(room, super::super::Room::Wait(_)), "{room:?}");
+        ledger.sync("n", &live(&[]), &none, &gone(&["a"]), at(30 + 600), stale);
+        assert!(ledger.entries.is_empty(), "known gone: its money is free");
+        assert!(ledger.unlisted("n", &live(&[])).is_empty());
     }
 }

@@ -190,8 +190,8 @@ pub struct ControllerArgs {
     #[arg(long, value_parser = runpod_contract::budget::parse_budget, env = "RUNPOD_KUBELET_DEFAULT_BUDGET_PER_HOUR")]
     pub default_budget_per_hour: Option<f64>,
     /// The namespaces this node serves (comma-separated; the chart's `nodes[].namespaces`):
-    /// pods of any other namespace are refused (`WrongNode`) unless their namespace's
-    /// `runpod.io/node` label names this node. Empty: namespaces bound to no node.
+    /// pods of any other namespace are refused (`WrongNode`), whatever their namespace's
+    /// `runpod.io/node` label says (a label only narrows). Empty: namespaces no node lists.
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_SERVE_NAMESPACES")]
     pub serve_namespaces: Vec<String>,
     /// The installation's node bindings, `NAMESPACE=NODE@CLOUD` comma-separated (the chart passes every

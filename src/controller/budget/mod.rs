@@ -100,8 +100,38 @@ fn price_of<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> (f64, Option<f64>, &'sta
     }
 }
 
+/// Lists a namespace's pods from the apiserver.
+struct ListPods<'a>(&'a kube::Client);
+
+impl state::PodLister for ListPods<'_> {
+    async fn list(&self, namespace: &str) -> Result<Vec<Pod>, kube::Error> {
+        let pods: Api<Pod> = Api::namespaced(self.0.clone(), namespace);
+        Ok(pods.list(&ListParams::default()).await?.items)
+    }
+}
+
 fn ledgers<P>(ctx: &Shared<P>) -> Api<ConfigMap> {
     Api::namespaced(ctx.client.clone(), &ctx.settings.ledger_namespace)
+}
+
+/// The namespace's annotations, where its budget is set. A namespace this controller may not
+/// read (403) holds its creates with a reason that says what to grant: its budget is unknown,
+/// and a budget must never be ignored because of missing RBAC (the team binding fails closed
+/// the same way). A namespace that no longer exists has none.
+fn budget_source(
+    namespace: &str,
+    read: Result<Option<BTreeMap<String, String>>, kube::Error>,
+) -> Result<Result<BTreeMap<String, String>, Gate>, kube::Error> {
+    match read {
+        Ok(found) => Ok(Ok(found.unwrap_or_default())),
+        Err(kube::Error::Api(status)) if status.code == 403 => Ok(Err(Gate::Wait(format!(
+            "namespace {namespace}'s {BUDGET_PER_HOUR} cannot be read (the controller may not \
+             get namespaces: {}); nothing is created there until it can (grant `get` on \
+             namespaces, as the chart does)",
+            status.message
+        )))),
+        Err(error) => Err(error),
+    }
 }
 
 /// Judges a create of `pod` against its namespace's budget and, when it fits, reserves its
@@ -114,13 +144,13 @@ pub async fn before_create<P: Provider>(
 ) -> Result<Gate, kube::Error> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
-    let annotations = match namespaces.get_metadata_opt(namespace).await {
-        Ok(found) => found
-            .and_then(|ns| ns.metadata.annotations)
-            .unwrap_or_default(),
-        // Manifests from an older chart: only the installation's default budget applies.
-        Err(kube::Error::Api(status)) if status.code == 403 => BTreeMap::new(),
-        Err(error) => return Err(error),
+    let read = namespaces
+        .get_metadata_opt(namespace)
+        .await
+        .map(|found| found.map(|ns| ns.metadata.annotations.unwrap_or_default()));
+    let annotations = match budget_source(namespace, read)? {
+        Ok(annotations) => annotations,
+        Err(wait) => return Ok(wait),
     };
     let budget = match budget_of(&annotations, ctx.settings.admission.default_budget) {
         None => {
@@ -173,8 +203,14 @@ pub async fn before_create<P: Provider>(
     if let Some(message) = budget::never_fits(namespace, budget, Some((gpu, price))) {
         return Ok(Gate::TooSmall(message));
     }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    let namespace_pods = pods.list(&ListParams::default()).await?.items;
+    let namespace_pods = ctx
+        .budget
+        .namespace_pods(
+            &ListPods(&ctx.client),
+            namespace,
+            ctx.settings.reconcile_interval,
+        )
+        .await?;
     let ahead = ahead_of(pod, &namespace_pods, &ledger);
     match budget::room(namespace, budget, spend, price, ahead) {
         Room::Wait(message) => Ok(Gate::Wait(message)),
@@ -337,6 +373,37 @@ mod tests {
             0,
             "same time: by name"
         );
+    }
+
+    fn api_error(code: u16) -> kube::Error {
+        let status: kube::core::Status = serde_json::from_value(
+            json!({ "code": code, "message": "namespaces \"team\" is forbidden" }),
+        )
+        .unwrap();
+        kube::Error::Api(Box::new(status))
+    }
+
+    /// Issue 41, item 9: a namespace the controller may not read holds its creates.
+    #[test]
+    fn a_namespace_that_cannot_be_read_holds_its_creates() {
+        match budget_source("team", Err(api_error(403))) {
+            Ok(Err(Gate::Wait(message))) => {
+                assert!(message.contains("cannot be read"), "{message}");
+                assert!(message.contains("get"), "{message}");
+            }
+            other => panic!("a 403 must wait: {other:?}"),
+        }
+        let annotations: BTreeMap<String, String> =
+            [(BUDGET_PER_HOUR.to_owned(), "1.0".to_owned())].into();
+        assert_eq!(
+            budget_source("team", Ok(Some(annotations.clone()))).unwrap(),
+            Ok(annotations)
+        );
+        assert_eq!(
+            budget_source("team", Ok(None)).unwrap(),
+            Ok(BTreeMap::new())
+        );
+        assert!(budget_source("team", Err(api_error(500))).is_err());
     }
 
     #[test]

@@ -17,9 +17,9 @@ use tracing::{debug, warn};
 
 use super::{ledgers, write};
 use crate::controller::context::{Shared, Snapshot};
-use crate::provider::Provider;
+use crate::provider::{Instance, Provider, ProviderError};
 use runpod_contract::budget::budget_of;
-use runpod_contract::budget::ledger::{LEDGER_LABEL, LEDGER_NAMESPACE, Ledger};
+use runpod_contract::budget::ledger::{LEDGER_LABEL, LEDGER_NAMESPACE, Ledger, Listed};
 
 /// Runs a sync after each new list until the leader stops.
 pub async fn run<P: Provider>(shared: Arc<Shared<P>>, store: Store<Pod>) {
@@ -70,6 +70,52 @@ fn recently_marked(pods: &[Arc<Pod>], now: Timestamp, stale: Duration) -> BTreeS
         .collect()
 }
 
+/// Lookups by id one pass may send for lines the list left out (the rest wait for the next
+/// pass, their money still counted).
+const LOOKUPS_PER_PASS: usize = 16;
+
+/// Of this node's lines whose instance a list showed and this one does not, those whose
+/// instance is known gone: the pod's record says it was terminated, or the cloud, asked by id,
+/// has nothing live under it. An answer that fails, or one not asked this pass, keeps the
+/// line (lists omit running instances; the money stays counted). A line written before lines
+/// named their instance cannot be asked about and goes, as it did then.
+async fn known_gone<F, Fut>(
+    unlisted: Vec<(String, Option<String>)>,
+    terminated: impl Fn(&str, &str) -> bool,
+    lookup: F,
+) -> BTreeSet<String>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Instance>, ProviderError>>,
+{
+    let mut gone = BTreeSet::new();
+    let mut asked = 0;
+    for (uid, instance) in unlisted {
+        let Some(id) = instance else {
+            gone.insert(uid);
+            continue;
+        };
+        if terminated(&uid, &id) {
+            gone.insert(uid);
+            continue;
+        }
+        if asked == LOOKUPS_PER_PASS {
+            continue;
+        }
+        asked += 1;
+        match lookup(id.clone()).await {
+            Ok(found) if found.as_ref().is_none_or(|i| !i.state.is_live()) => {
+                gone.insert(uid);
+            }
+            Ok(_) => debug!(instance = %id, "missing from the list but live: its spend stays"),
+            Err(error) => {
+                debug!(instance = %id, %error, "asking for an unlisted instance failed; its spend stays")
+            }
+        }
+    }
+    gone
+}
+
 /// One pass over every ledger this node has a line in or should have.
 async fn once<P: Provider>(
     shared: &Shared<P>,
@@ -108,7 +154,7 @@ async fn once<P: Provider>(
             namespace_of.insert(uid.clone(), namespace.clone());
         }
     }
-    let mut live: BTreeMap<String, BTreeMap<String, (String, Option<f64>)>> = BTreeMap::new();
+    let mut live: BTreeMap<String, BTreeMap<String, Listed>> = BTreeMap::new();
     for instance in snapshot.instances.iter().filter(|i| i.state.is_live()) {
         let Some(uid) = instance.tags.pod_uid.as_deref() else {
             continue;
@@ -126,13 +172,17 @@ async fn once<P: Provider>(
             .or_default()
             .entry(uid.to_owned())
             // Two instances of one pod (a duplicate being terminated) both bill.
-            .and_modify(|(_, cost)| {
-                *cost = match (*cost, instance.cost_per_hour) {
+            .and_modify(|listed| {
+                listed.cost = match (listed.cost, instance.cost_per_hour) {
                     (Some(a), Some(b)) => Some(a + b),
                     (a, b) => a.or(b),
                 }
             })
-            .or_insert((pod, instance.cost_per_hour));
+            .or_insert(Listed {
+                pod,
+                cost: instance.cost_per_hour,
+                instance: instance.id.clone(),
+            });
         by_namespace.entry(namespace.clone()).or_insert(None);
     }
     let now = Timestamp::now();
@@ -155,7 +205,14 @@ async fn once<P: Provider>(
             .unwrap_or_default();
         let empty = BTreeMap::new();
         let mine = live.get(&namespace).unwrap_or(&empty);
-        let changed = ledger.sync(node, mine, &creating, now, stale);
+        let unlisted = ledger.unlisted(node, mine);
+        let gone = known_gone(
+            unlisted,
+            |uid, id| shared.remember(uid, |m| m.terminated.contains(id)),
+            |id: String| async move { shared.provider.lookup(&id).await },
+        )
+        .await;
+        let changed = ledger.sync(node, mine, &creating, &gone, now, stale);
         if !ledger.entries.is_empty() {
             keep.insert(namespace.clone());
         }
@@ -197,12 +254,68 @@ async fn once<P: Provider>(
             .show_budget(&shared.metrics, &namespace, budget);
     }
     shared.budget.hide_all_but(&shared.metrics, &keep);
+    shared.budget.end_pass();
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn instance(id: &str, state: crate::provider::InstanceState) -> Instance {
+        Instance {
+            id: id.to_owned(),
+            name: id.to_owned(),
+            tags: crate::provider::Tags::default(),
+            state,
+            uptime_secs: None,
+            cost_per_hour: Some(0.6),
+            gpu_type: None,
+            datacenter: None,
+            endpoints: Vec::new(),
+            ip: None,
+            created_at: None,
+            started_at: None,
+            message: None,
+            usage: None,
+            ssh: None,
+        }
+    }
+
+    /// Issue 41, item 7: only an answer that says so makes an unlisted line gone.
+    #[tokio::test]
+    async fn an_unlisted_line_is_gone_only_when_the_cloud_or_the_record_says_so() {
+        use crate::provider::InstanceState;
+        let unlisted = vec![
+            ("running".to_owned(), Some("i-running".to_owned())),
+            ("exited".to_owned(), Some("i-exited".to_owned())),
+            ("deleted".to_owned(), Some("i-deleted".to_owned())),
+            ("failing".to_owned(), Some("i-failing".to_owned())),
+            ("recorded".to_owned(), Some("i-recorded".to_owned())),
+            ("old-line".to_owned(), None),
+        ];
+        let asked = std::sync::Mutex::new(Vec::new());
+        let gone = known_gone(
+            unlisted,
+            |uid, id| uid == "recorded" && id == "i-recorded",
+            |id: String| {
+                asked.lock().unwrap().push(id.clone());
+                let answer = match id.as_str() {
+                    "i-running" => Ok(Some(instance(&id, InstanceState::Running))),
+                    "i-exited" => Ok(Some(instance(&id, InstanceState::Terminated))),
+                    "i-deleted" => Ok(None),
+                    _ => Err(ProviderError::Unavailable("503".into())),
+                };
+                async move { answer }
+            },
+        )
+        .await;
+        let expected: BTreeSet<String> = ["exited", "deleted", "recorded", "old-line"]
+            .map(str::to_owned)
+            .into();
+        assert_eq!(gone, expected);
+        assert!(!asked.lock().unwrap().contains(&"i-recorded".to_owned()));
+    }
 
     fn pod(uid: &str, marked: Option<&str>) -> Arc<Pod> {
         let mut pod = serde_json::json!({"metadata": {"name": uid, "uid": uid}});

@@ -11,31 +11,30 @@
 pub mod authn;
 pub mod authz;
 pub mod exec;
+mod listener;
 mod logs;
 pub mod serving;
 pub mod spdy;
 pub mod stats;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
+use axum::routing::{get, post};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::Store;
 use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 
 use crate::controller::context::Shared;
 use crate::provider::Provider;
 use authn::Authenticator;
-use authz::{Authorizer, Caller, User};
+use authz::Authorizer;
 
 struct ApiState<P> {
     shared: Arc<Shared<P>>,
@@ -74,13 +73,14 @@ fn router<P: Provider>(
         )
         .route("/stats/summary", get(stats_summary::<P>))
         .route("/metrics/resource", get(resource_metrics::<P>))
-        .route("/exec/{namespace}/{pod}/{container}", any(exec::exec::<P>))
+        // POST only, as the apiserver sends them (authz refuses other methods first).
+        .route("/exec/{namespace}/{pod}/{container}", post(exec::exec::<P>))
         .route(
             "/portForward/{namespace}/{pod}",
-            any(exec::port_forward::<P>),
+            post(exec::port_forward::<P>),
         )
-        .route("/attach/{*rest}", any(exec::attach))
-        .route("/run/{*rest}", any(not_implemented::<P>))
+        .route("/attach/{*rest}", post(exec::attach))
+        .route("/run/{*rest}", post(not_implemented::<P>))
         .with_state(state)
         // Every path, unknown ones included, is authenticated and authorized first.
         .layer(middleware::from_fn_with_state(
@@ -140,7 +140,6 @@ pub async fn serve<P: Provider>(
     shared: Arc<Shared<P>>,
     pods: Store<Pod>,
 ) {
-    let acceptor = TlsAcceptor::from(tls);
     let authorizer = Arc::new(Authorizer::new(
         shared.client.clone(),
         shared.settings.node_name.clone(),
@@ -151,48 +150,5 @@ pub async fn serve<P: Provider>(
         authenticator,
         authorizer,
     );
-    loop {
-        let (tcp, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                tracing::warn!(%error, "kubelet API accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let acceptor = acceptor.clone();
-        let app = app.clone();
-        tokio::spawn(async move {
-            let tls =
-                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => tls,
-                    _ => {
-                        tracing::debug!(%peer, "kubelet API handshake failed");
-                        return;
-                    }
-                };
-            // rustls verified the chain; the leaf names the user.
-            let user = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|certs| certs.first())
-                .and_then(|leaf| User::from_certificate(leaf))
-                .map(Arc::new);
-            let service = hyper_util::service::TowerToHyperService::new(
-                app.layer(axum::Extension(Caller(user))),
-            );
-            let io = hyper_util::rt::TokioIo::new(tls);
-            let mut builder =
-                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            // Head and body in one write: an apiserver proxying an upgrade request passes on
-            // only what its first read of a refused upgrade returns, so a body written apart
-            // from the head would never reach kubectl.
-            builder.http1().writev(false);
-            // Exec and port-forward upgrade the connection to SPDY.
-            if let Err(error) = builder.serve_connection_with_upgrades(io, service).await {
-                tracing::debug!(%peer, %error, "kubelet API connection ended with an error");
-            }
-        });
-    }
+    listener::serve(listener, tls, app, listener::Limits::default()).await;
 }

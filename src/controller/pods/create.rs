@@ -263,6 +263,10 @@ pub(super) async fn create<P: Provider>(
                         ctx.settings.exec,
                         crate::controller::kubelet_api::exec::ExecAccess::Ready { .. }
                     ) && ctx.provider.cloud() == crate::provider::CloudName::RUNPOD
+                        && !runpod_contract::exposes_nothing(
+                            for_cloud.metadata.annotations.as_ref(),
+                            false,
+                        )
                     {
                         "22/tcp for kubectl exec on a public IP and port (answers only this \
                          node's SSH key); "
@@ -412,8 +416,9 @@ async fn wrong_node<P: Provider>(
             .iter()
             .any(|served| served.namespaces.iter().any(|ns| ns == namespace))
     };
-    if label.is_none() && !listed(&nodes) && !listed(installed) {
-        // Only another node listing the namespace can bind it now.
+    if !listed(&nodes) && !listed(installed) {
+        // Only another node listing the namespace can bind it now (a label may not override
+        // that node's list, so it is looked for with a label too).
         let all: Api<k8s_openapi::api::core::v1::Node> = Api::all(ctx.client.clone());
         let listed = all
             .list_metadata(&kube::api::ListParams::default().labels("type=virtual-kubelet"))

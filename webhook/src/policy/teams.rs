@@ -70,11 +70,13 @@ pub(super) fn placement(
                 format!("namespace {namespace} is served by node {node}")
             },
         },
+        Binding::Refused(why) => Placement::Nowhere(why),
         Binding::Unbound => match teams::unbound_nodes(&served) {
             None => Placement::Anywhere,
             Some(nodes) if nodes.is_empty() => Placement::Nowhere(format!(
                 "namespace {namespace} is bound to no node and every virtual node serves only \
-                 the namespaces it lists: label the namespace {}=<node>",
+                 the namespaces it lists: add it to a node's namespaces (the chart's \
+                 nodes[].namespaces); a {} label alone cannot bind it to such a node",
                 teams::NODE_LABEL
             )),
             Some(nodes) => Placement::Nodes {

@@ -64,8 +64,17 @@ pub struct Attributes {
 /// method gives the verb, the path the subresource: `/stats`, `/metrics` and `/logs` and
 /// below are `stats`, `metrics` and `log`; everything else, `/containerLogs` included, is
 /// `proxy`. `None` for a method with no API verb: the kubelet would ask with an empty verb,
-/// which only a wildcard rule allows; such a request is refused without asking.
+/// which only a wildcard rule allows; such a request is refused without asking. The streaming
+/// paths (`/exec`, `/attach`, `/portForward`, `/run`) are `create` whatever the method: they
+/// open a shell or a socket, so `get nodes/proxy` (which monitoring agents hold) must never
+/// reach them (their handlers also accept POST only).
 pub fn attributes(method: &Method, path: &str) -> Option<Attributes> {
+    if is_streaming(path) {
+        return Some(Attributes {
+            verb: "create",
+            subresource: "proxy",
+        });
+    }
     let verb = match *method {
         Method::GET => "get",
         Method::POST => "create",
@@ -84,6 +93,13 @@ pub fn attributes(method: &Method, path: &str) -> Option<Attributes> {
         "proxy"
     };
     Some(Attributes { verb, subresource })
+}
+
+/// The paths that open a shell or a connection into a pod: the apiserver only ever POSTs them.
+pub fn is_streaming(path: &str) -> bool {
+    ["/exec", "/attach", "/portForward", "/run"]
+        .iter()
+        .any(|prefix| is_subpath(path, prefix))
 }
 
 /// `path` is `prefix` itself or below it (`/logs/x`, not `/logsx`); a trailing `/` on
@@ -286,6 +302,19 @@ pub async fn authorize<R: Reviewer + 'static>(
     let Some(user) = caller else {
         return (StatusCode::UNAUTHORIZED, UNAUTHENTICATED).into_response();
     };
+    // A shell or a socket is only ever opened by POST (as the apiserver sends it): any other
+    // method is refused before anything is asked or upgraded.
+    if is_streaming(request.uri().path()) && request.method() != Method::POST {
+        return (
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!(
+                "runpod-kubelet: {} is served for POST only (asked with {})\n",
+                request.uri().path(),
+                request.method()
+            ),
+        )
+            .into_response();
+    }
     let Some(attributes) = attributes(request.method(), request.uri().path()) else {
         return (
             StatusCode::METHOD_NOT_ALLOWED,

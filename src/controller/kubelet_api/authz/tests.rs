@@ -32,6 +32,12 @@ fn requests_map_to_node_subresources_like_the_kubelet() {
         (Method::GET, "/pods", attrs("get", "proxy")),
         (Method::GET, "/", attrs("get", "proxy")),
         (Method::POST, "/exec/ns/pod/main", attrs("create", "proxy")),
+        // A shell or a socket is `create` whatever the method.
+        (Method::GET, "/exec/ns/pod/main", attrs("create", "proxy")),
+        (Method::GET, "/portForward/ns/pod", attrs("create", "proxy")),
+        (Method::PUT, "/attach/ns/pod/main", attrs("create", "proxy")),
+        (Method::HEAD, "/run/ns/pod/main", attrs("create", "proxy")),
+        (Method::GET, "/execx", attrs("get", "proxy")),
         (Method::PUT, "/x", attrs("update", "proxy")),
         (Method::PATCH, "/x", attrs("patch", "proxy")),
         (Method::DELETE, "/x", attrs("delete", "proxy")),
@@ -375,4 +381,66 @@ async fn a_review_without_an_answer_fails() {
         .await
         .unwrap_err();
     assert!(error.to_string().contains("no answer"), "{error}");
+}
+
+/// Allows exactly `get` on `nodes/proxy`, as many monitoring agents hold.
+struct GetProxyOnly;
+
+impl Reviewer for GetProxyOnly {
+    async fn review(
+        &self,
+        review: SubjectAccessReview,
+    ) -> anyhow::Result<SubjectAccessReviewStatus> {
+        let attributes = review.spec.resource_attributes.unwrap_or_default();
+        let allowed = attributes.verb.as_deref() == Some("get")
+            && attributes.subresource.as_deref() == Some("proxy");
+        Ok(status(
+            allowed,
+            (!allowed).then_some("only get nodes/proxy"),
+            None,
+        ))
+    }
+}
+
+#[tokio::test]
+async fn get_on_nodes_proxy_opens_no_shell_and_no_socket() {
+    use tower::ServiceExt as _;
+    let router = axum::Router::new()
+        .fallback(|| async { "upgraded\n" })
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(Authorizer::new(GetProxyOnly, "vnode".into())),
+            authorize::<GetProxyOnly>,
+        ))
+        .layer(axum::Extension(Caller(Some(Arc::new(alice())))));
+    for path in [
+        "/exec/ns/pod/main?command=sh&stdin=1&tty=1",
+        "/portForward/ns/pod",
+        "/attach/ns/pod/main",
+    ] {
+        for method in [Method::GET, Method::POST] {
+            let request = axum::http::Request::builder()
+                .method(method.clone())
+                .uri(path)
+                .header("Upgrade", "SPDY/3.1")
+                .header("Connection", "Upgrade")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let status = router.clone().oneshot(request).await.unwrap().status();
+            let expected = if method == Method::GET {
+                StatusCode::METHOD_NOT_ALLOWED
+            } else {
+                StatusCode::FORBIDDEN
+            };
+            assert_eq!(status, expected, "{method} {path}");
+        }
+    }
+    // The same caller still reads logs.
+    let request = axum::http::Request::builder()
+        .uri("/containerLogs/ns/pod/main")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    assert_eq!(
+        router.oneshot(request).await.unwrap().status(),
+        StatusCode::OK
+    );
 }

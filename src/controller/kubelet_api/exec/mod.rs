@@ -155,6 +155,15 @@ fn target<P: Provider>(
             )));
         }
     }
+    if runpod_contract::exposes_nothing(
+        pod.metadata.annotations.as_ref(),
+        state.shared.settings.admission.expose_no_ports,
+    ) {
+        return Err(Box::new(refuse(
+            StatusCode::BAD_REQUEST,
+            runpod_contract::exec_refused_for_none(namespace, name),
+        )));
+    }
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let title = state.shared.provider.cloud().title;
     let instance = state

@@ -97,7 +97,9 @@ fn the_label_binds_and_unbound_namespaces_avoid_the_teams_nodes() {
     context
         .namespace_labels
         .insert(NODE_LABEL.to_owned(), "shared".to_owned());
-    let (_, patched) = admit(
+    // (A namespace no node lists: the label picks among the nodes serving unbound ones.)
+    let (_, patched) = admit_in(
+        "other",
         &annotate(gpu_pod(), contract::BURST_MODE, "always"),
         &context,
     );
@@ -319,4 +321,36 @@ fn provider_config() -> PolicyConfig {
         .unwrap(),
         ..config()
     }
+}
+
+/// Issue 41, item 8: whoever may label a namespace cannot send its pods to another team's
+/// node: the label only chooses among the nodes that serve the namespace.
+#[test]
+fn a_namespace_label_naming_another_teams_node_is_refused() {
+    let mut context = labelled_namespace();
+    context.served = teams();
+    context
+        .namespace_labels
+        .insert(NODE_LABEL.to_owned(), "team-b-node".to_owned());
+    let always = annotate(gpu_pod(), contract::BURST_MODE, "always");
+    let (code, message) = denied(&admit_in("other", &always, &context).0);
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("serves only namespaces vision"),
+        "{message}"
+    );
+    // A namespace another team's node lists cannot be taken by a label either.
+    let (code, message) = denied(&admit_in("ml", &always, &context).0);
+    assert_eq!(code, 403);
+    assert!(message.contains("team-a-node"), "{message}");
+    // The label still picks a node that serves the namespace.
+    context
+        .namespace_labels
+        .insert(NODE_LABEL.to_owned(), "team-a-node".to_owned());
+    let (verdict, patched) = admit_in("ml", &always, &context);
+    assert_bursts(&verdict);
+    assert_eq!(
+        terms(&patched)[0]["matchExpressions"][0],
+        hostname_term(&["team-a-node"])
+    );
 }

@@ -21,6 +21,13 @@ if ((${#missing[@]})); then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# OpenSSH's sshd reads the completion wrapper's sshd_config in a unit test (`sshd -T`): the
+# config the wrapper writes must be one sshd accepts, and key-only. Nothing is started.
+if [[ ! -x /usr/sbin/sshd ]]; then
+  log "installing openssh-server (for sshd -T)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssh-server >/dev/null
+fi
+
 # promtool checks and unit-tests the chart's alert rules; Debian ships it in `prometheus`.
 if ! command -v promtool >/dev/null 2>&1; then
   log "installing prometheus (for promtool)"

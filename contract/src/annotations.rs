@@ -75,9 +75,33 @@ pub const CREATE_REQUESTED: &str = "runpod.io/create-requested";
 /// failing it, or creating it again.
 pub const ENDED: &str = "runpod.io/ended";
 
+/// The SSH host keys of the pod's instance, as its container printed them when its sshd started
+/// (read through the cloud's authenticated log API): `<instance id>=SHA256:…[,SHA256:…]`.
+/// `kubectl exec` and `port-forward` connect only to a server holding one of them, whichever
+/// controller replica serves the request; written by the controller only (a user's value is
+/// removed at admission).
+pub const SSH_HOST_KEYS: &str = "runpod.io/ssh-host-keys";
+
+/// The value of [`SSH_HOST_KEYS`].
+pub fn format_host_keys(instance: &str, fingerprints: &[String]) -> String {
+    format!("{instance}={}", fingerprints.join(","))
+}
+
+/// Reads [`SSH_HOST_KEYS`]: the instance and its fingerprints; `None` for anything else.
+pub fn parse_host_keys(value: &str) -> Option<(String, Vec<String>)> {
+    let (instance, keys) = value.trim().split_once('=')?;
+    let keys: Vec<String> = keys
+        .split(',')
+        .map(str::trim)
+        .filter(|key| key.starts_with("SHA256:") && key.len() > "SHA256:".len())
+        .map(str::to_owned)
+        .collect();
+    (!instance.trim().is_empty() && !keys.is_empty()).then(|| (instance.trim().to_owned(), keys))
+}
+
 /// Annotations users may not write (the controller's, and the webhook's record of a `cheapest`
 /// choice); the webhook removes them from new pods.
-pub const CONTROLLER_ANNOTATIONS: [&str; 9] = [
+pub const CONTROLLER_ANNOTATIONS: [&str; 10] = [
     POD_ID,
     crate::vastai::INSTANCE_ID,
     COST_PER_HR,
@@ -87,6 +111,7 @@ pub const CONTROLLER_ANNOTATIONS: [&str; 9] = [
     CREATE_REQUESTED,
     ENDED,
     crate::provider::CHEAPEST_CHOICE,
+    SSH_HOST_KEYS,
 ];
 
 /// Node annotation where the controller publishes the cheapest GPU price per cloud type, in
@@ -411,6 +436,23 @@ mod tests {
             ]
         );
         assert_eq!(format_ports(&ports), "8080/http,22/tcp");
+    }
+
+    #[test]
+    fn host_keys_round_trip_and_junk_is_no_record() {
+        let keys = vec!["SHA256:abc".to_owned(), "SHA256:def".to_owned()];
+        let value = format_host_keys("pod-1", &keys);
+        assert_eq!(parse_host_keys(&value), Some(("pod-1".to_owned(), keys)));
+        for junk in [
+            "",
+            "pod-1",
+            "pod-1=",
+            "=SHA256:abc",
+            "pod-1=MD5:ab",
+            "pod-1=SHA256:",
+        ] {
+            assert_eq!(parse_host_keys(junk), None, "{junk:?}");
+        }
     }
 
     #[test]

@@ -248,6 +248,10 @@ pub const NAMES: &[Name] = &[
         ENDED,
         "how the container ended, written before its instance is terminated",
     ),
+    owned(
+        SSH_HOST_KEYS,
+        "the SSH host keys the instance's container printed (read from the cloud's log): exec and port-forward connect to nothing else",
+    ),
     Name {
         name: CHEAPEST_GPU_PRICE,
         kind: Kind::Annotation,

@@ -468,6 +468,15 @@ pub trait Provider: Send + Sync + 'static {
     /// The instance's container log.
     fn logs(&self, id: &str, options: LogOptions) -> LogEntries;
 
+    /// The SHA-256 fingerprints of the SSH host keys the instance's container printed when its
+    /// sshd started, read through the cloud's authenticated log API (not from the network, so
+    /// an address the cloud gave to someone else cannot answer for the pod); empty when none
+    /// were printed. Clouds without SSH into the container have none.
+    fn ssh_host_keys(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Vec<String>, ProviderError>> + Send;
+
     /// Prices per GPU type from the provider's cached catalogue or last price search; empty
     /// until the first one.
     fn price_sheet(&self) -> PriceSheet;

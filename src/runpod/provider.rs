@@ -465,6 +465,25 @@ impl Provider for RunPodProvider {
         Ok(FinalLog::bounded(code, seen))
     }
 
+    async fn ssh_host_keys(&self, id: &str) -> Result<Vec<String>, ProviderError> {
+        let request = LogRequest {
+            source: Some(LogSource::Container),
+            tail: Some(MAX_TAIL),
+            since: None,
+            follow: false,
+            after_id: None,
+            quiet: None,
+        };
+        let mut lines = self.client.logs(id, request);
+        let mut seen = Vec::new();
+        while let Some(line) = lines.next().await {
+            seen.push(line.map_err(provider_error)?.line);
+        }
+        Ok(wrapper::host_key_fingerprints(
+            seen.iter().map(String::as_str),
+        ))
+    }
+
     fn logs(&self, id: &str, options: LogOptions) -> LogEntries {
         let request = LogRequest {
             source: Some(LogSource::Container),
@@ -474,13 +493,24 @@ impl Provider for RunPodProvider {
             after_id: None,
             quiet: None,
         };
-        Box::pin(self.client.logs(id, request).map(|item| {
-            item.map(|line| LogEntry {
-                timestamp: line.ts,
-                line: line.line,
-            })
-            .map_err(provider_error)
-        }))
+        // The wrapper's host-key lines are for the controller, not the user's log.
+        Box::pin(
+            self.client
+                .logs(id, request)
+                .filter(|item| {
+                    let ours = item
+                        .as_ref()
+                        .is_ok_and(|line| wrapper::is_host_key_line(&line.line));
+                    std::future::ready(!ours)
+                })
+                .map(|item| {
+                    item.map(|line| LogEntry {
+                        timestamp: line.ts,
+                        line: line.line,
+                    })
+                    .map_err(provider_error)
+                }),
+        )
     }
 
     fn price_sheet(&self) -> PriceSheet {

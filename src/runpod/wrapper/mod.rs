@@ -18,7 +18,14 @@
 //!
 //! The pod's command replaces the image's CMD, and with it the start script that RunPod's images
 //! start sshd from; so, as that script does, the wrapper starts the image's `sshd` with
-//! `$PUBLIC_KEY` authorized (for `kubectl exec`) when both exist, and carries on without.
+//! `$PUBLIC_KEY` authorized (for `kubectl exec`) when both exist, and carries on without. That
+//! sshd answers on a public port, so it runs with a configuration of the wrapper's own, never
+//! the image's: public keys only (no password, keyboard-interactive or empty-password login,
+//! whatever the image's `sshd_config` allows), and only the keys in `$PUBLIC_KEY` (the node's,
+//! and the pod's own where the pod set one), not any baked into the image. Once it runs, the
+//! wrapper prints each host key's SHA-256 fingerprint (`runpod-kubelet: ssh-host-key=SHA256:…`):
+//! the controller reads them through the cloud's authenticated log API and connects only to a
+//! server holding one of them.
 //!
 //! Where the self-stop fails, the restarted container must not run the command again: before
 //! reporting, the wrapper writes the code to [`EXIT_MARKER`], and a wrapper that finds that file
@@ -67,14 +74,29 @@ runpod_kubelet_finish() {
 if [ -f "$marker" ] && read -r code <"$marker"; then
   runpod_kubelet_finish "$code"
 fi
+runpod_kubelet_host_key() {
+  set -- $(ssh-keygen -E sha256 -lf "$1" 2>/dev/null)
+  case "${2:-}" in SHA256:*) echo "runpod-kubelet: ssh-host-key=$2" ;; esac
+}
 runpod_kubelet_sshd() {
   [ -n "${PUBLIC_KEY:-}" ] || return 0
   sshd=$(command -v sshd 2>/dev/null) || return 0
-  ssh_dir="${HOME:-/root}/.ssh"
+  etc="${RUNPOD_KUBELET_SSH_ROOT:-}/etc/ssh"
+  own="$etc/runpod-kubelet"
   mkdir -p /run/sshd 2>/dev/null
-  { mkdir -p "$ssh_dir" && chmod 700 "$ssh_dir" &&
-    printf '%s\n' "$PUBLIC_KEY" >>"$ssh_dir/authorized_keys" &&
-    chmod 600 "$ssh_dir/authorized_keys" && ssh-keygen -A && "$sshd"; } >/dev/null 2>&1
+  { mkdir -p "$own" && chmod 700 "$own" &&
+    printf '%s\n' "$PUBLIC_KEY" >"$own/authorized_keys" && chmod 600 "$own/authorized_keys" &&
+    ssh-keygen -A ${RUNPOD_KUBELET_SSH_ROOT:+-f "$RUNPOD_KUBELET_SSH_ROOT"}; } >/dev/null 2>&1 || return 0
+  { for key in "$etc"/ssh_host_*_key; do [ -f "$key" ] && echo "HostKey $key"; done
+    printf '%s\n' 'PasswordAuthentication no' 'ChallengeResponseAuthentication no' \
+      'PermitEmptyPasswords no' 'PubkeyAuthentication yes' 'HostbasedAuthentication no' \
+      'PermitRootLogin prohibit-password' "AuthorizedKeysFile $own/authorized_keys" \
+      'AuthorizedKeysCommand none' 'X11Forwarding no' 'PrintMotd no' \
+      'Subsystem sftp internal-sftp'; } >"$own/sshd_config" 2>/dev/null || return 0
+  "$sshd" -f "$own/sshd_config" >/dev/null 2>&1 || return 0
+  for key in "$etc"/ssh_host_*_key.pub; do
+    [ -f "$key" ] && runpod_kubelet_host_key "$key"
+  done
   return 0
 }
 runpod_kubelet_sshd
@@ -114,6 +136,50 @@ const UNTIL_SUCCESS: &str = r#"while :; do
   [ -n "$signal" ] && break
 done
 runpod_kubelet_finish "$code""#;
+
+/// What the wrapper prints before each host key fingerprint.
+pub const HOST_KEY_PREFIX: &str = "runpod-kubelet: ssh-host-key=";
+
+/// Whether `line` is one of the wrapper's host-key lines (kept out of `kubectl logs`).
+pub fn is_host_key_line(line: &str) -> bool {
+    line.trim().starts_with(HOST_KEY_PREFIX)
+}
+
+/// The SSH host key fingerprints a container printed when its sshd started: the wrapper's
+/// lines, or the `ssh-keygen -lf` lines RunPod's own start script prints for the images whose
+/// start script runs (`256 SHA256:… root@host (ED25519)`). Each once, in order.
+pub fn host_key_fingerprints<'a>(lines: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    for line in lines {
+        let line = line.trim();
+        let key = match line.strip_prefix(HOST_KEY_PREFIX) {
+            Some(key) => Some(key.trim()),
+            None => {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let keygen = words.len() >= 3
+                    && words[0].parse::<u32>().is_ok()
+                    && words
+                        .last()
+                        .is_some_and(|kind| kind.starts_with('(') && kind.ends_with(')'));
+                keygen.then(|| words[1])
+            }
+        };
+        let Some(key) = key.filter(|key| {
+            key.strip_prefix("SHA256:").is_some_and(|b64| {
+                !b64.is_empty()
+                    && b64
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/' || b == b'=')
+            })
+        }) else {
+            continue;
+        };
+        if !keys.iter().any(|known| known == key) {
+            keys.push(key.to_owned());
+        }
+    }
+    keys
+}
 
 /// How a pod's container ends, from its `restartPolicy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -459,6 +459,26 @@ fn files_without_a_command_cannot_be_wrapped() {
 }
 
 #[test]
+fn host_keys_are_read_from_the_wrappers_and_the_start_scripts_lines() {
+    let log = [
+        "starting",
+        "runpod-kubelet: ssh-host-key=SHA256:wrapperKey+/1",
+        "256 SHA256:startScriptKey root@abc (ED25519)",
+        "3072 SHA256:startScriptKey root@abc (RSA)",
+        "my program says SHA256:notAKey",
+        "256 MD5:aa:bb root@abc (ED25519)",
+        "runpod-kubelet: ssh-host-key=SHA256:bad key",
+        "runpod-kubelet: exit-code=0",
+    ];
+    assert_eq!(
+        host_key_fingerprints(log),
+        ["SHA256:wrapperKey+/1", "SHA256:startScriptKey"]
+    );
+    assert!(is_host_key_line("runpod-kubelet: ssh-host-key=SHA256:x"));
+    assert!(!is_host_key_line("runpod-kubelet: exit-code=0"));
+}
+
+#[test]
 fn the_wrapper_starts_the_images_sshd_with_the_nodes_key() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
@@ -499,8 +519,119 @@ fn the_wrapper_starts_the_images_sshd_with_the_nodes_key() {
         "ran\nrunpod-kubelet: exit-code=0\n"
     );
     assert!(started.exists(), "sshd was not started");
+}
+
+/// Issue 41, item 4: the sshd the wrapper starts answers on a public port, so it is key-only
+/// and knows only `$PUBLIC_KEY`, whatever the image's own `sshd_config` allows; and its host
+/// keys' fingerprints are printed for the controller to read from the log.
+#[test]
+fn the_wrapper_starts_sshd_key_only_whatever_the_images_config_says() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let etc = root.join("etc/ssh");
+    std::fs::create_dir_all(&etc).unwrap();
+    // The image's own config: passwords and empty passwords welcome.
+    std::fs::write(
+        etc.join("sshd_config"),
+        "PasswordAuthentication yes\nPermitEmptyPasswords yes\nAuthorizedKeysFile .ssh/baked_keys\n",
+    )
+    .unwrap();
+    let args_file = dir.path().join("sshd-args");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for (name, body) in [
+        (
+            "sshd",
+            format!(
+                "#!/bin/sh\nprintf '%s\\n' \"$@\" > {}\n",
+                args_file.display()
+            ),
+        ),
+        // Makes one host key pair; prints its fingerprint as OpenSSH does.
+        (
+            "ssh-keygen",
+                            "#!/bin/sh\ncase \"$1\" in\n-A) mkdir -p \"$3/etc/ssh\" && touch \"$3/etc/ssh/ssh_host_ed25519_key\" \"$3/etc/ssh/ssh_host_ed25519_key.pub\" ;;\n\
+                 -E) echo \"256 SHA256:hostkeyfingerprint root@pod (ED25519)\" ;;\nesac\n"
+            .to_owned(),
+        ),
+    ] {
+        let path = bin.join(name);
+        std::fs::write(&path, body).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let argv = wrapper_in(dir.path(), &["echo", "ran"], Completion::RunOnce, None);
+    let output = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env("HOME", dir.path().join("home"))
+        .env("RUNPOD_KUBELET_SSH_ROOT", &root)
+        .env("PUBLIC_KEY", "ssh-rsa AAAAmine\nssh-ed25519 AAAAnode")
+        .output()
+        .unwrap();
     assert_eq!(
-        std::fs::read_to_string(home.join(".ssh/authorized_keys")).unwrap(),
-        "ssh-ed25519 AAAAnode\n"
+        String::from_utf8_lossy(&output.stdout),
+        "runpod-kubelet: ssh-host-key=SHA256:hostkeyfingerprint\nran\nrunpod-kubelet: exit-code=0\n"
     );
+    let own = etc.join("runpod-kubelet");
+    let args = std::fs::read_to_string(&args_file).unwrap();
+    assert_eq!(
+        args.lines().collect::<Vec<_>>(),
+        ["-f", own.join("sshd_config").to_str().unwrap()],
+        "sshd must read the wrapper's config, not the image's"
+    );
+    let config = std::fs::read_to_string(own.join("sshd_config")).unwrap();
+    for line in [
+        "PasswordAuthentication no",
+        "ChallengeResponseAuthentication no",
+        "PermitEmptyPasswords no",
+        "PubkeyAuthentication yes",
+        &format!(
+            "AuthorizedKeysFile {}",
+            own.join("authorized_keys").display()
+        ),
+        &format!("HostKey {}", etc.join("ssh_host_ed25519_key").display()),
+    ] {
+        assert!(
+            config.lines().any(|l| l == line),
+            "{line:?} missing:\n{config}"
+        );
+    }
+    assert!(!config.contains("yes\nPermitEmptyPasswords yes"));
+    assert_eq!(
+        std::fs::read_to_string(own.join("authorized_keys")).unwrap(),
+        "ssh-rsa AAAAmine\nssh-ed25519 AAAAnode\n"
+    );
+    let mode = std::fs::metadata(own.join("authorized_keys"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o077, 0, "authorized keys readable by others");
+    // Where OpenSSH's sshd is installed, it reads the config as key-only.
+    if let Some(real) = ["/usr/sbin/sshd", "/usr/bin/sshd"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+    {
+        let key = etc.join("test_host_key");
+        let _ = std::process::Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(&key)
+            .status();
+        let effective = std::process::Command::new(real)
+            .arg("-T")
+            .arg("-f")
+            .arg(own.join("sshd_config"))
+            .arg("-h")
+            .arg(&key)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&effective.stdout).to_lowercase();
+        for line in [
+            "passwordauthentication no",
+            "kbdinteractiveauthentication no",
+            "permitemptypasswords no",
+        ] {
+            assert!(text.contains(line), "sshd -T: {line:?} missing:\n{text}");
+        }
+    }
 }

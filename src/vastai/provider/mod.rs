@@ -461,6 +461,11 @@ impl Provider for VastaiProvider {
             .map_err(provider_error)
     }
 
+    /// Vast.ai instances run without an SSH server of ours (exec is not served there).
+    async fn ssh_host_keys(&self, _id: &str) -> Result<Vec<String>, ProviderError> {
+        Ok(Vec::new())
+    }
+
     async fn final_log(&self, id: &str) -> Result<FinalLog, ProviderError> {
         let Some(number) = parse_id(id) else {
             return Ok(FinalLog::default());

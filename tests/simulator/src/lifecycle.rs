@@ -213,7 +213,7 @@ pub(crate) fn advance(
                     due,
                 );
             }
-            Step::PublishPorts => publish_ports(pod, rng),
+            Step::PublishPorts => publish_ports(pod, rng, due, ev),
             Step::Exit => process_exit(pod, due, ev),
         }
     }
@@ -283,7 +283,7 @@ fn next_step(pod: &PodRecord, timing: &Timing) -> Option<(Instant, Step)> {
 }
 
 /// One public port per requested port (random 10000–60000, distinct).
-fn publish_ports(pod: &mut PodRecord, rng: &mut fastrand::Rng) {
+fn publish_ports(pod: &mut PodRecord, rng: &mut fastrand::Rng, at: Instant, ev: &mut Events<'_>) {
     let mut published: Vec<PortMapping> = Vec::new();
     for spec in &pod.ports {
         let Some((port, kind)) = parse_port(spec) else {
@@ -292,11 +292,14 @@ fn publish_ports(pod: &mut PodRecord, rng: &mut fastrand::Rng) {
         // 22/tcp with a PUBLIC_KEY: the image's sshd, served for real.
         if port == 22
             && kind == "tcp"
-            && let Some(public) = crate::ssh::start(&pod.id, &pod.env, &pod.args)
+            && let Some(started) = crate::ssh::start(&pod.id, &pod.env, &pod.args)
         {
+            if let Some(line) = started.log_line {
+                ev.push(pod, LogSource::Container, line, at);
+            }
             published.push(PortMapping {
                 private: port,
-                public,
+                public: started.port,
                 kind: kind.to_owned(),
                 loopback: true,
             });

@@ -24,12 +24,20 @@ fn servers() -> &'static Mutex<HashMap<String, tokio::task::AbortHandle>> {
     SERVERS.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Starts the pod's sshd if it asked for one; its loopback port, or `None` (no key, no
-/// runtime to run it on). As on RunPod, sshd runs only where something starts it: the image's
-/// own start script, which runs when the pod gives no `args` (its CMD is kept), or the
-/// controller's completion wrapper; a pod whose command replaced the CMD has none, and its
-/// port 22 refuses connections.
-pub(crate) fn start(pod_id: &str, env: &BTreeMap<String, String>, args: &str) -> Option<u32> {
+/// A started sshd: its loopback port, and the line its starter printed in the container log
+/// with the host key's fingerprint (none where nothing listens).
+pub(crate) struct Started {
+    pub port: u32,
+    pub log_line: Option<String>,
+}
+
+/// Starts the pod's sshd if it asked for one, or `None` (no key, no runtime to run it on). As
+/// on RunPod, sshd runs only where something starts it: the image's own start script, which
+/// runs when the pod gives no `args` (its CMD is kept) and prints `ssh-keygen -lf` of each host
+/// key, or the controller's completion wrapper, which prints `runpod-kubelet:
+/// ssh-host-key=SHA256:…`; a pod whose command replaced the CMD has none, and its port 22
+/// refuses connections.
+pub(crate) fn start(pod_id: &str, env: &BTreeMap<String, String>, args: &str) -> Option<Started> {
     let keys = env.get("PUBLIC_KEY")?;
     // One key per line; the last is the controller's (a pod's own comes first).
     let authorized: Vec<PublicKey> = keys
@@ -41,11 +49,15 @@ pub(crate) fn start(pod_id: &str, env: &BTreeMap<String, String>, args: &str) ->
     }
     let runtime = tokio::runtime::Handle::try_current().ok()?;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
-    if !(args.trim().is_empty() || args.contains("runpod_kubelet_sshd")) {
+    let wrapped = args.contains("runpod_kubelet_sshd");
+    if !(args.trim().is_empty() || wrapped) {
         // Nothing listens: the port is published, connections are refused.
         let port = listener.local_addr().ok()?.port();
         drop(listener);
-        return Some(u32::from(port));
+        return Some(Started {
+            port: u32::from(port),
+            log_line: None,
+        });
     }
     listener.set_nonblocking(true).ok()?;
     let port = listener.local_addr().ok()?.port();
@@ -54,6 +66,15 @@ pub(crate) fn start(pod_id: &str, env: &BTreeMap<String, String>, args: &str) ->
         *byte = fastrand::u8(..);
     }
     let host_key = PrivateKey::from(Ed25519Keypair::from_seed(&seed));
+    let fingerprint = host_key
+        .public_key()
+        .fingerprint(russh::keys::HashAlg::Sha256)
+        .to_string();
+    let log_line = if wrapped {
+        format!("runpod-kubelet: ssh-host-key={fingerprint}")
+    } else {
+        format!("256 {fingerprint} root@{pod_id} (ED25519)")
+    };
     let workdir = std::env::temp_dir().join(format!("runpod-sim-{pod_id}"));
     let _ = std::fs::create_dir_all(&workdir);
     let config = Arc::new(russh::server::Config {
@@ -93,7 +114,10 @@ pub(crate) fn start(pod_id: &str, env: &BTreeMap<String, String>, args: &str) ->
     {
         old.abort();
     }
-    Some(u32::from(port))
+    Some(Started {
+        port: u32::from(port),
+        log_line: Some(log_line),
+    })
 }
 
 /// Stops the pod's sshd (the pod stopped, restarted or was terminated).

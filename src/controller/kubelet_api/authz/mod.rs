@@ -302,19 +302,6 @@ pub async fn authorize<R: Reviewer + 'static>(
     let Some(user) = caller else {
         return (StatusCode::UNAUTHORIZED, UNAUTHENTICATED).into_response();
     };
-    // A shell or a socket is only ever opened by POST (as the apiserver sends it): any other
-    // method is refused before anything is asked or upgraded.
-    if is_streaming(request.uri().path()) && request.method() != Method::POST {
-        return (
-            StatusCode::METHOD_NOT_ALLOWED,
-            format!(
-                "runpod-kubelet: {} is served for POST only (asked with {})\n",
-                request.uri().path(),
-                request.method()
-            ),
-        )
-            .into_response();
-    }
     let Some(attributes) = attributes(request.method(), request.uri().path()) else {
         return (
             StatusCode::METHOD_NOT_ALLOWED,
@@ -330,6 +317,21 @@ pub async fn authorize<R: Reviewer + 'static>(
         user.name, attributes.verb, attributes.subresource
     );
     match authorizer.authorize(&user, attributes).await {
+        // A shell or a socket is only ever opened by POST (as the apiserver sends it): any
+        // other method is refused before anything is upgraded.
+        Ok(Decision::Allowed)
+            if is_streaming(request.uri().path()) && request.method() != Method::POST =>
+        {
+            (
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!(
+                    "runpod-kubelet: {} is served for POST only (asked with {})\n",
+                    request.uri().path(),
+                    request.method()
+                ),
+            )
+                .into_response()
+        }
         Ok(Decision::Allowed) => next.run(request).await,
         Ok(Decision::Denied(reason)) => {
             tracing::info!(user = %user.name, groups = ?user.groups, verb = attributes.verb,

@@ -426,15 +426,27 @@ async fn get_on_nodes_proxy_opens_no_shell_and_no_socket() {
                 .body(axum::body::Body::empty())
                 .unwrap();
             let status = router.clone().oneshot(request).await.unwrap().status();
-            let expected = if method == Method::GET {
-                StatusCode::METHOD_NOT_ALLOWED
-            } else {
-                StatusCode::FORBIDDEN
-            };
-            assert_eq!(status, expected, "{method} {path}");
+            assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}");
         }
     }
-    // The same caller still reads logs.
+    // A caller who may create gets a shell by POST only.
+    let allowed = behind_authorization(
+        vec![Ok(status(true, None, None)), Ok(status(true, None, None))],
+        Some(alice()),
+    );
+    for (method, expected) in [
+        (Method::GET, StatusCode::METHOD_NOT_ALLOWED),
+        (Method::POST, StatusCode::OK),
+    ] {
+        let request = axum::http::Request::builder()
+            .method(method.clone())
+            .uri("/exec/ns/pod/main?command=sh")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let status = allowed.clone().oneshot(request).await.unwrap().status();
+        assert_eq!(status, expected, "{method}");
+    }
+    // The same get-only caller still reads logs.
     let request = axum::http::Request::builder()
         .uri("/containerLogs/ns/pod/main")
         .body(axum::body::Body::empty())

@@ -21,7 +21,7 @@ use super::ApiState;
 use super::spdy::session::Session;
 use crate::provider::Provider;
 use remotecommand::{ExecBackend, ExecEnd, ExecIo, ExecOptions};
-use ssh::{HostKeys, NodeKey, Target};
+use ssh::{Expected, HostKeys, NodeKey, Target};
 
 /// Whether this node serves exec and port-forward, and with which key.
 #[derive(Clone, Debug)]
@@ -101,13 +101,54 @@ fn offered(headers: &HeaderMap) -> Vec<String> {
         .collect()
 }
 
-/// The pod, its SSH address and the key, or the error kubectl shows.
-fn target<P: Provider>(
+/// How long reading an instance's host keys from the cloud's log may take (an empty log takes
+/// the log reader's first-line wait, 5 s).
+const HOST_KEY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// The host keys recorded for `instance` on the pod (the annotation, where every replica and
+/// restart finds them), else in this process's cache. A record of another instance (the pod's
+/// instance was replaced) is none: the new instance's keys are read again.
+pub fn recorded_keys(pod: &Pod, instance: &str, cache: &HostKeys) -> Option<Vec<String>> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(runpod_contract::SSH_HOST_KEYS))
+        .and_then(|value| runpod_contract::parse_host_keys(value))
+        .filter(|(recorded, _)| recorded == instance)
+        .map(|(_, keys)| keys)
+        .or_else(|| cache.get(instance))
+}
+
+/// Writes the instance's host keys onto the pod (best effort: the cache serves this process
+/// meanwhile, and another replica reads the log again).
+async fn record_keys(client: &kube::Client, pod: &Pod, instance: &str, keys: &[String]) {
+    let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
+        return;
+    };
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), namespace);
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        runpod_contract::SSH_HOST_KEYS: runpod_contract::format_host_keys(instance, keys)
+    }}});
+    if let Err(error) = pods
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+    {
+        tracing::warn!(%namespace, pod = %name, %error, "recording the pod's SSH host keys failed");
+    }
+}
+
+/// The pod, its SSH address, the key and the host keys it must present, or the error kubectl
+/// shows.
+async fn target<P: Provider>(
     state: &ApiState<P>,
     namespace: &str,
     name: &str,
     container: Option<&str>,
-) -> Result<(Arc<Pod>, Target, NodeKey, HostKeys), Box<Response>> {
+) -> Result<(Arc<Pod>, Target, NodeKey, Expected), Box<Response>> {
     let (key, host_keys) = match &state.shared.settings.exec {
         ExecAccess::Off => {
             return Err(Box::new(refuse(
@@ -129,14 +170,12 @@ fn target<P: Provider>(
         }
         ExecAccess::Ready { key, host_keys } => (key.clone(), host_keys.clone()),
     };
-    // Pins of pods that are gone go with them.
-    let live: std::collections::HashSet<String> = state
-        .pods
-        .state()
-        .iter()
-        .filter_map(|pod| pod.metadata.uid.clone())
-        .collect();
-    host_keys.retain(|uid| live.contains(uid));
+    // Keys of instances that are gone go with them.
+    if let Some(snapshot) = state.shared.latest() {
+        let live: std::collections::HashSet<&str> =
+            snapshot.instances.iter().map(|i| i.id.as_str()).collect();
+        host_keys.retain(|instance| live.contains(instance));
+    }
     let Some(pod) = state.pods.get(&ObjectRef::new(name).within(namespace)) else {
         return Err(Box::new(refuse(
             StatusCode::NOT_FOUND,
@@ -184,7 +223,61 @@ fn target<P: Provider>(
             ),
         )));
     };
-    Ok((pod, target, key, host_keys))
+    let fingerprints = match recorded_keys(&pod, &instance.id, &host_keys) {
+        Some(keys) => keys,
+        None => {
+            // Nothing listening (an image without sshd) is the plainer answer.
+            if let Err(error) = ssh::reachable(&target).await {
+                return Err(Box::new(refuse(
+                    StatusCode::BAD_GATEWAY,
+                    format!("runpod-kubelet: pod {namespace}/{name}: {error}"),
+                )));
+            }
+            let read = tokio::time::timeout(
+                HOST_KEY_READ_TIMEOUT,
+                state.shared.provider.ssh_host_keys(&instance.id),
+            )
+            .await;
+            match read {
+                Ok(Ok(keys)) if !keys.is_empty() => {
+                    host_keys.insert(&instance.id, keys.clone());
+                    record_keys(&state.shared.client, &pod, &instance.id, &keys).await;
+                    keys
+                }
+                Ok(Ok(_)) => {
+                    return Err(Box::new(refuse(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "pod {namespace}/{name}: the SSH host key of {} {} is not known: its container prints it when its sshd starts (runpod-kubelet's wrapper does for pods that end; RunPod's start script for images run without a command), and none is in its log; exec and port-forward connect only to a server they can verify. Retry once the pod has started",
+                            state.shared.provider.instance_noun(),
+                            instance.id
+                        ),
+                    )));
+                }
+                Ok(Err(error)) => {
+                    return Err(Box::new(refuse(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "pod {namespace}/{name}: reading its SSH host key from {title}'s log failed: {error}"
+                        ),
+                    )));
+                }
+                Err(_) => {
+                    return Err(Box::new(refuse(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "pod {namespace}/{name}: {title}'s log did not answer within {HOST_KEY_READ_TIMEOUT:?} for its SSH host key"
+                        ),
+                    )));
+                }
+            }
+        }
+    };
+    let expected = Expected {
+        instance: instance.id.clone(),
+        fingerprints,
+    };
+    Ok((pod, target, key, expected))
 }
 
 /// Answers 101 and runs `serve` on the upgraded connection.
@@ -249,12 +342,13 @@ pub(super) async fn exec<P: Provider>(
             }
         }
     };
-    let (pod, target, key, host_keys) = match target(&state, &namespace, &name, Some(&container)) {
-        Ok(found) => found,
-        Err(response) => return *response,
-    };
+    let (pod, target, key, expected) =
+        match target(&state, &namespace, &name, Some(&container)).await {
+            Ok(found) => found,
+            Err(response) => return *response,
+        };
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let session = match ssh::connect(&target, &uid, &key, &host_keys).await {
+    let session = match ssh::connect(&target, &uid, &key, &expected).await {
         Ok(session) => session,
         Err(error) => {
             return refuse(
@@ -276,7 +370,7 @@ struct SshForwarder {
     target: Target,
     uid: String,
     key: NodeKey,
-    host_keys: HostKeys,
+    expected: Expected,
     connection: Arc<tokio::sync::Mutex<Arc<ssh::Session>>>,
 }
 
@@ -285,7 +379,7 @@ impl portforward::Forwarder for SshForwarder {
         let session = {
             let mut current = self.connection.lock().await;
             if current.is_closed() {
-                let fresh = ssh::connect(&self.target, &self.uid, &self.key, &self.host_keys)
+                let fresh = ssh::connect(&self.target, &self.uid, &self.key, &self.expected)
                     .await
                     .map_err(|e| e.to_string())?;
                 *current = Arc::new(fresh);
@@ -319,14 +413,14 @@ pub(super) async fn port_forward<P: Provider>(
             ),
         );
     }
-    let (pod, target, key, host_keys) = match target(&state, &namespace, &name, None) {
+    let (pod, target, key, expected) = match target(&state, &namespace, &name, None).await {
         Ok(found) => found,
         Err(response) => return *response,
     };
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     // The connection up front, so a refused key or a missing sshd is an error kubectl shows
     // at once rather than on the first forwarded connection.
-    let connection = match ssh::connect(&target, &uid, &key, &host_keys).await {
+    let connection = match ssh::connect(&target, &uid, &key, &expected).await {
         Ok(connection) => connection,
         Err(error) => {
             return refuse(
@@ -340,7 +434,7 @@ pub(super) async fn port_forward<P: Provider>(
         target,
         uid,
         key,
-        host_keys,
+        expected,
         connection: Arc::new(tokio::sync::Mutex::new(Arc::new(connection))),
     };
     switch(request, portforward::PROTOCOL, move |spdy| {
@@ -358,6 +452,30 @@ pub(super) async fn attach() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 41, item 5: the record on the pod survives a restart (a new, empty cache still
+    /// finds it), and a replacement instance's keys are read anew rather than the old ones'
+    /// being demanded of it.
+    #[test]
+    fn host_keys_are_recorded_per_instance() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "annotations": {
+                runpod_contract::SSH_HOST_KEYS: "old-instance=SHA256:old"
+            }}
+        }))
+        .unwrap();
+        let restarted = HostKeys::default();
+        assert_eq!(
+            recorded_keys(&pod, "old-instance", &restarted),
+            Some(vec!["SHA256:old".to_owned()])
+        );
+        assert_eq!(recorded_keys(&pod, "new-instance", &restarted), None);
+        restarted.insert("new-instance", vec!["SHA256:new".to_owned()]);
+        assert_eq!(
+            recorded_keys(&pod, "new-instance", &restarted),
+            Some(vec!["SHA256:new".to_owned()])
+        );
+    }
 
     #[test]
     fn only_spdy_upgrades_pass() {

@@ -1,7 +1,9 @@
 //! SSH into a burst pod for `kubectl exec` and `kubectl port-forward`: the node's ed25519 key,
 //! one connection per request to the address the cloud reports (RunPod's `ssh.direct`), bounded
-//! connect and handshake times, the pod's host key pinned at its first connection, an exec
-//! channel (with a PTY and window changes for a terminal) or a `direct-tcpip` channel.
+//! connect and handshake times, only a server holding one of the host keys recorded for the
+//! pod's instance (`HostKeys`: what its container printed, read through the cloud's
+//! authenticated log), an exec channel (with a PTY and window changes for a terminal) or a
+//! `direct-tcpip` channel. Channels the server opens towards us end the connection.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,9 +34,13 @@ pub enum SshError {
     )]
     Refused,
     #[error(
-        "the pod's SSH host key changed since the first connection ({seen}, pinned {pinned}): refusing to connect"
+        "the SSH server at the pod's address presented host key {seen}, not one its instance {instance} printed when it started ({recorded}): refusing to connect (the address may belong to another machine now)"
     )]
-    HostKeyChanged { seen: String, pinned: String },
+    HostKeyMismatch {
+        seen: String,
+        instance: String,
+        recorded: String,
+    },
     #[error("SSH: {0}")]
     Protocol(String),
 }
@@ -86,33 +92,54 @@ impl NodeKey {
     }
 }
 
-/// Host keys seen per pod (by UID), pinned for the pod's life in this process.
+/// The host keys a connection accepts: those recorded for one instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expected {
+    pub instance: String,
+    pub fingerprints: Vec<String>,
+}
+
+impl Expected {
+    /// `Ok` when `fingerprint` is one of the instance's recorded keys.
+    fn check(&self, fingerprint: &str) -> Result<(), SshError> {
+        if self.fingerprints.iter().any(|known| known == fingerprint) {
+            return Ok(());
+        }
+        Err(SshError::HostKeyMismatch {
+            seen: fingerprint.to_owned(),
+            instance: self.instance.clone(),
+            recorded: self.fingerprints.join(", "),
+        })
+    }
+}
+
+/// Host keys read from instances' logs, by instance id, until the pod's annotation (where
+/// every replica finds them) shows them too.
 #[derive(Clone, Debug, Default)]
-pub struct HostKeys(Arc<Mutex<HashMap<String, String>>>);
+pub struct HostKeys(Arc<Mutex<HashMap<String, Vec<String>>>>);
 
 impl HostKeys {
-    /// `Ok` when `fingerprint` is the pod's pinned key or the first one seen.
-    fn check(&self, pod: &str, fingerprint: &str) -> Result<(), SshError> {
-        let mut pinned = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        match pinned.get(pod) {
-            Some(known) if known != fingerprint => Err(SshError::HostKeyChanged {
-                seen: fingerprint.to_owned(),
-                pinned: known.clone(),
-            }),
-            Some(_) => Ok(()),
-            None => {
-                pinned.insert(pod.to_owned(), fingerprint.to_owned());
-                Ok(())
-            }
-        }
+    pub fn get(&self, instance: &str) -> Option<Vec<String>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(instance)
+            .cloned()
     }
 
-    /// Forgets pods that are gone.
+    pub fn insert(&self, instance: &str, fingerprints: Vec<String>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(instance.to_owned(), fingerprints);
+    }
+
+    /// Forgets instances that are gone.
     pub fn retain(&self, live: impl Fn(&str) -> bool) {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|pod, _| live(pod));
+            .retain(|instance, _| live(instance));
     }
 }
 
@@ -121,16 +148,101 @@ pub type Target = crate::provider::SshAddress;
 
 struct Checker {
     pod: String,
-    host_keys: HostKeys,
+    expected: Expected,
     refusal: Arc<Mutex<Option<SshError>>>,
+}
+
+impl Checker {
+    /// The pod's sshd opened a channel towards the controller. We never ask for forwarding,
+    /// X11 or an agent, so it has no business doing so: an image that floods channel-opens
+    /// would otherwise make the controller keep each one (russh confirms them) until it runs
+    /// out of memory, and while it is down nothing stops deleted pods billing. The connection
+    /// is ended at the first one.
+    fn refuse_channel(&self, kind: &str) -> Result<(), russh::Error> {
+        tracing::warn!(pod = %self.pod, kind, "the pod's SSH server opened a channel; disconnecting");
+        *self.refusal.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(SshError::Protocol(format!(
+                "the pod's SSH server opened a {kind} channel towards the controller, which never \
+                 asks for one; the connection was closed"
+            )));
+        Err(russh::Error::Inconsistent)
+    }
 }
 
 impl client::Handler for Checker {
     type Error = russh::Error;
 
+    async fn server_channel_open_session(
+        &mut self,
+        _: russh::Channel<client::Msg>,
+        _: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        self.refuse_channel("session")
+    }
+
+    async fn server_channel_open_direct_tcpip(
+        &mut self,
+        _: russh::Channel<client::Msg>,
+        _: &str,
+        _: u32,
+        _: &str,
+        _: u32,
+        _: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        self.refuse_channel("direct-tcpip")
+    }
+
+    async fn server_channel_open_forwarded_tcpip(
+        &mut self,
+        _: russh::Channel<client::Msg>,
+        _: &str,
+        _: u32,
+        _: &str,
+        _: u32,
+        _: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        self.refuse_channel("forwarded-tcpip")
+    }
+
+    async fn server_channel_open_direct_streamlocal(
+        &mut self,
+        _: russh::Channel<client::Msg>,
+        _: &str,
+        _: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        self.refuse_channel("direct-streamlocal")
+    }
+
+    async fn server_channel_open_forwarded_streamlocal(
+        &mut self,
+        _: russh::Channel<client::Msg>,
+        _: &str,
+        _: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        self.refuse_channel("forwarded-streamlocal")
+    }
+
+    async fn server_channel_open_agent_forward(
+        &mut self,
+        _: russh::Channel<client::Msg>,
+        _: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        self.refuse_channel("agent")
+    }
+
+    async fn server_channel_open_x11(
+        &mut self,
+        _: russh::Channel<client::Msg>,
+        _: &str,
+        _: u32,
+        _: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        self.refuse_channel("x11")
+    }
+
     async fn check_server_key(&mut self, key: &PublicKey) -> Result<bool, Self::Error> {
         let fingerprint = key.fingerprint(HashAlg::Sha256).to_string();
-        match self.host_keys.check(&self.pod, &fingerprint) {
+        match self.expected.check(&fingerprint) {
             Ok(()) => Ok(true),
             Err(error) => {
                 *self.refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
@@ -143,20 +255,23 @@ impl client::Handler for Checker {
 /// An authenticated connection to one pod.
 pub struct Session {
     handle: Handle<Checker>,
+    /// Why the connection was ended from our side, if it was (a channel the server opened).
+    refusal: Arc<Mutex<Option<SshError>>>,
 }
 
-/// Connects to `target` as the pod `pod_uid` (its host key pinned), authenticated with `key`.
+/// Connects to `target` for the pod `pod_uid`, to a server holding one of the `expected` host
+/// keys only, authenticated with `key`.
 pub async fn connect(
     target: &Target,
     pod_uid: &str,
     key: &NodeKey,
-    host_keys: &HostKeys,
+    expected: &Expected,
 ) -> Result<Session, SshError> {
     let address = format!("{}:{}", target.host, target.port);
     let refusal = Arc::new(Mutex::new(None));
     let checker = Checker {
         pod: pod_uid.to_owned(),
-        host_keys: host_keys.clone(),
+        expected: expected.clone(),
         refusal: refusal.clone(),
     };
     let config = Arc::new(client::Config {
@@ -183,13 +298,35 @@ pub async fn connect(
         Ok::<_, String>((handle, auth.success()))
     };
     match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
-        Ok(Ok((handle, true))) => Ok(Session { handle }),
+        Ok(Ok((handle, true))) => Ok(Session { handle, refusal }),
         Ok(Ok((_, false))) => Err(SshError::Refused),
         Ok(Err(reason)) => Err(refusal
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
             .unwrap_or(SshError::Connect { address, reason })),
+        Err(_) => Err(SshError::Connect {
+            address,
+            reason: "timed out".to_owned(),
+        }),
+    }
+}
+
+/// Whether anything accepts TCP connections at `target` (no SSH byte is sent): before the
+/// host keys are read from the log, a pod without an SSH server gets that plain answer.
+pub async fn reachable(target: &Target) -> Result<(), SshError> {
+    let address = format!("{}:{}", target.host, target.port);
+    match tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        tokio::net::TcpStream::connect((target.host.as_str(), target.port)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(SshError::Connect {
+            address,
+            reason: error.to_string(),
+        }),
         Err(_) => Err(SshError::Connect {
             address,
             reason: "timed out".to_owned(),
@@ -398,6 +535,14 @@ impl Session {
             .handle
             .disconnect(russh::Disconnect::ByApplication, "", "en")
             .await;
+        let refused = self
+            .refusal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(refused) = refused {
+            return ExecEnd::Failed(refused.to_string());
+        }
         match result {
             Ok(_) if output.lost => {
                 ExecEnd::Failed("kubectl went away; the command was stopped".to_owned())
@@ -434,41 +579,4 @@ impl Session {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_generated_key_round_trips_through_openssh_text() {
-        let key = NodeKey::generate().unwrap();
-        let pem = key.private_openssh().unwrap();
-        assert!(pem.starts_with("-----BEGIN OPENSSH PRIVATE KEY-----"));
-        let again = NodeKey::from_openssh(&pem).unwrap();
-        assert_eq!(again.public_openssh(), key.public_openssh());
-        assert!(key.public_openssh().starts_with("ssh-ed25519 "));
-        assert!(!format!("{key:?}").contains("PRIVATE"));
-        assert!(NodeKey::from_openssh("not a key").is_err());
-    }
-
-    #[test]
-    fn host_keys_are_pinned_per_pod() {
-        let keys = HostKeys::default();
-        assert!(keys.check("pod-a", "SHA256:one").is_ok());
-        assert!(keys.check("pod-a", "SHA256:one").is_ok());
-        assert!(matches!(
-            keys.check("pod-a", "SHA256:two"),
-            Err(SshError::HostKeyChanged { .. })
-        ));
-        assert!(keys.check("pod-b", "SHA256:two").is_ok());
-        keys.retain(|pod| pod == "pod-b");
-        assert!(
-            keys.check("pod-a", "SHA256:two").is_ok(),
-            "a gone pod is forgotten"
-        );
-    }
-
-    #[test]
-    fn commands_are_quoted_for_the_remote_shell() {
-        let command = ["sh", "-c", "echo out; exit 3"].map(String::from);
-        assert_eq!(command_line(&command), "sh -c 'echo out; exit 3'");
-    }
-}
+mod tests;

@@ -1,17 +1,40 @@
 //! `kubectl port-forward` over a SPDY session (`portforward.k8s.io`): for every connection
 //! kubectl accepts locally it opens an error stream and a data stream with the same
 //! `requestID` and the pod's `port`; this side connects to that port through [`Forwarder`] and
-//! copies both ways, or writes why it could not on the error stream.
+//! copies both ways, or writes why it could not on the error stream. Forwarded connections are
+//! bounded per session ([`MAX_FORWARDS_PER_SESSION`]) and per node ([`MAX_FORWARDS_PER_NODE`]):
+//! beyond them a pair gets an error instead of a connection.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::Semaphore;
 
 use crate::controller::kubelet_api::spdy::frame::header;
-use crate::controller::kubelet_api::spdy::session::{Session, StreamWriter};
+use crate::controller::kubelet_api::spdy::session::{Incoming, Session, StreamWriter};
+
+/// Forwarded connections one port-forward session may hold (a browser opens a few dozen).
+pub const MAX_FORWARDS_PER_SESSION: usize = 64;
+/// Forwarded connections all of a node's sessions may hold.
+pub const MAX_FORWARDS_PER_NODE: usize = 1024;
+
+static NODE_FORWARDS: Semaphore = Semaphore::const_new(MAX_FORWARDS_PER_NODE);
+
+/// What a port-forward session holds, for its bounds and their tests.
+#[derive(Debug, Default)]
+pub struct ForwardStats {
+    /// Forwarded connections open now.
+    pub connections: AtomicUsize,
+    /// The most that were open at once.
+    pub peak: AtomicUsize,
+    /// Half-open stream pairs kept now.
+    pub pending_pairs: AtomicUsize,
+    /// Pairs refused for a bound.
+    pub refused: AtomicUsize,
+}
 
 pub const PROTOCOL: &str = "portforward.k8s.io";
 
@@ -31,7 +54,7 @@ pub trait Forwarder: Clone + Send + Sync + 'static {
 struct Pair {
     port: Option<u16>,
     error: Option<StreamWriter>,
-    data: Option<(mpsc::Receiver<Bytes>, StreamWriter)>,
+    data: Option<(Incoming, StreamWriter)>,
 }
 
 /// Half-open pairs kept at once; kubectl opens both streams of a pair together.
@@ -39,12 +62,25 @@ const MAX_PENDING_PAIRS: usize = 64;
 
 /// Serves the session's stream pairs until the client closes it; the forwarded connections
 /// end with it.
-pub async fn serve<F: Forwarder>(mut session: Session, forwarder: F) {
+pub async fn serve<F: Forwarder>(session: Session, forwarder: F) {
+    serve_counted(session, forwarder, Arc::default()).await;
+}
+
+/// [`serve`], counting what the session holds into `stats`.
+pub async fn serve_counted<F: Forwarder>(
+    mut session: Session,
+    forwarder: F,
+    stats: Arc<ForwardStats>,
+) {
     let mut pairs: HashMap<String, Pair> = HashMap::new();
     let mut connections = tokio::task::JoinSet::new();
     while let Some(stream) = session.accept().await {
         // Reap what ended, so the set holds only live connections.
         while connections.try_join_next().is_some() {}
+        stats
+            .connections
+            .store(connections.len(), Ordering::Relaxed);
+        stats.pending_pairs.store(pairs.len(), Ordering::Relaxed);
         let Some(port) = header(&stream.headers, "port").and_then(|p| p.parse::<u16>().ok()) else {
             continue;
         };
@@ -71,7 +107,34 @@ pub async fn serve<F: Forwarder>(mut session: Session, forwarder: F) {
                 data: Some(data),
             }) = pairs.remove(&id)
         {
-            connections.spawn(forward(forwarder.clone(), port, error, data));
+            let slot = if connections.len() < MAX_FORWARDS_PER_SESSION {
+                NODE_FORWARDS.try_acquire().ok()
+            } else {
+                None
+            };
+            let Some(slot) = slot else {
+                stats.refused.fetch_add(1, Ordering::Relaxed);
+                let message = format!(
+                    "error forwarding port {port} to pod: too many forwarded connections (at \
+                     most {MAX_FORWARDS_PER_SESSION} per port-forward, \
+                     {MAX_FORWARDS_PER_NODE} per node); close some and retry"
+                );
+                tokio::spawn(async move {
+                    let _ = error.write(message.as_bytes()).await;
+                    let _ = error.finish().await;
+                    let _ = data.1.finish().await;
+                });
+                continue;
+            };
+            let forwarder = forwarder.clone();
+            connections.spawn(async move {
+                let _slot = slot;
+                forward(forwarder, port, error, data).await;
+            });
+            stats
+                .connections
+                .store(connections.len(), Ordering::Relaxed);
+            stats.peak.fetch_max(connections.len(), Ordering::Relaxed);
         }
     }
     // kubectl is gone: so are the connections it forwarded (and their SSH channels).
@@ -83,7 +146,7 @@ async fn forward<F: Forwarder>(
     forwarder: F,
     port: u16,
     error: StreamWriter,
-    (mut incoming, out): (mpsc::Receiver<Bytes>, StreamWriter),
+    (mut incoming, out): (Incoming, StreamWriter),
 ) {
     let connection = match forwarder.connect(port).await {
         Ok(connection) => connection,
@@ -212,5 +275,223 @@ mod tests {
             "{:?}",
             streams.get(&9)
         );
+    }
+
+    /// The peer's side of a session, split: frames are written from the test while a task
+    /// reads everything the session sends back (data per stream).
+    struct SplitPeer {
+        write: tokio::io::WriteHalf<tokio::io::DuplexStream>,
+        codec: crate::controller::kubelet_api::spdy::frame::Codec,
+        out: bytes::BytesMut,
+        received: Arc<std::sync::Mutex<HashMap<u32, Vec<u8>>>>,
+    }
+
+    impl SplitPeer {
+        fn new(client: tokio::io::DuplexStream) -> Self {
+            let (mut read, write) = tokio::io::split(client);
+            let received: Arc<std::sync::Mutex<HashMap<u32, Vec<u8>>>> = Arc::default();
+            let into = received.clone();
+            tokio::spawn(async move {
+                let mut codec = crate::controller::kubelet_api::spdy::frame::Codec::new();
+                let mut buf = bytes::BytesMut::new();
+                loop {
+                    match codec.decode(&mut buf) {
+                        Ok(Some(Frame::Data {
+                            stream_id, data, ..
+                        })) => into
+                            .lock()
+                            .unwrap()
+                            .entry(stream_id)
+                            .or_default()
+                            .extend_from_slice(&data),
+                        Ok(Some(_)) => {}
+                        Ok(None) => {
+                            if read.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                        }
+                        Err(_) => return,
+                    }
+                }
+            });
+            Self {
+                write,
+                codec: crate::controller::kubelet_api::spdy::frame::Codec::new(),
+                out: bytes::BytesMut::new(),
+                received,
+            }
+        }
+
+        async fn queue(&mut self, frame: Frame) {
+            self.codec.encode(&frame, &mut self.out).unwrap();
+            if self.out.len() > 64 * 1024 {
+                self.flush().await;
+            }
+        }
+
+        async fn flush(&mut self) {
+            self.write.write_all(&self.out).await.unwrap();
+            self.out.clear();
+        }
+
+        async fn open(&mut self, id: u32, headers: &[(&str, &str)]) {
+            let headers = headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            self.queue(Frame::SynStream {
+                stream_id: id,
+                flags: 0,
+                headers,
+            })
+            .await;
+        }
+
+        async fn data(&mut self, id: u32, data: &[u8]) {
+            self.queue(Frame::Data {
+                stream_id: id,
+                flags: 0,
+                data: bytes::Bytes::copy_from_slice(data),
+            })
+            .await;
+        }
+
+        /// Waits until stream `id` received something.
+        async fn answer(&self, id: u32) -> Vec<u8> {
+            tokio::time::timeout(Duration::from_secs(60), async {
+                loop {
+                    if let Some(data) = self.received.lock().unwrap().get(&id) {
+                        return data.clone();
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await
+            .expect("no answer on the stream")
+        }
+
+        /// A pair for `port` with request id `request` (streams `id` and `id + 2`).
+        async fn pair(&mut self, id: u32, request: &str, port: &str) {
+            self.open(
+                id,
+                &[
+                    ("streamtype", "error"),
+                    ("port", port),
+                    ("requestID", request),
+                ],
+            )
+            .await;
+            self.open(
+                id + 2,
+                &[
+                    ("streamtype", "data"),
+                    ("port", port),
+                    ("requestID", request),
+                ],
+            )
+            .await;
+        }
+    }
+
+    /// Issue 41, item 3: 100,000 stream-opens without a port header do not pile up in the
+    /// session; a real pair afterwards still works.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn streams_without_a_port_are_not_kept() {
+        use crate::controller::kubelet_api::spdy::session::MAX_OPEN_STREAMS;
+        let (client, server) = tokio::io::duplex(256 * 1024);
+        let session = Session::start(server);
+        let held = session.stats();
+        tokio::spawn(serve(session, Echo));
+        let mut peer = SplitPeer::new(client);
+        let mut id = 1;
+        for _ in 0..100_000 {
+            peer.open(id, &[("streamtype", "data")]).await;
+            id += 2;
+        }
+        peer.pair(id, "0", "8080").await;
+        peer.data(id + 2, b"still here").await;
+        peer.flush().await;
+        assert_eq!(peer.answer(id + 2).await, b"STILL HERE".to_vec());
+        let peak = held.open_peak.load(Ordering::Relaxed);
+        assert!(peak <= MAX_OPEN_STREAMS, "{peak} streams held open");
+    }
+
+    /// Never reads what it is sent; its far ends are kept open.
+    #[derive(Clone, Default)]
+    struct Stuck(Arc<std::sync::Mutex<Vec<tokio::io::DuplexStream>>>);
+
+    impl Forwarder for Stuck {
+        async fn connect(&self, _: u16) -> Result<Box<dyn Connection>, String> {
+            let (near, far) = tokio::io::duplex(4096);
+            self.0.lock().unwrap().push(far);
+            Ok(Box::new(near))
+        }
+    }
+
+    /// Issue 41, item 3: 10,000 pairs to a port that never reads: at most the session's bound
+    /// of connections is opened, the rest are told why, and the bytes held stay bounded.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pairs_to_a_port_that_never_reads_stay_bounded() {
+        use crate::controller::kubelet_api::spdy::session::SESSION_BUFFER;
+        let (client, server) = tokio::io::duplex(256 * 1024);
+        let session = Session::start(server);
+        let held = session.stats();
+        let stats = Arc::new(ForwardStats::default());
+        tokio::spawn(serve_counted(session, Stuck::default(), stats.clone()));
+        let mut peer = SplitPeer::new(client);
+        let mut id = 1;
+        for request in 0..10_000 {
+            peer.pair(id, &request.to_string(), "8080").await;
+            peer.data(id + 2, &[b'x'; 1024]).await;
+            id += 4;
+        }
+        peer.flush().await;
+        let message = String::from_utf8(peer.answer(id - 4).await).unwrap();
+        assert!(
+            message.contains("too many forwarded connections"),
+            "{message}"
+        );
+        let peak = stats.peak.load(Ordering::Relaxed);
+        assert!(
+            peak <= MAX_FORWARDS_PER_SESSION,
+            "{peak} connections at once"
+        );
+        // (Pairs beyond what the session takes in at once are reset, as before: not counted.)
+        let refused = stats.refused.load(Ordering::Relaxed);
+        assert!(refused > 0 && refused + peak <= 10_000, "{refused} refused");
+        let open = held.open_peak.load(Ordering::Relaxed);
+        assert!(
+            open <= crate::controller::kubelet_api::spdy::session::MAX_OPEN_STREAMS,
+            "{open} streams held open"
+        );
+        let bytes = held.buffered_peak.load(Ordering::Relaxed);
+        assert!(bytes <= SESSION_BUFFER, "{bytes} bytes held");
+
+        // One connection that never reads, sent 16 MiB: the session holds at most its bound.
+        let (client, server) = tokio::io::duplex(256 * 1024);
+        let session = Session::start(server);
+        let held = session.stats();
+        tokio::spawn(serve(session, Stuck::default()));
+        let mut peer = SplitPeer::new(client);
+        peer.pair(1, "0", "8080").await;
+        peer.flush().await;
+        let sending = tokio::spawn(async move {
+            for _ in 0..80 {
+                peer.data(3, &[b'y'; 200 * 1024]).await;
+                peer.flush().await;
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let bytes = held.buffered_peak.load(Ordering::Relaxed);
+        assert!(bytes > 0, "nothing arrived");
+        assert!(
+            bytes <= SESSION_BUFFER,
+            "{bytes} bytes held for one stuck stream"
+        );
+        assert!(
+            !sending.is_finished(),
+            "16 MiB were taken in by a port that never reads"
+        );
+        sending.abort();
     }
 }

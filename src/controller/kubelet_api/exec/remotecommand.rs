@@ -10,7 +10,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::controller::kubelet_api::spdy::frame::header;
-use crate::controller::kubelet_api::spdy::session::{Session, StreamWriter};
+use crate::controller::kubelet_api::spdy::session::{Incoming, Session, StreamWriter};
 
 /// What this side speaks, best first (as a 1.20 kubelet does).
 pub const PROTOCOLS: [&str; 4] = [
@@ -135,7 +135,7 @@ pub fn status(end: &ExecEnd, command: &[String]) -> serde_json::Value {
 }
 
 /// Reads `{"Width":..,"Height":..}` objects, however the stream splits them.
-fn resize_reader(mut incoming: mpsc::Receiver<Bytes>) -> mpsc::Receiver<TerminalSize> {
+fn resize_reader(mut incoming: Incoming) -> mpsc::Receiver<TerminalSize> {
     let (tx, rx) = mpsc::channel(8);
     tokio::spawn(async move {
         let mut pending: Vec<u8> = Vec::new();
@@ -214,7 +214,7 @@ pub async fn serve<B: ExecBackend>(
         };
         match header(&stream.headers, "streamtype") {
             Some("error") => error = Some(stream.out),
-            Some("stdin") => stdin = Some(stream.incoming),
+            Some("stdin") => stdin = Some(stream.incoming.into_receiver()),
             Some("stdout") => stdout = Some(stream.out),
             Some("stderr") => stderr = Some(stream.out),
             Some("resize") if wants_resize => resize = Some(resize_reader(stream.incoming)),

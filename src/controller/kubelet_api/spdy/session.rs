@@ -2,14 +2,19 @@
 //! apiserver) opens the streams, this side accepts each with a SYN_REPLY, reads what arrives on
 //! it and writes back. One task reads frames, one writes them; every channel between them and
 //! the streams is bounded, so a peer that stops reading slows the writers down instead of
-//! filling memory.
+//! filling memory. What the peer may hold is bounded too: at most [`MAX_OPEN_STREAMS`] open
+//! streams per session (streams nobody reads any more are forgotten first, then new ones are
+//! refused), and the data received and not yet read is bounded in bytes per session
+//! ([`SESSION_BUFFER`]) and per node ([`NODE_BUFFER`]): beyond them the reader waits.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit, mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::frame::{Codec, FLAG_FIN, Frame, Headers, RST_REFUSED_STREAM};
@@ -20,13 +25,73 @@ const CHUNK: usize = 32 * 1024;
 const QUEUED_FRAMES: usize = 16;
 /// Data frames received on one stream and not yet read (each at most `frame::MAX_FRAME`).
 const QUEUED_DATA: usize = 16;
+/// Streams one session may hold open (exec opens at most five, port-forward two per
+/// connection, at most 64 connections, and a few pairs being set up).
+pub const MAX_OPEN_STREAMS: usize = 160;
+/// Bytes received on one session and not yet read by its streams' consumers.
+pub const SESSION_BUFFER: usize = 2 * 1024 * 1024;
+/// Bytes received on all of a node's sessions and not yet read.
+pub const NODE_BUFFER: usize = 64 * 1024 * 1024;
+
+/// The node's share of received bytes, across its sessions.
+static NODE_BUDGET: Semaphore = Semaphore::const_new(NODE_BUFFER);
+
+/// What one session holds, for its bounds and their tests.
+#[derive(Debug, Default)]
+pub struct SessionStats {
+    /// Streams the peer opened that are still open.
+    pub open_streams: AtomicUsize,
+    /// The most that were open at once.
+    pub open_peak: AtomicUsize,
+    /// Bytes received and not yet read.
+    pub buffered: AtomicUsize,
+    /// The most bytes that were ever buffered at once.
+    pub buffered_peak: AtomicUsize,
+}
+
+/// Received bytes counted against the session's and the node's budgets until read.
+struct Held {
+    len: usize,
+    stats: Arc<SessionStats>,
+    _session: OwnedSemaphorePermit,
+    _node: SemaphorePermit<'static>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.stats.buffered.fetch_sub(self.len, Ordering::Relaxed);
+    }
+}
+
+/// What the peer sends on one stream; ends when it finishes or resets the stream.
+pub struct Incoming(mpsc::Receiver<(Bytes, Held)>);
+
+impl Incoming {
+    /// The next data the peer sent (its bytes leave the session's budget).
+    pub async fn recv(&mut self) -> Option<Bytes> {
+        self.0.recv().await.map(|(data, _held)| data)
+    }
+
+    /// As a plain channel that holds at most one frame outside the budgets.
+    pub fn into_receiver(mut self) -> mpsc::Receiver<Bytes> {
+        let (tx, rx) = mpsc::channel(1);
+        tokio::spawn(async move {
+            while let Some(data) = self.recv().await {
+                if tx.send(data).await.is_err() {
+                    return;
+                }
+            }
+        });
+        rx
+    }
+}
 
 /// A stream the peer opened.
 pub struct Stream {
     pub id: u32,
     pub headers: Headers,
     /// What the peer sends; ends when it finishes or resets the stream.
-    pub incoming: mpsc::Receiver<Bytes>,
+    pub incoming: Incoming,
     pub out: StreamWriter,
 }
 
@@ -77,6 +142,7 @@ pub struct Session {
     writer: JoinHandle<()>,
     /// Turns true once the peer is gone (its connection ended or broke).
     gone: watch::Receiver<bool>,
+    stats: Arc<SessionStats>,
 }
 
 impl Session {
@@ -88,10 +154,12 @@ impl Session {
         let (frames_tx, frames_rx) = mpsc::channel(QUEUED_FRAMES);
         let (streams_tx, streams_rx) = mpsc::channel(16);
         let (gone_tx, gone) = watch::channel(false);
+        let stats = Arc::new(SessionStats::default());
         let writer = tokio::spawn(write_frames(write_half, frames_rx));
         let reader_frames = frames_tx.clone();
+        let reader_stats = stats.clone();
         let reader = tokio::spawn(async move {
-            read_frames(read_half, reader_frames, streams_tx).await;
+            read_frames(read_half, reader_frames, streams_tx, reader_stats).await;
             let _ = gone_tx.send(true);
         });
         Session {
@@ -100,7 +168,13 @@ impl Session {
             reader,
             writer,
             gone,
+            stats,
         }
+    }
+
+    /// What the session holds now.
+    pub fn stats(&self) -> Arc<SessionStats> {
+        self.stats.clone()
     }
 
     /// Resolves once the peer is gone, for work that must stop with it (a remote command).
@@ -160,11 +234,15 @@ async fn read_frames<R: AsyncRead + Unpin>(
     mut io: R,
     frames: mpsc::Sender<Frame>,
     streams: mpsc::Sender<Stream>,
+    stats: Arc<SessionStats>,
 ) {
     let mut codec = Codec::new();
     let mut buf = BytesMut::with_capacity(64 * 1024);
-    let mut open: HashMap<u32, mpsc::Sender<Bytes>> = HashMap::new();
+    let mut open: HashMap<u32, mpsc::Sender<(Bytes, Held)>> = HashMap::new();
+    let budget = Arc::new(Semaphore::new(SESSION_BUFFER));
     loop {
+        stats.open_streams.store(open.len(), Ordering::Relaxed);
+        stats.open_peak.fetch_max(open.len(), Ordering::Relaxed);
         let frame = match codec.decode(&mut buf) {
             Ok(Some(frame)) => frame,
             Ok(None) => match io.read_buf(&mut buf).await {
@@ -182,11 +260,29 @@ async fn read_frames<R: AsyncRead + Unpin>(
                 flags,
                 headers,
             } => {
+                if open.len() >= MAX_OPEN_STREAMS {
+                    // Streams their consumer dropped (never paired, of no known type) go first.
+                    open.retain(|_, tx| !tx.is_closed());
+                }
+                if open.len() >= MAX_OPEN_STREAMS {
+                    tracing::debug!(open = open.len(), "SPDY: too many open streams; refusing");
+                    if frames
+                        .send(Frame::RstStream {
+                            stream_id,
+                            status: RST_REFUSED_STREAM,
+                        })
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    continue;
+                }
                 let (tx, rx) = mpsc::channel(QUEUED_DATA);
                 let stream = Stream {
                     id: stream_id,
                     headers,
-                    incoming: rx,
+                    incoming: Incoming(rx),
                     out: StreamWriter {
                         id: stream_id,
                         frames: frames.clone(),
@@ -218,9 +314,28 @@ async fn read_frames<R: AsyncRead + Unpin>(
                 flags,
                 data,
             } => {
-                if let Some(tx) = open.get(&stream_id) {
+                if let Some(tx) = open.get(&stream_id)
+                    && !data.is_empty()
+                {
+                    // Counted against the budgets until its consumer reads it; the reader
+                    // waits for room (a frame is at most `MAX_FRAME`, far below either).
+                    let len = data.len();
+                    let Ok(session) = budget.clone().acquire_many_owned(permits(len)).await else {
+                        return;
+                    };
+                    let Ok(node) = NODE_BUDGET.acquire_many(permits(len)).await else {
+                        return;
+                    };
+                    let now = stats.buffered.fetch_add(len, Ordering::Relaxed) + len;
+                    stats.buffered_peak.fetch_max(now, Ordering::Relaxed);
+                    let held = Held {
+                        len,
+                        stats: stats.clone(),
+                        _session: session,
+                        _node: node,
+                    };
                     // A reader that went away just drops what comes.
-                    if !data.is_empty() && tx.send(data).await.is_err() {
+                    if tx.send((data, held)).await.is_err() {
                         open.remove(&stream_id);
                     }
                 }
@@ -244,6 +359,11 @@ async fn read_frames<R: AsyncRead + Unpin>(
             | Frame::Ignored => {}
         }
     }
+}
+
+/// Semaphore permits for `len` bytes (a frame is far below `u32::MAX`).
+fn permits(len: usize) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

@@ -492,6 +492,10 @@ async fn moving_from_the_go_kubelet(
         spec.tolerations = Some(vec![serde_json::from_value(json!({
             "key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "runpod",
             "effect": "NoSchedule"}))?]);
+        // The env the Go kubelet copied into its RunPod pods (`body`).
+        spec.containers[0].env = Some(vec![serde_json::from_value(
+            json!({"name": "FOO", "value": "bar"}),
+        )?]);
     }
     let mut second = pod.clone();
     second.metadata.name = Some("legacy-serve".to_owned());

@@ -14,8 +14,8 @@ use clap::Args;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use runpod_kubelet::controller::adoption::record_name;
-use runpod_kubelet::provider::{Instance, Provider};
+use runpod_kubelet::controller::adoption::{made_for, record_name};
+use runpod_kubelet::provider::{Instance, InstanceOrigin, Provider};
 use runpod_kubelet::runpod::args::RunPodArgs;
 use runpod_kubelet::runpod::catalogue_cache::CatalogueCache;
 use runpod_kubelet::runpod::provider::RunPodProvider;
@@ -67,8 +67,14 @@ type Link<'a> = (&'a Instance, Owner);
 /// Links each untagged live instance to the pod on the node with its name whose
 /// `runpod.io/pod-id` names it (both, as the Go kubelet linked them; a name alone is no proof),
 /// made before the instance (the Go kubelet created it for an existing pod; a pod made later
-/// with that name and annotation is someone else's claim). Two claimants: no link.
-fn link<'a>(instances: &'a [Instance], pods: &[Pod]) -> Vec<Link<'a>> {
+/// with that name and annotation is someone else's claim), and whose image and literal env the
+/// instance was made with (`origins`, by instance id: what the user cannot write onto an old
+/// pod). Two claimants: no link.
+fn link<'a>(
+    instances: &'a [Instance],
+    pods: &[Pod],
+    origins: &BTreeMap<String, InstanceOrigin>,
+) -> Vec<Link<'a>> {
     let mut untagged: Vec<&Instance> = instances
         .iter()
         .filter(|i| i.tags.none() && i.state.is_live())
@@ -105,7 +111,13 @@ fn link<'a>(instances: &'a [Instance], pods: &[Pod]) -> Vec<Link<'a>> {
                         // Without both times nothing can be compared: the link stands.
                         _ => true,
                     };
-                    if before {
+                    let origin = match origins.get(&instance.id) {
+                        Some(origin) => made_for(pod, origin),
+                        None => Err("what it was made with is unknown".to_owned()),
+                    };
+                    if let Err(differs) = origin {
+                        Owner::Ambiguous(vec![format!("{} ({differs})", qualified(pod))])
+                    } else if before {
                         Owner::Pod(
                             pod.metadata.namespace.clone().unwrap_or_default(),
                             pod.metadata.name.clone().unwrap_or_default(),
@@ -167,7 +179,31 @@ pub async fn run(args: AdoptArgs) -> anyhow::Result<()> {
         .await
         .context("listing the pods on the node")?
         .items;
-    let links = link(&instances, &pods);
+    // What each claimed untagged instance was made with (one read per claimed instance).
+    let mut origins = BTreeMap::new();
+    for instance in instances
+        .iter()
+        .filter(|i| i.tags.none() && i.state.is_live())
+    {
+        let claimed = pods.iter().any(|pod| {
+            pod.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(runpod_contract::POD_ID))
+                == Some(&instance.id)
+        });
+        if !claimed {
+            continue;
+        }
+        let origin = provider
+            .origin(&instance.id)
+            .await
+            .with_context(|| format!("reading RunPod pod {}", instance.id))?;
+        if let Some(origin) = origin {
+            origins.insert(instance.id.clone(), origin);
+        }
+    }
+    let links = link(&instances, &pods, &origins);
     for entry in &links {
         println!("{}", line(entry));
     }
@@ -269,9 +305,66 @@ mod tests {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}"),
                 "annotations": id.map(|id| serde_json::json!({"runpod.io/pod-id": id}))
-                    .unwrap_or(serde_json::json!({}))}
+                    .unwrap_or(serde_json::json!({}))},
+            "spec": {"containers": [{"name": "main", "image": "team/trainer:1",
+                "env": [{"name": "MODE", "value": "train"}]}]}
         }))
         .unwrap()
+    }
+
+    /// What the Go kubelet made `ids` with: the pods' image and env.
+    fn made_as_the_pods(ids: &[&str]) -> BTreeMap<String, InstanceOrigin> {
+        ids.iter()
+            .map(|id| {
+                let origin = InstanceOrigin {
+                    image: Some("team/trainer:1".into()),
+                    env: [("MODE".to_owned(), "train".to_owned())].into(),
+                };
+                ((*id).to_owned(), origin)
+            })
+            .collect()
+    }
+
+    /// Issue 41, item 12: a same-named pod in another namespace, annotated with an orphaned
+    /// instance's id, links nothing: the instance was not made with its image and env.
+    #[test]
+    fn a_claim_the_instance_was_not_made_for_links_nothing() {
+        let instances = vec![instance("a1", "trainer", Tags::default())];
+        let mut intruder = pod("other", "trainer", Some("a1"));
+        if let Some(spec) = intruder.spec.as_mut() {
+            spec.containers[0].env = None;
+        }
+        let mut origins = made_as_the_pods(&["a1"]);
+        if let Some(origin) = origins.get_mut("a1") {
+            origin.env.insert("MODE".into(), "serve".into());
+        }
+        let lines: Vec<String> = link(&instances, &[intruder.clone()], &origins)
+            .iter()
+            .map(line)
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "a1 trainer -> none (not trusted: claimed by other/trainer (its environment has variables the pod does not set (MODE)))"
+            ]
+        );
+        // Another image: not linked either; nor when the cloud does not say.
+        let mut other_image = made_as_the_pods(&["a1"]);
+        if let Some(origin) = other_image.get_mut("a1") {
+            origin.image = Some("someone/else:2".into());
+        }
+        let claimant = pod("ml", "trainer", Some("a1"));
+        for origins in [other_image, BTreeMap::new()] {
+            let links = link(&instances, std::slice::from_ref(&claimant), &origins);
+            assert!(
+                matches!(links[0].1, Owner::Ambiguous(_)),
+                "{:?}",
+                links[0].1
+            );
+        }
+        // The Go kubelet's own: linked.
+        let links = link(&instances, &[claimant], &made_as_the_pods(&["a1"]));
+        assert!(matches!(links[0].1, Owner::Pod(..)));
     }
 
     /// A RunPod pod is linked only when both its name and the pod's `runpod.io/pod-id` agree;
@@ -298,7 +391,8 @@ mod tests {
             pod("ml", "notebook", Some("c3")),
             pod("other", "notebook", Some("c3")),
         ];
-        let lines: Vec<String> = link(&instances, &pods).iter().map(line).collect();
+        let origins = made_as_the_pods(&["a1", "b2", "c3"]);
+        let lines: Vec<String> = link(&instances, &pods, &origins).iter().map(line).collect();
         assert_eq!(
             lines,
             [
@@ -317,7 +411,10 @@ mod tests {
                 "2026-02-01T00:00:00Z".parse().unwrap(),
             ));
         let old = [old];
-        let lines: Vec<String> = link(&old, &[late]).iter().map(line).collect();
+        let lines: Vec<String> = link(&old, &[late], &made_as_the_pods(&["e5"]))
+            .iter()
+            .map(line)
+            .collect();
         assert_eq!(
             lines,
             ["e5 late -> none (not trusted: claimed by ml/late (made after the instance))"]

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 
-use crate::provider::{Instance, Tags};
+use crate::provider::{Instance, InstanceOrigin, Tags};
 
 /// The record's name for a node.
 pub fn record_name(node_name: &str) -> String {
@@ -43,6 +43,81 @@ pub fn tag(instance: &mut Instance, record: &Record, owner: Owner<'_>) {
     }
 }
 
+/// Whether an instance without our tags was made for `pod` as the Go kubelet made them: its
+/// image is the pod's container's, and every literal env value of the container is in the
+/// instance's environment. A pod's name and `runpod.io/pod-id` are the user's to write; what
+/// the instance was made with is not, so a same-named pod elsewhere annotated with a guessed
+/// id links nothing. `Err` says what differs (names only, never values).
+pub fn made_for(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    origin: &InstanceOrigin,
+) -> Result<(), String> {
+    let Some(container) = pod.spec.as_ref().and_then(|spec| spec.containers.first()) else {
+        return Err("the pod has no container".to_owned());
+    };
+    let image = container.image.as_deref().unwrap_or_default().trim();
+    if image.is_empty() || origin.image.as_deref().map(str::trim) != Some(image) {
+        return Err("its image is not the pod's".to_owned());
+    }
+    let differing: Vec<&str> = container
+        .env
+        .iter()
+        .flatten()
+        .filter(|var| var.value_from.is_none())
+        .filter(|var| origin.env.get(&var.name) != Some(&var.value.clone().unwrap_or_default()))
+        .map(|var| var.name.as_str())
+        .collect();
+    if !differing.is_empty() {
+        return Err(format!(
+            "its environment differs from the pod's ({})",
+            differing.join(", ")
+        ));
+    }
+    // Every variable the instance was made with must come from the pod (its env, or a source
+    // whose keys cannot be listed here: envFrom, secret volume items) or from what the Go
+    // kubelet's virtual-kubelet layer adds itself (service links).
+    let open_ended = !container.env_from.as_deref().unwrap_or_default().is_empty()
+        || pod
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.volumes.as_ref())
+            .is_some_and(|volumes| volumes.iter().any(|v| v.secret.is_some()));
+    if open_ended {
+        return Ok(());
+    }
+    let declared: std::collections::BTreeSet<&str> = container
+        .env
+        .iter()
+        .flatten()
+        .map(|var| var.name.as_str())
+        .collect();
+    let unaccounted: Vec<&str> = origin
+        .env
+        .keys()
+        .map(String::as_str)
+        .filter(|name| !declared.contains(name) && !service_link(name))
+        .collect();
+    if unaccounted.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "its environment has variables the pod does not set ({})",
+            unaccounted.join(", ")
+        ))
+    }
+}
+
+/// Variables virtual-kubelet adds to every container (service links, the `kubernetes`
+/// service's), which the Go kubelet passed on.
+fn service_link(name: &str) -> bool {
+    name.starts_with("KUBERNETES_")
+        || name.ends_with("_SERVICE_HOST")
+        || name.ends_with("_SERVICE_PORT")
+        || name.ends_with("_PORT")
+        || name.contains("_PORT_")
+        || name.contains("_SERVICE_PORT_")
+}
+
 /// The record of `node` in `namespace` (empty when there is none); `Err` when it cannot be read.
 pub async fn load(
     client: &kube::Client,
@@ -62,6 +137,52 @@ pub async fn load(
 mod tests {
     use super::*;
     use crate::controller::fixtures::{self, settings};
+
+    /// Issue 41, item 12: what decides whether an untagged instance is a pod's is what the
+    /// instance was made with, not the pod's name or its user-written id.
+    #[test]
+    fn an_instance_is_a_pods_only_when_made_with_its_image_and_env() {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "trainer"},
+            "spec": {"containers": [{"name": "main", "image": "team/trainer:1", "env": [
+                {"name": "MODE", "value": "train"},
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+            ]}]}
+        }))
+        .unwrap();
+        let origin = InstanceOrigin {
+            image: Some("team/trainer:1".into()),
+            env: [
+                ("MODE".to_owned(), "train".to_owned()),
+                ("TOKEN".to_owned(), "secret".to_owned()),
+            ]
+            .into(),
+        };
+        assert_eq!(made_for(&pod, &origin), Ok(()));
+        let mut other = origin.clone();
+        other.image = Some("team/trainer:2".into());
+        assert!(made_for(&pod, &other).unwrap_err().contains("image"));
+        let mut other = origin.clone();
+        other.env.insert("MODE".into(), "serve".into());
+        let differs = made_for(&pod, &other).unwrap_err();
+        assert!(
+            differs.contains("MODE") && !differs.contains("serve"),
+            "{differs}"
+        );
+        assert!(made_for(&pod, &InstanceOrigin::default()).is_err());
+        let mut linked = origin.clone();
+        linked
+            .env
+            .insert("DB_SERVICE_HOST".into(), "10.0.0.1".into());
+        assert_eq!(
+            made_for(&pod, &linked),
+            Ok(()),
+            "service links are the kubelet's"
+        );
+        let mut extra = origin.clone();
+        extra.env.insert("HF_TOKEN".into(), "x".into());
+        assert!(made_for(&pod, &extra).unwrap_err().contains("HF_TOKEN"));
+    }
 
     /// The shared fixture with these tags.
     fn instance(id: &str, tags: Tags) -> Instance {

@@ -197,6 +197,23 @@ pub struct Instance {
     pub ssh: Option<SshAddress>,
 }
 
+/// What an instance was made from, as the cloud reports it: the image and the environment the
+/// creator sent (values may come from Secrets: compared, never shown).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct InstanceOrigin {
+    pub image: Option<String>,
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for InstanceOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InstanceOrigin")
+            .field("image", &self.image)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
 /// An SSH server's address and login.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SshAddress {
@@ -476,6 +493,14 @@ pub trait Provider: Send + Sync + 'static {
         &self,
         id: &str,
     ) -> impl Future<Output = Result<Vec<String>, ProviderError>> + Send;
+
+    /// The image and environment an instance was made with, to tell whether an instance
+    /// without our tags was made for a given pod (the Go kubelet copied both from it); `None`
+    /// when the cloud does not say, or the instance is gone.
+    fn origin(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<InstanceOrigin>, ProviderError>> + Send;
 
     /// Prices per GPU type from the provider's cached catalogue or last price search; empty
     /// until the first one.

@@ -300,6 +300,17 @@ impl Provider for RunPodProvider {
         Ok(pod.as_ref().map(to_instance))
     }
 
+    async fn origin(
+        &self,
+        id: &str,
+    ) -> Result<Option<crate::provider::InstanceOrigin>, ProviderError> {
+        let pod = self.client.get_pod(id).await.map_err(provider_error)?;
+        Ok(pod.map(|pod| crate::provider::InstanceOrigin {
+            image: pod.image,
+            env: pod.env,
+        }))
+    }
+
     fn constraints(&self, pod: &Pod) -> Result<Constraints, String> {
         let requirements = select::requirements(pod, &self.limits).map_err(|e| e.to_string())?;
         let cluster_cap = self.limits.max_gpu_price * f64::from(requirements.gpu_count.max(1));

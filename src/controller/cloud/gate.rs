@@ -235,6 +235,14 @@ impl<P: Provider> Provider for Gated<P> {
         self.inner.ssh_host_keys(id).await
     }
 
+    /// A read, like `lookup`: not gated.
+    async fn origin(
+        &self,
+        id: &str,
+    ) -> Result<Option<crate::provider::InstanceOrigin>, ProviderError> {
+        self.inner.origin(id).await
+    }
+
     fn price_sheet(&self) -> PriceSheet {
         self.inner.price_sheet()
     }

@@ -83,8 +83,11 @@ pub(super) async fn confirm<P: Provider>(
         }
         // No tag of ours: most likely the Go kubelet made it for this pod (a migration). It
         // bills; a second instance would bill twice. Only `runpod-kubelet adopt`, an operator's
-        // act, takes it over: the controller never trusts an id it did not write.
-        Some(instance) if instance.tags.none() => {
+        // act, takes it over: the controller never trusts an id it did not write. An instance
+        // the cloud says was made with another image or env is not this pod's (the id is the
+        // user's to write): nothing about it is disclosed, and the pod goes on as if the id
+        // named nothing.
+        Some(instance) if instance.tags.none() && made_for_pod(pod, &id, ctx).await? => {
             // Asked of the cloud once per settle time, not at every reconcile.
             ctx.remember(uid, |m| {
                 m.looked_up = Some((Timestamp::now(), instance.clone()));
@@ -117,6 +120,20 @@ pub(super) async fn confirm<P: Provider>(
             Ok(Action::requeue(SHORT))
         }
     }
+}
+
+/// Whether the untagged instance `id` may have been made for `pod`: the cloud's word on its
+/// image and env matches the pod's, or the cloud does not say (then, money first, it is taken
+/// as the pod's and nothing new is created).
+async fn made_for_pod<P: Provider>(
+    pod: &Pod,
+    id: &str,
+    ctx: &Shared<P>,
+) -> Result<bool, ReconcileError> {
+    Ok(match ctx.provider.origin(id).await? {
+        Some(origin) => crate::controller::adoption::made_for(pod, &origin).is_ok(),
+        None => true,
+    })
 }
 
 fn pod_ran(pod: &Pod) -> bool {

@@ -461,6 +461,14 @@ impl Provider for VastaiProvider {
             .map_err(provider_error)
     }
 
+    /// Not read on Vast.ai (no `adopt` there): an untagged instance is treated as before.
+    async fn origin(
+        &self,
+        _id: &str,
+    ) -> Result<Option<crate::provider::InstanceOrigin>, ProviderError> {
+        Ok(None)
+    }
+
     /// Vast.ai instances run without an SSH server of ours (exec is not served there).
     async fn ssh_host_keys(&self, _id: &str) -> Result<Vec<String>, ProviderError> {
         Ok(Vec::new())

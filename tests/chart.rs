@@ -332,3 +332,71 @@ fn deploy_manifests_match_the_chart() {
         "deploy/runpod-kubelet.yaml drifted from the chart: run scripts/render-deploy.sh"
     );
 }
+
+/// The README's quickstart `helm install` line, as typed (Helm's `--set` passes `0.5` as a
+/// string): `helm template` with the same chart path and values renders, and the cap reaches
+/// the webhook and the controller as written. Decimal values given the same way elsewhere are
+/// accepted too.
+#[test]
+fn the_readmes_helm_install_line_renders_as_typed() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let start = readme.find("helm install ").expect("the quickstart's helm install");
+    let mut command = String::new();
+    for line in readme[start..].lines() {
+        command.push_str(line.trim_end().trim_end_matches('\\'));
+        command.push(' ');
+        if !line.trim_end().ends_with('\\') {
+            break;
+        }
+    }
+    let words = shlex::split(&command).expect("a shell line");
+    assert_eq!(&words[..2], ["helm", "install"]);
+    // `helm install NAME CHART ...` is `helm template NAME CHART ...`, minus what needs a
+    // cluster.
+    let mut args: Vec<&str> = vec!["template"];
+    args.extend(
+        words[2..]
+            .iter()
+            .map(String::as_str)
+            .filter(|word| *word != "--wait"),
+    );
+    let output = helm(&args);
+    assert!(
+        output.status.success(),
+        "`{command}` is refused: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("\"0.5\""), "the cap is not passed on");
+    for set in [
+        "monitoring.spendAlertPerHour=2.5",
+        "controller.idleGpuThreshold=7.5",
+    ] {
+        let output = helm(&[
+            "template",
+            "r",
+            "charts/runpod-kubelet",
+            "--set",
+            "runpod.apiKey=k",
+            "--set",
+            set,
+        ]);
+        assert!(
+            output.status.success(),
+            "--set {set}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    for bad in ["runpod.maxGpuPrice=0", "runpod.maxGpuPrice=cheap"] {
+        let output = helm(&[
+            "template",
+            "r",
+            "charts/runpod-kubelet",
+            "--set",
+            "runpod.apiKey=k",
+            "--set",
+            bad,
+        ]);
+        assert!(!output.status.success(), "--set {bad} was accepted");
+    }
+}

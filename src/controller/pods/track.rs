@@ -305,6 +305,13 @@ pub(super) async fn track<P: Provider>(
     }
 }
 
+/// Whether an instance's placement is checked: not one the operator adopted (`runpod-kubelet
+/// adopt`), which is tracked as it is: it was made by the Go kubelet under its own rules, and
+/// replacing it would kill the running job adoption exists to keep.
+fn placement_checked(instance: &Instance, adopted: &crate::controller::adoption::Record) -> bool {
+    !adopted.contains_key(&instance.id)
+}
+
 /// Placement is verified: RunPod treats datacenters as a preference only. A misplaced
 /// instance is terminated at once and its GPU type not tried again for this pod.
 async fn verify_placement<P: Provider>(
@@ -314,6 +321,13 @@ async fn verify_placement<P: Provider>(
     ctx: &Shared<P>,
 ) -> Result<Option<Action>, ReconcileError> {
     if ctx.remember(uid, |m| m.verified.contains(&instance.id)) {
+        return Ok(None);
+    }
+    let checked = match ctx.adopted.lock() {
+        Ok(adopted) => placement_checked(instance, &adopted),
+        Err(poisoned) => placement_checked(instance, &poisoned.into_inner()),
+    };
+    if !checked {
         return Ok(None);
     }
     let constraints = match ctx.provider.constraints(pod) {
@@ -492,6 +506,15 @@ mod tests {
         assert!(!is_for(&tagged("c1", "other", "u1"), "u1", &settings));
         assert!(!is_for(&tagged("c2", "vr", "u1"), "u1", &settings));
         assert!(!is_for(&instance("untagged"), "u1", &settings));
+    }
+
+    /// Issue 42: an adopted instance is tracked as it is, never replaced for its placement.
+    #[test]
+    fn an_adopted_instance_is_never_replaced_for_its_placement() {
+        let adopted: crate::controller::adoption::Record =
+            [("legacy".to_owned(), "uid".to_owned())].into();
+        assert!(!placement_checked(&instance("legacy"), &adopted));
+        assert!(placement_checked(&instance("ours"), &adopted));
     }
 
     #[test]

@@ -289,6 +289,15 @@ pub const NAMES: &[Name] = &[
         meaning: "which cloud `runpod.io/provider: cheapest` chose, and each cloud's price",
     },
     Name {
+        name: budget::ledger::LEDGER_NAMESPACE,
+        kind: Kind::Annotation,
+        on: "ConfigMap (budget ledger)",
+        written_by: Writer::Controller,
+        read_by: "controllers and webhook (whose budget the ledger holds)",
+        values: "a namespace",
+        meaning: "the namespace a ledger `runpod-kubelet-budget-<namespace>` counts (names can be cut)",
+    },
+    Name {
         name: DRAINING_ANNOTATION,
         kind: Kind::Annotation,
         on: "virtual node",

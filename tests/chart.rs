@@ -340,7 +340,9 @@ fn deploy_manifests_match_the_chart() {
 #[test]
 fn the_readmes_helm_install_line_renders_as_typed() {
     let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let start = readme.find("helm install ").expect("the quickstart's helm install");
+    let start = readme
+        .find("helm install ")
+        .expect("the quickstart's helm install");
     let mut command = String::new();
     for line in readme[start..].lines() {
         command.push_str(line.trim_end().trim_end_matches('\\'));

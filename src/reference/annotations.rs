@@ -74,6 +74,12 @@ pub(super) fn render() -> String {
         "The labels, annotations and taints of each virtual node.",
         |e| e.on == "virtual node",
     );
+    section(
+        &mut out,
+        "On the controllers' own objects",
+        "Written and read by the controllers in the release namespace; do not edit them.",
+        |e| e.on.starts_with("ConfigMap"),
+    );
     out.trim_end().to_string() + "\n"
 }
 

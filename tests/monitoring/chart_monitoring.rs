@@ -141,7 +141,7 @@ fn alert_rules_pass_promtool_and_their_unit_tests() {
         .filter_map(|a| a["alertname"].as_str())
         .collect();
     let alerts = alerts(&rules);
-    assert_eq!(alerts.len(), 11, "{alerts:?}");
+    assert_eq!(alerts.len(), 13, "{alerts:?}");
     for alert in &alerts {
         assert!(
             tested.contains(&alert.as_str()),

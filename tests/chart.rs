@@ -402,3 +402,48 @@ fn the_readmes_helm_install_line_renders_as_typed() {
         assert!(!output.status.success(), "--set {bad} was accepted");
     }
 }
+
+/// The controllers may change, delete and renew the heartbeat of the release's own virtual
+/// nodes only: never a real node or its Lease (issue 42).
+#[test]
+fn node_and_lease_writes_are_limited_to_the_releases_nodes() {
+    let objects = render(&[
+        "runpod.apiKey=k",
+        "nodes[0].name=team-a",
+        "nodes[0].provider=runpod",
+        "nodes[0].existingSecret=team-a-key",
+    ]);
+    let expected = serde_json::json!(["virtual-runpod", "team-a"]);
+    let mut checked = 0;
+    for role in of_kind(&objects, "ClusterRole")
+        .into_iter()
+        .chain(of_kind(&objects, "Role"))
+    {
+        for rule in role["rules"].as_array().into_iter().flatten() {
+            let resources: Vec<&str> = rule["resources"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let verbs: Vec<&str> = rule["verbs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let writes = verbs
+                .iter()
+                .any(|v| ["patch", "update", "delete"].contains(v));
+            let node_lease = role["metadata"]["namespace"] == "kube-node-lease";
+            let nodes = resources
+                .iter()
+                .any(|r| *r == "nodes" || *r == "nodes/status");
+            if (nodes || (node_lease && resources.contains(&"leases"))) && writes {
+                assert_eq!(rule["resourceNames"], expected, "{rule}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 3, "only {checked} rules checked");
+}

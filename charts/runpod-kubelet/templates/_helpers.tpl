@@ -575,3 +575,11 @@ wins when set), cluster.identifier as controller.clusterId; kubelet.namespace is
 {{- end -}}
 {{- join "," $pairs -}}
 {{- end -}}
+
+{{- /* The release's virtual node names (the default node and every `nodes` entry), as JSON: the
+only Nodes and node Leases its controllers may change. */ -}}
+{{- define "runpod-kubelet.nodeNames" -}}
+{{- $names := list .Values.nodeName -}}
+{{- range .Values.nodes }}{{- $names = append $names .name }}{{- end -}}
+{{- toJson (uniq $names) -}}
+{{- end -}}

@@ -447,3 +447,32 @@ fn node_and_lease_writes_are_limited_to_the_releases_nodes() {
     }
     assert!(checked >= 3, "only {checked} rules checked");
 }
+
+/// `commonLabels` reach every pod the chart runs, as the values promise (podLabels win on a
+/// clash) (issue 42).
+#[test]
+fn common_labels_reach_every_pod() {
+    let objects = render(&[
+        "runpod.apiKey=k",
+        "commonLabels.team=platform",
+        "commonLabels.cost-center=gpu",
+        "podLabels.cost-center=override",
+    ]);
+    let mut pods = 0;
+    for object in &objects {
+        let spec = &object["spec"];
+        let template = if spec["jobTemplate"].is_object() {
+            &spec["jobTemplate"]["spec"]["template"]
+        } else {
+            &spec["template"]
+        };
+        if !template.is_object() {
+            continue;
+        }
+        let labels = &template["metadata"]["labels"];
+        assert_eq!(labels["team"], "platform", "{}", object["metadata"]["name"]);
+        assert_eq!(labels["cost-center"], "override", "{}", object["metadata"]["name"]);
+        pods += 1;
+    }
+    assert!(pods >= 5, "only {pods} pod templates");
+}

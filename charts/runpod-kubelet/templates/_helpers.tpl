@@ -62,9 +62,11 @@ metadata:
 {{- end -}}
 {{- end -}}
 
-{{/* Pod labels besides the selector's: podLabels. Call with . */}}
+{{/* Pod labels besides the selector's: commonLabels (on every object, pods included), then
+podLabels (which win on a clash). Call with . */}}
 {{- define "runpod-kubelet.podLabels" -}}
-{{- with .Values.podLabels }}
+{{- $labels := merge (deepCopy (.Values.podLabels | default dict)) (.Values.commonLabels | default dict) -}}
+{{- with $labels }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}

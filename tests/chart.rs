@@ -471,8 +471,39 @@ fn common_labels_reach_every_pod() {
         }
         let labels = &template["metadata"]["labels"];
         assert_eq!(labels["team"], "platform", "{}", object["metadata"]["name"]);
-        assert_eq!(labels["cost-center"], "override", "{}", object["metadata"]["name"]);
+        assert_eq!(
+            labels["cost-center"], "override",
+            "{}",
+            object["metadata"]["name"]
+        );
         pods += 1;
     }
     assert!(pods >= 5, "only {pods} pod templates");
+}
+
+/// The binary's version, the chart's `version` and `appVersion` and the CHANGELOG agree: a
+/// released version has its CHANGELOG section, a development version is the Unreleased one's.
+#[test]
+fn versions_agree() {
+    let binary = env!("CARGO_PKG_VERSION");
+    let chart = std::fs::read_to_string(root().join("charts/runpod-kubelet/Chart.yaml")).unwrap();
+    let chart: serde_yaml::Value = serde_yaml::from_str(&chart).unwrap();
+    assert_eq!(chart["appVersion"].as_str(), Some(binary));
+    assert_eq!(chart["version"].as_str(), Some(binary));
+    let changelog = std::fs::read_to_string(root().join("CHANGELOG.md")).unwrap();
+    if binary.contains('-') {
+        let unreleased = changelog
+            .split("\n## ")
+            .find(|section| section.starts_with("Unreleased"))
+            .expect("an Unreleased section");
+        assert!(
+            unreleased.contains(&format!("`{binary}`")),
+            "Unreleased does not name {binary}"
+        );
+    } else {
+        assert!(
+            changelog.contains(&format!("\n## {binary}\n")),
+            "no section for {binary}"
+        );
+    }
 }

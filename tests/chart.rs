@@ -507,3 +507,34 @@ fn versions_agree() {
         );
     }
 }
+
+/// Bringing one's own ServiceAccount changes which account the pods run as, never the names of
+/// the release's objects (the documented commands and the node alert use those) (issue 42).
+#[test]
+fn own_service_account_keeps_the_releases_names() {
+    let names = |sets: &[&str]| -> Vec<String> {
+        render(sets)
+            .iter()
+            .filter(|o| {
+                ["Deployment", "Service", "Job", "CronJob"]
+                    .contains(&o["kind"].as_str().unwrap_or_default())
+            })
+            .map(|o| format!("{} {}", o["kind"], o["metadata"]["name"]))
+            .collect()
+    };
+    let own = [
+        "runpod.apiKey=k",
+        "serviceAccount.create=false",
+        "serviceAccount.name=platform-sa",
+    ];
+    assert_eq!(names(&own), names(&["runpod.apiKey=k"]));
+    let objects = render(&own);
+    let controller = of_kind(&objects, "Deployment")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "r-runpod-kubelet-controller")
+        .expect("the controller");
+    assert_eq!(
+        controller["spec"]["template"]["spec"]["serviceAccountName"],
+        "platform-sa"
+    );
+}

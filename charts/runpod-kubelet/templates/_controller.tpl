@@ -65,7 +65,8 @@ node); OUT an empty dict (a template returns only text). */}}
 {{- $_ = set $out "vastai" $policy -}}
 {{- $_ = set $out "namespaces" ($entry.namespaces | default list) -}}
 {{- else -}}
-{{- $_ = set $out "name" $account -}}
+{{- /* The release's name for it, whatever ServiceAccount it runs as. */ -}}
+{{- $_ = set $out "name" (include "runpod-kubelet.controllerName" $) -}}
 {{- $_ = set $out "nodeName" $.Values.nodeName -}}
 {{- $_ = set $out "provider" "" -}}
 {{- $_ = set $out "component" "controller" -}}

@@ -59,12 +59,15 @@ pub fn made_for(
     if image.is_empty() || origin.image.as_deref().map(str::trim) != Some(image) {
         return Err("its image is not the pod's".to_owned());
     }
+    // The Go kubelet sent a literal only when non-empty, and dropped the names its
+    // "auto-injected" filter matched (`go_kubelet_dropped`).
     let differing: Vec<&str> = container
         .env
         .iter()
         .flatten()
-        .filter(|var| var.value_from.is_none())
-        .filter(|var| origin.env.get(&var.name) != Some(&var.value.clone().unwrap_or_default()))
+        .filter(|var| var.value_from.is_none() && !go_kubelet_dropped(&var.name))
+        .filter(|var| var.value.as_deref().is_some_and(|value| !value.is_empty()))
+        .filter(|var| origin.env.get(&var.name) != var.value.as_ref())
         .map(|var| var.name.as_str())
         .collect();
     if !differing.is_empty() {
@@ -105,6 +108,19 @@ pub fn made_for(
             unaccounted.join(", ")
         ))
     }
+}
+
+/// The names the Go kubelet's env filter dropped (a substring test).
+fn go_kubelet_dropped(name: &str) -> bool {
+    [
+        "KUBERNETES_",
+        "_PORT_",
+        "_TCP_",
+        "_SERVICE_PORT_",
+        "_SERVICE_HOST",
+    ]
+    .iter()
+    .any(|part| name.contains(part))
 }
 
 /// Variables virtual-kubelet adds to every container (service links, the `kubernetes`
@@ -182,6 +198,21 @@ mod tests {
         let mut extra = origin.clone();
         extra.env.insert("HF_TOKEN".into(), "x".into());
         assert!(made_for(&pod, &extra).unwrap_err().contains("HF_TOKEN"));
+        // What the Go kubelet never sent: an empty literal, a name its filter dropped.
+        let mut go_dropped = pod.clone();
+        if let Some(spec) = go_dropped.spec.as_mut() {
+            let env = spec.containers[0].env.get_or_insert_default();
+            env.push(
+                serde_json::from_value(serde_json::json!({"name": "EMPTY", "value": ""})).unwrap(),
+            );
+            env.push(
+                serde_json::from_value(
+                    serde_json::json!({"name": "DB_SERVICE_HOST", "value": "db"}),
+                )
+                .unwrap(),
+            );
+        }
+        assert_eq!(made_for(&go_dropped, &origin), Ok(()));
     }
 
     /// The shared fixture with these tags.

@@ -81,13 +81,33 @@ pub(super) async fn confirm<P: Provider>(
             .await;
             Ok(Action::requeue(ctx.settings.reconcile_interval))
         }
+        // No tag of ours, and the cloud says it was made with another image or env than the
+        // pod's: nothing about it is disclosed (the id is the user's to write), yet nothing new
+        // is created either while the annotation names it (should it be the pod's after all,
+        // a second instance would bill twice).
+        Some(instance) if instance.tags.none() && !made_for_pod(pod, &id, ctx).await? => {
+            ctx.remember(uid, |m| {
+                m.looked_up = Some((Timestamp::now(), instance.clone()));
+            });
+            ctx.event(
+                pod,
+                true,
+                "PodIdUnverified",
+                format!(
+                    "this pod's {} names an instance runpod-kubelet cannot take as this pod's; \
+                     nothing new is created while it does: remove the annotation to get a new \
+                     instance (or, moving from the Go kubelet, see `runpod-kubelet adopt` in \
+                     docs/migrating.md)",
+                    ctx.provider.id_annotation()
+                ),
+            )
+            .await;
+            Ok(Action::requeue(ctx.settings.reconcile_interval))
+        }
         // No tag of ours: most likely the Go kubelet made it for this pod (a migration). It
         // bills; a second instance would bill twice. Only `runpod-kubelet adopt`, an operator's
-        // act, takes it over: the controller never trusts an id it did not write. An instance
-        // the cloud says was made with another image or env is not this pod's (the id is the
-        // user's to write): nothing about it is disclosed, and the pod goes on as if the id
-        // named nothing.
-        Some(instance) if instance.tags.none() && made_for_pod(pod, &id, ctx).await? => {
+        // act, takes it over: the controller never trusts an id it did not write.
+        Some(instance) if instance.tags.none() => {
             // Asked of the cloud once per settle time, not at every reconcile.
             ctx.remember(uid, |m| {
                 m.looked_up = Some((Timestamp::now(), instance.clone()));

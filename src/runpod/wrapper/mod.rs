@@ -25,7 +25,8 @@
 //! and the pod's own where the pod set one), not any baked into the image. Once it runs, the
 //! wrapper prints each host key's SHA-256 fingerprint (`runpod-kubelet: ssh-host-key=SHA256:…`):
 //! the controller reads them through the cloud's authenticated log API and connects only to a
-//! server holding one of them.
+//! server holding one of them. The host key is the container's own, made at its first start
+//! (an image's baked-in keys are shared by every container of that image).
 //!
 //! Where the self-stop fails, the restarted container must not run the command again: before
 //! reporting, the wrapper writes the code to [`EXIT_MARKER`], and a wrapper that finds that file
@@ -86,15 +87,16 @@ runpod_kubelet_sshd() {
   mkdir -p /run/sshd 2>/dev/null
   { mkdir -p "$own" && chmod 700 "$own" &&
     printf '%s\n' "$PUBLIC_KEY" >"$own/authorized_keys" && chmod 600 "$own/authorized_keys" &&
-    ssh-keygen -A ${RUNPOD_KUBELET_SSH_ROOT:+-f "$RUNPOD_KUBELET_SSH_ROOT"}; } >/dev/null 2>&1 || return 0
-  { for key in "$etc"/ssh_host_*_key; do [ -f "$key" ] && echo "HostKey $key"; done
+    { [ -f "$own/ssh_host_ed25519_key" ] ||
+      ssh-keygen -q -t ed25519 -N '' -f "$own/ssh_host_ed25519_key"; }; } >/dev/null 2>&1 || return 0
+  { for key in "$own"/ssh_host_*_key; do [ -f "$key" ] && echo "HostKey $key"; done
     printf '%s\n' 'PasswordAuthentication no' 'ChallengeResponseAuthentication no' \
       'PermitEmptyPasswords no' 'PubkeyAuthentication yes' 'HostbasedAuthentication no' \
       'PermitRootLogin prohibit-password' "AuthorizedKeysFile $own/authorized_keys" \
       'AuthorizedKeysCommand none' 'X11Forwarding no' 'PrintMotd no' \
       'Subsystem sftp internal-sftp'; } >"$own/sshd_config" 2>/dev/null || return 0
   "$sshd" -f "$own/sshd_config" >/dev/null 2>&1 || return 0
-  for key in "$etc"/ssh_host_*_key.pub; do
+  for key in "$own"/ssh_host_*_key.pub; do
     [ -f "$key" ] && runpod_kubelet_host_key "$key"
   done
   return 0

@@ -548,12 +548,13 @@ fn the_wrapper_starts_sshd_key_only_whatever_the_images_config_says() {
                 args_file.display()
             ),
         ),
-        // Makes one host key pair; prints its fingerprint as OpenSSH does.
+        // Makes one host key pair (the path is the last argument); prints its fingerprint as
+        // OpenSSH does.
         (
             "ssh-keygen",
-                            "#!/bin/sh\ncase \"$1\" in\n-A) mkdir -p \"$3/etc/ssh\" && touch \"$3/etc/ssh/ssh_host_ed25519_key\" \"$3/etc/ssh/ssh_host_ed25519_key.pub\" ;;\n\
-                 -E) echo \"256 SHA256:hostkeyfingerprint root@pod (ED25519)\" ;;\nesac\n"
-            .to_owned(),
+            "#!/bin/sh\ncase \"$1\" in\n-q) for path; do :; done; touch \"$path\" \"$path.pub\" ;;\n\
+             -E) echo \"256 SHA256:hostkeyfingerprint root@pod (ED25519)\" ;;\nesac\n"
+                .to_owned(),
         ),
     ] {
         let path = bin.join(name);
@@ -590,7 +591,7 @@ fn the_wrapper_starts_sshd_key_only_whatever_the_images_config_says() {
             "AuthorizedKeysFile {}",
             own.join("authorized_keys").display()
         ),
-        &format!("HostKey {}", etc.join("ssh_host_ed25519_key").display()),
+        &format!("HostKey {}", own.join("ssh_host_ed25519_key").display()),
     ] {
         assert!(
             config.lines().any(|l| l == line),

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
@@ -84,9 +85,12 @@ pub async fn serve(
             let service = hyper_util::service::TowerToHyperService::new(
                 app.layer(axum::Extension(Caller(user))),
             );
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // HTTP/1.1 only (what ALPN offers and the apiserver speaks to kubelets): hyper's
+            // HTTP/1 server arms the header timer as soon as it waits for a head, the first
+            // one included, so a client that completes TLS and then says nothing is closed
+            // too (a protocol-sniffing builder would wait for its first byte untimed).
+            let mut builder = http1::Builder::new();
             builder
-                .http1()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
                 // Head and body in one write: an apiserver proxying an upgrade request passes
@@ -95,7 +99,8 @@ pub async fn serve(
                 .writev(false);
             // Exec and port-forward upgrade the connection to SPDY.
             if let Err(error) = builder
-                .serve_connection_with_upgrades(TokioIo::new(tls), service)
+                .serve_connection(TokioIo::new(tls), service)
+                .with_upgrades()
                 .await
             {
                 tracing::debug!(%peer, %error, "kubelet API connection ended with an error");

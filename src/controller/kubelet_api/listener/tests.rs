@@ -112,6 +112,34 @@ async fn half_sent_requests_are_closed_at_the_header_deadline_while_real_ones_an
     assert_eq!(still_open, 0, "connections held past the header deadline");
 }
 
+/// A client that completes TLS and sends nothing at all (or only an HTTP/2 preface) is closed
+/// at the header deadline too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_clients_are_closed_at_the_header_deadline() {
+    let header_timeout = Duration::from_secs(2);
+    let (address, connector) = started(Limits {
+        header_timeout,
+        ..Limits::default()
+    })
+    .await;
+    let mut silent = connect(address, &connector).await;
+    let mut preface = connect(address, &connector).await;
+    preface
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    preface.flush().await.unwrap();
+    let bound = header_timeout + Duration::from_secs(5);
+    assert!(
+        closed(&mut silent, bound).await,
+        "a silent client stayed open"
+    );
+    assert!(
+        closed(&mut preface, bound).await,
+        "an HTTP/2 preface stayed open"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_cap_wait_until_one_closes() {
     let (address, connector) = started(Limits {

@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit, mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::frame::{Codec, FLAG_FIN, Frame, Headers, RST_REFUSED_STREAM};
+use super::frame::{Codec, FLAG_FIN, Frame, Headers, RST_CANCEL, RST_REFUSED_STREAM};
 
 /// Data frames this side writes carry at most this much (kubectl writes 32 KiB too).
 const CHUNK: usize = 32 * 1024;
@@ -317,26 +317,32 @@ async fn read_frames<R: AsyncRead + Unpin>(
                 if let Some(tx) = open.get(&stream_id)
                     && !data.is_empty()
                 {
-                    // Counted against the budgets until its consumer reads it; the reader
-                    // waits for room (a frame is at most `MAX_FRAME`, far below either).
-                    let len = data.len();
-                    let Ok(session) = budget.clone().acquire_many_owned(permits(len)).await else {
-                        return;
-                    };
-                    let Ok(node) = NODE_BUDGET.acquire_many(permits(len)).await else {
-                        return;
-                    };
-                    let now = stats.buffered.fetch_add(len, Ordering::Relaxed) + len;
-                    stats.buffered_peak.fetch_max(now, Ordering::Relaxed);
-                    let held = Held {
-                        len,
-                        stats: stats.clone(),
-                        _session: session,
-                        _node: node,
-                    };
-                    // A reader that went away just drops what comes.
-                    if tx.send((data, held)).await.is_err() {
-                        open.remove(&stream_id);
+                    match deliver(tx, data, &budget, &stats).await {
+                        Delivered::Yes => {}
+                        // A reader that went away just drops what comes.
+                        Delivered::ReaderGone => {
+                            open.remove(&stream_id);
+                        }
+                        // A consumer that stopped reading (a forwarded port that never reads)
+                        // must not stall the session, nor the node's other sessions: its
+                        // stream is reset and the session reads on.
+                        Delivered::Stalled => {
+                            tracing::debug!(
+                                stream_id,
+                                "SPDY: a stream's reader stalled; resetting it"
+                            );
+                            open.remove(&stream_id);
+                            if frames
+                                .send(Frame::RstStream {
+                                    stream_id,
+                                    status: RST_CANCEL,
+                                })
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
                     }
                 }
                 if flags & FLAG_FIN != 0 {
@@ -358,6 +364,47 @@ async fn read_frames<R: AsyncRead + Unpin>(
             | Frame::WindowUpdate { .. }
             | Frame::Ignored => {}
         }
+    }
+}
+
+/// How long received data may wait for its stream's reader to make room (the session's budget,
+/// the stream's queue) before the stream is reset.
+const STALL_LIMIT: Duration = Duration::from_secs(30);
+
+/// What became of received data.
+enum Delivered {
+    Yes,
+    ReaderGone,
+    Stalled,
+}
+
+/// Hands `data` to its stream's reader, counted against the session's budget (waiting at most
+/// [`STALL_LIMIT`] for room) and the node's (never waiting: a node out of room resets the
+/// stream rather than let one session stall the others).
+async fn deliver(
+    tx: &mpsc::Sender<(Bytes, Held)>,
+    data: Bytes,
+    budget: &Arc<Semaphore>,
+    stats: &Arc<SessionStats>,
+) -> Delivered {
+    let len = data.len();
+    let admitted = async {
+        let session = budget.clone().acquire_many_owned(permits(len)).await.ok()?;
+        let node = NODE_BUDGET.try_acquire_many(permits(len)).ok()?;
+        let now = stats.buffered.fetch_add(len, Ordering::Relaxed) + len;
+        stats.buffered_peak.fetch_max(now, Ordering::Relaxed);
+        let held = Held {
+            len,
+            stats: stats.clone(),
+            _session: session,
+            _node: node,
+        };
+        Some(tx.send((data, held)).await.is_ok())
+    };
+    match tokio::time::timeout(STALL_LIMIT, admitted).await {
+        Ok(Some(true)) => Delivered::Yes,
+        Ok(Some(false)) => Delivered::ReaderGone,
+        Ok(None) | Err(_) => Delivered::Stalled,
     }
 }
 
@@ -519,6 +566,44 @@ pub(crate) mod tests {
         assert_eq!(data.len(), 200_000);
         assert!(fin);
         assert_eq!(data[199_999], 199);
+    }
+
+    /// A stream whose reader stopped reading is reset once its data has waited the stall
+    /// limit; the session goes on (it answers a ping) instead of stalling for good.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_stream_is_reset_and_the_session_reads_on() {
+        let (client, server) = tokio::io::duplex(256 * 1024);
+        let mut session = Session::start(server);
+        let mut peer = Peer::new(client);
+        peer.open(1, &[("streamtype", "data")]).await;
+        let _never_read = session.accept().await.unwrap();
+        assert!(matches!(
+            peer.next().await,
+            Some(Frame::SynReply { stream_id: 1, .. })
+        ));
+        for _ in 0..(QUEUED_DATA + 2) {
+            peer.data(1, &[7u8; 1024], false).await;
+        }
+        peer.send(Frame::Ping { id: 3 }).await;
+        let mut reset = false;
+        loop {
+            match peer.next().await {
+                Some(Frame::RstStream {
+                    stream_id: 1,
+                    status,
+                }) => {
+                    assert_eq!(status, RST_CANCEL);
+                    reset = true;
+                }
+                Some(Frame::Ping { id: 3 }) => break,
+                Some(_) => {}
+                None => panic!("the session ended"),
+            }
+        }
+        assert!(
+            reset,
+            "the stalled stream was not reset before the ping was answered"
+        );
     }
 
     #[tokio::test]

@@ -374,32 +374,15 @@ fn the_readmes_helm_install_line_renders_as_typed() {
         "monitoring.spendAlertPerHour=2.5",
         "controller.idleGpuThreshold=7.5",
     ] {
-        let output = helm(&[
-            "template",
-            "r",
-            "charts/runpod-kubelet",
-            "--set",
-            "runpod.apiKey=k",
-            "--set",
-            set,
-        ]);
-        assert!(
-            output.status.success(),
-            "--set {set}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        if let Err(error) = chart::render(&["runpod.apiKey=k", set]) {
+            panic!("--set {set}: {error}");
+        }
     }
     for bad in ["runpod.maxGpuPrice=0", "runpod.maxGpuPrice=cheap"] {
-        let output = helm(&[
-            "template",
-            "r",
-            "charts/runpod-kubelet",
-            "--set",
-            "runpod.apiKey=k",
-            "--set",
-            bad,
-        ]);
-        assert!(!output.status.success(), "--set {bad} was accepted");
+        assert!(
+            chart::render(&["runpod.apiKey=k", bad]).is_err(),
+            "--set {bad} was accepted"
+        );
     }
 }
 

@@ -263,23 +263,9 @@ mod tests {
     use super::*;
 
     fn instance(id: &str, state: crate::provider::InstanceState) -> Instance {
-        Instance {
-            id: id.to_owned(),
-            name: id.to_owned(),
-            tags: crate::provider::Tags::default(),
-            state,
-            uptime_secs: None,
-            cost_per_hour: Some(0.6),
-            gpu_type: None,
-            datacenter: None,
-            endpoints: Vec::new(),
-            ip: None,
-            created_at: None,
-            started_at: None,
-            message: None,
-            usage: None,
-            ssh: None,
-        }
+        let mut instance = crate::controller::fixtures::instance(id, "c", "n", None);
+        instance.state = state;
+        instance
     }
 
     /// Issue 41, item 7: only an answer that says so makes an unlisted line gone.

@@ -477,8 +477,10 @@ async fn moving_from_the_go_kubelet(
     client: &kube::Client,
 ) -> anyhow::Result<()> {
     let simulator = SimulatorProcess::start(&json!({"provisioning_ms": 300, "starting_ms": 100}))?;
+    // The Go kubelet placed its pods under its own rules: here in a data centre this controller
+    // does not allow (`--datacenter-ids EU-RO-1`), which must not get them replaced.
     let body = |name: &str| {
-        json!({"name": name, "image": "e2e/server:1",
+        json!({"name": name, "image": "e2e/server:1", "dataCenterIds": ["EU-SE-1"],
                "gpu": {"id": "NVIDIA GeForce RTX 4090", "count": 1}, "env": {"FOO": "bar"}})
     };
     // Not labelled: the pod opts in by its toleration alone, as the Go kubelet's manifests did;
@@ -521,7 +523,13 @@ async fn moving_from_the_go_kubelet(
         &control_plane.kubeconfig,
         &control_plane.ca_file(),
         &simulator,
-        &["--cluster-id", "e2e-seed", "--accept-seed-tolerations"],
+        &[
+            "--cluster-id",
+            "e2e-seed",
+            "--accept-seed-tolerations",
+            "--datacenter-ids",
+            "EU-RO-1",
+        ],
     )?;
     let outcome = async {
         let message = event(client, ns, "legacy-train", "AdoptionNeeded").await?;
@@ -607,6 +615,27 @@ async fn moving_from_the_go_kubelet(
         ensure!(
             ledger_live(&simulator, &legacy_id).await?,
             "the adopted instance was stopped"
+        );
+        // Tracked as it is for many reconciles (1 s each here), not replaced a little later.
+        let lists = simulator.successful_lists().await?;
+        while simulator.successful_lists().await? < lists + 8 {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+        let still = pods.get("legacy-train").await?;
+        ensure!(
+            annotation(&still, "runpod.io/pod-id") == Some(legacy_id.as_str()),
+            "the adopted pod's instance was replaced"
+        );
+        ensure!(
+            support::pods::ledger_for(&simulator, &pod_uid)
+                .await?
+                .is_empty()
+                && ledger_live(&simulator, &legacy_id).await?,
+            "the adopted instance was replaced or stopped after a few reconciles"
+        );
+        ensure!(
+            still.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"),
+            "the adopted pod is no longer running"
         );
 
         pods.delete("legacy-train", &DeleteParams::default())

@@ -412,6 +412,18 @@ async fn forbidden_datacenter(env: Arc<Env>) -> anyhow::Result<()> {
         pods.get_opt("eu-only").await?.is_none(),
         "refused pod exists"
     );
+    // RunPod's community hosts are third parties: not allowed unless the installation says so.
+    let community = gpu_pod("community", &[], &[("runpod.io/cloud-type", "COMMUNITY")]);
+    match pods.create(&PostParams::default(), &community).await {
+        Ok(_) => bail!("the apiserver admitted a pod asking for a cloud tier not allowed"),
+        Err(kube::Error::Api(status)) => ensure!(
+            status.code == 403 && status.message.contains("allowed: SECURE"),
+            "code {} ({})",
+            status.code,
+            status.message
+        ),
+        Err(other) => bail!("unexpected error: {other}"),
+    }
     delete_namespace(&env, ns).await
 }
 

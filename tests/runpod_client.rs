@@ -611,6 +611,7 @@ async fn placement_from_the_live_catalogue_respects_every_constraint() {
     let limits = ClusterLimits {
         max_gpu_price: 1.0,
         data_center_ids: vec!["EU-RO-1".into(), "US-TX-3".into()],
+        cloud_types: Vec::new(),
     };
     let requirements = Requirements {
         gpu_count: 1,
@@ -759,6 +760,7 @@ async fn tolerant_decoding_of_every_read() {
     let limits = ClusterLimits {
         max_gpu_price: 100.0,
         data_center_ids: vec![],
+        cloud_types: Vec::new(),
     };
     let candidates = select::candidates(&catalogue, &requirements, &limits);
     assert!(!candidates.is_empty());

@@ -226,6 +226,30 @@ impl CloudType {
             .into_iter()
             .find(|cloud| cloud.as_str().eq_ignore_ascii_case(value))
     }
+
+    /// The tier of a pod that names none: `SECURE`, unless the installation allows only
+    /// `COMMUNITY` (`allowed` empty: any).
+    pub fn default_within(allowed: &[CloudType]) -> CloudType {
+        if allowed.is_empty() || allowed.contains(&CloudType::Secure) {
+            CloudType::Secure
+        } else {
+            CloudType::Community
+        }
+    }
+
+    /// Whether the installation allows this tier (`allowed` empty: any).
+    pub fn allowed_in(self, allowed: &[CloudType]) -> bool {
+        allowed.is_empty() || allowed.contains(&self)
+    }
+}
+
+/// `SECURE,COMMUNITY` for messages.
+pub fn cloud_type_names(types: &[CloudType]) -> String {
+    types
+        .iter()
+        .map(|cloud| cloud.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// How RunPod exposes a container port.

@@ -287,6 +287,22 @@ pub fn policy_violations(
             ));
         }
     }
+    let cloud_type = effective
+        .get(contract::CLOUD_TYPE)
+        .and_then(|sourced| CloudType::parse(sourced.value).map(|cloud| (sourced, cloud)));
+    if let Some((sourced, cloud)) = cloud_type
+        && !cloud.allowed_in(&config.allowed_cloud_types)
+    {
+        problems.push(format!(
+            "annotation {}{} asks for RunPod's {} cloud, which this cluster does not allow \
+             (its hosts are third parties that would receive the pod's Secret env and registry \
+             login); allowed: {}. Remove the annotation or ask your platform team",
+            contract::CLOUD_TYPE,
+            sourced.origin(),
+            cloud.as_str(),
+            contract::cloud_type_names(&config.allowed_cloud_types)
+        ));
+    }
     if let (Some(sourced), Some(per_gpu)) =
         (effective.get(contract::MAX_PRICE), config.max_gpu_price)
     {
@@ -328,7 +344,7 @@ pub fn cap_below_market(
     let cloud = effective
         .get(contract::CLOUD_TYPE)
         .and_then(|sourced| CloudType::parse(sourced.value))
-        .unwrap_or(CloudType::Secure);
+        .unwrap_or_else(|| CloudType::default_within(&config.allowed_cloud_types));
     let per_gpu = *cheapest_per_gpu.get(cloud.as_str())?;
     let cheapest = per_gpu * f64::from(billed_gpus);
     (cap + 1e-9 < cheapest).then(|| {

@@ -9,6 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 pub struct PolicyConfig {
     /// Datacenters pods may ask for; empty means any.
     pub allowed_datacenters: Vec<String>,
+    /// RunPod cloud tiers pods may run in (`--allowed-cloud-types`); empty means any.
+    /// `COMMUNITY` hosts are third parties: the pod's Secret env and registry login go there.
+    pub allowed_cloud_types: Vec<crate::CloudType>,
     /// Highest USD per hour per GPU a pod may offer; `None` means no cap.
     pub max_gpu_price: Option<f64>,
     /// Namespaces whose pods are never touched (the chart's own); `kube-system` always is.
@@ -63,6 +66,7 @@ impl PolicyConfig {
         excluded.extend(own_namespace.filter(|ns| !ns.is_empty()));
         PolicyConfig {
             allowed_datacenters: trimmed(datacenter_ids),
+            allowed_cloud_types: Vec::new(),
             max_gpu_price: Some(max_gpu_price),
             excluded_namespaces: excluded,
             vastai: crate::vastai::VastPolicy {

@@ -160,7 +160,7 @@ pub const NAMES: &[Name] = &[
     ),
     user(
         CLOUD_TYPE,
-        "`SECURE` (default), `COMMUNITY`",
+        "`SECURE` (default), `COMMUNITY` (refused unless `--allowed-cloud-types` lists it)",
         "RunPod's cloud",
     ),
     user(

@@ -162,6 +162,7 @@ pub async fn run(args: AdoptArgs) -> anyhow::Result<()> {
     let limits = ClusterLimits {
         max_gpu_price: 0.0,
         data_center_ids: vec![],
+        cloud_types: Vec::new(),
     };
     let provider = RunPodProvider::new(
         runpod,

@@ -30,6 +30,12 @@ pub fn positive_price(value: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("{value:?} is not a positive number"))
 }
 
+/// A RunPod cloud tier, `SECURE` or `COMMUNITY` (any case).
+pub fn cloud_type(value: &str) -> Result<runpod_contract::CloudType, String> {
+    runpod_contract::CloudType::parse(value)
+        .ok_or_else(|| format!("{value:?} is not SECURE or COMMUNITY"))
+}
+
 /// A share in percent, `0`..=`100`, with or without the `%` sign.
 pub fn percent(value: &str) -> Result<f64, String> {
     let number: f64 = value

@@ -34,7 +34,7 @@ pub struct GpusArgs {
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_GPU_TYPES")]
     pub gpu_types: Vec<String>,
     /// SECURE or COMMUNITY (default SECURE).
-    #[arg(long, value_parser = cloud_type, env = "RUNPOD_KUBELET_CLOUD_TYPE")]
+    #[arg(long, value_parser = crate::cmd::flags::cloud_type, env = "RUNPOD_KUBELET_CLOUD_TYPE")]
     pub cloud_type: Option<CloudType>,
     /// Maximum USD per hour for the whole pod (like `runpod.io/max-price`).
     #[arg(long, env = "RUNPOD_KUBELET_MAX_PRICE")]
@@ -48,10 +48,6 @@ pub struct GpusArgs {
     /// Print JSON instead of a table.
     #[arg(long, env = "RUNPOD_KUBELET_JSON")]
     pub json: bool,
-}
-
-fn cloud_type(value: &str) -> Result<CloudType, String> {
-    CloudType::parse(value).ok_or_else(|| format!("{value:?} is not SECURE or COMMUNITY"))
 }
 
 pub async fn run(args: GpusArgs) -> anyhow::Result<()> {
@@ -161,6 +157,7 @@ async fn candidates(args: GpusArgs) -> anyhow::Result<()> {
     let limits = ClusterLimits {
         max_gpu_price: args.max_gpu_price,
         data_center_ids: args.datacenter_ids.clone(),
+        cloud_types: Vec::new(),
     };
     let gpu_count = args.gpu_count.unwrap_or(1);
     let cloud = args.cloud_type.unwrap_or(CloudType::Secure);

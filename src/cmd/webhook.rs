@@ -36,6 +36,11 @@ pub struct WebhookArgs {
     /// Datacenters pods may ask for (comma-separated); empty allows any.
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_DATACENTER_IDS")]
     pub datacenter_ids: Vec<String>,
+    /// RunPod cloud tiers pods may run in (comma-separated `SECURE`, `COMMUNITY`). `COMMUNITY`
+    /// hosts are third parties that receive the pod's Secret env and registry login, so a pod
+    /// asking for it is refused unless it is listed here.
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, default_value = "SECURE", value_parser = crate::cmd::flags::cloud_type, env = "RUNPOD_KUBELET_ALLOWED_CLOUD_TYPES")]
+    pub allowed_cloud_types: Vec<runpod_contract::CloudType>,
     /// Cap in USD per hour per GPU; a pod's `runpod.io/max-price` may not exceed it × GPU count.
     #[arg(long, default_value_t = 0.5, value_parser = positive_price, env = "RUNPOD_KUBELET_MAX_GPU_PRICE")]
     pub max_gpu_price: f64,
@@ -176,6 +181,7 @@ fn policy_config(
         .vastai_policy
         .policy(args.max_gpu_price)
         .map_err(anyhow::Error::msg)?;
+    config.allowed_cloud_types = args.allowed_cloud_types.clone();
     config.expose_no_ports = args.expose_ports == crate::cmd::flags::ExposePorts::None;
     config.accept_seed_tolerations = args.accept_seed_tolerations;
     config.default_budget = args.default_budget_per_hour;

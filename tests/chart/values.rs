@@ -266,6 +266,43 @@ fn expose_ports_reaches_the_webhook_and_every_controller() {
     assert!(error.contains("/controller/exposePorts"), "{error}");
 }
 
+/// `runpod.allowedCloudTypes` (default SECURE only: COMMUNITY hosts are third parties) reaches
+/// the webhook, which refuses other tiers, and every controller, which never buys them.
+#[test]
+fn allowed_cloud_types_reach_the_webhook_and_every_controller() {
+    for (value, expected) in [
+        (None, "SECURE"),
+        (Some("[SECURE, COMMUNITY]"), "SECURE,COMMUNITY"),
+    ] {
+        let mut values =
+            "vastai: {apiKey: v}\nnodes: [{name: vast, provider: vastai}]\n".to_owned();
+        match value {
+            Some(value) => values.push_str(&format!(
+                "runpod: {{apiKey: k, allowedCloudTypes: {value}}}\n"
+            )),
+            None => values.push_str("runpod: {apiKey: k}\n"),
+        }
+        let objects = render_values(&values).unwrap();
+        let deployments = of_kind(&objects, "Deployment");
+        assert_eq!(deployments.len(), 3);
+        for deployment in deployments {
+            let args = args_of(&deployment["spec"]["template"]);
+            assert_eq!(
+                flag(&args, "--allowed-cloud-types"),
+                Some(expected),
+                "{args:?}"
+            );
+        }
+    }
+    for wrong in ["[STANDARD]", "[]"] {
+        let error = render_values(&format!(
+            "runpod: {{apiKey: k, allowedCloudTypes: {wrong}}}\n"
+        ))
+        .unwrap_err();
+        assert!(error.contains("/runpod/allowedCloudTypes"), "{error}");
+    }
+}
+
 /// `controller.acceptSeedTolerations` reaches the webhook and every controller; off, none.
 #[test]
 fn seed_tolerations_are_accepted_only_when_asked() {

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 fn config() -> PolicyConfig {
     PolicyConfig {
         allowed_datacenters: vec!["EU-RO-1".into()],
+        allowed_cloud_types: Vec::new(),
         max_gpu_price: Some(0.5),
         excluded_namespaces: ["kube-system".to_owned()].into(),
         vastai: Default::default(),

@@ -219,6 +219,8 @@ spec:
             - --datacenter-ids
             - {{ join "," . | quote }}
             {{- end }}
+            - --allowed-cloud-types
+            - {{ join "," $v.runpod.allowedCloudTypes | quote }}
             {{- with $v.webhook.excludeNamespaces }}
             - --exclude-namespaces
             - {{ join "," . | quote }}

@@ -182,6 +182,11 @@ pub struct ControllerArgs {
     /// Datacenters RunPod pods may be placed in (comma-separated); empty allows any.
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_DATACENTER_IDS")]
     pub datacenter_ids: Vec<String>,
+    /// RunPod cloud tiers pods may run in (comma-separated `SECURE`, `COMMUNITY`). `COMMUNITY`
+    /// hosts are third parties that receive the pod's Secret env and registry login, so a pod
+    /// asking for it is refused unless it is listed here.
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, default_value = "SECURE", value_parser = crate::cmd::flags::cloud_type, env = "RUNPOD_KUBELET_ALLOWED_CLOUD_TYPES")]
+    pub allowed_cloud_types: Vec<runpod_contract::CloudType>,
     /// Cap in USD per hour per GPU.
     #[arg(long, default_value_t = 0.5, env = "RUNPOD_KUBELET_MAX_GPU_PRICE")]
     pub max_gpu_price: f64,

@@ -24,6 +24,7 @@ pub async fn run(args: CheckKeyArgs) -> anyhow::Result<()> {
             let limits = ClusterLimits {
                 max_gpu_price: 0.0,
                 data_center_ids: vec![],
+                cloud_types: Vec::new(),
             };
             let provider = RunPodProvider::new(
                 client,

@@ -142,6 +142,7 @@ async fn drain(args: DrainArgs) -> anyhow::Result<()> {
                 ClusterLimits {
                     max_gpu_price: 0.0,
                     data_center_ids: vec![],
+                    cloud_types: Vec::new(),
                 },
                 config.cluster_id.clone(),
                 args.nodename.clone(),
@@ -215,6 +216,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
         .vastai_policy
         .policy(args.max_gpu_price)
         .map_err(anyhow::Error::msg)?;
+    admission.allowed_cloud_types = args.allowed_cloud_types.clone();
     admission.expose_no_ports = args.expose_ports == crate::cmd::flags::ExposePorts::None;
     admission.accept_seed_tolerations = args.accept_seed_tolerations;
     admission.default_budget = args.default_budget_per_hour;
@@ -247,6 +249,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
                     .map(|d| d.trim().to_owned())
                     .filter(|d| !d.is_empty())
                     .collect(),
+                cloud_types: args.allowed_cloud_types.clone(),
             };
             let (exec, public_key) = runpod_exec(&args, &client).await;
             setup.exec = exec;

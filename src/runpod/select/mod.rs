@@ -50,6 +50,8 @@ pub struct ClusterLimits {
     pub max_gpu_price: f64,
     /// `--datacenter-ids`: the only data centres pods may run in; empty means any.
     pub data_center_ids: Vec<String>,
+    /// `--allowed-cloud-types`: the only cloud tiers pods may run in; empty means any.
+    pub cloud_types: Vec<CloudType>,
 }
 
 /// Why a pod's annotations cannot be turned into [`Requirements`]; each message names the
@@ -75,6 +77,16 @@ pub enum RequirementError {
         value: String,
         requested: Vec<String>,
         allowed: Vec<String>,
+    },
+    #[error(
+        "annotation {annotation}={value:?} asks for a cloud tier this cluster does not allow; \
+         allowed: {allowed}. Remove the annotation or ask your platform team",
+        annotation = contract::CLOUD_TYPE,
+        allowed = contract::cloud_type_names(.allowed)
+    )]
+    CloudTypeNotAllowed {
+        value: String,
+        allowed: Vec<CloudType>,
     },
 }
 
@@ -129,7 +141,17 @@ pub fn requirements(pod: &Pod, limits: &ClusterLimits) -> Result<Requirements, R
     let cloud = annotation(annotations, contract::CLOUD_TYPE, CLOUD_HINT, |value| {
         CloudType::parse(value).ok_or_else(|| format!("{value:?} is not SECURE or COMMUNITY"))
     })?
-    .unwrap_or(CloudType::Secure);
+    .unwrap_or_else(|| CloudType::default_within(&limits.cloud_types));
+    // Admission refused it, but the annotation may have been edited since, or the list
+    // narrowed: nothing is bought from a tier the installation does not allow.
+    if !cloud.allowed_in(&limits.cloud_types) {
+        return Err(RequirementError::CloudTypeNotAllowed {
+            value: annotation_value(annotations, contract::CLOUD_TYPE)
+                .unwrap_or_default()
+                .to_owned(),
+            allowed: limits.cloud_types.clone(),
+        });
+    }
     let requested = annotation(
         annotations,
         contract::DATACENTER_IDS,
@@ -281,6 +303,7 @@ pub fn cheapest_price(catalogue: &Catalogue, cloud: CloudType, gpu_count: u32) -
     let no_limits = ClusterLimits {
         max_gpu_price: f64::INFINITY,
         data_center_ids: Vec::new(),
+        cloud_types: Vec::new(),
     };
     candidates(catalogue, &anything, &no_limits)
         .into_iter()

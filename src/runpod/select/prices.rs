@@ -20,6 +20,7 @@ pub fn price_sheet(catalogue: &Catalogue, data_center_ids: &[String]) -> PriceSh
     let limits = ClusterLimits {
         max_gpu_price: f64::INFINITY,
         data_center_ids: data_center_ids.to_vec(),
+        cloud_types: Vec::new(),
     };
     let mut observations: Vec<(&'static str, u32, Option<&'static str>, f64)> = Vec::new();
     let mut unknown = BTreeSet::new();

@@ -60,6 +60,7 @@ fn limits() -> ClusterLimits {
     ClusterLimits {
         max_gpu_price: 10.0,
         data_center_ids: Vec::new(),
+        cloud_types: Vec::new(),
     }
 }
 
@@ -165,6 +166,7 @@ fn datacenters_are_the_pod_list_narrowed_to_the_cluster_list() {
     let cluster = ClusterLimits {
         max_gpu_price: 10.0,
         data_center_ids: strings(&["US-KS-2", "EU-RO-1", "CA-MTL-1"]),
+        cloud_types: Vec::new(),
     };
     // Both: intersection, in the pod's (preference) order.
     let pod = gpu_pod(&[(contract::DATACENTER_IDS, "EU-SE-1,EU-RO-1,US-KS-2")]);
@@ -188,6 +190,7 @@ fn datacenters_are_the_pod_list_narrowed_to_the_cluster_list() {
     let blank = ClusterLimits {
         max_gpu_price: 10.0,
         data_center_ids: strings(&[""]),
+        cloud_types: Vec::new(),
     };
     assert!(
         requirements(&gpu_pod(&[]), &blank)
@@ -198,10 +201,47 @@ fn datacenters_are_the_pod_list_narrowed_to_the_cluster_list() {
 }
 
 #[test]
+fn a_tier_the_installation_does_not_allow_buys_nothing_and_the_default_follows_the_list() {
+    let secure_only = ClusterLimits {
+        cloud_types: vec![CloudType::Secure],
+        ..limits()
+    };
+    // Edited onto the pod after admission, or the list narrowed since: refused, not bought.
+    let pod = gpu_pod(&[(contract::CLOUD_TYPE, "COMMUNITY")]);
+    let err = requirements(&pod, &secure_only).unwrap_err();
+    assert_eq!(
+        err,
+        RequirementError::CloudTypeNotAllowed {
+            value: "COMMUNITY".to_owned(),
+            allowed: vec![CloudType::Secure],
+        }
+    );
+    assert!(err.to_string().contains("allowed: SECURE"), "{err}");
+    assert_eq!(
+        requirements(&gpu_pod(&[]), &secure_only).unwrap().cloud,
+        CloudType::Secure
+    );
+    // An installation that allows only COMMUNITY: a pod naming no tier goes there.
+    let community_only = ClusterLimits {
+        cloud_types: vec![CloudType::Community],
+        ..limits()
+    };
+    assert_eq!(
+        requirements(&gpu_pod(&[]), &community_only).unwrap().cloud,
+        CloudType::Community
+    );
+    assert!(
+        requirements(&pod, &limits()).is_ok(),
+        "an empty list allows any"
+    );
+}
+
+#[test]
 fn a_pod_list_disjoint_from_the_cluster_list_is_an_error() {
     let cluster = ClusterLimits {
         max_gpu_price: 10.0,
         data_center_ids: strings(&["US-KS-2", "EU-RO-1"]),
+        cloud_types: Vec::new(),
     };
     let pod = gpu_pod(&[(contract::DATACENTER_IDS, "EU-SE-1, CA-MTL-1")]);
     let err = requirements(&pod, &cluster).unwrap_err();
@@ -312,7 +352,8 @@ fn only_types_offered_and_priced_on_the_requested_cloud() {
             &req(),
             &ClusterLimits {
                 max_gpu_price: f64::INFINITY,
-                data_center_ids: Vec::new()
+                data_center_ids: Vec::new(),
+                cloud_types: Vec::new(),
             }
         )),
         ["NVIDIA GeForce RTX 4090"]
@@ -372,6 +413,7 @@ fn price_caps_apply_to_the_whole_pod_and_per_gpu() {
     let cluster = ClusterLimits {
         max_gpu_price: 0.4,
         data_center_ids: Vec::new(),
+        cloud_types: Vec::new(),
     };
     assert_eq!(ids(&candidates(&catalogue, &two, &cluster)), ["cheap"]);
     // The smaller of the two wins.
@@ -391,6 +433,7 @@ fn price_caps_apply_to_the_whole_pod_and_per_gpu() {
     let cluster = ClusterLimits {
         max_gpu_price: 0.1,
         data_center_ids: Vec::new(),
+        cloud_types: Vec::new(),
     };
     assert_eq!(ids(&candidates(&catalogue, &three, &cluster)), ["tenth"]);
 }
@@ -401,6 +444,7 @@ fn a_nan_cap_places_nothing() {
     let broken = ClusterLimits {
         max_gpu_price: f64::NAN,
         data_center_ids: Vec::new(),
+        cloud_types: Vec::new(),
     };
     let with_pod_cap = Requirements {
         max_price_per_hour: Some(5.0),
@@ -593,6 +637,7 @@ fn the_cluster_data_centre_list_applies_even_to_hand_built_requirements() {
     let cluster = ClusterLimits {
         max_gpu_price: 10.0,
         data_center_ids: strings(&["US-KS-2"]),
+        cloud_types: Vec::new(),
     };
     let got = candidates(&catalogue, &req(), &cluster);
     assert_eq!(got[0].data_center_ids, strings(&["US-KS-2"]));
@@ -719,6 +764,7 @@ fn end_to_end_from_pod_annotations() {
     let cluster = ClusterLimits {
         max_gpu_price: 0.45,
         data_center_ids: strings(&["EU-RO-1"]),
+        cloud_types: Vec::new(),
     };
     let requirements = requirements(&pod, &cluster).unwrap();
     let catalogue = secure(vec![
@@ -898,6 +944,7 @@ fn limits_strategy() -> impl Strategy<Value = ClusterLimits> {
         .prop_map(|(max_gpu_price, data_center_ids)| ClusterLimits {
             max_gpu_price,
             data_center_ids,
+            cloud_types: Vec::new(),
         })
 }
 
@@ -1168,7 +1215,11 @@ proptest! {
     fn prop_candidates_are_ordered_when_few_constraints_apply(
         cat in catalogue(), r in loose_requirements()
     ) {
-        let unlimited = ClusterLimits { max_gpu_price: f64::INFINITY, data_center_ids: Vec::new() };
+        let unlimited = ClusterLimits {
+            max_gpu_price: f64::INFINITY,
+            data_center_ids: Vec::new(),
+            cloud_types: Vec::new(),
+        };
         check_order(&cat, &r, &unlimited)?;
     }
 

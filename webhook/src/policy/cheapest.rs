@@ -88,7 +88,7 @@ fn runpod_need(
     let gpu_types = runpod_gpu_types(effective);
     let class = value(contract::CLOUD_TYPE)
         .and_then(CloudType::parse)
-        .unwrap_or(CloudType::Secure);
+        .unwrap_or_else(|| CloudType::default_within(&config.allowed_cloud_types));
     let pod_cap = value(contract::MAX_PRICE).and_then(|v| contract::parse_price(v).ok());
     let cluster_cap = config
         .max_gpu_price

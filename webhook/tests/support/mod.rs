@@ -228,6 +228,7 @@ pub fn opted_in_cluster() -> MemoryCluster {
 pub fn policy() -> PolicyConfig {
     PolicyConfig {
         allowed_datacenters: vec!["EU-RO-1".into()],
+        allowed_cloud_types: Vec::new(),
         max_gpu_price: Some(0.5),
         excluded_namespaces: ["kube-system".to_owned()].into(),
         vastai: Default::default(),

@@ -9,6 +9,7 @@ use super::*;
 fn config() -> PolicyConfig {
     PolicyConfig {
         allowed_datacenters: vec!["EU-RO-1".into(), "US-TX-3".into()],
+        allowed_cloud_types: Vec::new(),
         max_gpu_price: Some(0.5),
         excluded_namespaces: ["kube-system".to_owned()].into(),
         vastai: Default::default(),
@@ -1142,6 +1143,39 @@ fn a_delayed_pod_runpod_cannot_run_stays_local_unmarked() {
         );
         assert_eq!(&patched, pod);
     }
+}
+
+#[test]
+fn a_cloud_tier_the_installation_does_not_allow_is_refused_naming_the_allowed_ones() {
+    let secure_only = PolicyConfig {
+        allowed_cloud_types: vec![contract::CloudType::Secure],
+        ..config()
+    };
+    let community = annotate(gpu_pod(), contract::CLOUD_TYPE, "community");
+    let verdict = admit_with(&community, &labelled_namespace(), &secure_only).0;
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("COMMUNITY") && message.contains("allowed: SECURE"),
+        "{message}"
+    );
+    // From the owning Job, the message says so.
+    let mut context = labelled_namespace();
+    context.job = Some(OwningJob {
+        name: "train".into(),
+        annotations: [(contract::CLOUD_TYPE.to_owned(), "COMMUNITY".to_owned())].into(),
+    });
+    let verdict = admit_with(&gpu_pod(), &context, &secure_only).0;
+    assert!(denial(&verdict).1.contains("train"), "{verdict:?}");
+    // SECURE, or no tier at all, passes; COMMUNITY passes once the installation lists it.
+    let secure = annotate(gpu_pod(), contract::CLOUD_TYPE, "SECURE");
+    assert_bursts(&admit_with(&secure, &labelled_namespace(), &secure_only).0);
+    assert_bursts(&admit_with(&gpu_pod(), &labelled_namespace(), &secure_only).0);
+    let both = PolicyConfig {
+        allowed_cloud_types: vec![contract::CloudType::Secure, contract::CloudType::Community],
+        ..config()
+    };
+    assert_bursts(&admit_with(&community, &labelled_namespace(), &both).0);
 }
 
 #[test]

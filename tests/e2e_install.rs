@@ -208,10 +208,21 @@ async fn cloud_through_a_proxy(
         let mut closed = bound_gpu_pod("closed", "e2e/server:1", "Always");
         closed.metadata.annotations =
             Some([("runpod.io/ports".to_owned(), "none".to_owned())].into());
+        // A hardened pod: what the cloud does not apply is said in an Event, not dropped.
+        if let Some(spec) = closed.spec.as_mut() {
+            spec.security_context = Some(serde_json::from_value(
+                json!({"runAsUser": 1000, "runAsNonRoot": true}),
+            )?);
+        }
         pods.create(&PostParams::default(), &closed).await?;
         running(&pods, "closed").await?;
         let created = event(client, ns, "closed", "RunPodPodCreated").await?;
         ensure!(created.ends_with("; no port exposed"), "Event {created:?}");
+        let unapplied = event(client, ns, "closed", "SecurityContextNotApplied").await?;
+        ensure!(
+            unapplied.contains("securityContext.runAsNonRoot, securityContext.runAsUser"),
+            "Event {unapplied:?}"
+        );
         for name in ["through-proxy", "closed"] {
             pods.delete(name, &DeleteParams::default()).await?;
             gone(&pods, name).await?;

@@ -254,6 +254,61 @@ fn unsupported_volume_kind(volume: &VolumeView) -> Option<String> {
     )
 }
 
+/// The `securityContext` fields a pod sets that a cloud instance does not apply: the container
+/// runs as its image's user, with a writable root filesystem and the cloud's own capabilities
+/// and seccomp profile. A value that asks for nothing beyond that (`privileged: false`,
+/// `readOnlyRootFilesystem: false`, `runAsNonRoot: false`, `allowPrivilegeEscalation: true`) is
+/// honoured as it is and not listed. Paths as `kubectl explain` names them.
+pub fn unapplied_security_context(pod: &PodView) -> Vec<String> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let mut unapplied = Vec::new();
+    let mut read = |prefix: String, context: Option<&serde_json::Value>| {
+        let Some(fields) = context.and_then(serde_json::Value::as_object) else {
+            return;
+        };
+        for (field, value) in fields {
+            let honoured = match (field.as_str(), value) {
+                (_, serde_json::Value::Null) => true,
+                ("privileged" | "readOnlyRootFilesystem" | "runAsNonRoot", value) => {
+                    value.as_bool() == Some(false)
+                }
+                ("allowPrivilegeEscalation", value) => value.as_bool() == Some(true),
+                (_, serde_json::Value::Array(items)) => items.is_empty(),
+                (_, serde_json::Value::Object(items)) => items.is_empty(),
+                _ => false,
+            };
+            if !honoured {
+                unapplied.push(format!("{prefix}securityContext.{field}"));
+            }
+        }
+    };
+    read(String::new(), spec.security_context.as_ref());
+    for container in &spec.containers {
+        read(
+            format!("containers[{}].", container.name),
+            container.security_context.as_ref(),
+        );
+    }
+    unapplied
+}
+
+/// [`unapplied_security_context`] as the admission warning and the controller's Event say it;
+/// `None` when everything the pod sets is honoured.
+pub fn unapplied_security_context_message(pod: &PodView, cloud: &str) -> Option<String> {
+    let unapplied = unapplied_security_context(pod);
+    (!unapplied.is_empty()).then(|| {
+        format!(
+            "{cloud} does not apply {}: the container runs as its image's user (root unless the \
+             image sets USER), with a writable root filesystem and {cloud}'s default \
+             capabilities; keep such pods local with {}: never",
+            unapplied.join(", "),
+            contract::BURST_MODE
+        )
+    })
+}
+
 /// Well-formed values this cluster does not allow: datacenters outside the allowed list, a price
 /// above the cap.
 pub fn policy_violations(

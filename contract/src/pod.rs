@@ -94,6 +94,9 @@ pub struct SpecView {
     /// A pod that names its node is bound by its author, not by the webhook.
     #[serde(default)]
     pub node_name: Option<String>,
+    /// Kept as written: only which fields are set is read ([`crate::checks::unapplied_security_context`]).
+    #[serde(default)]
+    pub security_context: Option<serde_json::Value>,
 }
 
 /// A container (regular or init).
@@ -112,6 +115,8 @@ pub struct ContainerView {
     pub resources: Option<ResourcesView>,
     #[serde(default)]
     pub volume_mounts: Option<Vec<MountView>>,
+    #[serde(default)]
+    pub security_context: Option<serde_json::Value>,
 }
 
 /// A `containerPort` entry.

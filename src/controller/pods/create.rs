@@ -281,6 +281,20 @@ pub(super) async fn create<P: Provider>(
                 ),
             )
             .await;
+            // What admission warned about, said where a Job's pods are read: their Events.
+            let unapplied = serde_json::to_value(&for_cloud)
+                .and_then(serde_json::from_value::<runpod_contract::pod::PodView>)
+                .ok()
+                .and_then(|view| {
+                    runpod_contract::checks::unapplied_security_context_message(
+                        &view,
+                        ctx.provider.cloud().title,
+                    )
+                });
+            if let Some(message) = unapplied {
+                ctx.event(pod, true, "SecurityContextNotApplied", message)
+                    .await;
+            }
             if provisioned.possibly_duplicated {
                 // Every later list is checked for a second pod with this UID tag, which the
                 // duplicate handling above terminates at once.

@@ -398,6 +398,11 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
             .insert(provider::CHEAPEST_CHOICE.to_owned(), record);
     }
     warnings.extend(port_warnings);
+    // Never dropped silently: said here, and again in the controller's Event at create time
+    // (a Job's pods have no one to read admission warnings).
+    if let Some(unapplied) = checks::unapplied_security_context_message(pod, cloud.display_name()) {
+        warnings.push(format!("runpod-kubelet: {unapplied}"));
+    }
     mutation::schedule_onto_cloud(pod, placement, cloud, &mut mutation, &mut warnings);
     if let Some(hosts) = pin {
         mutation.require_nodes = mutation::pinned_terms(pod, placement, &hosts);

@@ -1179,6 +1179,63 @@ fn a_cloud_tier_the_installation_does_not_allow_is_refused_naming_the_allowed_on
 }
 
 #[test]
+fn a_security_context_the_cloud_does_not_apply_is_warned_about_by_field() {
+    let in_container = |mut pod: Value, context: Value| {
+        pod["spec"]["containers"][0]["securityContext"] = context;
+        pod
+    };
+    let hardened = in_container(
+        with(
+            gpu_pod(),
+            "/spec/securityContext",
+            json!({"runAsUser": 1000, "fsGroup": 2000, "runAsNonRoot": true, "sysctls": []}),
+        ),
+        json!({"readOnlyRootFilesystem": true, "privileged": false,
+               "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}),
+    );
+    assert_eq!(
+        checks::unapplied_security_context(&typed(&hardened)),
+        [
+            "securityContext.fsGroup",
+            "securityContext.runAsNonRoot",
+            "securityContext.runAsUser",
+            "containers[main].securityContext.allowPrivilegeEscalation",
+            "containers[main].securityContext.capabilities",
+            "containers[main].securityContext.readOnlyRootFilesystem",
+        ]
+    );
+    let Verdict::Allow { warnings, .. } = admit(&hardened, &labelled_namespace()).0 else {
+        panic!("a hardened pod still bursts");
+    };
+    let warning = warnings
+        .iter()
+        .find(|w| w.contains("does not apply"))
+        .unwrap_or_else(|| panic!("no warning: {warnings:?}"));
+    assert!(
+        warning.contains("RunPod does not apply securityContext.fsGroup")
+            && warning.contains("readOnlyRootFilesystem"),
+        "{warning}"
+    );
+    // What asks for nothing beyond the cloud's defaults is honoured: no warning.
+    let plain = in_container(
+        gpu_pod(),
+        json!({"privileged": false, "readOnlyRootFilesystem": false, "runAsNonRoot": false,
+               "allowPrivilegeEscalation": true, "capabilities": {}}),
+    );
+    assert!(checks::unapplied_security_context(&typed(&plain)).is_empty());
+    let Verdict::Allow { warnings, .. } = admit(&plain, &labelled_namespace()).0 else {
+        panic!("denied");
+    };
+    assert!(
+        !warnings.iter().any(|w| w.contains("does not apply")),
+        "{warnings:?}"
+    );
+    // Whatever shape the field has, the review never fails on it.
+    let odd = with(gpu_pod(), "/spec/securityContext", json!("root"));
+    assert!(checks::unapplied_security_context(&typed(&odd)).is_empty());
+}
+
+#[test]
 fn policy_violations_of_delayed_pods_are_refused() {
     let pod = annotate(gpu_pod(), contract::DATACENTER_IDS, "US-CA-2");
     let pod = annotate(pod, contract::BURST_MODE, "delayed");

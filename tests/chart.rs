@@ -122,32 +122,72 @@ fn wrong_values_fail_with_a_clear_message() {
 
 #[test]
 fn the_webhook_configuration_is_what_the_binary_prints_without_a_ca_bundle() {
-    let objects = render(&[
-        "runpod.apiKey=k",
-        "webhook.failurePolicy=Ignore",
-        "webhook.timeoutSeconds=5",
-        "webhook.excludeNamespaces={team-a,kube-system}",
-    ]);
-    let rendered = of_kind(&objects, "MutatingWebhookConfiguration");
-    assert_eq!(rendered.len(), 1);
-    let printed = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
-        .args([
-            "webhook-configuration",
-            "--service",
-            "runpod-system/r-runpod-kubelet-webhook:443",
-        ])
-        .args(["--failure-policy", "Ignore", "--timeout-seconds", "5"])
-        .args(["--exclude-namespaces", "team-a,kube-system"])
-        .output()
-        .unwrap();
-    assert!(printed.status.success());
-    let printed: Value = serde_json::from_slice(&printed.stdout).unwrap();
-    assert_eq!(rendered[0]["webhooks"], printed["webhooks"]);
-    assert_eq!(rendered[0]["metadata"]["name"], printed["metadata"]["name"]);
-    for hook in rendered[0]["webhooks"].as_array().unwrap() {
+    for conditions in [true, false] {
+        let objects = render(&[
+            "runpod.apiKey=k",
+            "webhook.failurePolicy=Ignore",
+            "webhook.timeoutSeconds=5",
+            "webhook.excludeNamespaces={team-a,kube-system}",
+            &format!("webhook.matchConditions={conditions}"),
+        ]);
+        let rendered = of_kind(&objects, "MutatingWebhookConfiguration");
+        assert_eq!(rendered.len(), 1);
+        let printed = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+            .args([
+                "webhook-configuration",
+                "--service",
+                "runpod-system/r-runpod-kubelet-webhook:443",
+            ])
+            .args(["--failure-policy", "Ignore", "--timeout-seconds", "5"])
+            .args(["--exclude-namespaces", "team-a,kube-system"])
+            .args(conditions.then_some("--match-conditions"))
+            .output()
+            .unwrap();
+        assert!(printed.status.success());
+        let printed: Value = serde_json::from_slice(&printed.stdout).unwrap();
+        assert_eq!(rendered[0]["webhooks"], printed["webhooks"]);
+        assert_eq!(
+            rendered[0]["webhooks"][0]["matchConditions"][0]["expression"]
+                .as_str()
+                .is_some(),
+            conditions
+        );
+        assert_eq!(rendered[0]["metadata"]["name"], printed["metadata"]["name"]);
+        for hook in rendered[0]["webhooks"].as_array().unwrap() {
+            assert!(
+                hook["clientConfig"].get("caBundle").is_none(),
+                "caBundle must not be rendered"
+            );
+        }
+    }
+}
+
+/// `webhook.matchConditions: auto` renders them where the apiserver has them (1.28 and later)
+/// and leaves them out before, where an apiserver would refuse the field.
+#[test]
+fn match_conditions_follow_the_apiserver_version() {
+    for (version, expected) in [("1.27.9", false), ("1.28.0", true), ("1.31.2", true)] {
+        let out = helm(&[
+            "template",
+            "r",
+            "charts/runpod-kubelet",
+            "--set",
+            "runpod.apiKey=k",
+            "--kube-version",
+            version,
+            "--show-only",
+            "templates/webhook-configuration.yaml",
+        ]);
         assert!(
-            hook["clientConfig"].get("caBundle").is_none(),
-            "caBundle must not be rendered"
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            text.matches("matchConditions:").count(),
+            if expected { 2 } else { 0 },
+            "{version}: {text}"
         );
     }
 }

@@ -37,6 +37,10 @@ pub struct RegistrationArgs {
     /// Seconds the apiserver waits for the webhook.
     #[arg(long, default_value_t = 10, env = "RUNPOD_KUBELET_TIMEOUT_SECONDS")]
     pub timeout_seconds: i32,
+    /// Send only the pods the webhook may change (GPU pods, pods with a `runpod.io/` or
+    /// `vast.ai/` annotation, Job pods), by a CEL match condition: apiservers 1.28 and later.
+    #[arg(long, env = "RUNPOD_KUBELET_MATCH_CONDITIONS")]
+    pub match_conditions: bool,
 }
 
 pub fn run(args: &RegistrationArgs) -> anyhow::Result<()> {
@@ -57,6 +61,7 @@ pub fn run(args: &RegistrationArgs) -> anyhow::Result<()> {
         failure_policy: args.failure_policy.clone(),
         excluded_namespaces: args.exclude_namespaces.clone(),
         timeout_seconds: args.timeout_seconds,
+        match_conditions: args.match_conditions,
     });
     let mut json = serde_json::to_value(&configuration)?;
     json["apiVersion"] = "admissionregistration.k8s.io/v1".into();

@@ -120,6 +120,7 @@ impl WebhookProcess {
                 .map(|ns| (*ns).to_owned())
                 .collect(),
             timeout_seconds: 10,
+            match_conditions: false,
         });
         let mut body = serde_json::to_value(&configuration)?;
         body["apiVersion"] = "admissionregistration.k8s.io/v1".into();

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
-    WebhookClientConfig,
+    MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
+    ServiceReference, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
@@ -43,7 +43,28 @@ pub struct Registration {
     /// webhook's own) are always added.
     pub excluded_namespaces: Vec<String>,
     pub timeout_seconds: i32,
+    /// Adds [`MATCH_CONDITION`] (apiservers 1.28 and later): of the opted-in pods, only those
+    /// the webhook may change are sent, so an outage no longer blocks a namespace's CPU pods.
+    pub match_conditions: bool,
 }
+
+/// The name of the one match condition.
+pub const MATCH_CONDITION_NAME: &str = "gpu-pods-and-pods-that-name-runpod-kubelet";
+
+/// A pod the webhook may change: one that asks for a GPU (any container, limits or requests),
+/// carries an annotation of ours (a burst mode, an offload, or a controller-owned one to strip),
+/// or belongs to a Job (whose annotations may set the mode). Everything else passes untouched
+/// by [`crate::policy::decide`], so it need not be sent at all (a test holds the two together).
+pub const MATCH_CONDITION: &str = "object.spec.containers.exists(c, has(c.resources) && \
+((has(c.resources.limits) && 'nvidia.com/gpu' in c.resources.limits) || \
+(has(c.resources.requests) && 'nvidia.com/gpu' in c.resources.requests))) || \
+(has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && \
+((has(c.resources.limits) && 'nvidia.com/gpu' in c.resources.limits) || \
+(has(c.resources.requests) && 'nvidia.com/gpu' in c.resources.requests)))) || \
+(has(object.metadata.annotations) && object.metadata.annotations.exists(k, \
+k.startsWith('runpod.io/') || k.startsWith('vast.ai/'))) || \
+(has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(o, \
+o.kind == 'Job'))";
 
 /// Label the apiserver (1.21+) sets on every namespace; on older servers it is absent and the
 /// webhook's own `--exclude-namespaces` check does the job.
@@ -90,7 +111,12 @@ pub fn mutating_webhook_configuration(registration: &Registration) -> MutatingWe
             }]),
             side_effects: "None".to_owned(),
             timeout_seconds: Some(registration.timeout_seconds),
-            ..MutatingWebhook::default()
+            match_conditions: registration.match_conditions.then(|| {
+                vec![MatchCondition {
+                    name: MATCH_CONDITION_NAME.to_owned(),
+                    expression: MATCH_CONDITION.to_owned(),
+                }]
+            }),
         }
     };
     let opted_in_namespace = LabelSelector {
@@ -173,6 +199,7 @@ mod tests {
             failure_policy: "Fail".into(),
             excluded_namespaces: vec!["kube-system".into(), "runpod-system".into()],
             timeout_seconds: 10,
+            match_conditions: false,
         });
         let value = serde_json::to_value(&config).unwrap();
         let hooks = value["webhooks"].as_array().unwrap();

@@ -585,3 +585,10 @@ only Nodes and node Leases its controllers may change. */ -}}
 {{- range .Values.nodes }}{{- $names = append $names .name }}{{- end -}}
 {{- toJson (uniq $names) -}}
 {{- end -}}
+
+{{/*
+The webhook's CEL match condition, as webhook/src/registration.rs MATCH_CONDITION (one line).
+*/}}
+{{- define "runpod-kubelet.matchCondition" -}}
+object.spec.containers.exists(c, has(c.resources) && ((has(c.resources.limits) && 'nvidia.com/gpu' in c.resources.limits) || (has(c.resources.requests) && 'nvidia.com/gpu' in c.resources.requests))) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && ((has(c.resources.limits) && 'nvidia.com/gpu' in c.resources.limits) || (has(c.resources.requests) && 'nvidia.com/gpu' in c.resources.requests)))) || (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('runpod.io/') || k.startsWith('vast.ai/'))) || (has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(o, o.kind == 'Job'))
+{{- end -}}

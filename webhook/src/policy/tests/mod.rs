@@ -1536,4 +1536,5 @@ fn cheapest_prices_round_trip_through_the_node_annotation() {
 }
 
 mod provider;
+mod match_condition;
 mod teams;

@@ -325,10 +325,13 @@ fn certificate_modes_render_what_they_need() {
         "runpod-system/r-runpod-kubelet-webhook"
     );
 
+    // (The kubelet API's own certificate, kept in a Secret in csr mode, is another matter:
+    // tests/chart/values.rs.)
     let provided = render(&[
         "runpod.apiKey=k",
         "certs.mode=provided",
         "certs.secretName=mine",
+        "controller.kubeletTls.mode=self-signed",
     ]);
     for role in of_kind(&provided, "Role") {
         for rule in role["rules"].as_array().unwrap() {

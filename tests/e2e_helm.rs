@@ -216,6 +216,24 @@ async fn scenario(
         })
         .await?;
     }
+    // By default each controller requests its kubelet certificate, approves its own node's
+    // request and keeps what the cluster issued, all under the chart's RBAC.
+    for node in [NODE, VAST_NODE] {
+        let secrets = Api::<Secret>::namespaced(client.clone(), NS);
+        let name = format!("{node}-kubelet-serving");
+        wait::until(
+            &format!("the kept kubelet certificate {name}"),
+            WAIT,
+            || async {
+                Ok(secrets
+                    .get_opt(&name)
+                    .await?
+                    .filter(|s| s.type_.as_deref() == Some("kubernetes.io/tls"))
+                    .map(drop))
+            },
+        )
+        .await?;
+    }
     let vast_node = Api::<Node>::all(client.clone()).get(VAST_NODE).await?;
     let provider = vast_node
         .metadata

@@ -58,7 +58,123 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
     logs_through_an_apiserver_that_verifies_kubelets(control_plane, &client)
         .await
         .context("kubelet certificate")?;
+    a_kept_certificate_needs_nobody_after_a_restart(control_plane, &client)
+        .await
+        .context("kept kubelet certificate")?;
     Ok(())
+}
+
+/// `--kubelet-tls-approve --kubelet-tls-secret`: the controller approves its own node's request
+/// (nobody runs `kubectl certificate approve`), keeps what the cluster issued in a Secret, and
+/// after a restart serves it at once: `kubectl logs` through the verifying apiserver works, and
+/// no new request is made.
+async fn a_kept_certificate_needs_nobody_after_a_restart(
+    control_plane: &ControlPlane,
+    client: &kube::Client,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    let simulator = SimulatorProcess::start(&json!({
+        "provisioning_ms": 300, "starting_ms": 100,
+        "images": [{"match": "server", "logs": ["serving on 8888"]}]
+    }))?;
+    let ns = "install-kept";
+    namespace(client, ns, true).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let flags = [
+        "--cluster-id",
+        "e2e-kept",
+        "--kubelet-tls-csr",
+        "--kubelet-tls-approve",
+        "--kubelet-tls-secret",
+        "default/virtual-runpod-kubelet-serving",
+    ];
+    let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), "default");
+    let logs_work = || async {
+        support::wait::until(
+            "kubectl logs through the verifying apiserver",
+            WAIT,
+            || async {
+                let out = Command::new("kubectl")
+                    .args(["logs", "kept", "-n", ns, "--kubeconfig"])
+                    .arg(&control_plane.kubeconfig)
+                    .output()?;
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                Ok((out.status.success() && text.contains("serving on 8888")).then_some(()))
+            },
+        )
+        .await
+    };
+    let first = ControllerProcess::start(
+        &control_plane.kubeconfig,
+        &control_plane.ca_file(),
+        &simulator,
+        &flags,
+    )?;
+    let outcome = async {
+        pods.create(
+            &PostParams::default(),
+            &bound_gpu_pod("kept", "e2e/server:1", "Always"),
+        )
+        .await?;
+        running(&pods, "kept").await?;
+        logs_work().await?;
+        let request = csrs.get("virtual-runpod-serving-runpod-kubelet").await?;
+        let approved = request
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .any(|c| {
+                c.type_ == "Approved" && c.reason.as_deref() == Some("RunPodKubeletSelfApproved")
+            });
+        ensure!(
+            approved,
+            "the request was not approved by the controller: {request:?}"
+        );
+        let kept = secrets.get("virtual-runpod-kubelet-serving").await?;
+        ensure!(
+            kept.type_.as_deref() == Some("kubernetes.io/tls"),
+            "kept as {:?}",
+            kept.type_
+        );
+        anyhow::Ok(request.metadata.uid)
+    }
+    .await;
+    if outcome.is_err() {
+        eprintln!("--- controller log tail ---\n{}", first.log_tail(60));
+    }
+    let request_uid = outcome?;
+    drop(first);
+
+    let second = ControllerProcess::start(
+        &control_plane.kubeconfig,
+        &control_plane.ca_file(),
+        &simulator,
+        &flags,
+    )?;
+    let outcome = async {
+        logs_work().await?;
+        let request = csrs.get("virtual-runpod-serving-runpod-kubelet").await?;
+        ensure!(
+            request.metadata.uid == request_uid,
+            "a new certificate was requested after the restart"
+        );
+        ensure!(
+            second
+                .log_tail(400)
+                .contains("serves the certificate kept from before"),
+            "the kept certificate was not served"
+        );
+        pods.delete("kept", &DeleteParams::default()).await?;
+        gone(&pods, "kept").await?;
+        anyhow::Ok(())
+    }
+    .await;
+    if outcome.is_err() {
+        eprintln!("--- controller log tail ---\n{}", second.log_tail(60));
+    }
+    outcome
 }
 
 /// A forward proxy that logs every CONNECT (tinyproxy, as installed by

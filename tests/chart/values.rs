@@ -665,36 +665,108 @@ nodes: [{name: vast, provider: vastai}]
     }));
 }
 
-/// The kubelet API's certificate: `mode: csr` passes `--kubelet-tls-csr` to every controller
-/// and lets the controller create CertificateSigningRequests (nothing more: approving is the
-/// cluster's); a Secret of yours is mounted and passed as files; cert-manager's Certificate
-/// names every node; the modes exclude each other.
+/// The kubelet API's certificate: by default (and with `mode: csr`) every controller requests
+/// it (`--kubelet-tls-csr`), keeps it in its node's Secret and approves its own node's request,
+/// with RBAC for exactly those names; `approve: false` leaves approving to the cluster;
+/// `self-signed` asks for nothing; a Secret of yours is mounted and passed as files;
+/// cert-manager's Certificate names every node; the modes exclude each other.
 #[test]
 fn the_kubelet_certificate_comes_from_the_cluster_a_secret_or_cert_manager() {
     let base =
         "runpod: {apiKey: k}\nvastai: {apiKey: v}\nnodes: [{name: vast, provider: vastai}]\n";
-    let csr = render_values(&format!(
-        "{base}controller: {{kubeletTls: {{mode: csr}}}}\n"
+    let rules_of = |objects: &[Value], kind: &str, name: &str, group: &str| -> Vec<Value> {
+        named(objects, kind, name)["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["apiGroups"][0] == group)
+            .cloned()
+            .collect()
+    };
+    for values in [
+        base.to_owned(),
+        format!("{base}controller: {{kubeletTls: {{mode: csr}}}}\n"),
+    ] {
+        let csr = render_values(&values).unwrap();
+        for (deployment, node) in [
+            ("r-runpod-kubelet-controller", "virtual-runpod"),
+            ("r-runpod-kubelet-controller-vast", "vast"),
+        ] {
+            let args = args_of(&named(&csr, "Deployment", deployment)["spec"]["template"]);
+            assert!(args.contains(&"--kubelet-tls-csr".to_owned()), "{args:?}");
+            assert!(
+                args.contains(&"--kubelet-tls-approve".to_owned()),
+                "{args:?}"
+            );
+            assert_eq!(
+                flag(&args, "--kubelet-tls-secret"),
+                Some(format!("runpod-system/{node}-kubelet-serving").as_str())
+            );
+        }
+        let requests = serde_json::json!([
+            "virtual-runpod-serving-runpod-kubelet",
+            "vast-serving-runpod-kubelet"
+        ]);
+        let rules = rules_of(
+            &csr,
+            "ClusterRole",
+            "r-runpod-kubelet-controller",
+            "certificates.k8s.io",
+        );
+        assert_eq!(
+            rules,
+            [
+                serde_json::json!({"apiGroups": ["certificates.k8s.io"],
+                    "resources": ["certificatesigningrequests"], "verbs": ["create"]}),
+                serde_json::json!({"apiGroups": ["certificates.k8s.io"],
+                    "resources": ["certificatesigningrequests"], "resourceNames": requests,
+                    "verbs": ["get", "delete"]}),
+                serde_json::json!({"apiGroups": ["certificates.k8s.io"],
+                    "resources": ["certificatesigningrequests/approval"],
+                    "resourceNames": requests, "verbs": ["update"]}),
+                serde_json::json!({"apiGroups": ["certificates.k8s.io"],
+                    "resources": ["signers"], "resourceNames": ["kubernetes.io/kubelet-serving"],
+                    "verbs": ["approve"]}),
+            ]
+        );
+        let kept = rules_of(&csr, "Role", "r-runpod-kubelet-controller-budgets", "");
+        assert!(
+            kept.contains(
+                &serde_json::json!({"apiGroups": [""], "resources": ["secrets"],
+                "resourceNames": ["virtual-runpod-kubelet-serving", "vast-kubelet-serving"],
+                "verbs": ["get", "update"]})
+            ),
+            "{kept:?}"
+        );
+    }
+    let approver = render_values(&format!(
+        "{base}controller: {{kubeletTls: {{mode: csr, approve: false}}}}\n"
     ))
     .unwrap();
-    for deployment in of_kind(&csr, "Deployment")
-        .into_iter()
-        .filter(|d| d["metadata"]["name"] != "r-runpod-kubelet-webhook")
-    {
-        let args = args_of(&deployment["spec"]["template"]);
-        assert!(args.contains(&"--kubelet-tls-csr".to_owned()), "{args:?}");
-    }
-    let role = named(&csr, "ClusterRole", "r-runpod-kubelet-controller");
-    let rule = role["rules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["apiGroups"][0] == "certificates.k8s.io")
-        .expect("a rule for CSRs");
-    assert_eq!(rule["verbs"], serde_json::json!(["create", "get"]));
-    let default = render_values(base).unwrap();
-    let role = named(&default, "ClusterRole", "r-runpod-kubelet-controller");
+    let rules = rules_of(
+        &approver,
+        "ClusterRole",
+        "r-runpod-kubelet-controller",
+        "certificates.k8s.io",
+    );
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0]["verbs"], serde_json::json!(["create", "get"]));
+    let args =
+        args_of(&named(&approver, "Deployment", "r-runpod-kubelet-controller")["spec"]["template"]);
+    assert!(
+        !args.contains(&"--kubelet-tls-approve".to_owned()),
+        "{args:?}"
+    );
+    let self_signed = render_values(&format!(
+        "{base}controller: {{kubeletTls: {{mode: self-signed}}}}\n"
+    ))
+    .unwrap();
+    let role = named(&self_signed, "ClusterRole", "r-runpod-kubelet-controller");
     assert!(!role.to_string().contains("certificatesigningrequests"));
+    let args = args_of(
+        &named(&self_signed, "Deployment", "r-runpod-kubelet-controller")["spec"]["template"],
+    );
+    assert!(!args.contains(&"--kubelet-tls-csr".to_owned()), "{args:?}");
 
     let secret = render_values(&format!(
         "{base}controller: {{kubeletTls: {{existingSecret: kubelet-tls}}}}\n"

@@ -178,7 +178,7 @@ spec:
             {{- include "runpod-kubelet.controllerArgs" (dict "root" $root "node" .) | nindent 12 }}
             - --kubelet-port
             - {{ .kubeletPort | quote }}
-            {{- with include "runpod-kubelet.kubeletTlsArgs" $root | trim }}
+            {{- with include "runpod-kubelet.kubeletTlsArgs" (list $root .nodeName) | trim }}
             {{- . | nindent 12 }}
             {{- end }}
             - --metrics-listen

@@ -506,16 +506,45 @@ goes through that proxy. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* The kubelet API's certificate flags. */}}
+{{/* Whether the kubelet API's certificate is requested from the cluster: mode csr, or the
+default mode "" without a Secret or cert-manager issuer. */}}
+{{- define "runpod-kubelet.kubeletTlsCsr" -}}
+{{- with .Values.controller.kubeletTls -}}
+{{- if or (eq .mode "csr") (and (eq .mode "") (not .existingSecret) (not .certManager.issuerRef)) -}}
+true
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The kubelet API's certificate flags, for the node named by the second argument. */}}
 {{- define "runpod-kubelet.kubeletTlsArgs" -}}
-{{- if include "runpod-kubelet.kubeletTlsSecret" . }}
+{{- $root := index . 0 -}}
+{{- $node := index . 1 -}}
+{{- if include "runpod-kubelet.kubeletTlsSecret" $root }}
 - --kubelet-tls-cert
 - /etc/runpod-kubelet/kubelet-tls/tls.crt
 - --kubelet-tls-key
 - /etc/runpod-kubelet/kubelet-tls/tls.key
-{{- else if eq .Values.controller.kubeletTls.mode "csr" }}
+{{- else if include "runpod-kubelet.kubeletTlsCsr" $root }}
 - --kubelet-tls-csr
+- --kubelet-tls-secret
+- {{ printf "%s/%s-kubelet-serving" $root.Release.Namespace $node | quote }}
+{{- if $root.Values.controller.kubeletTls.approve }}
+- --kubelet-tls-approve
 {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Per node: the kept kubelet certificate Secrets, and the self-approved request names. */}}
+{{- define "runpod-kubelet.kubeletServingSecrets" -}}
+{{- $names := list -}}
+{{- range (include "runpod-kubelet.nodeNames" . | fromJsonArray) }}{{ $names = append $names (printf "%s-kubelet-serving" .) }}{{ end -}}
+{{- toJson $names -}}
+{{- end -}}
+{{- define "runpod-kubelet.selfApprovedRequests" -}}
+{{- $names := list -}}
+{{- range (include "runpod-kubelet.nodeNames" . | fromJsonArray) }}{{ $names = append $names (printf "%s-serving-runpod-kubelet" .) }}{{ end -}}
+{{- toJson $names -}}
 {{- end -}}
 
 {{/* The Go kubelet chart's values, for installs moving over: kubelet.reconcileInterval and

@@ -253,6 +253,14 @@ pub struct ControllerArgs {
     /// kubelet certificates (`--kubelet-certificate-authority`).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", conflicts_with = "kubelet_tls_cert", env = "RUNPOD_KUBELET_KUBELET_TLS_CSR")]
     pub kubelet_tls_csr: bool,
+    /// With `--kubelet-tls-csr`: approve this node's own request (one fixed name per node,
+    /// `<node>-serving-runpod-kubelet`), for clusters without an approver that accepts it.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", requires = "kubelet_tls_csr", env = "RUNPOD_KUBELET_KUBELET_TLS_APPROVE")]
+    pub kubelet_tls_approve: bool,
+    /// With `--kubelet-tls-csr`: keep the issued certificate and key in this Secret
+    /// (`NAMESPACE/NAME`, type kubernetes.io/tls) and serve them again after a restart.
+    #[arg(long, value_parser = runpod_kubelet::controller::kubelet_api::serving::Kept::parse, requires = "kubelet_tls_csr", env = "RUNPOD_KUBELET_KUBELET_TLS_SECRET")]
+    pub kubelet_tls_secret: Option<runpod_kubelet::controller::kubelet_api::serving::Kept>,
     /// PEM serving certificate of the kubelet API; default: self-signed in memory.
     #[arg(
         long,

@@ -377,6 +377,10 @@ async fn serve<P: Provider>(
             args.nodename.clone(),
             internal_ip,
             serving.clone(),
+            kubelet_api::serving::CsrOptions {
+                approve: args.kubelet_tls_approve,
+                kept: args.kubelet_tls_secret.clone(),
+            },
         ));
     }
     let kubelet_tls = kubelet_api::server_config(serving, kubelet_tls::client_ca(&args, &config)?)?;

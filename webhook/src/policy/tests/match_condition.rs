@@ -64,9 +64,7 @@ fn arb_any_pod() -> impl Strategy<Value = Value> {
         ("vast.ai/gpu-type", "RTX 4090"),
         ("team", "a"),
     ]));
-    let gpu = prop::option::of(prop::sample::select(vec![
-        "limits", "requests", "init",
-    ]));
+    let gpu = prop::option::of(prop::sample::select(vec!["limits", "requests", "init"]));
     let owner = prop::option::of(prop::sample::select(vec!["Job", "ReplicaSet"]));
     (annotation, gpu, owner, any::<bool>()).prop_map(|(annotation, gpu, owner, label)| {
         let mut pod = json!({"apiVersion": "v1", "kind": "Pod",

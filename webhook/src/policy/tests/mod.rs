@@ -1535,6 +1535,6 @@ fn cheapest_prices_round_trip_through_the_node_annotation() {
     assert!(contract::parse_cheapest_prices("SECURE=-1,COMMUNITY=NaN,=").is_empty());
 }
 
-mod provider;
 mod match_condition;
+mod provider;
 mod teams;

@@ -2,23 +2,26 @@
 //! start, or requested from the cluster through a `kubernetes.io/kubelet-serving`
 //! CertificateSigningRequest (`--kubelet-tls-csr`), as a kubelet with
 //! `serverTLSBootstrap` does, so that an apiserver started with `--kubelet-certificate-authority`
-//! can verify it. The cluster must approve the request (`kubectl certificate approve`); until
-//! then the first certificate keeps serving. The certificate is requested again when two thirds
-//! of its life have passed.
+//! can verify it. The request is approved by the cluster (an approver, `kubectl certificate
+//! approve`) or, with `--kubelet-tls-approve`, by the controller itself for its own node only;
+//! until then the first certificate keeps serving. The issued certificate and key are kept in a
+//! Secret (`--kubelet-tls-secret`) and served again after a restart, so a restart or failover
+//! asks nobody. The certificate is requested again when two thirds of its life have passed.
+
+mod csr;
+mod kept;
 
 use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use k8s_openapi::api::certificates::v1::{
-    CertificateSigningRequest, CertificateSigningRequestSpec,
-};
 use k8s_openapi::jiff::Timestamp;
-use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tracing::{info, warn};
+
+pub use csr::{request, self_approved_name};
+pub use kept::Kept;
 
 /// The signer of kubelet serving certificates.
 pub const SIGNER: &str = "kubernetes.io/kubelet-serving";
@@ -61,24 +64,8 @@ pub enum CsrError {
     Denied { name: String, reason: String },
     #[error("the issued certificate: {0}")]
     Issued(String),
-}
-
-/// A fresh key and the PEM request for `node` at `ip` (subject `system:node:<node>` in
-/// `system:nodes`, the names the kubelet-serving signer requires).
-pub fn request(node: &str, ip: IpAddr) -> Result<(rcgen::KeyPair, String), CsrError> {
-    let key = rcgen::KeyPair::generate().map_err(|e| CsrError::Request(e.to_string()))?;
-    let mut params = rcgen::CertificateParams::new(vec![node.to_owned()])
-        .map_err(|e| CsrError::Request(e.to_string()))?;
-    params.subject_alt_names.push(rcgen::SanType::IpAddress(ip));
-    let mut name = rcgen::DistinguishedName::new();
-    name.push(rcgen::DnType::CommonName, format!("system:node:{node}"));
-    name.push(rcgen::DnType::OrganizationName, "system:nodes");
-    params.distinguished_name = name;
-    let csr = params
-        .serialize_request(&key)
-        .and_then(|csr| csr.pem())
-        .map_err(|e| CsrError::Request(e.to_string()))?;
-    Ok((key, csr))
+    #[error("the kept certificate: {0}")]
+    Kept(String),
 }
 
 /// The key and the issued PEM chain as rustls serves them, and when the certificate expires.
@@ -86,6 +73,15 @@ pub fn certified(
     key: &rcgen::KeyPair,
     chain_pem: &[u8],
 ) -> Result<(CertifiedKey, Timestamp), CsrError> {
+    let (certified, not_after, _) = certified_for(key, chain_pem)?;
+    Ok((certified, not_after))
+}
+
+/// [`certified`], and the IP addresses the certificate names.
+fn certified_for(
+    key: &rcgen::KeyPair,
+    chain_pem: &[u8],
+) -> Result<(CertifiedKey, Timestamp, Vec<IpAddr>), CsrError> {
     let chain = rustls_pemfile::certs(&mut &chain_pem[..])
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| CsrError::Issued(e.to_string()))?;
@@ -96,11 +92,31 @@ pub fn certified(
         .map_err(|e| CsrError::Issued(e.to_string()))?;
     let not_after = Timestamp::from_second(parsed.validity().not_after.timestamp())
         .map_err(|e| CsrError::Issued(e.to_string()))?;
+    let addresses: Vec<IpAddr> = parsed
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|extension| {
+            extension
+                .value
+                .general_names
+                .iter()
+                .filter_map(|name| match name {
+                    x509_parser::extensions::GeneralName::IPAddress(bytes) => match bytes.len() {
+                        4 => <[u8; 4]>::try_from(*bytes).ok().map(IpAddr::from),
+                        16 => <[u8; 16]>::try_from(*bytes).ok().map(IpAddr::from),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let der = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
     let provider = rustls::crypto::ring::default_provider();
     let certified = CertifiedKey::from_der(chain, der, &provider)
         .map_err(|e| CsrError::Issued(e.to_string()))?;
-    Ok((certified, not_after))
+    Ok((certified, not_after, addresses))
 }
 
 /// When to ask again: two thirds into the certificate's life (at least a minute from now).
@@ -109,21 +125,58 @@ pub fn renew_in(now: Timestamp, not_after: Timestamp) -> Duration {
     (left * 2 / 3).max(Duration::from_secs(60))
 }
 
-/// Requests a certificate, waits for the cluster to approve and sign it, installs it into
-/// `serving`, and does it again before it expires. Runs until the process stops.
+/// How the certificate is requested and kept.
+#[derive(Debug, Clone)]
+pub struct CsrOptions {
+    /// The controller approves its own node's request (`--kubelet-tls-approve`).
+    pub approve: bool,
+    /// Where the issued certificate and key are kept across restarts (`--kubelet-tls-secret`).
+    pub kept: Option<Kept>,
+}
+
+/// Serves the kept certificate when there is a valid one for this address; otherwise (and
+/// before it expires) requests one, waits for it to be approved and signed, installs it into
+/// `serving` and keeps it. Runs until the process stops.
 pub async fn keep_requesting(
     client: kube::Client,
     node: String,
     ip: IpAddr,
     serving: Arc<ServingCert>,
+    options: CsrOptions,
 ) {
+    let mut wait = None;
+    if let Some(kept) = &options.kept {
+        match kept.load(&client, ip).await {
+            Ok(Some((key, not_after))) => {
+                serving.set(key);
+                let renew = renew_in(Timestamp::now(), not_after);
+                info!(secret = %kept, %not_after, renew_in = ?renew, "kubelet API serves the certificate kept from before");
+                wait = Some(renew);
+            }
+            Ok(None) => info!(secret = %kept, "no kept kubelet certificate for this address"),
+            Err(error) => {
+                warn!(secret = %kept, %error, "reading the kept kubelet certificate failed")
+            }
+        }
+    }
+    if let Some(wait) = wait {
+        tokio::time::sleep(wait).await;
+    }
     let mut delay = Duration::from_secs(5);
     loop {
-        match request_once(&client, &node, ip).await {
-            Ok((key, not_after)) => {
-                serving.set(key);
-                let wait = renew_in(Timestamp::now(), not_after);
-                info!(%not_after, renew_in = ?wait, "kubelet API serves the certificate the cluster issued");
+        match csr::request_once(&client, &node, ip, options.approve).await {
+            Ok(issued) => {
+                serving.set(issued.certified);
+                if let Some(kept) = &options.kept
+                    && let Err(error) = kept
+                        .store(&client, &node, &issued.key_pem, &issued.chain_pem, ip)
+                        .await
+                {
+                    // Still served; a restart would ask again.
+                    warn!(secret = %kept, %error, "keeping the kubelet certificate failed");
+                }
+                let wait = renew_in(Timestamp::now(), issued.not_after);
+                info!(not_after = %issued.not_after, renew_in = ?wait, "kubelet API serves the certificate the cluster issued");
                 delay = Duration::from_secs(5);
                 tokio::time::sleep(wait).await;
             }
@@ -132,72 +185,6 @@ pub async fn keep_requesting(
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(300));
             }
-        }
-    }
-}
-
-async fn request_once(
-    client: &kube::Client,
-    node: &str,
-    ip: IpAddr,
-) -> Result<(CertifiedKey, Timestamp), CsrError> {
-    let (key, pem) = request(node, ip)?;
-    let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
-    let object = CertificateSigningRequest {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{node}-serving-")),
-            ..Default::default()
-        },
-        spec: CertificateSigningRequestSpec {
-            request: k8s_openapi::ByteString(pem.into_bytes()),
-            signer_name: SIGNER.to_owned(),
-            usages: Some(vec![
-                "digital signature".to_owned(),
-                "key encipherment".to_owned(),
-                "server auth".to_owned(),
-            ]),
-            ..Default::default()
-        },
-        status: None,
-    };
-    let created = csrs.create(&PostParams::default(), &object).await?;
-    let name = created.metadata.name.clone().unwrap_or_default();
-    info!(csr = %name, "waiting for the cluster to approve the kubelet serving certificate (kubectl certificate approve {name})");
-    let deadline = tokio::time::Instant::now() + APPROVAL_WAIT;
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        if tokio::time::Instant::now() > deadline {
-            return Err(CsrError::Denied {
-                name: name.clone(),
-                reason: format!(
-                    "not approved within {APPROVAL_WAIT:?}; approve it (kubectl certificate \
-                     approve {name}) or run an approver: a new request follows"
-                ),
-            });
-        }
-        let Some(csr) = csrs.get_opt(&name).await? else {
-            return Err(CsrError::Denied {
-                name,
-                reason: "deleted before it was issued".to_owned(),
-            });
-        };
-        let status = csr.status.unwrap_or_default();
-        if let Some(condition) = status
-            .conditions
-            .iter()
-            .flatten()
-            .find(|c| (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True")
-        {
-            return Err(CsrError::Denied {
-                name,
-                reason: condition
-                    .message
-                    .clone()
-                    .unwrap_or_else(|| condition.type_.clone()),
-            });
-        }
-        if let Some(certificate) = status.certificate.filter(|c| !c.0.is_empty()) {
-            return certified(&key, &certificate.0);
         }
     }
 }

@@ -104,7 +104,7 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
     )?;
     let values = values.to_str().unwrap();
 
-    let outcome = scenario(&client, kubeconfig, values, &runner, &simulator).await;
+    let outcome = scenario(&client, kubeconfig, values, &runner, &simulator, &vast).await;
     if outcome.is_err() {
         for prefix in [
             &format!("{FULL}-certs")[..],
@@ -128,6 +128,7 @@ async fn scenario(
     values: &str,
     runner: &PodRunner,
     simulator: &SimulatorProcess,
+    vast: &SimulatorProcess,
 ) -> anyhow::Result<()> {
     // 0. The rendered chart passes the apiserver's own validation (server-side dry run).
     let rendered = helm(
@@ -523,6 +524,64 @@ async fn scenario(
         "refusal {message}"
     );
     support::pods::node_ready_named(client, VAST_NODE).await?;
+
+    // 5c. Removed without Helm (a GitOps prune, kubectl delete): the Vast.ai controller's
+    //     Deployment is held by its finalizer until its leader has drained the node: the
+    //     running instance is destroyed, the node removed, then the Deployment goes.
+    let team = Api::<Pod>::namespaced(client.clone(), "team");
+    team.create(
+        &PostParams::default(),
+        &gpu_pod(
+            "on-vast",
+            json!({"runpod.io/burst-mode": "always", "runpod.io/provider": "vastai"}),
+            None,
+        ),
+    )
+    .await?;
+    wait::until("team/on-vast Running on the Vast.ai node", WAIT, || async {
+        let pod = team.get("on-vast").await?;
+        let on_node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(VAST_NODE);
+        let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        Ok((on_node && running).then_some(()))
+    })
+    .await?;
+    ensure!(
+        vast.ledger()
+            .await?
+            .iter()
+            .any(|e| e["destroyed_at"].is_null()),
+        "no Vast.ai instance runs"
+    );
+    let vast_controller = format!("{FULL}-controller-{VAST_NODE}");
+    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), NS);
+    deployments
+        .delete(&vast_controller, &Default::default())
+        .await?;
+    wait::until("the Vast.ai controller's Deployment gone", WAIT, || async {
+        Ok(deployments
+            .get_opt(&vast_controller)
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+    let billing: Vec<serde_json::Value> = vast
+        .ledger()
+        .await?
+        .into_iter()
+        .filter(|e| e["destroyed_at"].is_null())
+        .collect();
+    ensure!(
+        billing.is_empty(),
+        "Vast.ai instances bill after their controller was removed: {billing:?}"
+    );
+    ensure!(
+        Api::<Node>::all(client.clone())
+            .get_opt(VAST_NODE)
+            .await?
+            .is_none(),
+        "the removed controller's node is still there"
+    );
 
     // 6. helm uninstall: the drain runs first; nothing is left billing or blocking.
     helm(

@@ -46,6 +46,9 @@ pub struct Settings {
     pub ledger_namespace: String,
     /// The namespaces this node serves (`--serve-namespaces`); empty: those bound to no node.
     pub serve_namespaces: Vec<String>,
+    /// The Deployment running this controller, held by the drain finalizer
+    /// (`--owner-deployment`); `None`: not run by the chart.
+    pub owner_deployment: Option<crate::controller::node::removal::OwnerDeployment>,
 }
 
 /// One complete, successful list of the cloud's instances, reduced to this cluster and node.

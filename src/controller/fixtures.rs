@@ -45,5 +45,6 @@ pub fn settings() -> Settings {
         exec: crate::controller::kubelet_api::exec::ExecAccess::Off,
         ledger_namespace: "runpod-system".into(),
         serve_namespaces: Vec::new(),
+        owner_deployment: None,
     }
 }

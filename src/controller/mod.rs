@@ -240,6 +240,21 @@ async fn lead<P: Provider>(
         store.clone(),
     ));
     tasks.spawn(offload::run(shared.clone(), offload, fence.clone()));
+    if let Some(owner) = settings.owner_deployment.clone() {
+        tasks.spawn(node::removal::hold(
+            client.clone(),
+            owner,
+            provider.clone(),
+            node::drain::DrainConfig {
+                node_name: settings.node_name.clone(),
+                cluster_id: settings.cluster_id.clone(),
+                timeout: Duration::from_secs(600),
+                poll_interval: Duration::from_secs(2),
+                ack_wait: Duration::from_secs(60),
+                adoption_namespace: settings.adoption_namespace.clone(),
+            },
+        ));
+    }
     readiness.send_replace(Some(ops::leader_ready(
         store.clone(),
         shared.clone(),

@@ -854,3 +854,56 @@ fn exec_over_ssh_is_on_by_default_with_create_on_secrets_in_the_release_namespac
         "no SSH key RBAC with exec off"
     );
 }
+
+/// Every controller Deployment is held by `runpod.io/drain` and names itself to its controller
+/// and its drain Job; the controller may read and patch exactly those Deployments. With the
+/// drain off, neither is rendered.
+#[test]
+fn controller_deployments_are_held_until_their_node_is_drained() {
+    let objects = render_values(
+        "runpod: {apiKey: k}\nvastai: {apiKey: v}\nnodes: [{name: vast, provider: vastai}]\n",
+    )
+    .unwrap();
+    let names = [
+        "r-runpod-kubelet-controller",
+        "r-runpod-kubelet-controller-vast",
+    ];
+    for name in names {
+        let deployment = named(&objects, "Deployment", name);
+        assert_eq!(
+            deployment["metadata"]["finalizers"],
+            serde_json::json!(["runpod.io/drain"])
+        );
+        let owner = format!("runpod-system/{name}");
+        assert_eq!(
+            flag(
+                &args_of(&deployment["spec"]["template"]),
+                "--owner-deployment"
+            ),
+            Some(owner.as_str())
+        );
+        let drain = named(&objects, "Job", &format!("{name}-drain"));
+        assert_eq!(
+            flag(&args_of(&drain["spec"]["template"]), "--owner-deployment"),
+            Some(owner.as_str())
+        );
+    }
+    let role = named(&objects, "Role", "r-runpod-kubelet-controller-budgets");
+    assert!(
+        role["rules"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!({
+            "apiGroups": ["apps"], "resources": ["deployments"],
+            "resourceNames": names, "verbs": ["get", "patch"]})),
+        "{role}"
+    );
+    let off =
+        render_values("runpod: {apiKey: k}\ncontroller: {drain: {enabled: false}}\n").unwrap();
+    let deployment = named(&off, "Deployment", "r-runpod-kubelet-controller");
+    assert!(deployment["metadata"].get("finalizers").is_none());
+    assert!(
+        !off.iter()
+            .any(|o| o.to_string().contains("owner-deployment"))
+    );
+}

@@ -139,6 +139,11 @@ metadata:
   labels:
     {{- include "runpod-kubelet.labels" $root | nindent 4 }}
     {{- include "runpod-kubelet.controllerComponentLabels" . | nindent 4 }}
+  {{- if $v.controller.drain.enabled }}
+  # However this Deployment is deleted (helm, Argo CD or Flux pruning, kubectl), it stays until
+  # its controller has drained the node: nothing is left billing.
+  finalizers: [runpod.io/drain]
+  {{- end }}
 spec:
   replicas: {{ .replicas }}
   selector:
@@ -178,6 +183,10 @@ spec:
             {{- include "runpod-kubelet.controllerArgs" (dict "root" $root "node" .) | nindent 12 }}
             - --kubelet-port
             - {{ .kubeletPort | quote }}
+            {{- if $v.controller.drain.enabled }}
+            - --owner-deployment
+            - {{ printf "%s/%s" $root.Release.Namespace .name | quote }}
+            {{- end }}
             {{- with include "runpod-kubelet.kubeletTlsArgs" (list $root .nodeName) | trim }}
             {{- . | nindent 12 }}
             {{- end }}

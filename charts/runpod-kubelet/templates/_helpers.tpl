@@ -215,6 +215,8 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ include "runpod-kubelet.nodeArgs" . }}
 - --timeout
 - {{ .root.Values.controller.drain.timeout | quote }}
+- --owner-deployment
+- {{ printf "%s/%s" .root.Release.Namespace .node.name | quote }}
 {{- end -}}
 
 {{- /* The default node passes no --provider (runpod), as before nodes existed. */ -}}
@@ -620,4 +622,11 @@ The webhook's CEL match condition, as webhook/src/registration.rs MATCH_CONDITIO
 */}}
 {{- define "runpod-kubelet.matchCondition" -}}
 object.spec.containers.exists(c, has(c.resources) && ((has(c.resources.limits) && 'nvidia.com/gpu' in c.resources.limits) || (has(c.resources.requests) && 'nvidia.com/gpu' in c.resources.requests))) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && ((has(c.resources.limits) && 'nvidia.com/gpu' in c.resources.limits) || (has(c.resources.requests) && 'nvidia.com/gpu' in c.resources.requests)))) || (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('runpod.io/') || k.startsWith('vast.ai/'))) || (has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(o, o.kind == 'Job'))
+{{- end -}}
+
+{{/* Every controller Deployment of the release (the default node's and each nodes entry's). */}}
+{{- define "runpod-kubelet.controllerDeployments" -}}
+{{- $names := list (include "runpod-kubelet.controllerName" .) -}}
+{{- range .Values.nodes }}{{ $names = append $names (include "runpod-kubelet.nodeControllerName" (list $ .name)) }}{{ end -}}
+{{- toJson $names -}}
 {{- end -}}

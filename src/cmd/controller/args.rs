@@ -123,6 +123,10 @@ pub struct DrainArgs {
     /// default: the controller's own (`POD_NAMESPACE`).
     #[arg(long, env = "RUNPOD_KUBELET_ADOPTION_NAMESPACE")]
     pub adoption_namespace: Option<String>,
+    /// The node's controller Deployment (`NAMESPACE/NAME`): once drained, its
+    /// `runpod.io/drain` finalizer is released so its deletion goes on at once.
+    #[arg(long, value_parser = runpod_kubelet::controller::node::removal::OwnerDeployment::parse, env = "RUNPOD_KUBELET_OWNER_DEPLOYMENT")]
+    pub owner_deployment: Option<runpod_kubelet::controller::node::removal::OwnerDeployment>,
 }
 
 /// The namespace of the adoption record: the flag, else the controller's own (`POD_NAMESPACE`),
@@ -257,6 +261,11 @@ pub struct ControllerArgs {
     /// `<node>-serving-runpod-kubelet`), for clusters without an approver that accepts it.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", requires = "kubelet_tls_csr", env = "RUNPOD_KUBELET_KUBELET_TLS_APPROVE")]
     pub kubelet_tls_approve: bool,
+    /// The Deployment that runs this controller (`NAMESPACE/NAME`; the chart sets it): when it
+    /// is deleted while it carries the finalizer `runpod.io/drain`, the leader drains the node
+    /// and then releases it, so no removal leaves anything billing.
+    #[arg(long, value_parser = runpod_kubelet::controller::node::removal::OwnerDeployment::parse, env = "RUNPOD_KUBELET_OWNER_DEPLOYMENT")]
+    pub owner_deployment: Option<runpod_kubelet::controller::node::removal::OwnerDeployment>,
     /// With `--kubelet-tls-csr`: keep the issued certificate and key in this Secret
     /// (`NAMESPACE/NAME`, type kubernetes.io/tls) and serve them again after a restart.
     #[arg(long, value_parser = runpod_kubelet::controller::kubelet_api::serving::Kept::parse, requires = "kubelet_tls_csr", env = "RUNPOD_KUBELET_KUBELET_TLS_SECRET")]

@@ -147,7 +147,7 @@ async fn drain(args: DrainArgs) -> anyhow::Result<()> {
                 config.cluster_id.clone(),
                 args.nodename.clone(),
             );
-            controller::node::drain::drain(client, &provider, &config).await?
+            controller::node::drain::drain(client.clone(), &provider, &config).await?
         }
         CloudArg::Vastai => {
             let vast_client = args
@@ -160,9 +160,14 @@ async fn drain(args: DrainArgs) -> anyhow::Result<()> {
                 config.cluster_id.clone(),
                 args.nodename.clone(),
             );
-            controller::node::drain::drain(client, &provider, &config).await?
+            controller::node::drain::drain(client.clone(), &provider, &config).await?
         }
     };
+    if let Some(owner) = &args.owner_deployment {
+        controller::node::removal::release_after_drain(&client, owner)
+            .await
+            .context("releasing the controller Deployment's drain finalizer")?;
+    }
     tracing::info!(
         terminated = report.terminated.len(),
         pods_removed = report.pods_removed,
@@ -440,6 +445,7 @@ async fn serve<P: Provider>(
             ledger_namespace: args::adoption_namespace(None),
             serve_namespaces,
             exec,
+            owner_deployment: args.owner_deployment.clone(),
         },
         kubelet_listener,
         kubelet_tls,

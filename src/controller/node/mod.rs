@@ -7,6 +7,7 @@ pub mod health;
 pub mod heartbeat;
 pub mod lease;
 pub mod presence;
+pub mod removal;
 pub mod ssh_key;
 
 use std::collections::BTreeMap;

@@ -511,6 +511,7 @@ mod tests {
             exec: crate::controller::kubelet_api::exec::ExecAccess::Off,
             ledger_namespace: "runpod-system".into(),
             serve_namespaces: Vec::new(),
+            owner_deployment: None,
         };
         let tagged = |cluster: &str, node: &str, uid: &str| Instance {
             tags: Tags {

@@ -481,12 +481,76 @@ fn the_go_kubelet_charts_values_are_read_or_refused_by_name() {
         args_of(&named(&objects, "Deployment", "r-runpod-kubelet-webhook")["spec"]["template"]);
     assert_eq!(flag(&webhook, "--max-gpu-price"), Some("0.4"));
 
+    // A namespace other than the Go chart's default (and the release's) is refused by name.
     let error =
-        render_values("runpod: {apiKey: k}\nkubelet: {namespace: kube-system}\n").unwrap_err();
-    assert!(error.contains("helm --namespace kube-system"), "{error}");
-    let error = render_values("runpod: {apiKey: k}\nkubelet: {healthServerAddress: ':8080'}\n")
-        .unwrap_err();
-    assert!(error.contains("healthServerAddress"), "{error}");
+        render_values("runpod: {apiKey: k}\nkubelet: {namespace: gpu-system}\n").unwrap_err();
+    assert!(error.contains("helm --namespace gpu-system"), "{error}");
+    // The Go kubelet's image does not run this chart.
+    let error = render_values(
+        "runpod: {apiKey: k}\nimage: {repository: ghcr.io/bsvogler/runpod-kubelet, tag: latest}\n",
+    )
+    .unwrap_err();
+    assert!(error.contains("the Go kubelet's image"), "{error}");
+}
+
+/// The Go kubelet chart's own default values.yaml installs: its pod settings reach the
+/// controller, and what this chart does not use is named in NOTES.txt, not refused.
+#[test]
+fn the_go_kubelet_charts_default_values_install() {
+    let go = std::fs::read_to_string("tests/chart/go-kubelet-values.yaml").unwrap();
+    let objects = render_values(&go).unwrap();
+    let controller = named(&objects, "Deployment", "r-runpod-kubelet-controller");
+    assert_eq!(controller["spec"]["replicas"], 1);
+    assert_eq!(
+        controller["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"],
+        "256Mi"
+    );
+    assert_eq!(
+        flag(
+            &args_of(&controller["spec"]["template"]),
+            "--reconcile-interval"
+        ),
+        Some("30")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("values.yaml");
+    std::fs::write(&file, &go).unwrap();
+    let out = helm(&[
+        "install",
+        "r",
+        "charts/runpod-kubelet",
+        "--namespace",
+        "runpod-system",
+        "--dry-run=client",
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        printed.contains(
+            "values of the Go kubelet's chart that this chart ignores: health, \
+             conduit, livenessProbe, readinessProbe, kubelet.healthServerAddress, \
+             kubelet.namespace"
+        ),
+        "{printed}"
+    );
+    // Our own values name nothing of the kind.
+    let out = helm(&[
+        "install",
+        "r",
+        "charts/runpod-kubelet",
+        "--namespace",
+        "runpod-system",
+        "--dry-run=client",
+        "--set",
+        "runpod.apiKey=k",
+    ]);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("Go kubelet's chart"));
 }
 
 #[test]

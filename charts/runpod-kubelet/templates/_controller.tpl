@@ -71,7 +71,7 @@ node); OUT an empty dict (a template returns only text). */}}
 {{- $_ = set $out "provider" "" -}}
 {{- $_ = set $out "component" "controller" -}}
 {{- $_ = set $out "extra" false -}}
-{{- $_ = set $out "replicas" $c.replicas -}}
+{{- $_ = set $out "replicas" (default $c.replicas $.Values.replicaCount) -}}
 {{- $_ = set $out "maxPods" $c.maxPods -}}
 {{- $_ = set $out "maxGpus" $c.maxGpus -}}
 {{- $_ = set $out "kubeletPort" $c.kubeletPort -}}
@@ -128,6 +128,11 @@ spec:
 {{- define "runpod-kubelet.controllerDeployment" -}}
 {{- $root := .root -}}
 {{- $v := $root.Values -}}
+{{- /* The Go kubelet chart's top-level pod settings apply to the controller (its only pod). */ -}}
+{{- $c := deepCopy $v.controller -}}
+{{- range $key := list "nodeSelector" "tolerations" "affinity" "resources" "podAnnotations" -}}
+{{- with index $v $key -}}{{- $_ := set $c $key . -}}{{- end -}}
+{{- end -}}
 {{- if and $v.controller.hostNetwork (eq (int .kubeletPort) 10250) }}
 {{- fail (printf "controller.hostNetwork: node %q uses kubeletPort 10250, the host kubelet's own port; set controller.kubeletPort (or the node's kubeletPort) to another, e.g. 10260" .nodeName) }}
 {{- end }}
@@ -162,13 +167,13 @@ spec:
       labels:
         {{- include "runpod-kubelet.controllerSelectorLabels" . | nindent 8 }}
         {{- with include "runpod-kubelet.podLabels" $root | trim }}{{ . | nindent 8 }}{{ end }}
-      {{- with $v.controller.podAnnotations }}
+      {{- with $c.podAnnotations }}
       annotations:
         {{- toYaml . | nindent 8 }}
       {{- end }}
     spec:
       serviceAccountName: {{ .account }}
-      {{- with include "runpod-kubelet.podCommon" (list $root $v.controller) | trim }}{{ . | nindent 6 }}{{ end }}
+      {{- with include "runpod-kubelet.podCommon" (list $root $c) | trim }}{{ . | nindent 6 }}{{ end }}
       {{- with $v.imagePullSecrets }}
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
@@ -290,7 +295,7 @@ spec:
             httpGet: {path: /healthz, port: metrics}
             {{- toYaml $v.controller.livenessProbe | nindent 12 }}
           resources:
-            {{- toYaml $v.controller.resources | nindent 12 }}
+            {{- toYaml $c.resources | nindent 12 }}
           securityContext:
             {{- toYaml $v.securityContext | nindent 12 }}
           {{- $mounts := concat (include "runpod-kubelet.controllerMounts" $root | fromYamlArray) $v.extraVolumeMounts }}
@@ -303,11 +308,11 @@ spec:
       volumes:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with $v.controller.nodeSelector }}
+      {{- with $c.nodeSelector }}
       nodeSelector:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with $v.controller.tolerations }}
+      {{- with $c.tolerations }}
       tolerations:
         {{- toYaml . | nindent 8 }}
       {{- end }}
@@ -316,8 +321,8 @@ spec:
         {{- toYaml . | nindent 8 }}
       {{- end }}
       affinity:
-        {{- if $v.controller.affinity }}
-        {{- toYaml $v.controller.affinity | nindent 8 }}
+        {{- if $c.affinity }}
+        {{- toYaml $c.affinity | nindent 8 }}
         {{- else }}
         podAntiAffinity:
           preferredDuringSchedulingIgnoredDuringExecution:

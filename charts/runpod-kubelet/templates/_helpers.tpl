@@ -554,10 +554,26 @@ kubelet.maxGpuPrice are read as controller.reconcileInterval and runpod.maxGpuPr
 wins when set), cluster.identifier as controller.clusterId; kubelet.namespace is refused. */}}
 {{- define "runpod-kubelet.seedCheck" -}}
 {{- with .Values.kubelet }}
-{{- if hasKey . "namespace" }}
+{{- if and (hasKey . "namespace") (ne .namespace "kube-system") (ne .namespace $.Release.Namespace) }}
 {{- fail (printf "kubelet.namespace (the Go kubelet chart) is not a value of this chart: every object goes into the release namespace; install with helm --namespace %s instead" .namespace) }}
 {{- end }}
 {{- end }}
+{{- if contains "bsvogler" (.Values.image.repository | default "") }}
+{{- fail (printf "image.repository %s is the Go kubelet's image, which does not run this chart; remove image from your values (the chart's default is this project's image)" .Values.image.repository) }}
+{{- end }}
+{{- end -}}
+
+{{/* The Go kubelet chart's values this chart does not use, for NOTES.txt. */}}
+{{- define "runpod-kubelet.ignoredSeedValues" -}}
+{{- $ignored := list -}}
+{{- range $key := list "health" "conduit" "livenessProbe" "readinessProbe" -}}
+{{- if hasKey $.Values $key }}{{ $ignored = append $ignored $key }}{{ end -}}
+{{- end -}}
+{{- with .Values.kubelet -}}
+{{- if hasKey . "healthServerAddress" }}{{ $ignored = append $ignored "kubelet.healthServerAddress" }}{{ end -}}
+{{- if hasKey . "namespace" }}{{ $ignored = append $ignored (printf "kubelet.namespace (everything is in %s)" $.Release.Namespace) }}{{ end -}}
+{{- end -}}
+{{- join ", " $ignored -}}
 {{- end -}}
 
 {{- define "runpod-kubelet.maxGpuPrice" -}}

@@ -971,3 +971,104 @@ fn controller_deployments_are_held_until_their_node_is_drained() {
             .any(|o| o.to_string().contains("owner-deployment"))
     );
 }
+
+/// Least privilege per team: when every node lists the namespaces it serves, no ClusterRole
+/// reads Secrets or ConfigMaps; each node's controller reads them through a Role in each of its
+/// own namespaces, bound to its own ServiceAccount only, and reads just the nodes' SSH keys in
+/// the release namespace. While some node serves unlisted namespaces, the cluster-wide `get`
+/// stays (its pods may be anywhere).
+#[test]
+fn team_nodes_read_only_their_own_namespaces_secrets_as_their_own_accounts() {
+    let values = "runpod: {apiKey: k}\nnodeNamespaces: [ml]\n\
+                  nodes: [{name: team-a, provider: runpod, existingSecret: ka, namespaces: [a1, a2]}]\n";
+    let objects = render_values(values).unwrap();
+    let cluster_role = named(&objects, "ClusterRole", "r-runpod-kubelet-controller");
+    assert!(
+        !cluster_role.to_string().contains("\"secrets\""),
+        "a ClusterRole reads Secrets: {cluster_role}"
+    );
+    let team_account = "r-runpod-kubelet-controller-team-a";
+    named(&objects, "ServiceAccount", team_account);
+    let deployment = named(&objects, "Deployment", team_account);
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["serviceAccountName"],
+        team_account
+    );
+    let drain = named(&objects, "Job", &format!("{team_account}-drain"));
+    assert_eq!(
+        drain["spec"]["template"]["spec"]["serviceAccountName"],
+        team_account
+    );
+    let bindings: Vec<(&str, &str, &str)> = objects
+        .iter()
+        .filter(|o| o["kind"] == "RoleBinding")
+        .filter(|o| {
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .ends_with("-pod-inputs")
+        })
+        .map(|o| {
+            (
+                o["metadata"]["namespace"].as_str().unwrap(),
+                o["roleRef"]["name"].as_str().unwrap(),
+                o["subjects"][0]["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        bindings,
+        [
+            (
+                "ml",
+                "r-runpod-kubelet-controller-pod-inputs",
+                "r-runpod-kubelet-controller"
+            ),
+            (
+                "a1",
+                "r-runpod-kubelet-controller-team-a-pod-inputs",
+                team_account
+            ),
+            (
+                "a2",
+                "r-runpod-kubelet-controller-team-a-pod-inputs",
+                team_account
+            ),
+        ]
+    );
+    let role = objects
+        .iter()
+        .find(|o| o["kind"] == "Role" && o["metadata"]["namespace"] == "a1")
+        .unwrap();
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get"]}])
+    );
+    // Both accounts hold the shared rights (nodes, pods, Leases...).
+    let subjects = &named(
+        &objects,
+        "ClusterRoleBinding",
+        "r-runpod-kubelet-controller",
+    )["subjects"];
+    assert_eq!(subjects.as_array().unwrap().len(), 2, "{subjects}");
+    let budgets = named(&objects, "Role", "r-runpod-kubelet-controller-budgets");
+    assert!(
+        budgets["rules"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!({
+            "apiGroups": [""], "resources": ["secrets"],
+            "resourceNames": ["virtual-runpod-ssh", "team-a-ssh"], "verbs": ["get"]})),
+        "{budgets}"
+    );
+
+    // A node serving unlisted namespaces: the cluster-wide get stays, and one account.
+    let open = render_values("runpod: {apiKey: k}\n").unwrap();
+    let cluster_role = named(&open, "ClusterRole", "r-runpod-kubelet-controller");
+    assert!(cluster_role.to_string().contains("\"secrets\""));
+    assert!(!open.iter().any(|o| {
+        o["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.ends_with("-pod-inputs"))
+    }));
+}

@@ -12,7 +12,7 @@ node); OUT an empty dict (a template returns only text). */}}
 {{- $entry := index . 1 -}}
 {{- $out := index . 2 -}}
 {{- $c := $.Values.controller -}}
-{{- $account := include "runpod-kubelet.account" (list $ (include "runpod-kubelet.controllerName" $)) -}}
+{{- $account := include "runpod-kubelet.nodeAccount" (list $ $entry) -}}
 {{- $_ := set $out "root" $ -}}
 {{- $_ = set $out "account" $account -}}
 {{- if $entry -}}

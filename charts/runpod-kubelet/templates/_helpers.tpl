@@ -646,3 +646,45 @@ object.spec.containers.exists(c, has(c.resources) && ((has(c.resources.limits) &
 {{- range .Values.nodes }}{{ $names = append $names (include "runpod-kubelet.nodeControllerName" (list $ .name)) }}{{ end -}}
 {{- toJson $names -}}
 {{- end -}}
+
+{{/* The ServiceAccount a node's controller runs as: its own (named as its Deployment) when the
+node serves listed namespaces (a team's node) and the chart makes accounts, so no team's node
+holds another team's rights; else the shared controller account. Call with (list . ENTRY), ENTRY
+a `nodes` entry or nil. */}}
+{{- define "runpod-kubelet.nodeAccount" -}}
+{{- $ := index . 0 -}}
+{{- $entry := index . 1 -}}
+{{- if and $entry $entry.namespaces $.Values.serviceAccount.create -}}
+{{- include "runpod-kubelet.nodeControllerName" (list $ $entry.name) -}}
+{{- else -}}
+{{- include "runpod-kubelet.account" (list $ (include "runpod-kubelet.controllerName" $)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Every controller ServiceAccount, as RoleBinding subjects. */}}
+{{- define "runpod-kubelet.controllerSubjects" -}}
+{{- $accounts := list (include "runpod-kubelet.nodeAccount" (list . nil)) -}}
+{{- range .Values.nodes }}{{ $accounts = append $accounts (include "runpod-kubelet.nodeAccount" (list $ .)) }}{{ end -}}
+{{- range ($accounts | uniq) }}
+- kind: ServiceAccount
+  name: {{ . }}
+  namespace: {{ $.Release.Namespace }}
+{{- end }}
+{{- end -}}
+
+{{/* "true" when every node of the release lists the namespaces it serves: the controllers then
+read pods' Secrets and ConfigMaps through a Role in each of those namespaces, and no
+ClusterRole reads Secrets. */}}
+{{- define "runpod-kubelet.podInputsByNamespace" -}}
+{{- $all := true -}}
+{{- if and .Values.runpod.enabled (not .Values.nodeNamespaces) }}{{ $all = false }}{{ end -}}
+{{- range .Values.nodes }}{{ if not .namespaces }}{{ $all = false }}{{ end }}{{ end -}}
+{{- if $all }}true{{ end -}}
+{{- end -}}
+
+{{/* Each node's SSH key Secret (NODE-ssh), by name. */}}
+{{- define "runpod-kubelet.nodeSshSecrets" -}}
+{{- $names := list -}}
+{{- range (include "runpod-kubelet.nodeNames" . | fromJsonArray) }}{{ $names = append $names (printf "%s-ssh" .) }}{{ end -}}
+{{- toJson $names -}}
+{{- end -}}

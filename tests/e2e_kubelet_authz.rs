@@ -158,5 +158,43 @@ async fn scenario(
     // 6. The apiserver's own requests still pass.
     let text = pods.logs("server", &LogParams::default()).await?;
     ensure!(text.contains(LOG_LINE), "kubectl logs at the end: {text:?}");
+
+    // 7. The controller's own /metrics over TLS on the kubelet port, guarded as a kubelet's
+    //    /metrics is: `get nodes/metrics` (alice may read logs, not metrics), never anonymous.
+    let metrics =
+        |identity: Option<&Identity>| kubelet_get(controller.kubelet_port, "/metrics", identity);
+    let (code, body) = metrics(Some(&alice))?;
+    ensure!(
+        code == 403 && body.contains("subresource=metrics"),
+        "alice reading /metrics: {code} {body:?}"
+    );
+    let (code, _) = metrics(None)?;
+    ensure!(code == 401, "anonymous /metrics: {code}");
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "node-metrics-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]}]
+    }))?;
+    Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "prometheus-reads-node-metrics"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "node-metrics-reader"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                      "name": "prometheus"}]
+    }))?;
+    bindings.create(&PostParams::default(), &binding).await?;
+    let prometheus = Identity::issue(&pki, certs.path(), "prometheus", "/CN=prometheus")?;
+    wait::until("prometheus reading /metrics", AFTER_DENIAL, || async {
+        let (code, body) = metrics(Some(&prometheus))?;
+        match code {
+            200 if body.contains("runpod_kubelet_leader") => Ok(Some(())),
+            200 => bail!("200 without the controller's metrics: {body:?}"),
+            403 => Ok(None),
+            other => bail!("unexpected {other}: {body:?}"),
+        }
+    })
+    .await?;
     Ok(())
 }

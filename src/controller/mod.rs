@@ -52,6 +52,9 @@ pub struct Runtime {
     pub kubelet_tls: Arc<rustls::ServerConfig>,
     pub metrics_listener: Option<TcpListener>,
     pub registry: prometheus_client::registry::Registry,
+    /// `/metrics` also on the plain listener (`--metrics-plain`); it is always on the kubelet
+    /// API, over TLS, authenticated and authorized as `nodes/metrics`.
+    pub plain_metrics: bool,
     pub metrics: Arc<ControllerMetrics>,
     pub concurrency: u16,
     /// Job offloading: when waiting `delayed` pods move to the virtual node.
@@ -67,6 +70,7 @@ struct Leading {
     settings: Settings,
     kubelet_listener: TcpListener,
     kubelet_tls: Arc<rustls::ServerConfig>,
+    registry: Arc<prometheus_client::registry::Registry>,
     metrics: Arc<ControllerMetrics>,
     concurrency: u16,
     offload: offload::plan::OffloadSettings,
@@ -89,20 +93,28 @@ pub async fn run<P: Provider>(
         kubelet_tls,
         metrics_listener,
         registry,
+        plain_metrics,
         metrics,
         concurrency,
         offload,
         election,
     } = runtime;
+    let registry = Arc::new(registry);
     let (readiness, readiness_rx) = watch::channel(None);
-    let ops = metrics_listener
-        .map(|listener| tokio::spawn(ops::serve(listener, Arc::new(registry), readiness_rx)));
+    let ops = metrics_listener.map(|listener| {
+        tokio::spawn(ops::serve(
+            listener,
+            plain_metrics.then(|| registry.clone()),
+            readiness_rx,
+        ))
+    });
     let leading = Leading {
         client: client.clone(),
         node,
         settings,
         kubelet_listener,
         kubelet_tls,
+        registry,
         metrics: metrics.clone(),
         concurrency,
         offload,
@@ -147,6 +159,7 @@ async fn lead<P: Provider>(
         settings,
         kubelet_listener,
         kubelet_tls,
+        registry,
         metrics,
         concurrency,
         offload,
@@ -238,6 +251,7 @@ async fn lead<P: Provider>(
         kubelet_tls,
         shared.clone(),
         store.clone(),
+        registry,
     ));
     tasks.spawn(offload::run(shared.clone(), offload, fence.clone()));
     if let Some(owner) = settings.owner_deployment.clone() {

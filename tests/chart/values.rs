@@ -1072,3 +1072,51 @@ fn team_nodes_read_only_their_own_namespaces_secrets_as_their_own_accounts() {
             .is_some_and(|n| n.ends_with("-pod-inputs"))
     }));
 }
+
+/// `/metrics` stays off the node's IP unless asked: with `controller.hostNetwork` (or
+/// `plainMetrics: false`) the plain listener serves no metrics, and the controllers'
+/// ServiceMonitor scrapes them over TLS on the kubelet port with Prometheus's token.
+#[test]
+fn metrics_are_served_plain_only_off_the_host_network_unless_asked() {
+    for (values, plain) in [
+        ("runpod: {apiKey: k}\n", true),
+        (
+            "runpod: {apiKey: k}\ncontroller: {hostNetwork: true, kubeletPort: 10260}\n",
+            false,
+        ),
+        (
+            "runpod: {apiKey: k}\ncontroller: {plainMetrics: false}\n",
+            false,
+        ),
+        (
+            "runpod: {apiKey: k}\ncontroller: {hostNetwork: true, kubeletPort: 10260, plainMetrics: true}\n",
+            true,
+        ),
+    ] {
+        let objects = render_values(&format!(
+            "{values}monitoring: {{serviceMonitor: {{enabled: true}}}}\n"
+        ))
+        .unwrap();
+        let args = args_of(
+            &named(&objects, "Deployment", "r-runpod-kubelet-controller")["spec"]["template"],
+        );
+        assert!(
+            args.contains(&format!("--metrics-plain={plain}")),
+            "{values}: {args:?}"
+        );
+        let monitor = named(&objects, "ServiceMonitor", "r-runpod-kubelet-controller");
+        let endpoint = &monitor["spec"]["endpoints"][0];
+        let service = named(&objects, "Service", "r-runpod-kubelet-controller-metrics");
+        if plain {
+            assert_eq!(endpoint["port"], "metrics", "{values}");
+            assert!(endpoint.get("scheme").is_none());
+        } else {
+            assert_eq!(endpoint["port"], "kubelet", "{values}");
+            assert_eq!(endpoint["scheme"], "https");
+            assert!(
+                service["spec"]["ports"].to_string().contains("\"kubelet\""),
+                "{service}"
+            );
+        }
+    }
+}

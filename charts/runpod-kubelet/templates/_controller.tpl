@@ -123,6 +123,13 @@ spec:
       port: {{ .metricsPort }}
       targetPort: metrics
       protocol: TCP
+    {{- if not (include "runpod-kubelet.plainMetrics" $root) }}
+    # /metrics over TLS, for callers allowed `get nodes/metrics`.
+    - name: kubelet
+      port: {{ .kubeletPort }}
+      targetPort: kubelet
+      protocol: TCP
+    {{- end }}
 {{- end -}}
 
 {{- define "runpod-kubelet.controllerDeployment" -}}
@@ -197,6 +204,7 @@ spec:
             {{- end }}
             - --metrics-listen
             - {{ printf "0.0.0.0:%v" .metricsPort | quote }}
+            - --metrics-plain={{ include "runpod-kubelet.plainMetrics" $root | eq "true" }}
             - --reconcile-interval
             - {{ include "runpod-kubelet.reconcileInterval" $root | quote }}
             - --provision-timeout

@@ -688,3 +688,13 @@ ClusterRole reads Secrets. */}}
 {{- range (include "runpod-kubelet.nodeNames" . | fromJsonArray) }}{{ $names = append $names (printf "%s-ssh" .) }}{{ end -}}
 {{- toJson $names -}}
 {{- end -}}
+
+{{/* "true" when the controllers serve /metrics on the plain-HTTP port too. */}}
+{{- define "runpod-kubelet.plainMetrics" -}}
+{{- $plain := .Values.controller.plainMetrics -}}
+{{- if eq (toString $plain) "auto" -}}
+{{- if not .Values.controller.hostNetwork }}true{{ end -}}
+{{- else if $plain -}}
+true
+{{- end -}}
+{{- end -}}

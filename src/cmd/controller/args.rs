@@ -294,6 +294,11 @@ pub struct ControllerArgs {
         env = "RUNPOD_KUBELET_METRICS_LISTEN"
     )]
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve `/metrics` on `--metrics-listen` too (plain HTTP, unauthenticated). It is always
+    /// on the kubelet port, over TLS, for callers allowed `get nodes/metrics`; `false` keeps
+    /// the plain listener to `/healthz` and `/readyz`.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", env = "RUNPOD_KUBELET_METRICS_PLAIN")]
+    pub metrics_plain: bool,
     /// Pods the node accepts.
     #[arg(long, default_value_t = 100, env = "RUNPOD_KUBELET_MAX_PODS")]
     pub max_pods: u32,

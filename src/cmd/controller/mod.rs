@@ -450,6 +450,7 @@ async fn serve<P: Provider>(
         kubelet_listener,
         kubelet_tls,
         metrics_listener,
+        plain_metrics: args.metrics_plain,
         registry,
         metrics,
         offload: runpod_kubelet::controller::offload::plan::OffloadSettings {

@@ -39,6 +39,8 @@ use authz::Authorizer;
 struct ApiState<P> {
     shared: Arc<Shared<P>>,
     pods: Store<Pod>,
+    /// The controller's own metrics, as on the plain listener.
+    registry: Arc<prometheus_client::registry::Registry>,
 }
 
 /// TLS settings: the serving certificate (swappable: `serving`) and the CA that client
@@ -73,6 +75,9 @@ fn router<P: Provider>(
         )
         .route("/stats/summary", get(stats_summary::<P>))
         .route("/metrics/resource", get(resource_metrics::<P>))
+        // The controller's metrics, for scrapers that must authenticate (as kube-rbac-proxy
+        // guards them): authorized as `get nodes/metrics`, like a kubelet's `/metrics`.
+        .route("/metrics", get(controller_metrics::<P>))
         // POST only, as the apiserver sends them (authz refuses other methods first).
         .route("/exec/{namespace}/{pod}/{container}", post(exec::exec::<P>))
         .route(
@@ -122,6 +127,10 @@ async fn resource_metrics<P: Provider>(State(state): State<Arc<ApiState<P>>>) ->
         .into_response()
 }
 
+async fn controller_metrics<P: Provider>(State(state): State<Arc<ApiState<P>>>) -> Response {
+    crate::controller::ops::encoded(&state.registry)
+}
+
 async fn not_implemented<P: Provider>(State(state): State<Arc<ApiState<P>>>) -> Response {
     (
         StatusCode::NOT_IMPLEMENTED,
@@ -139,6 +148,7 @@ pub async fn serve<P: Provider>(
     tls: Arc<rustls::ServerConfig>,
     shared: Arc<Shared<P>>,
     pods: Store<Pod>,
+    registry: Arc<prometheus_client::registry::Registry>,
 ) {
     let authorizer = Arc::new(Authorizer::new(
         shared.client.clone(),
@@ -146,7 +156,11 @@ pub async fn serve<P: Provider>(
     ));
     let authenticator = Arc::new(Authenticator::new(shared.client.clone()));
     let app = router(
-        Arc::new(ApiState { shared, pods }),
+        Arc::new(ApiState {
+            shared,
+            pods,
+            registry,
+        }),
         authenticator,
         authorizer,
     );

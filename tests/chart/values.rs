@@ -634,6 +634,35 @@ fn the_chart_states_its_kubernetes_and_names_the_released_image() {
     assert!(workflow.contains("helm push"));
 }
 
+/// The project's home is one address, named where users look: the chart's `home` and
+/// `sources`, the README, SECURITY.md (where to report privately); the released image lives
+/// under the same owner.
+#[test]
+fn the_project_home_is_named_where_users_look() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |path: &str| std::fs::read_to_string(root.join(path)).unwrap();
+    let chart = read("charts/runpod-kubelet/Chart.yaml");
+    let home = chart
+        .lines()
+        .find_map(|l| l.strip_prefix("home: "))
+        .expect("Chart.yaml names a home")
+        .trim()
+        .to_owned();
+    assert!(chart.contains(&format!("sources: [{home}]")), "{chart}");
+    for file in ["README.md", "SECURITY.md"] {
+        assert!(read(file).contains(&home), "{file} does not name {home}");
+    }
+    let owner = home
+        .strip_prefix("https://github.com/")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap();
+    let values = read("charts/runpod-kubelet/values.yaml");
+    assert!(
+        values.contains(&format!("repository: ghcr.io/{owner}/")),
+        "the image is not published under {owner}"
+    );
+}
+
 /// The pre-install check of each node's key: one Job per node (the RunPod default node and each
 /// `nodes` entry) with that node's key; a key the chart stores itself comes from a hook Secret
 /// that exists only while the hooks run (the release's Secret is not there yet), an existing

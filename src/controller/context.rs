@@ -40,7 +40,7 @@ pub struct Settings {
     /// Namespace of the adoption record (`--adoption-namespace`).
     pub adoption_namespace: String,
     /// Exec and port-forward over the cloud's SSH (`--exec-ssh`, the node's key).
-    pub exec: crate::controller::kubelet_api::exec::ExecAccess,
+    pub exec: crate::controller::node::exec_key::ExecAccess,
     /// Namespace of the budget ledgers, shared by every node of the installation (the
     /// controller's own).
     pub ledger_namespace: String,

@@ -42,7 +42,7 @@ pub fn settings() -> Settings {
         idle: Default::default(),
         key_source: "Secret ns/key".into(),
         adoption_namespace: "runpod-system".into(),
-        exec: crate::controller::kubelet_api::exec::ExecAccess::Off,
+        exec: crate::controller::node::exec_key::ExecAccess::Off,
         ledger_namespace: "runpod-system".into(),
         serve_namespaces: Vec::new(),
         owner_deployment: None,

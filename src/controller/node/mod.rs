@@ -3,6 +3,7 @@
 //! taints by read-modify-write, so what others add (conditions, labels, taints) is kept.
 
 pub mod drain;
+pub mod exec_key;
 pub mod health;
 pub mod heartbeat;
 pub mod lease;

@@ -261,7 +261,7 @@ pub(super) async fn create<P: Provider>(
                     // The controller's own port, published like the pod's: say so.
                     if matches!(
                         ctx.settings.exec,
-                        crate::controller::kubelet_api::exec::ExecAccess::Ready { .. }
+                        crate::controller::node::exec_key::ExecAccess::Ready { .. }
                     ) && ctx.provider.cloud() == crate::provider::CloudName::RUNPOD
                         && !runpod_contract::exposes_nothing(
                             for_cloud.metadata.annotations.as_ref(),

@@ -23,20 +23,7 @@ use crate::provider::Provider;
 use remotecommand::{ExecBackend, ExecEnd, ExecIo, ExecOptions};
 use ssh::{Expected, HostKeys, NodeKey, Target};
 
-/// Whether this node serves exec and port-forward, and with which key.
-#[derive(Clone, Debug)]
-pub enum ExecAccess {
-    /// `--exec-ssh=false`.
-    Off,
-    /// The node's cloud offers no SSH into the container (the reason).
-    Unsupported(String),
-    /// The key could not be read or made (the reason).
-    Unavailable(String),
-    Ready {
-        key: NodeKey,
-        host_keys: HostKeys,
-    },
-}
+pub use crate::controller::node::exec_key::ExecAccess;
 
 const SPDY: &str = "SPDY/3.1";
 

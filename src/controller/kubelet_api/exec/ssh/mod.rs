@@ -5,28 +5,24 @@
 //! authenticated log), an exec channel (with a PTY and window changes for a terminal) or a
 //! `direct-tcpip` channel. Channels the server opens towards us end the connection.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use russh::ChannelMsg;
 use russh::ChannelReadHalf;
 use russh::client::{self, Handle};
-use russh::keys::ssh_key::LineEnding;
-use russh::keys::ssh_key::private::Ed25519Keypair;
-use russh::keys::{HashAlg, PrivateKey, PrivateKeyWithHashAlg, PublicKey};
+use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKey};
 
 use super::portforward::Connection;
 use super::remotecommand::{ExecEnd, ExecIo, ExecOptions};
 use crate::controller::kubelet_api::spdy::session::StreamWriter;
+pub use crate::controller::node::exec_key::{HostKeys, NodeKey};
 
 /// Connecting and authenticating together may take this long; then the user gets an error.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SshError {
-    #[error("the key is not an OpenSSH private key: {0}")]
-    Key(String),
     #[error("no SSH connection to {address} within {CONNECT_TIMEOUT:?}: {reason}")]
     Connect { address: String, reason: String },
     #[error(
@@ -43,53 +39,6 @@ pub enum SshError {
     },
     #[error("SSH: {0}")]
     Protocol(String),
-}
-
-/// The node's key pair.
-#[derive(Clone)]
-pub struct NodeKey {
-    private: Arc<PrivateKey>,
-}
-
-impl std::fmt::Debug for NodeKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeKey")
-            .field("public", &self.public_openssh())
-            .finish()
-    }
-}
-
-impl NodeKey {
-    /// A new ed25519 key from the operating system's randomness.
-    pub fn generate() -> Result<NodeKey, SshError> {
-        let mut seed = [0u8; 32];
-        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut seed)
-            .map_err(|_| SshError::Key("no randomness".to_owned()))?;
-        Ok(NodeKey {
-            private: Arc::new(PrivateKey::from(Ed25519Keypair::from_seed(&seed))),
-        })
-    }
-
-    pub fn from_openssh(pem: &str) -> Result<NodeKey, SshError> {
-        PrivateKey::from_openssh(pem)
-            .map(|key| NodeKey {
-                private: Arc::new(key),
-            })
-            .map_err(|e| SshError::Key(e.to_string()))
-    }
-
-    /// The private key in OpenSSH's format (for the node's Secret only).
-    pub fn private_openssh(&self) -> Result<String, SshError> {
-        self.private
-            .to_openssh(LineEnding::LF)
-            .map(|pem| pem.to_string())
-            .map_err(|e| SshError::Key(e.to_string()))
-    }
-
-    /// `ssh-ed25519 AAAA...`: what a pod's `PUBLIC_KEY` carries.
-    pub fn public_openssh(&self) -> String {
-        self.private.public_key().to_openssh().unwrap_or_default()
-    }
 }
 
 /// The host keys a connection accepts: those recorded for one instance.
@@ -110,36 +59,6 @@ impl Expected {
             instance: self.instance.clone(),
             recorded: self.fingerprints.join(", "),
         })
-    }
-}
-
-/// Host keys read from instances' logs, by instance id, until the pod's annotation (where
-/// every replica finds them) shows them too.
-#[derive(Clone, Debug, Default)]
-pub struct HostKeys(Arc<Mutex<HashMap<String, Vec<String>>>>);
-
-impl HostKeys {
-    pub fn get(&self, instance: &str) -> Option<Vec<String>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(instance)
-            .cloned()
-    }
-
-    pub fn insert(&self, instance: &str, fingerprints: Vec<String>) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(instance.to_owned(), fingerprints);
-    }
-
-    /// Forgets instances that are gone.
-    pub fn retain(&self, live: impl Fn(&str) -> bool) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|instance, _| live(instance));
     }
 }
 
@@ -291,7 +210,7 @@ pub async fn connect(
         let auth = handle
             .authenticate_publickey(
                 target.user.clone(),
-                PrivateKeyWithHashAlg::new(key.private.clone(), hash),
+                PrivateKeyWithHashAlg::new(key.private(), hash),
             )
             .await
             .map_err(|e| e.to_string())?;

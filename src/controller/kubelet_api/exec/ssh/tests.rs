@@ -1,4 +1,5 @@
 use super::*;
+use russh::keys::PrivateKey;
 
 #[test]
 fn a_generated_key_round_trips_through_openssh_text() {

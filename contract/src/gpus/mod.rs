@@ -5,6 +5,7 @@
 //! like with like.
 
 mod cheapest;
+pub mod pod_price;
 mod prices;
 
 pub use cheapest::{Cheapest, Side, cheapest, recorded_choice};

@@ -87,7 +87,7 @@ fn price_of<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> (f64, Option<f64>, &'sta
     };
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     let sheet = ctx.provider.price_sheet();
-    let (fit, cap) = runpod_webhook::policy::price_on(
+    let (fit, cap) = runpod_contract::gpus::pod_price::price_on(
         cloud,
         &annotations,
         gpu_count(pod),

@@ -83,12 +83,17 @@ pub enum Room {
     Wait(String),
 }
 
+/// The one budget fit: `price` more on top of `spend` stays within `budget` (to [`SLACK`]).
+/// The controller's create gate ([`room`]) and the webhook's admission warning both ask it.
+pub fn fits(spend: f64, price: f64, budget: f64) -> bool {
+    spend + price <= budget + SLACK
+}
+
 /// Before a create: the pod (which may cost up to `price` USD/h) starts only when the
 /// namespace's spend plus that price stays within the budget and no pod of the namespace created
 /// earlier still waits (`ahead` of them).
 pub fn room(namespace: &str, budget: f64, spend: Spend, price: f64, ahead: usize) -> Room {
-    let fits = spend.total() + price <= budget + SLACK;
-    if fits && ahead == 0 {
+    if fits(spend.total(), price, budget) && ahead == 0 {
         return Room::Create;
     }
     let mut message = format!(
@@ -195,6 +200,23 @@ mod tests {
                 );
                 assert_eq!(message.contains("created earlier"), ahead > 0, "{what}");
             }
+        }
+    }
+
+    #[test]
+    fn the_budget_fit_allows_exactly_the_budget_and_not_a_cent_more() {
+        for (spend, price, budget, fits_in) in [
+            (0.0, 1.0, 1.0, true),
+            (0.7, 0.3, 1.0, true),
+            (0.1 + 0.2, 0.7, 1.0, true), // float noise within SLACK
+            (0.7, 0.31, 1.0, false),
+            (0.0, 0.01, 0.0, false),
+        ] {
+            assert_eq!(
+                fits(spend, price, budget),
+                fits_in,
+                "{spend} + {price} in {budget}"
+            );
         }
     }
 }

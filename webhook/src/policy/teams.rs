@@ -166,7 +166,7 @@ pub(super) fn budget(
     }
     let price = fits.within_cap.or(fits.cheapest).map(|fit| fit.per_hour);
     Ok(match (context.namespace_spend, price) {
-        (Some(spend), Some(price)) if spend + price > budget + 1e-9 => Some(format!(
+        (Some(spend), Some(price)) if !budget::fits(spend, price, budget) => Some(format!(
             "runpod-kubelet: namespace {namespace} spends {spend:.3} USD/h of its budget of \
              {budget:.3} USD/h now and this pod costs at least {price:.3} USD/h: it waits \
              Pending ({}) until room frees up",

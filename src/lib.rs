@@ -2,6 +2,7 @@
 //! The binary in `main.rs` wires these to the command line.
 
 pub mod controller;
+pub mod flags;
 pub mod http;
 pub mod provider;
 pub mod runpod;

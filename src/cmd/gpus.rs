@@ -34,7 +34,7 @@ pub struct GpusArgs {
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, env = "RUNPOD_KUBELET_GPU_TYPES")]
     pub gpu_types: Vec<String>,
     /// SECURE or COMMUNITY (default SECURE).
-    #[arg(long, value_parser = crate::cmd::flags::cloud_type, env = "RUNPOD_KUBELET_CLOUD_TYPE")]
+    #[arg(long, value_parser = runpod_kubelet::flags::cloud_type, env = "RUNPOD_KUBELET_CLOUD_TYPE")]
     pub cloud_type: Option<CloudType>,
     /// Maximum USD per hour for the whole pod (like `runpod.io/max-price`).
     #[arg(long, env = "RUNPOD_KUBELET_MAX_PRICE")]

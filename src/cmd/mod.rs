@@ -3,7 +3,6 @@
 pub mod adopt;
 pub mod certs;
 pub mod controller;
-pub mod flags;
 pub mod gpus;
 pub mod registration;
 #[cfg(feature = "simulator")]

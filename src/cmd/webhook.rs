@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::cmd::flags::{positive_duration, positive_price};
+use runpod_kubelet::flags::{positive_duration, positive_price};
 
 #[derive(Debug, Args)]
 pub struct WebhookArgs {
@@ -39,7 +39,7 @@ pub struct WebhookArgs {
     /// RunPod cloud tiers pods may run in (comma-separated `SECURE`, `COMMUNITY`). `COMMUNITY`
     /// hosts are third parties that receive the pod's Secret env and registry login, so a pod
     /// asking for it is refused unless it is listed here.
-    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, default_value = "SECURE", value_parser = crate::cmd::flags::cloud_type, env = "RUNPOD_KUBELET_ALLOWED_CLOUD_TYPES")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, default_value = "SECURE", value_parser = runpod_kubelet::flags::cloud_type, env = "RUNPOD_KUBELET_ALLOWED_CLOUD_TYPES")]
     pub allowed_cloud_types: Vec<runpod_contract::CloudType>,
     /// Cap in USD per hour per GPU; a pod's `runpod.io/max-price` may not exceed it × GPU count.
     #[arg(long, default_value_t = 0.5, value_parser = positive_price, env = "RUNPOD_KUBELET_MAX_GPU_PRICE")]
@@ -70,14 +70,14 @@ pub struct WebhookArgs {
         default_value = "auto",
         env = "RUNPOD_KUBELET_EXPOSE_PORTS"
     )]
-    pub expose_ports: crate::cmd::flags::ExposePorts,
+    pub expose_ports: runpod_kubelet::flags::ExposePorts,
     /// Migration from the Go kubelet: a pod that tolerates `virtual-kubelet.io/provider=runpod`
     /// by key itself (its manifests unchanged) counts as opted in, without any label.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", env = "RUNPOD_KUBELET_ACCEPT_SEED_TOLERATIONS")]
     pub accept_seed_tolerations: bool,
     /// After SIGTERM, how long to keep answering reviews (with /readyz failing) before closing,
     /// so that endpoints stop routing here first.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_SHUTDOWN_DRAIN")]
+    #[arg(long, default_value = "10s", value_parser = runpod_kubelet::flags::seconds_or_duration, env = "RUNPOD_KUBELET_SHUTDOWN_DRAIN")]
     pub shutdown_drain: Duration,
     /// A connection (HTTP/1.1 or h2) with no review in flight for this long is closed.
     #[arg(long, default_value = "60s", value_parser = positive_duration, env = "RUNPOD_KUBELET_IDLE_TIMEOUT")]
@@ -182,7 +182,7 @@ fn policy_config(
         .policy(args.max_gpu_price)
         .map_err(anyhow::Error::msg)?;
     config.allowed_cloud_types = args.allowed_cloud_types.clone();
-    config.expose_no_ports = args.expose_ports == crate::cmd::flags::ExposePorts::None;
+    config.expose_no_ports = args.expose_ports == runpod_kubelet::flags::ExposePorts::None;
     config.accept_seed_tolerations = args.accept_seed_tolerations;
     config.default_budget = args.default_budget_per_hour;
     (config.namespace_nodes, config.node_clouds) =

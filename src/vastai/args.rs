@@ -21,12 +21,12 @@ pub struct VastArgs {
     )]
     pub vastai_api_url: String,
     /// Per-request timeout for Vast.ai calls.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_VASTAI_TIMEOUT")]
+    #[arg(long, default_value = "30s", value_parser = crate::flags::seconds_or_duration, env = "RUNPOD_KUBELET_VASTAI_TIMEOUT")]
     pub vastai_timeout: Duration,
     /// How long Vast.ai's reads may lag a create (undocumented): after an unclear create, and
     /// after a restart with a create on record, nothing is bought for the pod until label
     /// lookups this long after it found none.
-    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_VASTAI_READ_LAG")]
+    #[arg(long, default_value = "2m", value_parser = crate::flags::seconds_or_duration, env = "RUNPOD_KUBELET_VASTAI_READ_LAG")]
     pub vastai_read_lag: Duration,
 }
 

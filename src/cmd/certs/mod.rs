@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::cmd::flags::positive_duration;
+use runpod_kubelet::flags::positive_duration;
 
 /// Where `certs` keeps the webhook's certificates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -49,14 +49,14 @@ pub struct CertsArgs {
     #[arg(long, default_value = "90d", value_parser = positive_duration, env = "RUNPOD_KUBELET_VALIDITY")]
     pub validity: Duration,
     /// The serving certificate is renewed once less than this is left.
-    #[arg(long, default_value = "30d", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_RENEW_BEFORE")]
+    #[arg(long, default_value = "30d", value_parser = runpod_kubelet::flags::seconds_or_duration, env = "RUNPOD_KUBELET_RENEW_BEFORE")]
     pub renew_before: Duration,
     /// Validity of the CA (cluster modes).
     #[arg(long, default_value = "730d", value_parser = positive_duration, env = "RUNPOD_KUBELET_CA_VALIDITY")]
     pub ca_validity: Duration,
     /// The CA is replaced once less than this is left; the old CA stays in the bundle until it
     /// expires, so certificates it signed keep verifying meanwhile.
-    #[arg(long, default_value = "90d", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_CA_RENEW_BEFORE")]
+    #[arg(long, default_value = "90d", value_parser = runpod_kubelet::flags::seconds_or_duration, env = "RUNPOD_KUBELET_CA_RENEW_BEFORE")]
     pub ca_renew_before: Duration,
     /// Rotate now, whether due or not.
     #[arg(long, value_enum, env = "RUNPOD_KUBELET_ROTATE")]

@@ -10,7 +10,7 @@ use runpod_kubelet::controller::usage::idle::IdleSettings;
 use runpod_kubelet::runpod::args::RunPodArgs;
 use runpod_kubelet::vastai::args::{VastArgs, VastPolicyArgs};
 
-use crate::cmd::flags::{percent, positive_duration, seconds_or_duration};
+use runpod_kubelet::flags::{percent, positive_duration, seconds_or_duration};
 
 /// Idle GPUs: when a burst pod's GPUs count as idle (a Warning Event `GpuIdle`, a metric).
 #[derive(Debug, Args)]
@@ -189,7 +189,7 @@ pub struct ControllerArgs {
     /// RunPod cloud tiers pods may run in (comma-separated `SECURE`, `COMMUNITY`). `COMMUNITY`
     /// hosts are third parties that receive the pod's Secret env and registry login, so a pod
     /// asking for it is refused unless it is listed here.
-    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, default_value = "SECURE", value_parser = crate::cmd::flags::cloud_type, env = "RUNPOD_KUBELET_ALLOWED_CLOUD_TYPES")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, default_value = "SECURE", value_parser = runpod_kubelet::flags::cloud_type, env = "RUNPOD_KUBELET_ALLOWED_CLOUD_TYPES")]
     pub allowed_cloud_types: Vec<runpod_contract::CloudType>,
     /// Cap in USD per hour per GPU.
     #[arg(long, default_value_t = 0.5, env = "RUNPOD_KUBELET_MAX_GPU_PRICE")]
@@ -216,7 +216,7 @@ pub struct ControllerArgs {
         default_value = "auto",
         env = "RUNPOD_KUBELET_EXPOSE_PORTS"
     )]
-    pub expose_ports: crate::cmd::flags::ExposePorts,
+    pub expose_ports: runpod_kubelet::flags::ExposePorts,
     /// Migration from the Go kubelet: a pod that tolerates `virtual-kubelet.io/provider=runpod`
     /// by key itself (its manifests unchanged) counts as opted in, without any label.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", env = "RUNPOD_KUBELET_ACCEPT_SEED_TOLERATIONS")]

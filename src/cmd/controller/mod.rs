@@ -222,7 +222,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
         .policy(args.max_gpu_price)
         .map_err(anyhow::Error::msg)?;
     admission.allowed_cloud_types = args.allowed_cloud_types.clone();
-    admission.expose_no_ports = args.expose_ports == crate::cmd::flags::ExposePorts::None;
+    admission.expose_no_ports = args.expose_ports == runpod_kubelet::flags::ExposePorts::None;
     admission.accept_seed_tolerations = args.accept_seed_tolerations;
     admission.default_budget = args.default_budget_per_hour;
     (admission.namespace_nodes, admission.node_clouds) =

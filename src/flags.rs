@@ -1,5 +1,5 @@
-//! The one set of flag parsers every subcommand uses, so a duration or a price reads the same
-//! way on every flag.
+//! The one set of flag parsers every subcommand and the clouds' own flag groups use, so a
+//! duration or a price reads the same way on every flag.
 
 use std::time::Duration;
 

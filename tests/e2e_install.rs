@@ -64,6 +64,36 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A simulator whose `e2e/server` pods log `serving on 8888`.
+fn log_server_simulator() -> anyhow::Result<SimulatorProcess> {
+    SimulatorProcess::start(&json!({
+        "provisioning_ms": 300, "starting_ms": 100,
+        "images": [{"match": "server", "logs": ["serving on 8888"]}]
+    }))
+}
+
+/// Waits until `kubectl logs` of the pod, through the apiserver that verifies kubelet
+/// certificates, shows the server's line.
+async fn kubectl_logs_show(
+    control_plane: &ControlPlane,
+    ns: &str,
+    pod: &str,
+) -> anyhow::Result<()> {
+    support::wait::until(
+        "kubectl logs through the verifying apiserver",
+        WAIT,
+        || async {
+            let out = Command::new("kubectl")
+                .args(["logs", pod, "-n", ns, "--kubeconfig"])
+                .arg(&control_plane.kubeconfig)
+                .output()?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            Ok((out.status.success() && text.contains("serving on 8888")).then_some(()))
+        },
+    )
+    .await
+}
+
 /// `--kubelet-tls-approve --kubelet-tls-secret`: the controller approves its own node's request
 /// (nobody runs `kubectl certificate approve`), keeps what the cluster issued in a Secret, and
 /// after a restart serves it at once: `kubectl logs` through the verifying apiserver works, and
@@ -73,10 +103,7 @@ async fn a_kept_certificate_needs_nobody_after_a_restart(
     client: &kube::Client,
 ) -> anyhow::Result<()> {
     use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-    let simulator = SimulatorProcess::start(&json!({
-        "provisioning_ms": 300, "starting_ms": 100,
-        "images": [{"match": "server", "logs": ["serving on 8888"]}]
-    }))?;
+    let simulator = log_server_simulator()?;
     let ns = "install-kept";
     namespace(client, ns, true).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -91,21 +118,7 @@ async fn a_kept_certificate_needs_nobody_after_a_restart(
     let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(client.clone(), "default");
-    let logs_work = || async {
-        support::wait::until(
-            "kubectl logs through the verifying apiserver",
-            WAIT,
-            || async {
-                let out = Command::new("kubectl")
-                    .args(["logs", "kept", "-n", ns, "--kubeconfig"])
-                    .arg(&control_plane.kubeconfig)
-                    .output()?;
-                let text = String::from_utf8_lossy(&out.stdout).into_owned();
-                Ok((out.status.success() && text.contains("serving on 8888")).then_some(()))
-            },
-        )
-        .await
-    };
+    let logs_work = || kubectl_logs_show(control_plane, ns, "kept");
     let first = ControllerProcess::start(
         &control_plane.kubeconfig,
         &control_plane.ca_file(),
@@ -826,10 +839,7 @@ async fn logs_through_an_apiserver_that_verifies_kubelets(
     control_plane: &ControlPlane,
     client: &kube::Client,
 ) -> anyhow::Result<()> {
-    let simulator = SimulatorProcess::start(&json!({
-        "provisioning_ms": 300, "starting_ms": 100,
-        "images": [{"match": "server", "logs": ["serving on 8888"]}]
-    }))?;
+    let simulator = log_server_simulator()?;
     let ns = "install-tls";
     namespace(client, ns, true).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -896,19 +906,7 @@ async fn logs_through_an_apiserver_that_verifies_kubelets(
             "kubectl certificate approve: {}",
             String::from_utf8_lossy(&approved.stderr)
         );
-        support::wait::until(
-            "kubectl logs through the verifying apiserver",
-            WAIT,
-            || async {
-                let out = Command::new("kubectl")
-                    .args(["logs", "verified", "-n", ns, "--kubeconfig"])
-                    .arg(&control_plane.kubeconfig)
-                    .output()?;
-                let text = String::from_utf8_lossy(&out.stdout).into_owned();
-                Ok((out.status.success() && text.contains("serving on 8888")).then_some(()))
-            },
-        )
-        .await?;
+        kubectl_logs_show(control_plane, ns, "verified").await?;
         pods.delete("verified", &DeleteParams::default()).await?;
         gone(&pods, "verified").await?;
         anyhow::Ok(())

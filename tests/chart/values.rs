@@ -796,10 +796,7 @@ fn the_kubelet_certificate_comes_from_the_cluster_a_secret_or_cert_manager() {
                 Some(format!("runpod-system/{node}-kubelet-serving").as_str())
             );
         }
-        let requests = serde_json::json!([
-            "virtual-runpod-serving-runpod-kubelet",
-            "vast-serving-runpod-kubelet"
-        ]);
+        // Shared: making requests and Secrets; each node's own names only in its own rules.
         let rules = rules_of(
             &csr,
             "ClusterRole",
@@ -808,29 +805,39 @@ fn the_kubelet_certificate_comes_from_the_cluster_a_secret_or_cert_manager() {
         );
         assert_eq!(
             rules,
-            [
-                serde_json::json!({"apiGroups": ["certificates.k8s.io"],
-                    "resources": ["certificatesigningrequests"], "verbs": ["create"]}),
-                serde_json::json!({"apiGroups": ["certificates.k8s.io"],
-                    "resources": ["certificatesigningrequests"], "resourceNames": requests,
-                    "verbs": ["get", "delete"]}),
-                serde_json::json!({"apiGroups": ["certificates.k8s.io"],
-                    "resources": ["certificatesigningrequests/approval"],
-                    "resourceNames": requests, "verbs": ["update"]}),
-                serde_json::json!({"apiGroups": ["certificates.k8s.io"],
-                    "resources": ["signers"], "resourceNames": ["kubernetes.io/kubelet-serving"],
-                    "verbs": ["approve"]}),
-            ]
+            [serde_json::json!({"apiGroups": ["certificates.k8s.io"],
+                "resources": ["certificatesigningrequests"], "verbs": ["create"]})]
         );
-        let kept = rules_of(&csr, "Role", "r-runpod-kubelet-controller-budgets", "");
-        assert!(
-            kept.contains(
-                &serde_json::json!({"apiGroups": [""], "resources": ["secrets"],
-                "resourceNames": ["virtual-runpod-kubelet-serving", "vast-kubelet-serving"],
-                "verbs": ["get", "update"]})
-            ),
-            "{kept:?}"
-        );
+        for (controller, node) in [
+            ("r-runpod-kubelet-controller", "virtual-runpod"),
+            ("r-runpod-kubelet-controller-vast", "vast"),
+        ] {
+            let own = format!("{controller}-own");
+            let request = serde_json::json!([format!("{node}-serving-runpod-kubelet")]);
+            assert_eq!(
+                rules_of(&csr, "ClusterRole", &own, "certificates.k8s.io"),
+                [
+                    serde_json::json!({"apiGroups": ["certificates.k8s.io"],
+                        "resources": ["certificatesigningrequests"], "resourceNames": request,
+                        "verbs": ["get", "delete"]}),
+                    serde_json::json!({"apiGroups": ["certificates.k8s.io"],
+                        "resources": ["certificatesigningrequests/approval"],
+                        "resourceNames": request, "verbs": ["update"]}),
+                    serde_json::json!({"apiGroups": ["certificates.k8s.io"],
+                        "resources": ["signers"], "resourceNames": ["kubernetes.io/kubelet-serving"],
+                        "verbs": ["approve"]}),
+                ]
+            );
+            let kept = rules_of(&csr, "Role", &own, "");
+            assert!(
+                kept.contains(
+                    &serde_json::json!({"apiGroups": [""], "resources": ["secrets"],
+                    "resourceNames": [format!("{node}-kubelet-serving")],
+                    "verbs": ["get", "update"]})
+                ),
+                "{kept:?}"
+            );
+        }
     }
     let approver = render_values(&format!(
         "{base}controller: {{kubeletTls: {{mode: csr, approve: false}}}}\n"
@@ -981,15 +988,32 @@ fn controller_deployments_are_held_until_their_node_is_drained() {
             Some(owner.as_str())
         );
     }
-    let role = named(&objects, "Role", "r-runpod-kubelet-controller-budgets");
+    // Each controller may read and patch its own Deployment only.
+    for name in names {
+        let role = named(&objects, "Role", &format!("{name}-own"));
+        assert!(
+            role["rules"]
+                .as_array()
+                .unwrap()
+                .contains(&serde_json::json!({
+                "apiGroups": ["apps"], "resources": ["deployments"],
+                "resourceNames": [name], "verbs": ["get", "patch"]})),
+            "{role}"
+        );
+    }
+    // Without the finalizer, neither it nor the right.
+    let plain =
+        render_values("runpod: {apiKey: k}\ncontroller: {drain: {finalizer: false}}\n").unwrap();
     assert!(
-        role["rules"]
-            .as_array()
-            .unwrap()
-            .contains(&serde_json::json!({
-            "apiGroups": ["apps"], "resources": ["deployments"],
-            "resourceNames": names, "verbs": ["get", "patch"]})),
-        "{role}"
+        named(&plain, "Deployment", "r-runpod-kubelet-controller")["metadata"]
+            .get("finalizers")
+            .is_none()
+    );
+    assert!(
+        !plain
+            .iter()
+            .any(|o| o.to_string().contains("owner-deployment")
+                || o.to_string().contains("\"deployments\""))
     );
     let off =
         render_values("runpod: {apiKey: k}\ncontroller: {drain: {enabled: false}}\n").unwrap();
@@ -1080,15 +1104,35 @@ fn team_nodes_read_only_their_own_namespaces_secrets_as_their_own_accounts() {
         "r-runpod-kubelet-controller",
     )["subjects"];
     assert_eq!(subjects.as_array().unwrap().len(), 2, "{subjects}");
-    let budgets = named(&objects, "Role", "r-runpod-kubelet-controller-budgets");
+    // What is one node's alone (its SSH key, its Deployment, its certificate) is bound to that
+    // node's account only: team-a cannot read the default node's key, nor patch its Deployment.
+    for (controller, node, account) in [
+        (
+            "r-runpod-kubelet-controller",
+            "virtual-runpod",
+            "r-runpod-kubelet-controller",
+        ),
+        (team_account, "team-a", team_account),
+    ] {
+        let own = named(&objects, "Role", &format!("{controller}-own"));
+        assert!(
+            own["rules"]
+                .as_array()
+                .unwrap()
+                .contains(&serde_json::json!({
+                "apiGroups": [""], "resources": ["secrets"],
+                "resourceNames": [format!("{node}-ssh")], "verbs": ["get"]})),
+            "{own}"
+        );
+        let binding = named(&objects, "RoleBinding", &format!("{controller}-own"));
+        assert_eq!(binding["subjects"].as_array().unwrap().len(), 1);
+        assert_eq!(binding["subjects"][0]["name"], account);
+    }
     assert!(
-        budgets["rules"]
-            .as_array()
-            .unwrap()
-            .contains(&serde_json::json!({
-            "apiGroups": [""], "resources": ["secrets"],
-            "resourceNames": ["virtual-runpod-ssh", "team-a-ssh"], "verbs": ["get"]})),
-        "{budgets}"
+        !objects.iter().any(|o| o["kind"] == "Role"
+            && !o["metadata"]["name"].as_str().unwrap().ends_with("-own")
+            && o.to_string().contains("-ssh\"")),
+        "a shared Role names a node's SSH key"
     );
 
     // A node serving unlisted namespaces: the cluster-wide get stays, and one account.
@@ -1119,6 +1163,11 @@ fn metrics_are_served_plain_only_off_the_host_network_unless_asked() {
         ),
         (
             "runpod: {apiKey: k}\ncontroller: {hostNetwork: true, kubeletPort: 10260, plainMetrics: true}\n",
+            true,
+        ),
+        // A self-signed kubelet certificate could not be verified by the TLS scrape.
+        (
+            "runpod: {apiKey: k}\ncontroller: {hostNetwork: true, kubeletPort: 10260, kubeletTls: {mode: self-signed}}\n",
             true,
         ),
     ] {

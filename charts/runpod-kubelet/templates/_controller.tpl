@@ -151,7 +151,7 @@ metadata:
   labels:
     {{- include "runpod-kubelet.labels" $root | nindent 4 }}
     {{- include "runpod-kubelet.controllerComponentLabels" . | nindent 4 }}
-  {{- if $v.controller.drain.enabled }}
+  {{- if and $v.controller.drain.enabled $v.controller.drain.finalizer }}
   # However this Deployment is deleted (helm, Argo CD or Flux pruning, kubectl), it stays until
   # its controller has drained the node: nothing is left billing.
   finalizers: [runpod.io/drain]
@@ -195,7 +195,7 @@ spec:
             {{- include "runpod-kubelet.controllerArgs" (dict "root" $root "node" .) | nindent 12 }}
             - --kubelet-port
             - {{ .kubeletPort | quote }}
-            {{- if $v.controller.drain.enabled }}
+            {{- if and $v.controller.drain.enabled $v.controller.drain.finalizer }}
             - --owner-deployment
             - {{ printf "%s/%s" $root.Release.Namespace .name | quote }}
             {{- end }}

@@ -215,8 +215,10 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ include "runpod-kubelet.nodeArgs" . }}
 - --timeout
 - {{ .root.Values.controller.drain.timeout | quote }}
+{{- if .root.Values.controller.drain.finalizer }}
 - --owner-deployment
 - {{ printf "%s/%s" .root.Release.Namespace .node.name | quote }}
+{{- end }}
 {{- end -}}
 
 {{- /* The default node passes no --provider (runpod), as before nodes existed. */ -}}
@@ -693,7 +695,8 @@ ClusterRole reads Secrets. */}}
 {{- define "runpod-kubelet.plainMetrics" -}}
 {{- $plain := .Values.controller.plainMetrics -}}
 {{- if eq (toString $plain) "auto" -}}
-{{- if not .Values.controller.hostNetwork }}true{{ end -}}
+{{- /* The TLS scrape verifies with the cluster CA, which signs csr-mode certificates only. */ -}}
+{{- if or (not .Values.controller.hostNetwork) (not (include "runpod-kubelet.kubeletTlsCsr" .)) }}true{{ end -}}
 {{- else if $plain -}}
 true
 {{- end -}}

@@ -202,7 +202,20 @@ async fn target<P: Provider>(
             format!("pod {namespace}/{name} is not running on {title}"),
         )));
     };
-    let Some(target) = instance.ssh.clone() else {
+    // The last list may predate the port mapping the cloud published since: ask once by id
+    // before answering that there is none.
+    let fresh = match instance.ssh.clone() {
+        Some(target) => Some(target),
+        None => state
+            .shared
+            .provider
+            .lookup(&instance.id)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|looked_up| looked_up.ssh),
+    };
+    let Some(target) = fresh else {
         return Err(Box::new(refuse(
             StatusCode::BAD_REQUEST,
             format!(

@@ -55,6 +55,7 @@ fn cluster() -> &'static MemoryCluster {
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let config = PolicyConfig {
         allowed_datacenters: vec!["EU-RO-1".into()],
+        allowed_cloud_types: Vec::new(),
         max_gpu_price: Some(0.5),
         excluded_namespaces: ["kube-system".to_owned()].into(),
         vastai: Default::default(),

@@ -32,8 +32,7 @@ pub fn positive_price(value: &str) -> Result<f64, String> {
 
 /// A RunPod cloud tier, `SECURE` or `COMMUNITY` (any case).
 pub fn cloud_type(value: &str) -> Result<runpod_contract::CloudType, String> {
-    runpod_contract::CloudType::parse(value)
-        .ok_or_else(|| format!("{value:?} is not SECURE or COMMUNITY"))
+    runpod_contract::CloudType::parse_named(value)
 }
 
 /// A share in percent, `0`..=`100`, with or without the `%` sign.

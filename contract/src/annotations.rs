@@ -227,6 +227,11 @@ impl CloudType {
             .find(|cloud| cloud.as_str().eq_ignore_ascii_case(value))
     }
 
+    /// [`CloudType::parse`], or a message naming the accepted values.
+    pub fn parse_named(value: &str) -> Result<Self, String> {
+        Self::parse(value).ok_or_else(|| format!("{value:?} is not SECURE or COMMUNITY"))
+    }
+
     /// The tier of a pod that names none: `SECURE`, unless the installation allows only
     /// `COMMUNITY` (`allowed` empty: any).
     pub fn default_within(allowed: &[CloudType]) -> CloudType {

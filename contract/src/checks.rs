@@ -99,9 +99,7 @@ pub fn validate_annotations(effective: &Effective<'_>) -> Vec<String> {
                     false => Ok(()),
                 },
                 contract::MAX_PRICE => contract::parse_price(value).map(drop),
-                contract::CLOUD_TYPE => CloudType::parse(value)
-                    .map(drop)
-                    .ok_or_else(|| format!("{value:?} is not SECURE or COMMUNITY")),
+                contract::CLOUD_TYPE => CloudType::parse_named(value).map(drop),
                 contract::PORTS => contract::parse_ports(value).map(drop),
                 contract::DISK => contract::parse_disk(value).map(drop),
                 contract::MANAGED | contract::OFFLOAD => contract::parse_flag(value).map(drop),

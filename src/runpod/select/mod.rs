@@ -138,9 +138,12 @@ pub fn requirements(pod: &Pod, limits: &ClusterLimits) -> Result<Requirements, R
         PRICE_HINT,
         contract::parse_price,
     )?;
-    let cloud = annotation(annotations, contract::CLOUD_TYPE, CLOUD_HINT, |value| {
-        CloudType::parse(value).ok_or_else(|| format!("{value:?} is not SECURE or COMMUNITY"))
-    })?
+    let cloud = annotation(
+        annotations,
+        contract::CLOUD_TYPE,
+        CLOUD_HINT,
+        CloudType::parse_named,
+    )?
     .unwrap_or_else(|| CloudType::default_within(&limits.cloud_types));
     // Admission refused it, but the annotation may have been edited since, or the list
     // narrowed: nothing is bought from a tier the installation does not allow.

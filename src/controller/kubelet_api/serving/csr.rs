@@ -82,27 +82,10 @@ pub(super) async fn request_once(
         },
         status: None,
     };
-    let mut created = csrs.create(&PostParams::default(), &object).await?;
+    let created = csrs.create(&PostParams::default(), &object).await?;
     let name = created.metadata.name.clone().unwrap_or_default();
     if approve {
-        // Only the request made just now, for this node, is approved: what it names was made
-        // here (`request`), not read from the cluster.
-        created
-            .status
-            .get_or_insert_with(Default::default)
-            .conditions
-            .get_or_insert_with(Vec::new)
-            .push(CertificateSigningRequestCondition {
-                type_: "Approved".to_owned(),
-                status: "True".to_owned(),
-                reason: Some("RunPodKubeletSelfApproved".to_owned()),
-                message: Some(format!(
-                    "runpod-kubelet approved the serving certificate of its virtual node {node}"
-                )),
-                ..Default::default()
-            });
-        csrs.replace_subresource("approval", &name, &PostParams::default(), &created)
-            .await?;
+        self_approve(&csrs, created, node).await?;
         info!(csr = %name, "approved this node's kubelet serving certificate request; waiting for the signer");
     } else {
         info!(csr = %name, "waiting for the cluster to approve the kubelet serving certificate (kubectl certificate approve {name})");
@@ -150,4 +133,31 @@ pub(super) async fn request_once(
             });
         }
     }
+}
+
+/// Approves the request made just now for this node: what it names was made here
+/// (`request`), not read from the cluster.
+async fn self_approve(
+    csrs: &Api<CertificateSigningRequest>,
+    mut created: CertificateSigningRequest,
+    node: &str,
+) -> Result<(), CsrError> {
+    let name = created.metadata.name.clone().unwrap_or_default();
+    created
+        .status
+        .get_or_insert_with(Default::default)
+        .conditions
+        .get_or_insert_with(Vec::new)
+        .push(CertificateSigningRequestCondition {
+            type_: "Approved".to_owned(),
+            status: "True".to_owned(),
+            reason: Some("RunPodKubeletSelfApproved".to_owned()),
+            message: Some(format!(
+                "runpod-kubelet approved the serving certificate of its virtual node {node}"
+            )),
+            ..Default::default()
+        });
+    csrs.replace_subresource("approval", &name, &PostParams::default(), &created)
+        .await?;
+    Ok(())
 }

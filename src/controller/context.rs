@@ -49,6 +49,8 @@ pub struct Settings {
     /// The Deployment running this controller, held by the drain finalizer
     /// (`--owner-deployment`); `None`: not run by the chart.
     pub owner_deployment: Option<crate::controller::node::removal::OwnerDeployment>,
+    /// How long one drain for the finalizer may take (`--drain-timeout`).
+    pub drain_timeout: Duration,
 }
 
 /// One complete, successful list of the cloud's instances, reduced to this cluster and node.

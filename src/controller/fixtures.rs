@@ -46,5 +46,6 @@ pub fn settings() -> Settings {
         ledger_namespace: "runpod-system".into(),
         serve_namespaces: Vec::new(),
         owner_deployment: None,
+        drain_timeout: std::time::Duration::from_secs(600),
     }
 }

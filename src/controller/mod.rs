@@ -262,7 +262,7 @@ async fn lead<P: Provider>(
             node::drain::DrainConfig {
                 node_name: settings.node_name.clone(),
                 cluster_id: settings.cluster_id.clone(),
-                timeout: Duration::from_secs(600),
+                timeout: settings.drain_timeout,
                 poll_interval: Duration::from_secs(2),
                 ack_wait: Duration::from_secs(60),
                 adoption_namespace: settings.adoption_namespace.clone(),

@@ -961,7 +961,7 @@ fn exec_over_ssh_is_on_by_default_with_create_on_secrets_in_the_release_namespac
 #[test]
 fn controller_deployments_are_held_until_their_node_is_drained() {
     let objects = render_values(
-        "runpod: {apiKey: k}\nvastai: {apiKey: v}\nnodes: [{name: vast, provider: vastai}]\n",
+        "runpod: {apiKey: k}\nvastai: {apiKey: v}\nnodes: [{name: vast, provider: vastai}]\ncontroller: {drain: {timeout: 7m}}\n",
     )
     .unwrap();
     let names = [
@@ -981,6 +981,11 @@ fn controller_deployments_are_held_until_their_node_is_drained() {
                 "--owner-deployment"
             ),
             Some(owner.as_str())
+        );
+        // The finalizer's drain takes as long as the uninstall's.
+        assert_eq!(
+            flag(&args_of(&deployment["spec"]["template"]), "--drain-timeout"),
+            Some("7m")
         );
         let drain = named(&objects, "Job", &format!("{name}-drain"));
         assert_eq!(

@@ -198,6 +198,8 @@ spec:
             {{- if and $v.controller.drain.enabled $v.controller.drain.finalizer }}
             - --owner-deployment
             - {{ printf "%s/%s" $root.Release.Namespace .name | quote }}
+            - --drain-timeout
+            - {{ $v.controller.drain.timeout | quote }}
             {{- end }}
             {{- with include "runpod-kubelet.kubeletTlsArgs" (list $root .nodeName) | trim }}
             {{- . | nindent 12 }}

@@ -266,6 +266,10 @@ pub struct ControllerArgs {
     /// and then releases it, so no removal leaves anything billing.
     #[arg(long, value_parser = runpod_kubelet::controller::node::removal::OwnerDeployment::parse, env = "RUNPOD_KUBELET_OWNER_DEPLOYMENT")]
     pub owner_deployment: Option<runpod_kubelet::controller::node::removal::OwnerDeployment>,
+    /// With `--owner-deployment`: how long one drain before the Deployment's release may take
+    /// (a drain that runs out is tried again; nothing is released while anything may bill).
+    #[arg(long, default_value = "10m", value_parser = positive_duration, env = "RUNPOD_KUBELET_DRAIN_TIMEOUT")]
+    pub drain_timeout: std::time::Duration,
     /// With `--kubelet-tls-csr`: keep the issued certificate and key in this Secret
     /// (`NAMESPACE/NAME`, type kubernetes.io/tls) and serve them again after a restart.
     #[arg(long, value_parser = runpod_kubelet::controller::kubelet_api::serving::Kept::parse, requires = "kubelet_tls_csr", env = "RUNPOD_KUBELET_KUBELET_TLS_SECRET")]

@@ -446,6 +446,7 @@ async fn serve<P: Provider>(
             serve_namespaces,
             exec,
             owner_deployment: args.owner_deployment.clone(),
+            drain_timeout: args.drain_timeout,
         },
         kubelet_listener,
         kubelet_tls,

@@ -512,6 +512,7 @@ mod tests {
             ledger_namespace: "runpod-system".into(),
             serve_namespaces: Vec::new(),
             owner_deployment: None,
+            drain_timeout: std::time::Duration::from_secs(600),
         };
         let tagged = |cluster: &str, node: &str, uid: &str| Instance {
             tags: Tags {

@@ -25,6 +25,7 @@ SLOW_FIRST = [
     "e2e_controller_review",
     "e2e_offload",
     "e2e_helm",
+    "e2e_quickstart",
     "image",
     "e2e",
     "e2e_controller_faults",

@@ -56,10 +56,21 @@ pub(super) fn kubelet_identity(
     ip: IpAddr,
 ) -> anyhow::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
     let (cert_pem, key_pem) = match (&args.kubelet_tls_cert, &args.kubelet_tls_key) {
-        (Some(cert), Some(key)) => (
-            std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?,
-            std::fs::read(key).with_context(|| format!("reading {}", key.display()))?,
-        ),
+        (Some(cert), Some(key)) => {
+            let cert_pem =
+                std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+            if let Some(problem) = unnamed_address(&String::from_utf8_lossy(&cert_pem), ip) {
+                tracing::warn!(
+                    certificate = %cert.display(),
+                    address = %ip,
+                    "{problem}"
+                );
+            }
+            (
+                cert_pem,
+                std::fs::read(key).with_context(|| format!("reading {}", key.display()))?,
+            )
+        }
         _ => {
             let ca = runpod_certs::CertificateAuthority::generate(
                 "runpod-kubelet kubelet API",
@@ -77,4 +88,59 @@ pub(super) fn kubelet_identity(
     let key = rustls_pemfile::private_key(&mut key_pem.as_slice())?
         .context("the kubelet TLS key file holds no private key")?;
     Ok((certs, key))
+}
+
+/// Why an apiserver that verifies kubelet certificates would refuse this one, if it would: it
+/// dials the node's address (`InternalIP`), so the certificate must name that IP. A certificate
+/// from cert-manager or an existing Secret usually names DNS names only.
+fn unnamed_address(cert_pem: &str, ip: IpAddr) -> Option<String> {
+    let names = match runpod_certs::inspect::subject_alt_names(cert_pem) {
+        Ok(names) => names,
+        Err(error) => return Some(format!("the kubelet certificate cannot be read: {error}")),
+    };
+    let wanted = ip.to_string();
+    (!names.contains(&wanted)).then(|| {
+        format!(
+            "the kubelet certificate names {} but not the node's address {wanted}: an apiserver \
+             that verifies kubelet certificates (and metrics-server) will refuse `kubectl logs`, \
+             `exec` and `top` for this node; use controller.kubeletTls.mode csr, or a \
+             certificate naming this address (docs/install.md#platform-compatibility)",
+            if names.is_empty() {
+                "no address".to_owned()
+            } else {
+                names.join(", ")
+            }
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_certificate_without_the_node_address_is_named_and_one_with_it_is_not() {
+        let ca = runpod_certs::CertificateAuthority::generate("test", Duration::from_secs(3600))
+            .unwrap();
+        let ip: IpAddr = "10.1.2.3".parse().unwrap();
+        let dns_only = ca
+            .issue_serving(&["virtual-runpod"], &[], Duration::from_secs(3600))
+            .unwrap();
+        let problem = unnamed_address(&dns_only.cert_pem, ip).unwrap();
+        assert!(problem.contains("virtual-runpod"), "{problem}");
+        assert!(problem.contains("10.1.2.3"), "{problem}");
+        let other_ip = ca
+            .issue_serving(
+                &["virtual-runpod"],
+                &["10.9.9.9".parse().unwrap()],
+                Duration::from_secs(3600),
+            )
+            .unwrap();
+        assert!(unnamed_address(&other_ip.cert_pem, ip).is_some());
+        let named = ca
+            .issue_serving(&["virtual-runpod"], &[ip], Duration::from_secs(3600))
+            .unwrap();
+        assert_eq!(unnamed_address(&named.cert_pem, ip), None);
+        assert!(unnamed_address("not a certificate", ip).is_some());
+    }
 }

@@ -22,13 +22,8 @@ pub const TAG_NODE: &str = "RUNPOD_KUBELET_NODE";
 pub const TAG_POD_UID: &str = "RUNPOD_KUBELET_POD_UID";
 pub const TAG_NAMESPACE: &str = "RUNPOD_KUBELET_NAMESPACE";
 pub const TAG_POD_NAME: &str = "RUNPOD_KUBELET_POD_NAME";
-/// Set (`internal`) when the controller opened `22/tcp` for its own SSH (exec, port-forward)
-/// and not because the pod asked: that port is then no endpoint of the pod.
-pub const TAG_SSH: &str = "RUNPOD_KUBELET_SSH";
-/// The env variable RunPod's images read the authorized SSH key from.
-pub const PUBLIC_KEY_ENV: &str = "PUBLIC_KEY";
-
-/// What the container wrapper prints when its command ends, on either cloud.
+/// The line that reports a container's exit code: RunPod's completion wrapper prints it last;
+/// on Vast.ai an image may print it (the spec's convention), which wins over the status.
 pub const EXIT_CODE_PREFIX: &str = "runpod-kubelet: exit-code=";
 
 /// The exit code the wrapper reported last in `lines`, if any.
@@ -416,6 +411,17 @@ impl CloudName {
     }
 }
 
+/// Whether a cloud offers a shell into its containers (exec, port-forward, and what else needs
+/// to reach into one): SSH to the container's sshd, authorised by the node's key, which the
+/// cloud's creates install once it is given ([`Provider::accept_shell_key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShellAccess {
+    /// Offered; `opened` says, in the create Event, what a create opens for it.
+    Offered { opened: &'static str },
+    /// Declined, with the reason users read when they try.
+    Declined(&'static str),
+}
+
 /// A GPU cloud, as the virtual kubelet needs it.
 pub trait Provider: Send + Sync + 'static {
     /// Which cloud this is, for names in messages and metrics.
@@ -436,6 +442,20 @@ pub trait Provider: Send + Sync + 'static {
     /// What an instance is called in Events and messages (`RunPod pod`, `Vast.ai instance`).
     fn instance_noun(&self) -> &'static str {
         self.cloud().instance
+    }
+
+    /// Whether this cloud offers a shell into its containers.
+    fn shell_access(&self) -> ShellAccess {
+        ShellAccess::Declined("this cloud offers no shell into its containers")
+    }
+
+    /// The node's public SSH key, which every create from now on installs (clouds that offer a
+    /// shell; the others ignore it).
+    fn accept_shell_key(&self, _public_key: String) {}
+
+    /// How the internet reaches `port` of an instance, as the create Event tells the user.
+    fn endpoint(&self, _instance_id: &str, port: &runpod_contract::PortSpec) -> String {
+        format!("{port} on a public IP and port")
     }
 
     /// The pod annotation that holds the instance id (written by the controller only).

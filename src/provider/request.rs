@@ -16,8 +16,9 @@ pub struct ProvisionRequest<'a> {
     pub volumes: &'a Volumes,
     /// GPU types not to try for this pod (e.g. one that was placed outside its datacenters).
     pub excluded_gpu_types: &'a [String],
-    /// Registry logins from the pod's `imagePullSecrets`, for clouds that pull with them.
-    pub pull_credentials: &'a [PullCredential],
+    /// The login of the pod's `imagePullSecrets` for its container's image registry, if one
+    /// names it (resolved by the controller), for clouds that pull with it.
+    pub pull_credential: Option<&'a PullCredential>,
 }
 
 impl<'a> ProvisionRequest<'a> {

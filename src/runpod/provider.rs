@@ -15,7 +15,7 @@ use tracing::warn;
 use crate::provider::{
     CloudName, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance, InstanceState,
     LogEntries, LogEntry, LogOptions, PriceSheet, Provider, ProviderError, ProvisionError,
-    ProvisionRequest, Provisioned, SshAddress, Tags, Usage,
+    ProvisionRequest, Provisioned, ShellAccess, SshAddress, Tags, Usage,
 };
 use crate::runpod::catalogue_cache::CatalogueCache;
 use crate::runpod::client::RunPodClient;
@@ -40,8 +40,8 @@ pub struct RunPodProvider {
     node_name: String,
     /// (GPU type, datacenter) → skipped until.
     cooldowns: Mutex<HashMap<(String, String), Instant>>,
-    /// Sent as `PUBLIC_KEY` with `22/tcp` on every create (exec and port-forward).
-    ssh_public_key: Option<String>,
+    /// Sent as `PUBLIC_KEY` with `22/tcp` on every create (exec and port-forward), once given.
+    ssh_public_key: std::sync::OnceLock<String>,
 }
 
 impl RunPodProvider {
@@ -59,14 +59,8 @@ impl RunPodProvider {
             cluster_id,
             node_name,
             cooldowns: Mutex::new(HashMap::new()),
-            ssh_public_key: None,
+            ssh_public_key: std::sync::OnceLock::new(),
         }
-    }
-
-    /// Every pod created from now on gets the node's SSH key and port 22.
-    pub fn with_ssh_public_key(mut self, key: Option<String>) -> RunPodProvider {
-        self.ssh_public_key = key;
-        self
     }
 
     fn cool_down(&self, attempts: &[Attempt]) {
@@ -185,8 +179,7 @@ pub fn to_instance(pod: &model::Pod) -> Instance {
         PodStatus::Unknown => InstanceState::Unknown,
     };
     let published = pod.published_ports();
-    let internal_ssh =
-        pod.env.get(crate::provider::TAG_SSH).map(String::as_str) == Some("internal");
+    let internal_ssh = pod.env.get(translate::TAG_SSH).map(String::as_str) == Some("internal");
     let endpoints = pod
         .ports
         .iter()
@@ -290,6 +283,24 @@ impl Provider for RunPodProvider {
         CloudName::RUNPOD
     }
 
+    /// RunPod's images run sshd with the key in `PUBLIC_KEY`; a create opens `22/tcp`.
+    fn shell_access(&self) -> ShellAccess {
+        ShellAccess::Offered {
+            opened: "22/tcp for kubectl exec on a public IP and port (answers only this node's \
+                     SSH key)",
+        }
+    }
+
+    fn accept_shell_key(&self, public_key: String) {
+        // Given once at start; a second key would be ignored rather than split the node.
+        let _ = self.ssh_public_key.set(public_key);
+    }
+
+    /// HTTP ports go through RunPod's HTTPS proxy; TCP ports get a public IP and port.
+    fn endpoint(&self, instance_id: &str, port: &runpod_contract::PortSpec) -> String {
+        translate::endpoint(instance_id, port)
+    }
+
     async fn list(&self) -> Result<Vec<Instance>, ProviderError> {
         let pods = self.client.list_pods().await.map_err(provider_error)?;
         Ok(pods.iter().map(to_instance).collect())
@@ -348,7 +359,7 @@ impl Provider for RunPodProvider {
         let origin = Origin {
             cluster_id: &self.cluster_id,
             node_name: &self.node_name,
-            ssh_public_key: self.ssh_public_key.as_deref(),
+            ssh_public_key: self.ssh_public_key.get().map(String::as_str),
         };
         let container = request.container()?;
         let env = request.env.container_env(container);

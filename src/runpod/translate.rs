@@ -15,9 +15,25 @@ use runpod_contract::{self as contract, DISK, PORTS, REGISTRY_AUTH_ID, TEMPLATE_
 
 use super::model::{CreatePodRequest, GpuSpec};
 use super::select::Candidate;
-use crate::provider::{
-    PUBLIC_KEY_ENV, TAG_CLUSTER, TAG_NAMESPACE, TAG_NODE, TAG_POD_NAME, TAG_POD_UID, TAG_SSH,
-};
+use crate::provider::{TAG_CLUSTER, TAG_NAMESPACE, TAG_NODE, TAG_POD_NAME, TAG_POD_UID};
+
+/// Set (`internal`) when the controller opened `22/tcp` for its own SSH (exec, port-forward)
+/// and not because the pod asked: that port is then no endpoint of the pod.
+pub const TAG_SSH: &str = "RUNPOD_KUBELET_SSH";
+/// The env variable RunPod's images read the authorized SSH key from.
+pub const PUBLIC_KEY_ENV: &str = "PUBLIC_KEY";
+
+/// How the internet reaches `port` of pod `instance_id`: HTTP ports through RunPod's HTTPS
+/// proxy, TCP ports as a public IP and port mapping.
+pub fn endpoint(instance_id: &str, port: &contract::PortSpec) -> String {
+    match port.protocol {
+        contract::PortProtocol::Http => format!(
+            "https://{instance_id}-{}.proxy.runpod.net ({port})",
+            port.port
+        ),
+        contract::PortProtocol::Tcp => format!("{port} on a public IP and port"),
+    }
+}
 
 /// RunPod accepts names of up to 191 characters (v1 schema); we stay under it.
 pub const MAX_NAME_LEN: usize = 191;
@@ -194,6 +210,19 @@ pub fn create_request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http_ports_are_reached_through_the_proxy_and_tcp_ports_directly() {
+        let ports = contract::parse_ports("8888/http,22/tcp").unwrap();
+        assert_eq!(
+            endpoint("abc123", &ports[0]),
+            "https://abc123-8888.proxy.runpod.net (8888/http)"
+        );
+        assert_eq!(
+            endpoint("abc123", &ports[1]),
+            "22/tcp on a public IP and port"
+        );
+    }
     use runpod_contract::CloudType;
     use runpod_contract::env::ResolvedEnv;
     use serde_json::json;

@@ -19,8 +19,8 @@ use runpod_kubelet::controller::node::drain::DrainConfig;
 use runpod_kubelet::controller::node::ssh_key;
 use runpod_kubelet::controller::{self, Runtime, kubelet_api};
 use runpod_kubelet::provider::CloudName;
-use runpod_kubelet::provider::Provider;
 use runpod_kubelet::provider::metrics::CloudApiMetrics;
+use runpod_kubelet::provider::{Provider, ShellAccess};
 use runpod_kubelet::runpod::catalogue_cache::CatalogueCache;
 use runpod_kubelet::runpod::metrics::RunPodMetrics;
 use runpod_kubelet::runpod::provider::RunPodProvider;
@@ -256,18 +256,14 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
                     .collect(),
                 cloud_types: args.allowed_cloud_types.clone(),
             };
-            let (exec, public_key) = runpod_exec(&args, &client).await;
-            setup.exec = exec;
-            let provider = Arc::new(
-                RunPodProvider::new(
-                    runpod_client,
-                    catalogue,
-                    limits,
-                    setup.cluster_id.clone(),
-                    args.nodename.clone(),
-                )
-                .with_ssh_public_key(public_key),
-            );
+            let provider = Arc::new(RunPodProvider::new(
+                runpod_client,
+                catalogue,
+                limits,
+                setup.cluster_id.clone(),
+                args.nodename.clone(),
+            ));
+            setup.exec = shell(&args, &client, &*provider).await;
             serve(provider, args, config, client, setup).await
         }
         CloudArg::Vastai => {
@@ -283,20 +279,13 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
             // The node's taints and selection are Vast.ai's; RunPod's datacenter list is not
             // this node's policy.
             setup.admission.allowed_datacenters.clear();
-            if args.exec_ssh {
-                setup.exec = ExecAccess::Unsupported(
-                    "exec and port-forward are not available on Vast.ai pods: instances run in \
-                     Vast.ai's args mode, which starts no SSH server (its SSH run types would \
-                     replace the image's entrypoint)"
-                        .to_owned(),
-                );
-            }
             let provider = Arc::new(VastaiProvider::new(
                 vast_client,
                 setup.admission.vastai.clone(),
                 setup.cluster_id.clone(),
                 args.nodename.clone(),
             ));
+            setup.exec = shell(&args, &client, &*provider).await;
             provider.spawn_price_refresher(Duration::from_secs(300));
             serve(provider, args, config, client, setup).await
         }
@@ -314,12 +303,19 @@ struct Setup {
     exec: ExecAccess,
 }
 
-/// Exec over SSH on a RunPod node: the node's key from its Secret (made if absent), and the
-/// public key every create sends. A key that cannot be had leaves exec unavailable (saying
-/// why) rather than stopping the controller.
-async fn runpod_exec(args: &ControllerArgs, client: &kube::Client) -> (ExecAccess, Option<String>) {
+/// Exec over SSH, where the node's cloud offers a shell: the node's key from its Secret (made
+/// if absent), whose public half the provider installs on every create. A key that cannot be
+/// had leaves exec unavailable (saying why) rather than stopping the controller.
+async fn shell(
+    args: &ControllerArgs,
+    client: &kube::Client,
+    provider: &impl Provider,
+) -> ExecAccess {
     if !args.exec_ssh {
-        return (ExecAccess::Off, None);
+        return ExecAccess::Off;
+    }
+    if let ShellAccess::Declined(reason) = provider.shell_access() {
+        return ExecAccess::Unsupported(reason.to_owned());
     }
     let namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".to_owned());
     let name = args
@@ -337,18 +333,15 @@ async fn runpod_exec(args: &ControllerArgs, client: &kube::Client) -> (ExecAcces
     }
     match outcome {
         Ok(key) => {
-            let public = key.public_openssh();
-            (
-                ExecAccess::Ready {
-                    key,
-                    host_keys: HostKeys::default(),
-                },
-                Some(public),
-            )
+            provider.accept_shell_key(key.public_openssh());
+            ExecAccess::Ready {
+                key,
+                host_keys: HostKeys::default(),
+            }
         }
         Err(reason) => {
             tracing::error!(%reason, "no SSH key for exec and port-forward; pods are created without SSH");
-            (ExecAccess::Unavailable(reason), None)
+            ExecAccess::Unavailable(reason)
         }
     }
 }

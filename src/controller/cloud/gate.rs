@@ -185,6 +185,18 @@ impl<P: Provider> Provider for Gated<P> {
         self.inner.cloud()
     }
 
+    fn shell_access(&self) -> crate::provider::ShellAccess {
+        self.inner.shell_access()
+    }
+
+    fn accept_shell_key(&self, public_key: String) {
+        self.inner.accept_shell_key(public_key);
+    }
+
+    fn endpoint(&self, instance_id: &str, port: &runpod_contract::PortSpec) -> String {
+        self.inner.endpoint(instance_id, port)
+    }
+
     async fn list(&self) -> Result<Vec<Instance>, ProviderError> {
         self.gate.check_fence()?;
         self.inner.list().await

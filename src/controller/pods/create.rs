@@ -216,7 +216,8 @@ pub(super) async fn create<P: Provider>(
         env: &resolved,
         volumes: &volumes,
         excluded_gpu_types: &excluded,
-        pull_credentials: &pull_credentials,
+        pull_credential: request_container_image(pod)
+            .and_then(|image| pull_secrets::credential_for(image, &pull_credentials)),
     };
     ctx.metrics.created(ctx.provider.name());
     let provisioned = provision_marked(ctx, &pods, &name, request).await;
@@ -259,24 +260,21 @@ pub(super) async fn create<P: Provider>(
                     instance.id,
                     provisioned.summary,
                     // The controller's own port, published like the pod's: say so.
-                    if matches!(
-                        ctx.settings.exec,
-                        crate::controller::node::exec_key::ExecAccess::Ready { .. }
-                    ) && ctx.provider.cloud() == crate::provider::CloudName::RUNPOD
-                        && !runpod_contract::exposes_nothing(
-                            for_cloud.metadata.annotations.as_ref(),
-                            false,
-                        )
-                    {
-                        "22/tcp for kubectl exec on a public IP and port (answers only this \
-                         node's SSH key); "
-                    } else {
-                        ""
+                    match ctx.provider.shell_access() {
+                        crate::provider::ShellAccess::Offered { opened }
+                            if matches!(
+                                ctx.settings.exec,
+                                crate::controller::node::exec_key::ExecAccess::Ready { .. }
+                            ) && !runpod_contract::exposes_nothing(
+                                for_cloud.metadata.annotations.as_ref(),
+                                false,
+                            ) =>
+                            format!("{opened}; "),
+                        _ => String::new(),
                     },
                     decide::create::exposure(
-                        &ctx.provider.cloud(),
-                        &instance.id,
-                        &runpod_contract::policy::ports(&for_cloud).unwrap_or_default()
+                        &runpod_contract::policy::ports(&for_cloud).unwrap_or_default(),
+                        |port| ctx.provider.endpoint(&instance.id, port)
                     )
                 ),
             )
@@ -515,6 +513,14 @@ async fn provision_marked<P: Provider>(
             }
         }
     }
+}
+
+/// The image of the pod's one container, whose registry login the cloud is handed.
+fn request_container_image(pod: &Pod) -> Option<&str> {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.containers.first())
+        .and_then(|container| container.image.as_deref())
 }
 
 #[cfg(test)]

@@ -12,11 +12,10 @@ use runpod_contract::vastai::{self as contract_vastai, Requirements, VastPolicy}
 use serde_json::json;
 use tracing::{debug, warn};
 
-use crate::controller::pods::inputs::pull_secrets;
 use crate::provider::{
     CloudName, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance, InstanceState,
     LogEntries, LogOptions, PriceSheet, Provider, ProviderError, ProvisionError, ProvisionRequest,
-    Provisioned, Tags, Usage,
+    Provisioned, ShellAccess, Tags, Usage,
 };
 use logs::{async_stream, entries, lines_of};
 
@@ -311,6 +310,14 @@ impl Provider for VastaiProvider {
         CloudName::VASTAI
     }
 
+    fn shell_access(&self) -> ShellAccess {
+        ShellAccess::Declined(
+            "exec and port-forward are not available on Vast.ai pods: instances run in Vast.ai's \
+             args mode, which starts no SSH server (its SSH run types would replace the image's \
+             entrypoint)",
+        )
+    }
+
     fn id_annotation(&self) -> &'static str {
         contract_vastai::INSTANCE_ID
     }
@@ -366,7 +373,7 @@ impl Provider for VastaiProvider {
         let query = OfferQuery::for_pod(&wanted, &self.policy, DEFAULT_DISK_GB);
         let mut create = translate::create_request(pod, &env, &label, query.disk_gb)
             .map_err(|e| ProvisionError::Rejected(e.to_string()))?;
-        if let Some(login) = pull_secrets::credential_for(&create.image, request.pull_credentials) {
+        if let Some(login) = request.pull_credential {
             create.registry = Some(
                 RegistryLogin::new(&login.username, &login.password, &login.registry).map_err(
                     |problem| {

@@ -8,6 +8,7 @@ pub mod decide;
 pub(crate) mod finish;
 pub mod inputs;
 pub mod status;
+pub mod tolerations;
 mod track;
 mod write;
 
@@ -20,7 +21,8 @@ use kube::Api;
 use kube::runtime::controller::Action;
 use tracing::instrument;
 
-pub use create::{marker_refresh, outage_tolerations};
+pub use create::marker_refresh;
+pub use tolerations::outage_tolerations;
 
 use super::context::Shared;
 use super::memory::PodMemory;

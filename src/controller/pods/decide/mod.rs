@@ -9,8 +9,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
-pub mod create;
 pub mod ends;
+pub mod gates;
+pub mod provisioned;
 
 use super::{annotation, bound_at};
 use crate::controller::clock::elapsed;

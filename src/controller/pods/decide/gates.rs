@@ -1,0 +1,300 @@
+//! The gates before any create, as pure decisions: this node may not run the pod, the
+//! provisioning timeout, the backoff, an unavailable API, an earlier create not settled, the
+//! namespace's budget, and inputs that cannot be built. Each returns the Event, the status and
+//! the next look that `write::apply` carries out.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use super::{Next, Note, Outcome};
+use crate::controller::clock::elapsed;
+use crate::controller::context::Settings;
+use crate::controller::eligibility::Refusal;
+use crate::controller::pods::SHORT;
+use crate::controller::pods::status::View;
+use crate::provider::CloudName;
+
+/// What the create gate looks at, read by the shell from the pod, the list and its memory.
+#[derive(Debug, Clone, Copy)]
+pub struct CreateFacts {
+    pub now: Timestamp,
+    /// The latest record of a create sent for this pod, unless this leader knows it made
+    /// nothing.
+    pub marker: Option<Timestamp>,
+    /// When the older of the two last complete lists was taken.
+    pub confirmed_at: Option<Timestamp>,
+    /// The provisioning clock: binding, or when a vanished instance is being replaced.
+    pub clock_start: Option<Timestamp>,
+    /// Backoff after a failed create.
+    pub next_create_at: Option<Timestamp>,
+    /// The cloud's API is down or the account refused.
+    pub unavailable: bool,
+}
+
+/// A create was sent and its outcome is unknown here: only two complete lists in a row, both
+/// taken long enough after it, may show that nothing exists.
+pub fn absence_unsettled(facts: &CreateFacts, create_settle: Duration) -> bool {
+    facts.marker.is_some_and(|marker| {
+        let settled_by = marker
+            .checked_add(SignedDuration::try_from(create_settle).unwrap_or_default())
+            .unwrap_or(marker);
+        facts
+            .confirmed_at
+            .is_none_or(|confirmed| confirmed < settled_by)
+    })
+}
+
+/// Whether the pod may be created now; `Some` says what to do instead. In order: the
+/// provisioning timeout (it waits for the lists to settle, since an instance may be starting,
+/// unless the cloud is down: then it still applies, and an instance that shows up later is
+/// terminated), the backoff, an unavailable API (one wait for all pods, no create each), and
+/// an earlier create not settled yet.
+pub fn create_gate(facts: &CreateFacts, settings: &Settings, cloud: CloudName) -> Option<Outcome> {
+    let unsettled = absence_unsettled(facts, settings.create_settle);
+    if let Some(start) = facts.clock_start
+        && elapsed(start, facts.now) > settings.provision_timeout
+        && (!unsettled || facts.unavailable)
+    {
+        let message = format!(
+            "no {} could be started within {}",
+            cloud.instance,
+            humantime::format_duration(settings.provision_timeout)
+        );
+        return Some(Outcome::fail(
+            "ProvisioningTimeout",
+            message,
+            Next::Requeue(SHORT),
+        ));
+    }
+    if let Some(next_at) = facts.next_create_at
+        && next_at > facts.now
+    {
+        return Some(Outcome::requeue(elapsed(facts.now, next_at).max(SHORT)));
+    }
+    if facts.unavailable {
+        return Some(Outcome {
+            event: None,
+            status: Some(View::Waiting {
+                reason: "RunPodUnavailable",
+                message: format!("waiting for the {} API", cloud.title),
+            }),
+            next: Next::Requeue(settings.reconcile_interval),
+        });
+    }
+    if unsettled {
+        return Some(Outcome::requeue(SHORT));
+    }
+    None
+}
+
+/// A pod this controller will not run: the Event, and the pod failed or left Pending with the
+/// reason; looked at again only when it changes.
+pub fn refused(refusal: Refusal) -> Outcome {
+    let note = Note::warning(refusal.reason, refusal.message.clone());
+    let status = if refusal.fail {
+        View::Failed {
+            reason: refusal.reason,
+            message: refusal.message,
+        }
+    } else {
+        View::Waiting {
+            reason: refusal.reason,
+            message: refusal.message,
+        }
+    };
+    Outcome {
+        event: Some(note),
+        status: Some(status),
+        next: Next::AwaitChange,
+    }
+}
+
+/// A pod that does not fit its namespace's budget now (`BudgetExceeded`) or ever
+/// (`BudgetTooSmall`): Pending with the reason and the Event naming budget, spend and price;
+/// looked at again at every list, to start when room frees up (or the budget grows).
+pub fn budget_wait(reason: &'static str, message: String, settings: &Settings) -> Outcome {
+    Outcome {
+        event: Some(Note::warning(reason, message.clone())),
+        status: Some(View::Waiting { reason, message }),
+        next: Next::Requeue(settings.reconcile_interval),
+    }
+}
+
+/// The container's env or files cannot be built (a missing ConfigMap key, say): waiting, and
+/// tried again, as a kubelet does.
+pub fn config_error(message: String) -> Outcome {
+    Outcome {
+        event: Some(Note::warning("CreateContainerConfigError", message.clone())),
+        status: Some(View::Waiting {
+            reason: "CreateContainerConfigError",
+            message,
+        }),
+        next: Next::Requeue(Duration::from_secs(10)),
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use crate::controller::fixtures::settings;
+
+    pub(in crate::controller::pods::decide) fn at(time: &str) -> Timestamp {
+        format!("2026-01-01T{time}Z").parse().unwrap()
+    }
+
+    pub(in crate::controller::pods::decide) fn facts() -> CreateFacts {
+        CreateFacts {
+            now: at("01:00:00"),
+            marker: None,
+            confirmed_at: Some(at("00:59:50")),
+            clock_start: Some(at("00:59:00")),
+            next_create_at: None,
+            unavailable: false,
+        }
+    }
+
+    /// The gate's answer as (event reason, status reason, next look), or "create".
+    fn gate(facts: CreateFacts) -> String {
+        match create_gate(&facts, &settings(), CloudName::VASTAI) {
+            None => "create".into(),
+            Some(outcome) => describe(&outcome),
+        }
+    }
+
+    pub(in crate::controller::pods::decide) fn describe(outcome: &Outcome) -> String {
+        let status = match &outcome.status {
+            Some(View::Failed { reason, .. }) => format!("failed {reason}"),
+            Some(View::Waiting { reason, .. }) => format!("waiting {reason}"),
+            Some(_) => "other".into(),
+            None => "-".into(),
+        };
+        let event = outcome.event.as_ref().map_or("-", |note| note.reason);
+        let next = match outcome.next {
+            Next::Requeue(after) => format!("{}s", after.as_secs()),
+            Next::AwaitChange => "change".into(),
+        };
+        format!("{event} / {status} / {next}")
+    }
+
+    #[test]
+    fn the_create_gate_in_order() {
+        let late = CreateFacts {
+            clock_start: Some(at("00:40:00")),
+            ..facts()
+        };
+        let marked = CreateFacts {
+            marker: Some(at("00:59:45")),
+            ..facts()
+        };
+        let cases = [
+            ("nothing stands in the way", facts(), "create"),
+            (
+                "past the provisioning timeout",
+                late,
+                "ProvisioningTimeout / failed ProvisioningTimeout / 2s",
+            ),
+            (
+                "past the timeout, but an earlier create may still show up",
+                CreateFacts {
+                    marker: Some(at("00:59:45")),
+                    ..late
+                },
+                "- / - / 2s",
+            ),
+            (
+                "past the timeout with the cloud down: fails anyway",
+                CreateFacts {
+                    marker: Some(at("00:59:45")),
+                    unavailable: true,
+                    ..late
+                },
+                "ProvisioningTimeout / failed ProvisioningTimeout / 2s",
+            ),
+            (
+                "backing off",
+                CreateFacts {
+                    next_create_at: Some(at("01:00:40")),
+                    ..facts()
+                },
+                "- / - / 40s",
+            ),
+            (
+                "the backoff is over",
+                CreateFacts {
+                    next_create_at: Some(at("00:59:59")),
+                    ..facts()
+                },
+                "create",
+            ),
+            (
+                "the cloud is down",
+                CreateFacts {
+                    unavailable: true,
+                    ..facts()
+                },
+                "- / waiting RunPodUnavailable / 10s",
+            ),
+            ("an earlier create not settled", marked, "- / - / 2s"),
+            (
+                "an earlier create settled by two lists",
+                CreateFacts {
+                    confirmed_at: Some(at("01:00:20")),
+                    ..marked
+                },
+                "create",
+            ),
+        ];
+        for (case, facts, expected) in cases {
+            assert_eq!(gate(facts), expected, "{case}");
+        }
+    }
+
+    #[test]
+    fn gate_messages_name_the_cloud() {
+        let late = CreateFacts {
+            clock_start: Some(at("00:40:00")),
+            ..facts()
+        };
+        let outcome = create_gate(&late, &settings(), CloudName::VASTAI).unwrap();
+        let note = outcome.event.unwrap();
+        assert_eq!(
+            note.message,
+            "no Vast.ai instance could be started within 15m"
+        );
+        let down = CreateFacts {
+            unavailable: true,
+            ..facts()
+        };
+        match create_gate(&down, &settings(), CloudName::RUNPOD)
+            .unwrap()
+            .status
+        {
+            Some(View::Waiting { message, .. }) => {
+                assert_eq!(message, "waiting for the RunPod API")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn refusals_fail_or_wait_and_config_errors_retry() {
+        let refusal = |fail| Refusal {
+            reason: "CannotRunOnRunPod",
+            message: "two containers".into(),
+            fail,
+        };
+        assert_eq!(
+            describe(&refused(refusal(true))),
+            "CannotRunOnRunPod / failed CannotRunOnRunPod / change"
+        );
+        assert_eq!(
+            describe(&refused(refusal(false))),
+            "CannotRunOnRunPod / waiting CannotRunOnRunPod / change"
+        );
+        assert_eq!(
+            describe(&config_error("configmap x not found".into())),
+            "CreateContainerConfigError / waiting CreateContainerConfigError / 10s"
+        );
+    }
+}

@@ -117,20 +117,18 @@ where
 }
 
 /// One pass over every ledger this node has a line in or should have.
-async fn once<P: Provider>(
-    shared: &Shared<P>,
+/// The ledgers by namespace (the ConfigMap each lives in), and the namespace of every pod this
+/// node knows: from its ledger lines and from the pods bound here.
+fn by_namespace(
+    listed: Vec<ConfigMap>,
     pods: &[Arc<Pod>],
-    snapshot: &Snapshot,
-) -> Result<(), kube::Error> {
-    let node = &shared.settings.node_name;
-    let maps = ledgers(shared);
-    let listed = maps
-        .list(&ListParams::default().labels(&format!("{}={}", LEDGER_LABEL.0, LEDGER_LABEL.1)))
-        .await?
-        .items;
-    shared.budget.new_pass();
-    let mut by_namespace: BTreeMap<String, Option<ConfigMap>> = BTreeMap::new();
-    let mut namespace_of: BTreeMap<String, String> = BTreeMap::new();
+    node: &str,
+) -> (
+    BTreeMap<String, Option<ConfigMap>>,
+    BTreeMap<String, String>,
+) {
+    let mut by_namespace = BTreeMap::new();
+    let mut namespace_of = BTreeMap::new();
     for map in listed {
         let Some(namespace) = map
             .metadata
@@ -143,7 +141,7 @@ async fn once<P: Provider>(
         };
         let ledger = map.data.as_ref().map(Ledger::parse).unwrap_or_default();
         for (uid, entry) in &ledger.entries {
-            if &entry.node == node {
+            if entry.node == node {
                 namespace_of.insert(uid.clone(), namespace.clone());
             }
         }
@@ -154,8 +152,19 @@ async fn once<P: Provider>(
             namespace_of.insert(uid.clone(), namespace.clone());
         }
     }
+    (by_namespace, namespace_of)
+}
+
+/// What the cloud lists as billing, folded per namespace and pod: two instances of one pod
+/// (a duplicate being terminated) both bill. Instances of pods this node never knew are in no
+/// ledger.
+fn live_by_namespace(
+    instances: &[Instance],
+    pods: &[Arc<Pod>],
+    namespace_of: &BTreeMap<String, String>,
+) -> BTreeMap<String, BTreeMap<String, Listed>> {
     let mut live: BTreeMap<String, BTreeMap<String, Listed>> = BTreeMap::new();
-    for instance in snapshot.instances.iter().filter(|i| i.state.is_live()) {
+    for instance in instances.iter().filter(|i| i.state.is_live()) {
         let Some(uid) = instance.tags.pod_uid.as_deref() else {
             continue;
         };
@@ -171,7 +180,6 @@ async fn once<P: Provider>(
         live.entry(namespace.clone())
             .or_default()
             .entry(uid.to_owned())
-            // Two instances of one pod (a duplicate being terminated) both bill.
             .and_modify(|listed| {
                 listed.cost = match (listed.cost, instance.cost_per_hour) {
                     (Some(a), Some(b)) => Some(a + b),
@@ -183,6 +191,25 @@ async fn once<P: Provider>(
                 cost: instance.cost_per_hour,
                 instance: instance.id.clone(),
             });
+    }
+    live
+}
+
+async fn once<P: Provider>(
+    shared: &Shared<P>,
+    pods: &[Arc<Pod>],
+    snapshot: &Snapshot,
+) -> Result<(), kube::Error> {
+    let node = &shared.settings.node_name;
+    let maps = ledgers(shared);
+    let listed = maps
+        .list(&ListParams::default().labels(&format!("{}={}", LEDGER_LABEL.0, LEDGER_LABEL.1)))
+        .await?
+        .items;
+    shared.budget.new_pass();
+    let (mut by_namespace, namespace_of) = by_namespace(listed, pods, node);
+    let live = live_by_namespace(&snapshot.instances, pods, &namespace_of);
+    for namespace in live.keys() {
         by_namespace.entry(namespace.clone()).or_insert(None);
     }
     let now = Timestamp::now();

@@ -7,13 +7,13 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use tracing::{info, warn};
 
-use super::decide::{self, TrackStep};
+use super::decide::{self, Note, TrackStep};
 use super::{ReconcileError, SHORT, finish, write};
 use crate::controller::clock::elapsed;
 use crate::controller::context::{Settings, Shared, Snapshot};
 use crate::controller::node::health::ApiHealth;
 use crate::controller::pods::status::{RecordedEnd, View};
-use crate::provider::{Instance, InstanceState, Provider};
+use crate::provider::{CloudName, Instance, InstanceState, Provider};
 
 /// Failed reads of a finished container's log (while the API otherwise answers) before the
 /// pod is finished with its exit code unknown: a log endpoint that keeps refusing must not
@@ -33,26 +33,7 @@ pub(super) async fn confirm<P: Provider>(
     let Some(id) = id else {
         return vanished(pod, uid, "(unknown)", ctx).await;
     };
-    let recent = ctx.remember(uid, |m| m.looked_up.clone());
-    let found = match recent {
-        Some((at, instance))
-            if instance.id == id && elapsed(at, Timestamp::now()) < ctx.settings.create_settle =>
-        {
-            Some(instance)
-        }
-        _ => ctx
-            .provider
-            .lookup(&id)
-            .await?
-            .filter(|i| i.state.is_live())
-            .map(|mut instance| {
-                if let Ok(adopted) = ctx.adopted.lock() {
-                    crate::controller::adoption::tag(&mut instance, &adopted, ctx.settings.owner());
-                }
-                instance
-            }),
-    };
-    match found {
+    match looked_up(ctx, uid, &id).await? {
         Some(instance) if is_for(&instance, uid, &ctx.settings) => {
             info!(instance = %id, cloud = ctx.provider.name(), "missing from the cloud's list but still there");
             ctx.remember(uid, |m| {
@@ -63,9 +44,7 @@ pub(super) async fn confirm<P: Provider>(
         // This pod's instance, but tagged for another cluster id or node name (a flag
         // changed): it bills, and a second one must not be made; the operator decides.
         Some(instance) if instance.tags.pod_uid.as_deref() == Some(uid) => {
-            ctx.event(
-                pod,
-                true,
+            let note = Note::warning(
                 "RunPodPodMistagged",
                 format!(
                     "{} {id} of this pod is tagged with cluster {} and node {}, not this \
@@ -77,21 +56,15 @@ pub(super) async fn confirm<P: Provider>(
                     ctx.settings.cluster_id,
                     ctx.settings.node_name
                 ),
-            )
-            .await;
-            Ok(Action::requeue(ctx.settings.reconcile_interval))
+            );
+            held(ctx, pod, uid, None, note).await
         }
         // No tag of ours, and the cloud says it was made with another image or env than the
         // pod's: nothing about it is disclosed (the id is the user's to write), yet nothing new
         // is created either while the annotation names it (should it be the pod's after all,
         // a second instance would bill twice).
         Some(instance) if instance.tags.none() && !made_for_pod(pod, &id, ctx).await? => {
-            ctx.remember(uid, |m| {
-                m.looked_up = Some((Timestamp::now(), instance.clone()));
-            });
-            ctx.event(
-                pod,
-                true,
+            let note = Note::warning(
                 "PodIdUnverified",
                 format!(
                     "this pod's {} names an instance runpod-kubelet cannot take as this pod's; \
@@ -100,21 +73,14 @@ pub(super) async fn confirm<P: Provider>(
                      docs/migrating.md)",
                     ctx.provider.id_annotation()
                 ),
-            )
-            .await;
-            Ok(Action::requeue(ctx.settings.reconcile_interval))
+            );
+            held(ctx, pod, uid, Some(instance), note).await
         }
         // No tag of ours: most likely the Go kubelet made it for this pod (a migration). It
         // bills; a second instance would bill twice. Only `runpod-kubelet adopt`, an operator's
         // act, takes it over: the controller never trusts an id it did not write.
         Some(instance) if instance.tags.none() => {
-            // Asked of the cloud once per settle time, not at every reconcile.
-            ctx.remember(uid, |m| {
-                m.looked_up = Some((Timestamp::now(), instance.clone()));
-            });
-            ctx.event(
-                pod,
-                true,
+            let note = Note::warning(
                 "AdoptionNeeded",
                 format!(
                     "{} {id} named by this pod's {} carries no runpod-kubelet tags (made by the \
@@ -124,9 +90,8 @@ pub(super) async fn confirm<P: Provider>(
                     ctx.provider.instance_noun(),
                     ctx.provider.id_annotation()
                 ),
-            )
-            .await;
-            Ok(Action::requeue(ctx.settings.reconcile_interval))
+            );
+            held(ctx, pod, uid, Some(instance), note).await
         }
         // Gone, or not this pod's at all (the id may come from an annotation a user can edit):
         // another pod's instance is never tracked, let alone terminated.
@@ -140,6 +105,51 @@ pub(super) async fn confirm<P: Provider>(
             Ok(Action::requeue(SHORT))
         }
     }
+}
+
+/// The instance `id` as the cloud last answered for it: this leader's answer from less than a
+/// settle time ago, else the cloud's own by id (live instances only), tagged if adopted.
+async fn looked_up<P: Provider>(
+    ctx: &Shared<P>,
+    uid: &str,
+    id: &str,
+) -> Result<Option<Instance>, ReconcileError> {
+    let recent = ctx.remember(uid, |m| m.looked_up.clone());
+    if let Some((at, instance)) = recent
+        && instance.id == id
+        && elapsed(at, Timestamp::now()) < ctx.settings.create_settle
+    {
+        return Ok(Some(instance));
+    }
+    Ok(ctx
+        .provider
+        .lookup(id)
+        .await?
+        .filter(|i| i.state.is_live())
+        .map(|mut instance| {
+            if let Ok(adopted) = ctx.adopted.lock() {
+                crate::controller::adoption::tag(&mut instance, &adopted, ctx.settings.owner());
+            }
+            instance
+        }))
+}
+
+/// Nothing new is created for the pod while an instance it names is not known to be its own:
+/// the Event says why; the instance (when given) is kept as the answer for a settle time, so
+/// the cloud is asked once per settle time, not at every reconcile.
+async fn held<P: Provider>(
+    ctx: &Shared<P>,
+    pod: &Pod,
+    uid: &str,
+    instance: Option<Instance>,
+    note: Note,
+) -> Result<Action, ReconcileError> {
+    if let Some(instance) = instance {
+        ctx.remember(uid, |m| m.looked_up = Some((Timestamp::now(), instance)));
+    }
+    ctx.event(pod, note.warning, note.reason, note.message)
+        .await;
+    Ok(Action::requeue(ctx.settings.reconcile_interval))
 }
 
 /// Whether the untagged instance `id` may have been made for `pod`: the cloud's word on its
@@ -274,35 +284,8 @@ pub(super) async fn track<P: Provider>(
         ctx.provider.cloud(),
     ) {
         TrackStep::Exited { restarted } => {
-            let (code, reason, message) = match exit_code(ctx, uid, instance).await? {
-                ExitCode::Read(code) => {
-                    let (reason, message) = ended_reason(code);
-                    (code, reason, message)
-                }
-                ExitCode::Unreadable(error) => (
-                    None,
-                    "ContainerStatusUnknown",
-                    format!(
-                        "the container ended but its exit code could not be read from \
-                         the {} log ({LOG_READ_ATTEMPTS} attempts; last: {error})",
-                        ctx.provider.instance_noun()
-                    ),
-                ),
-            };
-            let view = View::Ended {
-                exit_code: code,
-                reason,
-                message: if restarted {
-                    format!(
-                        "{message} (the container restarted on {})",
-                        ctx.provider.cloud().title
-                    )
-                } else {
-                    message
-                },
-                started_at: instance.started_at,
-                restarts,
-            };
+            let read = exit_code(ctx, uid, instance).await?;
+            let view = exited(read, restarted, restarts, instance, ctx.provider.cloud());
             finish::finish(ctx, pod, uid, instance, view).await
         }
         TrackStep::Fail { reason, message } => {
@@ -396,6 +379,43 @@ fn ended_reason(code: Option<i32>) -> (&'static str, String) {
             "ExitCodeUnknown",
             "the container ended without reporting an exit code".to_owned(),
         ),
+    }
+}
+
+/// The pod's end when its container exited: the code its log reported (or that it could not
+/// be read), and a restart the cloud made before it, said in the message.
+fn exited(
+    read: ExitCode,
+    restarted: bool,
+    restarts: i32,
+    instance: &Instance,
+    cloud: CloudName,
+) -> View<'static> {
+    let (code, reason, message) = match read {
+        ExitCode::Read(code) => {
+            let (reason, message) = ended_reason(code);
+            (code, reason, message)
+        }
+        ExitCode::Unreadable(error) => (
+            None,
+            "ContainerStatusUnknown",
+            format!(
+                "the container ended but its exit code could not be read from the {} log \
+                 ({LOG_READ_ATTEMPTS} attempts; last: {error})",
+                cloud.instance
+            ),
+        ),
+    };
+    View::Ended {
+        exit_code: code,
+        reason,
+        message: if restarted {
+            format!("{message} (the container restarted on {})", cloud.title)
+        } else {
+            message
+        },
+        started_at: instance.started_at,
+        restarts,
     }
 }
 

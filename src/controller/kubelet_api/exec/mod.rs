@@ -19,7 +19,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::ApiState;
 use super::spdy::session::Session;
-use crate::provider::Provider;
+use crate::provider::{Instance, Provider};
 use remotecommand::{ExecBackend, ExecEnd, ExecIo, ExecOptions};
 use ssh::{Expected, HostKeys, NodeKey, Target};
 
@@ -136,6 +136,20 @@ async fn target<P: Provider>(
     name: &str,
     container: Option<&str>,
 ) -> Result<(Arc<Pod>, Target, NodeKey, Expected), Box<Response>> {
+    let (key, host_keys) = access(state)?;
+    let pod = exec_pod(state, namespace, name, container)?;
+    let (instance, target) = ssh_address(state, &pod, namespace, name).await?;
+    let fingerprints =
+        host_fingerprints(state, &pod, &instance, &target, &host_keys, namespace, name).await?;
+    let expected = Expected {
+        instance: instance.id.clone(),
+        fingerprints,
+    };
+    Ok((pod, target, key, expected))
+}
+
+/// The node's key and the host keys known so far, or why this node serves no exec.
+fn access<P: Provider>(state: &ApiState<P>) -> Result<(NodeKey, HostKeys), Box<Response>> {
     let (key, host_keys) = match &state.shared.settings.exec {
         ExecAccess::Off => {
             return Err(Box::new(refuse(
@@ -163,6 +177,16 @@ async fn target<P: Provider>(
             snapshot.instances.iter().map(|i| i.id.as_str()).collect();
         host_keys.retain(|instance| live.contains(instance));
     }
+    Ok((key, host_keys))
+}
+
+/// The pod on this node, with the container asked for, that exposes what exec needs.
+fn exec_pod<P: Provider>(
+    state: &ApiState<P>,
+    namespace: &str,
+    name: &str,
+    container: Option<&str>,
+) -> Result<Arc<Pod>, Box<Response>> {
     let Some(pod) = state.pods.get(&ObjectRef::new(name).within(namespace)) else {
         return Err(Box::new(refuse(
             StatusCode::NOT_FOUND,
@@ -190,6 +214,18 @@ async fn target<P: Provider>(
             runpod_contract::exec_refused_for_none(namespace, name),
         )));
     }
+    Ok(pod)
+}
+
+/// The pod's instance and where its sshd answers; the last list may predate the port mapping
+/// the cloud published since, so the instance is asked for once by id before answering that
+/// there is none.
+async fn ssh_address<P: Provider>(
+    state: &ApiState<P>,
+    pod: &Pod,
+    namespace: &str,
+    name: &str,
+) -> Result<(Instance, Target), Box<Response>> {
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let title = state.shared.provider.cloud().title;
     let instance = state
@@ -202,8 +238,6 @@ async fn target<P: Provider>(
             format!("pod {namespace}/{name} is not running on {title}"),
         )));
     };
-    // The last list may predate the port mapping the cloud published since: ask once by id
-    // before answering that there is none.
     let fresh = match instance.ssh.clone() {
         Some(target) => Some(target),
         None => state
@@ -223,11 +257,27 @@ async fn target<P: Provider>(
             ),
         )));
     };
-    let fingerprints = match recorded_keys(&pod, &instance.id, &host_keys) {
+    Ok((instance, target))
+}
+
+/// The fingerprints the instance's sshd must present: recorded on the pod, known to this
+/// process, or read once from the cloud's log (and recorded). Nothing listening (an image
+/// without sshd) is the plainer answer when none is known.
+async fn host_fingerprints<P: Provider>(
+    state: &ApiState<P>,
+    pod: &Pod,
+    instance: &Instance,
+    target: &Target,
+    host_keys: &HostKeys,
+    namespace: &str,
+    name: &str,
+) -> Result<Vec<String>, Box<Response>> {
+    let title = state.shared.provider.cloud().title;
+    Ok(match recorded_keys(pod, &instance.id, host_keys) {
         Some(keys) => keys,
         None => {
             // Nothing listening (an image without sshd) is the plainer answer.
-            if let Err(error) = ssh::reachable(&target).await {
+            if let Err(error) = ssh::reachable(target).await {
                 return Err(Box::new(refuse(
                     StatusCode::BAD_GATEWAY,
                     format!("runpod-kubelet: pod {namespace}/{name}: {error}"),
@@ -241,7 +291,7 @@ async fn target<P: Provider>(
             match read {
                 Ok(Ok(keys)) if !keys.is_empty() => {
                     host_keys.insert(&instance.id, keys.clone());
-                    record_keys(&state.shared.client, &pod, &instance.id, &keys).await;
+                    record_keys(&state.shared.client, pod, &instance.id, &keys).await;
                     keys
                 }
                 Ok(Ok(_)) => {
@@ -272,12 +322,7 @@ async fn target<P: Provider>(
                 }
             }
         }
-    };
-    let expected = Expected {
-        instance: instance.id.clone(),
-        fingerprints,
-    };
-    Ok((pod, target, key, expected))
+    })
 }
 
 /// Answers 101 and runs `serve` on the upgraded connection.

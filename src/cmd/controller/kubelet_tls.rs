@@ -51,7 +51,38 @@ pub(super) fn client_ca(
     Ok(roots)
 }
 
-pub(super) fn kubelet_identity(
+/// The kubelet API's TLS: its serving certificate (from files, else self-signed until the
+/// cluster issues one when `--kubelet-tls-csr` asks, requested in the background) and the CA
+/// its clients must chain to.
+pub(super) fn server(
+    args: &ControllerArgs,
+    config: &kube::Config,
+    client: &kube::Client,
+    ip: IpAddr,
+) -> anyhow::Result<std::sync::Arc<rustls::ServerConfig>> {
+    use runpod_kubelet::controller::kubelet_api;
+    let (certs, key) = kubelet_identity(args, ip)?;
+    let first =
+        rustls::sign::CertifiedKey::from_der(certs, key, &rustls::crypto::ring::default_provider())
+            .context("the kubelet API's certificate and key")?;
+    let serving = kubelet_api::serving::ServingCert::new(first);
+    if args.kubelet_tls_csr {
+        // Served self-signed until the cluster approves and signs the request.
+        tokio::spawn(kubelet_api::serving::keep_requesting(
+            client.clone(),
+            args.nodename.clone(),
+            ip,
+            serving.clone(),
+            kubelet_api::serving::CsrOptions {
+                approve: args.kubelet_tls_approve,
+                kept: args.kubelet_tls_secret.clone(),
+            },
+        ));
+    }
+    kubelet_api::server_config(serving, client_ca(args, config)?)
+}
+
+fn kubelet_identity(
     args: &ControllerArgs,
     ip: IpAddr,
 ) -> anyhow::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {

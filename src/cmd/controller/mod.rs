@@ -17,7 +17,7 @@ use runpod_kubelet::controller::metrics::ControllerMetrics;
 use runpod_kubelet::controller::node::NodeConfig;
 use runpod_kubelet::controller::node::drain::DrainConfig;
 use runpod_kubelet::controller::node::ssh_key;
-use runpod_kubelet::controller::{self, Runtime, kubelet_api};
+use runpod_kubelet::controller::{self, Runtime};
 use runpod_kubelet::provider::CloudName;
 use runpod_kubelet::provider::metrics::CloudApiMetrics;
 use runpod_kubelet::provider::{Provider, ShellAccess};
@@ -211,6 +211,28 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
         cloud_api.for_provider(CloudName::RUNPOD.name),
     );
     let metrics = ControllerMetrics::register(&mut registry);
+    let admission = admission_policy(&args)?;
+    let setup = Setup {
+        cluster_id,
+        internal_ip,
+        election,
+        registry,
+        metrics,
+        admission,
+        exec: ExecAccess::Off,
+    };
+    match args.provider {
+        CloudArg::Runpod => run_runpod(args, config, client, setup, runpod_metrics).await,
+        CloudArg::Vastai => {
+            let metrics = cloud_api.for_provider(CloudName::VASTAI.name);
+            run_vastai(args, config, client, setup, metrics).await
+        }
+    }
+}
+
+/// The admission rules the controller repeats (a pod that reached the node without the
+/// webhook is held to them too), from the same flags as the webhook's.
+fn admission_policy(args: &ControllerArgs) -> anyhow::Result<runpod_webhook::policy::PolicyConfig> {
     let mut admission = runpod_webhook::policy::PolicyConfig::from_flags(
         &args.exclude_namespaces,
         &args.datacenter_ids,
@@ -228,68 +250,69 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
     (admission.namespace_nodes, admission.node_clouds) =
         runpod_contract::teams::parse_assignments(&args.namespace_nodes)
             .map_err(|problem| anyhow::anyhow!("--namespace-nodes: {problem}"))?;
-    let mut setup = Setup {
-        cluster_id,
-        internal_ip,
-        election,
-        registry,
-        metrics,
-        admission,
-        exec: ExecAccess::Off,
+    Ok(admission)
+}
+
+/// A RunPod node: its client, catalogue and placement limits.
+async fn run_runpod(
+    args: ControllerArgs,
+    config: kube::Config,
+    client: kube::Client,
+    mut setup: Setup,
+    runpod_metrics: Arc<RunPodMetrics>,
+) -> anyhow::Result<()> {
+    let runpod_client = args
+        .runpod
+        .client(&args.cloud_ca)
+        .context("configuring the RunPod client")?
+        .with_metrics(runpod_metrics);
+    let catalogue = CatalogueCache::new();
+    catalogue.spawn_refresher(runpod_client.clone(), Duration::from_secs(300));
+    let limits = ClusterLimits {
+        max_gpu_price: args.max_gpu_price,
+        data_center_ids: trimmed(&args.datacenter_ids),
+        cloud_types: args.allowed_cloud_types.clone(),
     };
-    match args.provider {
-        CloudArg::Runpod => {
-            let runpod_client = args
-                .runpod
-                .client(&args.cloud_ca)
-                .context("configuring the RunPod client")?
-                .with_metrics(runpod_metrics);
-            let catalogue = CatalogueCache::new();
-            catalogue.spawn_refresher(runpod_client.clone(), Duration::from_secs(300));
-            let limits = ClusterLimits {
-                max_gpu_price: args.max_gpu_price,
-                data_center_ids: args
-                    .datacenter_ids
-                    .iter()
-                    .map(|d| d.trim().to_owned())
-                    .filter(|d| !d.is_empty())
-                    .collect(),
-                cloud_types: args.allowed_cloud_types.clone(),
-            };
-            let provider = Arc::new(RunPodProvider::new(
-                runpod_client,
-                catalogue,
-                limits,
-                setup.cluster_id.clone(),
-                args.nodename.clone(),
-            ));
-            setup.exec = shell(&args, &client, &*provider).await;
-            serve(provider, args, config, client, setup).await
-        }
-        CloudArg::Vastai => {
-            let vast_client = args
-                .vastai
-                .client(&args.cloud_ca)
-                .context("configuring the Vast.ai client")?
-                .with_metrics(cloud_api.for_provider(CloudName::VASTAI.name));
-            // Every instance's label names the cluster and the node: refuse ids it cannot hold.
-            runpod_kubelet::vastai::label::Label::new(&setup.cluster_id, &args.nodename, "pod-uid")
-                .map_err(anyhow::Error::msg)
-                .context("--cluster-id and --nodename must fit in a Vast.ai label")?;
-            // The node's taints and selection are Vast.ai's; RunPod's datacenter list is not
-            // this node's policy.
-            setup.admission.allowed_datacenters.clear();
-            let provider = Arc::new(VastaiProvider::new(
-                vast_client,
-                setup.admission.vastai.clone(),
-                setup.cluster_id.clone(),
-                args.nodename.clone(),
-            ));
-            setup.exec = shell(&args, &client, &*provider).await;
-            provider.spawn_price_refresher(Duration::from_secs(300));
-            serve(provider, args, config, client, setup).await
-        }
-    }
+    let provider = Arc::new(RunPodProvider::new(
+        runpod_client,
+        catalogue,
+        limits,
+        setup.cluster_id.clone(),
+        args.nodename.clone(),
+    ));
+    setup.exec = shell(&args, &client, &*provider).await;
+    serve(provider, args, config, client, setup).await
+}
+
+/// A Vast.ai node: its client, its label's limits and its price refresher.
+async fn run_vastai(
+    args: ControllerArgs,
+    config: kube::Config,
+    client: kube::Client,
+    mut setup: Setup,
+    metrics: runpod_kubelet::provider::metrics::CloudApi,
+) -> anyhow::Result<()> {
+    let vast_client = args
+        .vastai
+        .client(&args.cloud_ca)
+        .context("configuring the Vast.ai client")?
+        .with_metrics(metrics);
+    // Every instance's label names the cluster and the node: refuse ids it cannot hold.
+    runpod_kubelet::vastai::label::Label::new(&setup.cluster_id, &args.nodename, "pod-uid")
+        .map_err(anyhow::Error::msg)
+        .context("--cluster-id and --nodename must fit in a Vast.ai label")?;
+    // The node's taints and selection are Vast.ai's; RunPod's datacenter list is not
+    // this node's policy.
+    setup.admission.allowed_datacenters.clear();
+    let provider = Arc::new(VastaiProvider::new(
+        vast_client,
+        setup.admission.vastai.clone(),
+        setup.cluster_id.clone(),
+        args.nodename.clone(),
+    ));
+    setup.exec = shell(&args, &client, &*provider).await;
+    provider.spawn_price_refresher(Duration::from_secs(300));
+    serve(provider, args, config, client, setup).await
 }
 
 /// What `run` settles before the provider is chosen.
@@ -346,6 +369,15 @@ async fn shell(
     }
 }
 
+/// The non-empty values of a list flag, trimmed.
+fn trimmed(values: &[String]) -> Vec<String> {
+    values
+        .iter()
+        .map(|value| value.trim().to_owned())
+        .filter(|value| !value.is_empty())
+        .collect()
+}
+
 /// Binds the listeners and runs the controller with `provider`.
 async fn serve<P: Provider>(
     provider: Arc<P>,
@@ -363,25 +395,7 @@ async fn serve<P: Provider>(
         admission,
         exec,
     } = setup;
-    let (certs, key) = kubelet_tls::kubelet_identity(&args, internal_ip)?;
-    let first =
-        rustls::sign::CertifiedKey::from_der(certs, key, &rustls::crypto::ring::default_provider())
-            .context("the kubelet API's certificate and key")?;
-    let serving = kubelet_api::serving::ServingCert::new(first);
-    if args.kubelet_tls_csr {
-        // Served self-signed until the cluster approves and signs the request.
-        tokio::spawn(kubelet_api::serving::keep_requesting(
-            client.clone(),
-            args.nodename.clone(),
-            internal_ip,
-            serving.clone(),
-            kubelet_api::serving::CsrOptions {
-                approve: args.kubelet_tls_approve,
-                kept: args.kubelet_tls_secret.clone(),
-            },
-        ));
-    }
-    let kubelet_tls = kubelet_api::server_config(serving, kubelet_tls::client_ca(&args, &config)?)?;
+    let kubelet_tls = kubelet_tls::server(&args, &config, &client, internal_ip)?;
     let kubelet_listener = TcpListener::bind(SocketAddr::new(
         IpAddr::from([0, 0, 0, 0]),
         args.kubelet_port,
@@ -404,12 +418,7 @@ async fn serve<P: Provider>(
         "controller starting"
     );
     // The namespaces this node serves: published on the node and judged by its controller.
-    let serve_namespaces: Vec<String> = args
-        .serve_namespaces
-        .iter()
-        .map(|ns| ns.trim().to_owned())
-        .filter(|ns| !ns.is_empty())
-        .collect();
+    let serve_namespaces = trimmed(&args.serve_namespaces);
     let runtime = Runtime {
         client,
         node: NodeConfig {

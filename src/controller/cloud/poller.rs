@@ -99,6 +99,59 @@ pub fn health_after_failure(
 
 /// Runs the list loop until the process stops. `ticks` is told after every complete list so
 /// that every pod is reconciled against it.
+/// The operator's adoptions, read at each list (a failed read keeps the last one), tag the
+/// instances they took over.
+async fn tag_adopted<P: Provider>(shared: &Shared<P>, instances: &mut [Instance]) {
+    let settings = &shared.settings;
+    let loaded = crate::controller::adoption::load(
+        &shared.client,
+        &settings.adoption_namespace,
+        &settings.node_name,
+    )
+    .await;
+    match loaded {
+        Ok(record) => {
+            if let Ok(mut adopted) = shared.adopted.lock() {
+                *adopted = record;
+            }
+        }
+        Err(error) => warn!(%error, "reading the adoption record failed"),
+    }
+    if let Ok(adopted) = shared.adopted.lock()
+        && !adopted.is_empty()
+    {
+        for instance in instances.iter_mut() {
+            crate::controller::adoption::tag(instance, &adopted, settings.owner());
+        }
+    }
+}
+
+/// After the `failures`-th failed list in a row: the API's health as the failure means it, and
+/// a refused key or account said on the node once.
+async fn failed_list<P: Provider>(
+    shared: &Shared<P>,
+    health: &watch::Sender<ApiHealth>,
+    error: &ProviderError,
+    failures: u32,
+    key_worked: bool,
+) {
+    let Some(next) = health_after_failure(error, failures, key_worked, &shared.settings.key_source)
+    else {
+        return;
+    };
+    let changed = health.send_if_modified(|current| {
+        let changed = *current != next;
+        *current = next.clone();
+        changed
+    });
+    if let (true, ApiHealth::Unavailable { reason, message }) = (changed, &next)
+        && reason.ends_with("Refused")
+    {
+        error!(cloud = shared.provider.name(), reason = %reason, %message, "the cloud refuses this node's API key or account; nothing can be created or stopped until it is fixed");
+        shared.node_event(true, reason, message.clone()).await;
+    }
+}
+
 pub async fn run<P: Provider>(
     shared: Arc<Shared<P>>,
     store: Store<Pod>,
@@ -140,28 +193,7 @@ pub async fn run<P: Provider>(
         };
         let instances = match listed {
             Ok(mut instances) => {
-                // The operator's adoptions: read each list (a failed read keeps the last one).
-                let loaded = crate::controller::adoption::load(
-                    &shared.client,
-                    &settings.adoption_namespace,
-                    &settings.node_name,
-                )
-                .await;
-                match loaded {
-                    Ok(record) => {
-                        if let Ok(mut adopted) = shared.adopted.lock() {
-                            *adopted = record;
-                        }
-                    }
-                    Err(error) => warn!(%error, "reading the adoption record failed"),
-                }
-                if let Ok(adopted) = shared.adopted.lock()
-                    && !adopted.is_empty()
-                {
-                    for instance in &mut instances {
-                        crate::controller::adoption::tag(instance, &adopted, settings.owner());
-                    }
-                }
+                tag_adopted(&shared, &mut instances).await;
                 instances
             }
             Err(error) => {
@@ -169,21 +201,7 @@ pub async fn run<P: Provider>(
                 metrics.listed(provider.name(), "error");
                 warn!(error = %error, failures, cloud = provider.name(), "listing instances failed");
                 usage.outage(&shared);
-                if let Some(next) =
-                    health_after_failure(&error, failures, key_worked, &settings.key_source)
-                {
-                    let changed = health.send_if_modified(|current| {
-                        let changed = *current != next;
-                        *current = next.clone();
-                        changed
-                    });
-                    if let (true, ApiHealth::Unavailable { reason, message }) = (changed, &next)
-                        && reason.ends_with("Refused")
-                    {
-                        error!(cloud = provider.name(), reason = %reason, %message, "the cloud refuses this node's API key or account; nothing can be created or stopped until it is fixed");
-                        shared.node_event(true, reason, message.clone()).await;
-                    }
-                }
+                failed_list(&shared, &health, &error, failures, key_worked).await;
                 continue;
             }
         };

@@ -186,22 +186,7 @@ pub async fn drain<P: Provider>(
                             left: describe(&live),
                         });
                     }
-                    for instance in live {
-                        info!(instance = %instance.id, state = instance.state.as_str(), pod_uid = ?instance.tags.pod_uid, "terminating");
-                        match provider
-                            .terminate(&instance.id, instance.state.termination_ends())
-                            .await
-                        {
-                            Ok(()) => {
-                                if !report.terminated.contains(&instance.id) {
-                                    report.terminated.push(instance.id.clone());
-                                }
-                            }
-                            Err(error) => {
-                                warn!(instance = %instance.id, %error, "terminating failed; retrying")
-                            }
-                        }
-                    }
+                    terminate_all(provider, &live, &mut report).await;
                 }
             }
             Err(ProviderError::KeyRefused(message) | ProviderError::Account(message)) => {
@@ -228,20 +213,48 @@ pub async fn drain<P: Provider>(
         report.pods_removed = remove_pods(&client, &config.node_name).await?;
     }
     if let Some(node) = our_node {
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: node.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match nodes.delete(&config.node_name, &params).await {
-            Ok(_) => report.node_removed = true,
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(error) => return Err(error.into()),
-        }
+        report.node_removed = delete_node(&nodes, &node).await?;
     }
     Ok(report)
+}
+
+/// One terminate for each live instance; a failure is tried again at the next list.
+async fn terminate_all<P: Provider>(provider: &P, live: &[&Instance], report: &mut DrainReport) {
+    for instance in live {
+        info!(instance = %instance.id, state = instance.state.as_str(), pod_uid = ?instance.tags.pod_uid, "terminating");
+        match provider
+            .terminate(&instance.id, instance.state.termination_ends())
+            .await
+        {
+            Ok(()) => {
+                if !report.terminated.contains(&instance.id) {
+                    report.terminated.push(instance.id.clone());
+                }
+            }
+            Err(error) => {
+                warn!(instance = %instance.id, %error, "terminating failed; retrying")
+            }
+        }
+    }
+}
+
+/// Deletes the node, only the one that was read (its UID); `false` when it is gone already.
+async fn delete_node(nodes: &Api<Node>, node: &Node) -> Result<bool, DrainError> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: node.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match nodes
+        .delete(node.metadata.name.as_deref().unwrap_or_default(), &params)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// Cordons and marks the node, then waits for a live controller's acknowledgement.

@@ -66,6 +66,74 @@ pub fn desired(pod: &Pod, view: &View<'_>, host_ip: &str, now: Timestamp) -> Pod
     let container_name = container.map(|c| c.name.clone()).unwrap_or_default();
     let image = container.and_then(|c| c.image.clone()).unwrap_or_default();
 
+    let Shown {
+        phase,
+        state,
+        ready,
+        restarts,
+        container_id,
+        reason,
+        message,
+    } = shown(view, seen_running_at, now);
+    // Keep the earlier container state's times when the state kind did not change.
+    let previous = current
+        .container_statuses
+        .as_ref()
+        .and_then(|list| list.first())
+        .and_then(|status| status.state.clone());
+    let state = keep_times(previous, state);
+    let phase = if phase == "Pending" && current.phase.as_deref() == Some("Running") {
+        "Running"
+    } else {
+        phase
+    };
+
+    let container_status = ContainerStatus {
+        name: container_name,
+        image,
+        image_id: String::new(),
+        ready,
+        restart_count: restarts,
+        started: Some(state.running.is_some()),
+        state: Some(state),
+        container_id: container_id.or_else(|| {
+            current
+                .container_statuses
+                .as_ref()
+                .and_then(|l| l.first())
+                .and_then(|s| s.container_id.clone())
+        }),
+        ..Default::default()
+    };
+    let conditions = conditions(pod, &current, ready, now);
+    let start_time = current.start_time.clone().or(Some(Time(now)));
+    PodStatus {
+        phase: Some(phase.to_owned()),
+        conditions: Some(conditions),
+        container_statuses: Some(vec![container_status]),
+        host_ip: Some(host_ip.to_owned()),
+        start_time,
+        reason,
+        message,
+        qos_class: current.qos_class.clone(),
+        ..Default::default()
+    }
+}
+
+/// What a view shows of the pod and its container, before earlier times are kept.
+struct Shown {
+    phase: &'static str,
+    state: ContainerState,
+    ready: bool,
+    restarts: i32,
+    container_id: Option<String>,
+    reason: Option<String>,
+    message: Option<String>,
+}
+
+/// The phase, container state and readiness a view means; `seen_running_at` keeps the time
+/// the container was first seen running when the cloud gives none.
+fn shown(view: &View<'_>, seen_running_at: Option<Timestamp>, now: Timestamp) -> Shown {
     let (phase, state, ready, restarts, container_id, reason, message) = match view {
         View::Waiting { reason, message } => (
             "Pending",
@@ -148,42 +216,25 @@ pub fn desired(pod: &Pod, view: &View<'_>, host_ip: &str, now: Timestamp) -> Pod
             Some(message.clone()),
         ),
     };
-
-    // Keep the earlier container state's times when the state kind did not change.
-    let previous = current
-        .container_statuses
-        .as_ref()
-        .and_then(|list| list.first())
-        .and_then(|status| status.state.clone());
-    let state = keep_times(previous, state);
-    let phase = if phase == "Pending" && current.phase.as_deref() == Some("Running") {
-        "Running"
-    } else {
-        phase
-    };
-
-    let container_status = ContainerStatus {
-        name: container_name,
-        image,
-        image_id: String::new(),
+    Shown {
+        phase,
+        state,
         ready,
-        restart_count: restarts,
-        started: Some(state.running.is_some()),
-        state: Some(state),
-        container_id: container_id.or_else(|| {
-            current
-                .container_statuses
-                .as_ref()
-                .and_then(|l| l.first())
-                .and_then(|s| s.container_id.clone())
-        }),
-        ..Default::default()
-    };
+        restarts,
+        container_id,
+        reason,
+        message,
+    }
+}
+
+/// The conditions this controller owns (scheduled, initialized, containers ready, ready with
+/// the pod's readiness gates), merged into the others'.
+fn conditions(pod: &Pod, current: &PodStatus, ready: bool, now: Timestamp) -> Vec<PodCondition> {
     let not_ready = (!ready).then_some("ContainersNotReady");
-    let unmet = unmet_gates(pod, &current);
+    let unmet = unmet_gates(pod, current);
     let pod_ready = if ready && !unmet.is_empty() {
         condition(
-            &current,
+            current,
             "Ready",
             false,
             Some("ReadinessGatesNotReady"),
@@ -191,27 +242,15 @@ pub fn desired(pod: &Pod, view: &View<'_>, host_ip: &str, now: Timestamp) -> Pod
             now,
         )
     } else {
-        condition(&current, "Ready", ready, not_ready, None, now)
+        condition(current, "Ready", ready, not_ready, None, now)
     };
     let owned = [
-        condition(&current, "PodScheduled", true, None, None, now),
-        condition(&current, "Initialized", true, None, None, now),
-        condition(&current, "ContainersReady", ready, not_ready, None, now),
+        condition(current, "PodScheduled", true, None, None, now),
+        condition(current, "Initialized", true, None, None, now),
+        condition(current, "ContainersReady", ready, not_ready, None, now),
         pod_ready,
     ];
-    let conditions = merged_conditions(current.conditions.as_deref().unwrap_or_default(), owned);
-    let start_time = current.start_time.clone().or(Some(Time(now)));
-    PodStatus {
-        phase: Some(phase.to_owned()),
-        conditions: Some(conditions),
-        container_statuses: Some(vec![container_status]),
-        host_ip: Some(host_ip.to_owned()),
-        start_time,
-        reason,
-        message,
-        qos_class: current.qos_class.clone(),
-        ..Default::default()
-    }
+    merged_conditions(current.conditions.as_deref().unwrap_or_default(), owned)
 }
 
 fn waiting(reason: &str, message: &str) -> ContainerState {

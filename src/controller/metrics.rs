@@ -286,6 +286,14 @@ impl ControllerMetrics {
             "Writes of pod status and annotations to the apiserver",
             metrics.pod_writes.clone(),
         );
+        metrics.register_offload_usage_and_budgets(registry);
+        Arc::new(metrics)
+    }
+
+    /// The second half of the families: deprecated lists, offloading, per-pod usage and cost,
+    /// and budgets.
+    fn register_offload_usage_and_budgets(&self, registry: &mut Registry) {
+        let metrics = self;
         registry.register(
             "runpod_lists",
             "Deprecated (use cloud_lists): complete lists of RunPod pods by outcome",
@@ -356,6 +364,5 @@ impl ControllerMetrics {
             "Each namespace's budget in USD per hour (runpod.io/budget-per-hour, or the installation's default)",
             metrics.namespace_budget.clone(),
         );
-        Arc::new(metrics)
     }
 }

@@ -255,32 +255,11 @@ impl Cursor {
                 }
             };
             match next {
-                Some(Ok(event)) => {
-                    self.failures = 0;
-                    let Some(line) = decode(&event) else {
-                        continue;
-                    };
-                    if let Some(resumed) = self.resumed_after.take()
-                        && line.id.as_deref() == Some(resumed.as_str())
-                    {
-                        continue;
-                    }
-                    let horizon = self
-                        .asked_at
-                        .checked_add(CLOCK_SKEW)
-                        .unwrap_or(self.asked_at);
-                    if !self.request.follow && newer_than(&line, horizon) {
-                        self.done = true;
-                        return None;
-                    }
-                    self.lines_seen += 1;
-                    self.stream_had_lines = true;
-                    self.empty_closes = 0;
-                    if line.id.is_some() {
-                        self.last_id.clone_from(&line.id);
-                    }
-                    return Some(Ok(line));
-                }
+                Some(Ok(event)) => match self.take(&event) {
+                    Taken::Line(line) => return Some(Ok(line)),
+                    Taken::Skip => {}
+                    Taken::End => return None,
+                },
                 Some(Err(error)) => {
                     debug!(pod_id = %self.pod_id, error = %error, "log stream broke");
                     self.events = None;
@@ -298,31 +277,75 @@ impl Cursor {
                     tokio::time::sleep(policy.backoff(self.failures - 1)).await;
                 }
                 None => {
-                    // The server closed the stream. Following: reconnect after the last line;
-                    // it answers 404 once the pod is gone, which ends the stream. A quiet but
-                    // living pod is followed for as long as the caller wants.
-                    self.events = None;
-                    if !self.request.follow {
-                        self.done = true;
+                    if !self.closed(&policy).await {
                         return None;
                     }
-                    let delay = if self.stream_had_lines {
-                        policy.backoff(self.failures.min(4))
-                    } else {
-                        self.empty_closes = self.empty_closes.saturating_add(1);
-                        empty_close_delay(self.empty_closes)
-                    };
-                    debug!(
-                        pod_id = %self.pod_id,
-                        empty_closes = self.empty_closes,
-                        delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                        "log stream closed; reopening"
-                    );
-                    tokio::time::sleep(delay).await;
                 }
             }
         }
     }
+
+    /// One event of the stream: a line to hand on (remembered as the place to resume after),
+    /// one to skip (no line, or the one resumed after), or the end of a non-follow read (a
+    /// line newer than when it was asked for).
+    fn take(&mut self, event: &Event) -> Taken {
+        self.failures = 0;
+        let Some(line) = decode(event) else {
+            return Taken::Skip;
+        };
+        if let Some(resumed) = self.resumed_after.take()
+            && line.id.as_deref() == Some(resumed.as_str())
+        {
+            return Taken::Skip;
+        }
+        let horizon = self
+            .asked_at
+            .checked_add(CLOCK_SKEW)
+            .unwrap_or(self.asked_at);
+        if !self.request.follow && newer_than(&line, horizon) {
+            self.done = true;
+            return Taken::End;
+        }
+        self.lines_seen += 1;
+        self.stream_had_lines = true;
+        self.empty_closes = 0;
+        if line.id.is_some() {
+            self.last_id.clone_from(&line.id);
+        }
+        Taken::Line(line)
+    }
+
+    /// The server closed the stream. Following: reconnect after the last line (it answers 404
+    /// once the pod is gone, which ends the stream); a quiet but living pod is followed for as
+    /// long as the caller wants. `false` when the read is over.
+    async fn closed(&mut self, policy: &crate::runpod::config::RetryPolicy) -> bool {
+        self.events = None;
+        if !self.request.follow {
+            self.done = true;
+            return false;
+        }
+        let delay = if self.stream_had_lines {
+            policy.backoff(self.failures.min(4))
+        } else {
+            self.empty_closes = self.empty_closes.saturating_add(1);
+            empty_close_delay(self.empty_closes)
+        };
+        debug!(
+            pod_id = %self.pod_id,
+            empty_closes = self.empty_closes,
+            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            "log stream closed; reopening"
+        );
+        tokio::time::sleep(delay).await;
+        true
+    }
+}
+
+/// What one event of the log stream means for the read.
+enum Taken {
+    Line(LogLine),
+    Skip,
+    End,
 }
 
 /// The wait before reopening after the `n`-th (1-based) empty close in a row: doubling from

@@ -238,7 +238,7 @@ async fn read_frames<R: AsyncRead + Unpin>(
 ) {
     let mut codec = Codec::new();
     let mut buf = BytesMut::with_capacity(64 * 1024);
-    let mut open: HashMap<u32, mpsc::Sender<(Bytes, Held)>> = HashMap::new();
+    let mut open: Open = HashMap::new();
     let budget = Arc::new(Semaphore::new(SESSION_BUFFER));
     loop {
         stats.open_streams.store(open.len(), Ordering::Relaxed);
@@ -260,53 +260,8 @@ async fn read_frames<R: AsyncRead + Unpin>(
                 flags,
                 headers,
             } => {
-                if open.len() >= MAX_OPEN_STREAMS {
-                    // Streams their consumer dropped (never paired, of no known type) go first.
-                    open.retain(|_, tx| !tx.is_closed());
-                }
-                if open.len() >= MAX_OPEN_STREAMS {
-                    tracing::debug!(open = open.len(), "SPDY: too many open streams; refusing");
-                    if frames
-                        .send(Frame::RstStream {
-                            stream_id,
-                            status: RST_REFUSED_STREAM,
-                        })
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                    continue;
-                }
-                let (tx, rx) = mpsc::channel(QUEUED_DATA);
-                let stream = Stream {
-                    id: stream_id,
-                    headers,
-                    incoming: Incoming(rx),
-                    out: StreamWriter {
-                        id: stream_id,
-                        frames: frames.clone(),
-                    },
-                };
-                let reply = Frame::SynReply {
-                    stream_id,
-                    flags: 0,
-                    headers: Vec::new(),
-                };
-                if frames.send(reply).await.is_err() {
+                if !open_stream(&frames, &streams, &mut open, stream_id, flags, headers).await {
                     return;
-                }
-                if streams.try_send(stream).is_err() {
-                    let _ = frames
-                        .send(Frame::RstStream {
-                            stream_id,
-                            status: RST_REFUSED_STREAM,
-                        })
-                        .await;
-                    continue;
-                }
-                if flags & FLAG_FIN == 0 {
-                    open.insert(stream_id, tx);
                 }
             }
             Frame::Data {
@@ -314,39 +269,9 @@ async fn read_frames<R: AsyncRead + Unpin>(
                 flags,
                 data,
             } => {
-                if let Some(tx) = open.get(&stream_id)
-                    && !data.is_empty()
-                {
-                    match deliver(tx, data, &budget, &stats).await {
-                        Delivered::Yes => {}
-                        // A reader that went away just drops what comes.
-                        Delivered::ReaderGone => {
-                            open.remove(&stream_id);
-                        }
-                        // A consumer that stopped reading (a forwarded port that never reads)
-                        // must not stall the session, nor the node's other sessions: its
-                        // stream is reset and the session reads on.
-                        Delivered::Stalled => {
-                            tracing::debug!(
-                                stream_id,
-                                "SPDY: a stream's reader stalled; resetting it"
-                            );
-                            open.remove(&stream_id);
-                            if frames
-                                .send(Frame::RstStream {
-                                    stream_id,
-                                    status: RST_CANCEL,
-                                })
-                                .await
-                                .is_err()
-                            {
-                                return;
-                            }
-                        }
-                    }
-                }
-                if flags & FLAG_FIN != 0 {
-                    open.remove(&stream_id);
+                let budget = (&budget, &stats);
+                if !receive(&frames, &mut open, budget, stream_id, flags, data).await {
+                    return;
                 }
             }
             Frame::RstStream { stream_id, .. } => {
@@ -365,6 +290,114 @@ async fn read_frames<R: AsyncRead + Unpin>(
             | Frame::Ignored => {}
         }
     }
+}
+
+/// The streams open for reading: each one's queue of received data.
+type Open = HashMap<u32, mpsc::Sender<(Bytes, Held)>>;
+
+/// A stream the client opened: replied to and handed to the session's consumer, or refused
+/// (too many open, or a consumer that cannot take it). `false` when the session is over.
+async fn open_stream(
+    frames: &mpsc::Sender<Frame>,
+    streams: &mpsc::Sender<Stream>,
+    open: &mut Open,
+    stream_id: u32,
+    flags: u8,
+    headers: Vec<(String, String)>,
+) -> bool {
+    if open.len() >= MAX_OPEN_STREAMS {
+        // Streams their consumer dropped (never paired, of no known type) go first.
+        open.retain(|_, tx| !tx.is_closed());
+    }
+    if open.len() >= MAX_OPEN_STREAMS {
+        tracing::debug!(open = open.len(), "SPDY: too many open streams; refusing");
+        if frames
+            .send(Frame::RstStream {
+                stream_id,
+                status: RST_REFUSED_STREAM,
+            })
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        return true;
+    }
+    let (tx, rx) = mpsc::channel(QUEUED_DATA);
+    let stream = Stream {
+        id: stream_id,
+        headers,
+        incoming: Incoming(rx),
+        out: StreamWriter {
+            id: stream_id,
+            frames: frames.clone(),
+        },
+    };
+    let reply = Frame::SynReply {
+        stream_id,
+        flags: 0,
+        headers: Vec::new(),
+    };
+    if frames.send(reply).await.is_err() {
+        return false;
+    }
+    if streams.try_send(stream).is_err() {
+        let _ = frames
+            .send(Frame::RstStream {
+                stream_id,
+                status: RST_REFUSED_STREAM,
+            })
+            .await;
+        return true;
+    }
+    if flags & FLAG_FIN == 0 {
+        open.insert(stream_id, tx);
+    }
+    true
+}
+
+/// Data for a stream: delivered to its reader within the session's buffer budget; a reader
+/// that went away or stalled loses its stream. `false` when the session is over.
+async fn receive(
+    frames: &mpsc::Sender<Frame>,
+    open: &mut Open,
+    (budget, stats): (&Arc<Semaphore>, &Arc<SessionStats>),
+    stream_id: u32,
+    flags: u8,
+    data: Bytes,
+) -> bool {
+    if let Some(tx) = open.get(&stream_id)
+        && !data.is_empty()
+    {
+        match deliver(tx, data, budget, stats).await {
+            Delivered::Yes => {}
+            // A reader that went away just drops what comes.
+            Delivered::ReaderGone => {
+                open.remove(&stream_id);
+            }
+            // A consumer that stopped reading (a forwarded port that never reads)
+            // must not stall the session, nor the node's other sessions: its
+            // stream is reset and the session reads on.
+            Delivered::Stalled => {
+                tracing::debug!(stream_id, "SPDY: a stream's reader stalled; resetting it");
+                open.remove(&stream_id);
+                if frames
+                    .send(Frame::RstStream {
+                        stream_id,
+                        status: RST_CANCEL,
+                    })
+                    .await
+                    .is_err()
+                {
+                    return false;
+                }
+            }
+        }
+    }
+    if flags & FLAG_FIN != 0 {
+        open.remove(&stream_id);
+    }
+    true
 }
 
 /// How long received data may wait for its stream's reader to make room (the session's budget,

@@ -146,16 +146,8 @@ impl RunPodClient {
                     Ok(pod) => {
                         self.recent().remember(name, &pod.id);
                         info!(pod_id = %pod.id, gpu = %candidate.gpu_id, "created RunPod pod");
-                        return Ok(flag_unseen(
-                            Placement {
-                                pod,
-                                candidate: Some(candidate.clone()),
-                                attempts,
-                                duplicates: Vec::new(),
-                                possibly_duplicated: false,
-                            },
-                            ambiguous_creates,
-                        ));
+                        let placement = Placement::made(pod, candidate, attempts);
+                        return Ok(flag_unseen(placement, ambiguous_creates));
                     }
                     Err(error) => error,
                 };
@@ -214,18 +206,7 @@ impl RunPodClient {
                 tokio::time::sleep(policy.backoff(failures - 1)).await;
             }
         }
-        let all_rule_violations = attempts
-            .iter()
-            .all(|attempt| matches!(attempt.error, ApiError::BadRequest { .. }));
-        match attempts.last() {
-            Some(last) if all_rule_violations && attempts.len() > 1 => {
-                Err(PlacementError::RequestRejected {
-                    detail: last.error.to_string(),
-                    attempts,
-                })
-            }
-            _ => Err(PlacementError::NoCapacity { attempts }),
-        }
+        Err(exhausted(attempts))
     }
 
     /// After an ambiguous create: looks for the pod several times, because a pod created a
@@ -325,5 +306,34 @@ fn attempt(candidate: &Candidate, error: ApiError) -> Attempt {
         gpu_id: candidate.gpu_id.clone(),
         data_center_ids: candidate.data_center_ids.clone(),
         error,
+    }
+}
+impl Placement {
+    /// A create that was answered with the pod, for `candidate`, after `attempts` refused.
+    fn made(pod: Pod, candidate: &Candidate, attempts: Vec<Attempt>) -> Placement {
+        Placement {
+            pod,
+            candidate: Some(candidate.clone()),
+            attempts,
+            duplicates: Vec::new(),
+            possibly_duplicated: false,
+        }
+    }
+}
+
+/// Every candidate refused: the pod itself is at fault when each refused it as a bad request
+/// (more than one, so it is not one offer's rule), else there was no capacity.
+fn exhausted(attempts: Vec<Attempt>) -> PlacementError {
+    let all_rule_violations = attempts
+        .iter()
+        .all(|attempt| matches!(attempt.error, ApiError::BadRequest { .. }));
+    match attempts.last() {
+        Some(last) if all_rule_violations && attempts.len() > 1 => {
+            PlacementError::RequestRejected {
+                detail: last.error.to_string(),
+                attempts,
+            }
+        }
+        _ => PlacementError::NoCapacity { attempts },
     }
 }

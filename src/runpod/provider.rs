@@ -402,50 +402,20 @@ impl Provider for RunPodProvider {
         {
             Ok(placement) => {
                 self.cool_down(&placement.attempts);
-                let summary = match &placement.candidate {
-                    Some(c) => format!(
-                        "{} x{} on {} cloud at {:.3} USD/h, datacenters {}",
-                        c.gpu_id,
-                        c.gpu_count,
-                        c.cloud.as_str(),
-                        c.price_per_hour,
-                        if c.data_center_ids.is_empty() {
-                            "any".to_owned()
-                        } else {
-                            c.data_center_ids.join(",")
-                        }
-                    ),
-                    None => "adopted the RunPod pod that already existed".to_owned(),
-                };
                 Ok(Provisioned {
                     instance: to_instance(&placement.pod),
-                    summary,
+                    summary: summary(placement.candidate.as_ref()),
                     refusals: refusals(&placement.attempts),
                     duplicates: placement.duplicates.iter().map(to_instance).collect(),
                     possibly_duplicated: placement.possibly_duplicated,
                 })
             }
-            Err(error) => Err(match error {
-                PlacementError::NoCandidates => ProvisionError::NoCandidates(error.to_string()),
-                PlacementError::NoCapacity { ref attempts } => {
+            Err(error) => {
+                if let PlacementError::NoCapacity { attempts } = &error {
                     self.cool_down(attempts);
-                    ProvisionError::NoCapacity(error.to_string())
                 }
-                PlacementError::RequestRejected { .. } => {
-                    ProvisionError::Rejected(error.to_string())
-                }
-                PlacementError::Invalid(ref api) => match api {
-                    ApiError::Unauthorized { .. } => {
-                        ProvisionError::AccountBlocked(error.to_string())
-                    }
-                    ApiError::NoSuchEndpoint { .. } => ProvisionError::Unsettled(error.to_string()),
-                    _ => ProvisionError::Rejected(error.to_string()),
-                },
-                PlacementError::PaymentRequired(_) => {
-                    ProvisionError::AccountBlocked(error.to_string())
-                }
-                PlacementError::Unsettled(_) => ProvisionError::Unsettled(error.to_string()),
-            }),
+                Err(provision_error(error))
+            }
         }
     }
 
@@ -550,6 +520,42 @@ impl Provider for RunPodProvider {
 /// Logs a failed background call without the details a caller already has.
 pub fn note_failure(what: &str, error: &ProviderError) {
     warn!(what, error = %error, "RunPod call failed");
+}
+
+/// What the create Event says of the offer taken.
+fn summary(candidate: Option<&Candidate>) -> String {
+    match candidate {
+        Some(c) => format!(
+            "{} x{} on {} cloud at {:.3} USD/h, datacenters {}",
+            c.gpu_id,
+            c.gpu_count,
+            c.cloud.as_str(),
+            c.price_per_hour,
+            if c.data_center_ids.is_empty() {
+                "any".to_owned()
+            } else {
+                c.data_center_ids.join(",")
+            }
+        ),
+        None => "adopted the RunPod pod that already existed".to_owned(),
+    }
+}
+
+/// What a placement that made nothing (or nothing known) means to the controller.
+fn provision_error(error: PlacementError) -> ProvisionError {
+    let message = error.to_string();
+    match error {
+        PlacementError::NoCandidates => ProvisionError::NoCandidates(message),
+        PlacementError::NoCapacity { .. } => ProvisionError::NoCapacity(message),
+        PlacementError::RequestRejected { .. } => ProvisionError::Rejected(message),
+        PlacementError::Invalid(api) => match api {
+            ApiError::Unauthorized { .. } => ProvisionError::AccountBlocked(message),
+            ApiError::NoSuchEndpoint { .. } => ProvisionError::Unsettled(message),
+            _ => ProvisionError::Rejected(message),
+        },
+        PlacementError::PaymentRequired(_) => ProvisionError::AccountBlocked(message),
+        PlacementError::Unsettled(_) => ProvisionError::Unsettled(message),
+    }
 }
 
 #[cfg(test)]

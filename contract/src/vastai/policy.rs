@@ -131,6 +131,47 @@ pub struct Requirements {
 
 /// Reads a pod's annotations against the policy. `Err` lists every problem: malformed values,
 /// and (mentioning what is allowed) a region or price outside the policy.
+/// The host countries a pod may use: its `vast.ai/region` within the cluster's allowed
+/// countries, else those (empty: anywhere). A region unknown or wholly outside is a problem.
+fn countries(region: Option<&str>, policy: &VastPolicy, problems: &mut Vec<String>) -> Vec<String> {
+    let allowed: Vec<String> = policy
+        .countries
+        .as_ref()
+        .map(|allowed| allowed.iter().cloned().collect())
+        .unwrap_or_default();
+    let Some(name) = region else {
+        return allowed;
+    };
+    let Some(region) = Region::parse(name) else {
+        problems.push(format!(
+            "{}: {name:?} is not one of {}",
+            super::REGION,
+            region_names(&Region::ALL)
+        ));
+        return allowed;
+    };
+    let inside: Vec<String> = region
+        .countries()
+        .iter()
+        .filter(|code| {
+            policy
+                .countries
+                .as_ref()
+                .is_none_or(|allowed| allowed.contains(**code))
+        })
+        .map(|code| (*code).to_owned())
+        .collect();
+    if inside.is_empty() {
+        problems.push(format!(
+            "{}: {} is outside this cluster's allowed {}",
+            super::REGION,
+            region.name(),
+            policy.allowed
+        ));
+    }
+    inside
+}
+
 pub fn requirements(
     annotations: &BTreeMap<String, String>,
     gpu_count: u32,
@@ -202,42 +243,7 @@ pub fn requirements(
         (None, Some(cap)) => max_price_per_hour = Some(cap),
         _ => {}
     }
-    let mut countries: Vec<String> = policy
-        .countries
-        .as_ref()
-        .map(|allowed| allowed.iter().cloned().collect())
-        .unwrap_or_default();
-    if let Some(name) = get(super::REGION) {
-        match Region::parse(name) {
-            None => problems.push(format!(
-                "{}: {name:?} is not one of {}",
-                super::REGION,
-                region_names(&Region::ALL)
-            )),
-            Some(region) => {
-                let inside: Vec<String> = region
-                    .countries()
-                    .iter()
-                    .filter(|code| {
-                        policy
-                            .countries
-                            .as_ref()
-                            .is_none_or(|allowed| allowed.contains(**code))
-                    })
-                    .map(|code| (*code).to_owned())
-                    .collect();
-                if inside.is_empty() {
-                    problems.push(format!(
-                        "{}: {} is outside this cluster's allowed {}",
-                        super::REGION,
-                        region.name(),
-                        policy.allowed
-                    ));
-                }
-                countries = inside;
-            }
-        }
-    }
+    let countries = countries(get(super::REGION), policy, &mut problems);
     if !problems.is_empty() {
         return Err(problems);
     }

@@ -396,36 +396,7 @@ impl Session {
             reply(&mut read, &mut output, "exec").await?;
             // Input on its own task, so the output is always read: a peer that must wait
             // for window space while nobody reads would never get it.
-            let input = tokio::spawn(async move {
-                let mut stdin = stdin;
-                let mut stdin_open = stdin.is_some();
-                let mut resize_open = resize.is_some();
-                while stdin_open || resize_open {
-                    tokio::select! {
-                        data = async { stdin.as_mut()?.recv().await }, if stdin_open => match data {
-                            Some(data) => {
-                                if write.data(&data[..]).await.is_err() {
-                                    break;
-                                }
-                            }
-                            None => {
-                                stdin_open = false;
-                                let _ = write.eof().await;
-                            }
-                        },
-                        size = async { resize.as_mut()?.recv().await }, if resize_open => match size {
-                            Some(size) => {
-                                let _ = write
-                                    .window_change(u32::from(size.width), u32::from(size.height), 0, 0)
-                                    .await;
-                            }
-                            None => resize_open = false,
-                        },
-                    }
-                }
-                // Held until the command ends, so the channel stays open for its output.
-                std::future::pending::<()>().await;
-            });
+            let input = tokio::spawn(pump_input(write, stdin, resize));
             loop {
                 tokio::select! {
                     message = read.wait() => match message {
@@ -495,6 +466,41 @@ impl Session {
     pub fn is_closed(&self) -> bool {
         self.handle.is_closed()
     }
+}
+
+/// kubectl's input and terminal size changes, written to the command's channel until both end;
+/// then held until the command ends, so the channel stays open for its output.
+async fn pump_input(
+    write: russh::ChannelWriteHalf<client::Msg>,
+    mut stdin: Option<tokio::sync::mpsc::Receiver<bytes::Bytes>>,
+    mut resize: Option<tokio::sync::mpsc::Receiver<super::remotecommand::TerminalSize>>,
+) {
+    let mut stdin_open = stdin.is_some();
+    let mut resize_open = resize.is_some();
+    while stdin_open || resize_open {
+        tokio::select! {
+            data = async { stdin.as_mut()?.recv().await }, if stdin_open => match data {
+                Some(data) => {
+                    if write.data(&data[..]).await.is_err() {
+                        break;
+                    }
+                }
+                None => {
+                    stdin_open = false;
+                    let _ = write.eof().await;
+                }
+            },
+            size = async { resize.as_mut()?.recv().await }, if resize_open => match size {
+                Some(size) => {
+                    let _ = write
+                        .window_change(u32::from(size.width), u32::from(size.height), 0, 0)
+                        .await;
+                }
+                None => resize_open = false,
+            },
+        }
+    }
+    std::future::pending::<()>().await;
 }
 
 #[cfg(test)]

@@ -1,9 +1,51 @@
 //! What every cloud client shares and neither cloud owns: the API key type, the TLS
-//! configuration, and the rendering of an error with its causes.
+//! configuration, the retry policy, and the rendering of an error with its causes.
 
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// Backoff and lookup timings of a cloud client; each cloud's configuration sets its own.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Tries per request (and per placement candidate) for transient failures (429, 5xx,
+    /// timeouts) where repeating is safe.
+    pub attempts: u32,
+    /// First backoff after a failure; doubles, jittered, up to `max_delay`.
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+    /// After an ambiguous create: lookups, this far apart, before anything else is tried;
+    /// together longer than the cloud's list can lag behind a create.
+    pub lookup_attempts: u32,
+    pub lookup_interval: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// RunPod's timings (its lists lag by seconds).
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 4,
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(10),
+            lookup_attempts: 4,
+            lookup_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Full-jitter exponential backoff for attempt `n` (0-based): between half and all of
+    /// `base_delay × 2ⁿ`, capped at `max_delay`.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let ceiling = self
+            .base_delay
+            .saturating_mul(2u32.saturating_pow(attempt.min(16)))
+            .min(self.max_delay);
+        let millis = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(fastrand::u64(millis / 2..=millis.max(1)))
+    }
+}
 
 /// A cloud's bearer key. Its `Debug` is redacted and it has no `Display`, so it cannot end up
 /// in a log line or an error message by accident.
@@ -98,6 +140,24 @@ pub(crate) fn tls_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backoff_grows_jittered_and_is_capped() {
+        let policy = RetryPolicy {
+            base_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(30),
+            ..RetryPolicy::default()
+        };
+        for attempt in 0..20 {
+            let delay = policy.backoff(attempt);
+            let ceiling = Duration::from_millis(1_000 * 2u64.pow(attempt.min(5)))
+                .min(Duration::from_secs(30));
+            assert!(
+                delay <= ceiling && delay >= ceiling / 2,
+                "{attempt}: {delay:?}"
+            );
+        }
+    }
 
     /// `--cloud-ca-file` adds roots; a missing, empty or garbled file is a start-up error naming
     /// the flag and the file, never a silent fallback to the compiled-in roots.

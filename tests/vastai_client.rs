@@ -7,13 +7,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use runpod_contract::{PortProtocol, PortSpec};
-use runpod_kubelet::vastai::buy::{Bought, BuyError};
-use runpod_kubelet::vastai::client::{Destroyed, RetryPolicy, VastClient, VastConfig, VastKey};
+use runpod_kubelet::vastai::client::{
+    Destroyed, LogPolls, RetryPolicy, VastClient, VastConfig, VastKey,
+};
 use runpod_kubelet::vastai::error::VastError;
 use runpod_kubelet::vastai::label::Label;
+use runpod_kubelet::vastai::limiter::{Pace, Paces, Route as ClientRoute};
 use runpod_kubelet::vastai::model::{CreateRequest, InstanceState, RegistryLogin};
-use runpod_kubelet::vastai::pacer::{Pace, Paces, Route as ClientRoute};
-use runpod_kubelet::vastai::query::OfferQuery;
+use runpod_kubelet::vastai::placement::{Bought, BuyError};
+use runpod_kubelet::vastai::select::OfferQuery;
 use serde_json::json;
 use vastai_simulator::{
     Behaviour, Effect, Fault, ImageRule, Match, RateLimits, Route, Scenario, SimulatorHandle,
@@ -41,8 +43,6 @@ fn fast_retries() -> RetryPolicy {
         // 5 × 100 ms: longer than the simulator's 300 ms list lag.
         lookup_attempts: 6,
         lookup_interval: Duration::from_millis(100),
-        log_polls: 10,
-        log_poll_interval: Duration::from_millis(10),
     }
 }
 
@@ -52,6 +52,10 @@ fn config(sim: &SimulatorHandle) -> VastConfig {
         request_timeout: Duration::from_secs(5),
         paces: Paces::none(),
         retry: fast_retries(),
+        log_polls: LogPolls {
+            count: 10,
+            interval: Duration::from_millis(10),
+        },
         ..VastConfig::default()
     }
 }

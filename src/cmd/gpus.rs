@@ -10,7 +10,7 @@ use runpod_contract::{CloudType, gpus};
 use runpod_kubelet::runpod::args::RunPodArgs;
 use runpod_kubelet::runpod::select::{self, ClusterLimits, Requirements};
 use runpod_kubelet::vastai::args::{VastArgs, VastPolicyArgs};
-use runpod_kubelet::vastai::query::OfferQuery;
+use runpod_kubelet::vastai::select::OfferQuery;
 
 #[derive(Debug, Args)]
 pub struct GpusArgs {

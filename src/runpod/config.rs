@@ -38,41 +38,7 @@ pub fn api_key_from_env() -> Result<ApiKey, ConfigError> {
     Ok(ApiKey::new(key)?)
 }
 
-/// Backoff and lookup timings.
-#[derive(Debug, Clone)]
-pub struct RetryPolicy {
-    /// Tries per request (and per placement candidate) for transient failures.
-    pub attempts: u32,
-    pub base_delay: Duration,
-    pub max_delay: Duration,
-    /// After an ambiguous create, how often to look for the pod by name (the list lags).
-    pub lookup_attempts: u32,
-    pub lookup_interval: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            attempts: 4,
-            base_delay: Duration::from_millis(500),
-            max_delay: Duration::from_secs(10),
-            lookup_attempts: 4,
-            lookup_interval: Duration::from_secs(2),
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// Full-jitter exponential backoff for attempt `n` (0-based).
-    pub fn backoff(&self, attempt: u32) -> Duration {
-        let ceiling = self
-            .base_delay
-            .saturating_mul(2u32.saturating_pow(attempt.min(16)))
-            .min(self.max_delay);
-        let millis = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
-        Duration::from_millis(fastrand::u64(millis / 2..=millis.max(1)))
-    }
-}
+pub use crate::http::RetryPolicy;
 
 /// Client settings, from the controller's flags.
 #[derive(Debug, Clone)]

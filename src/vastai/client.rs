@@ -1,6 +1,6 @@
 //! The Vast.ai HTTP client: one request path (pacer → bearer request → classification), retries
 //! with backoff for calls that are safe to repeat, and the read, destroy and log calls. Creates
-//! are sent once here; [`super::buy`] decides what follows an unclear answer.
+//! are sent once here; [`super::placement`] decides what follows an unclear answer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -13,11 +13,11 @@ use tracing::debug;
 
 use super::error::VastError;
 use super::label::Label;
+use super::limiter::{Pacer, Paces, Route};
 use super::model::{
     CreateReply, CreateRequest, GetReply, Instance, ListPage, LogsReply, Offer, SearchReply,
 };
-use super::pacer::{Pacer, Paces, Route, backoff};
-use super::query::OfferQuery;
+use super::select::OfferQuery;
 use crate::http::{ApiKey, KeyError, error_chain, tls_config};
 use crate::provider::metrics::CloudApi;
 
@@ -63,33 +63,31 @@ pub enum ConfigError {
     Http(String),
 }
 
-/// Retries, lookups and log polling.
-#[derive(Debug, Clone)]
-pub struct RetryPolicy {
-    /// Tries per call for transient failures (429, 5xx, timeouts) where repeating is safe.
-    pub attempts: u32,
-    /// First backoff after a 429 or failure; doubles, jittered, up to `max_delay`.
-    pub base_delay: Duration,
-    pub max_delay: Duration,
-    /// After an unclear create: label lookups, this far apart, before the next offer is
-    /// tried. Together longer than the list can lag behind a create.
-    pub lookup_attempts: u32,
-    pub lookup_interval: Duration,
-    /// Polls of a log result URL, this far apart, before giving up.
-    pub log_polls: u32,
-    pub log_poll_interval: Duration,
+pub use crate::http::RetryPolicy;
+
+/// Vast.ai's timings: its lists lag a create by up to minutes.
+pub fn retry_policy() -> RetryPolicy {
+    RetryPolicy {
+        attempts: 4,
+        base_delay: Duration::from_secs(1),
+        max_delay: Duration::from_secs(30),
+        lookup_attempts: 8,
+        lookup_interval: Duration::from_secs(15),
+    }
 }
 
-impl Default for RetryPolicy {
+/// Polls of a log's result URL, `interval` apart, before giving up.
+#[derive(Debug, Clone, Copy)]
+pub struct LogPolls {
+    pub count: u32,
+    pub interval: Duration,
+}
+
+impl Default for LogPolls {
     fn default() -> Self {
-        RetryPolicy {
-            attempts: 4,
-            base_delay: Duration::from_secs(1),
-            max_delay: Duration::from_secs(30),
-            lookup_attempts: 8,
-            lookup_interval: Duration::from_secs(15),
-            log_polls: 30,
-            log_poll_interval: Duration::from_millis(500),
+        LogPolls {
+            count: 30,
+            interval: Duration::from_millis(500),
         }
     }
 }
@@ -103,6 +101,7 @@ pub struct VastConfig {
     pub connect_timeout: Duration,
     pub paces: Paces,
     pub retry: RetryPolicy,
+    pub log_polls: LogPolls,
     /// PEM roots added to the compiled-in ones (`--cloud-ca-file`).
     pub ca_file: Option<std::path::PathBuf>,
 }
@@ -114,7 +113,8 @@ impl Default for VastConfig {
             request_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
             paces: Paces::default(),
-            retry: RetryPolicy::default(),
+            retry: retry_policy(),
+            log_polls: LogPolls::default(),
             ca_file: None,
         }
     }
@@ -242,7 +242,7 @@ impl VastClient {
         }
         if let Err(VastError::RateLimited { .. }) = &result {
             // No Retry-After: hold the route for a backoff of our own.
-            let hold = backoff(self.config.retry.base_delay, self.config.retry.max_delay, 0);
+            let hold = self.config.retry.backoff(0);
             self.pacer().hold(route, tokio::time::Instant::now() + hold);
         }
         result
@@ -276,11 +276,7 @@ impl VastClient {
                 .await
             {
                 Err(error) if error.is_transient() && attempt + 1 < attempts => {
-                    let delay = backoff(
-                        self.config.retry.base_delay,
-                        self.config.retry.max_delay,
-                        attempt,
-                    );
+                    let delay = self.config.retry.backoff(attempt);
                     debug!(
                         route = route.as_str(),
                         error = error.kind(),
@@ -333,12 +329,7 @@ impl VastClient {
                 .await
             {
                 Err(VastError::RateLimited { .. }) if attempt + 1 < attempts => {
-                    tokio::time::sleep(backoff(
-                        self.config.retry.base_delay,
-                        self.config.retry.max_delay,
-                        attempt,
-                    ))
-                    .await;
+                    tokio::time::sleep(self.config.retry.backoff(attempt)).await;
                     attempt += 1;
                 }
                 other => break other?,
@@ -479,8 +470,8 @@ impl VastClient {
             status: 200,
             message: format!("result_url is not a URL: {e}"),
         })?;
-        let retry = &self.config.retry;
-        for _ in 0..retry.log_polls.max(1) {
+        let polls = self.config.log_polls;
+        for _ in 0..polls.count.max(1) {
             let response = self
                 .http
                 .get(result_url.clone())
@@ -499,10 +490,10 @@ impl VastClient {
                     detail: "reading the log file".to_owned(),
                 });
             }
-            tokio::time::sleep(retry.log_poll_interval).await;
+            tokio::time::sleep(polls.interval).await;
         }
         Err(VastError::Timeout {
-            timeout: retry.log_poll_interval * retry.log_polls.max(1),
+            timeout: polls.interval * polls.count.max(1),
         })
     }
 

@@ -3,13 +3,13 @@
 //! per pod label.
 
 pub mod args;
-pub mod buy;
 pub mod client;
 pub mod error;
 pub mod label;
+pub mod limiter;
 pub mod model;
-pub mod pacer;
+pub mod placement;
 pub mod prices;
 pub mod provider;
-pub mod query;
+pub mod select;
 pub mod translate;

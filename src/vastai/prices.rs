@@ -8,7 +8,7 @@ use runpod_contract::gpus::{self, GpuPrices};
 use runpod_contract::provider::Cloud;
 
 use super::model::Offer;
-use super::query::{MB_PER_GB, NOMINAL_SHARE};
+use super::select::{MB_PER_GB, NOMINAL_SHARE};
 use crate::provider::PriceSheet;
 
 /// Hours in the month Vast.ai prices disk by.

@@ -89,6 +89,30 @@ pub fn fits(spend: f64, price: f64, budget: f64) -> bool {
     spend + price <= budget + SLACK
 }
 
+/// What a create that has room reserves, in USD/h: the most it may cost, which is its own cap
+/// within what is left of the budget, but never below the price it was judged by (a reservation
+/// smaller than the cheapest offer could start nothing).
+pub fn reservation(budget: f64, spend: f64, price: f64, cap: Option<f64>) -> f64 {
+    let left = (budget - spend).max(0.0);
+    cap.map_or(left, |cap| cap.min(left)).max(price)
+}
+
+/// Lowers a pod's price caps to a reservation of `usd` per hour, so the cloud may charge no
+/// more than was reserved: `runpod.io/max-price` always, Vast.ai's own cap when it is set; a
+/// lower cap stays. Rounded down to 4 decimals.
+pub fn lower_caps(annotations: &mut std::collections::BTreeMap<String, String>, usd: f64) {
+    let usd = (usd * 10_000.0).floor() / 10_000.0;
+    for key in [crate::MAX_PRICE, crate::vastai::PRICE_MAX] {
+        let current = annotations
+            .get(key)
+            .and_then(|value| crate::parse_price(value).ok());
+        let is_set = annotations.contains_key(key);
+        if (key == crate::MAX_PRICE || is_set) && current.is_none_or(|cap| cap > usd) {
+            annotations.insert(key.to_owned(), format!("{usd:.4}"));
+        }
+    }
+}
+
 /// Before a create: the pod (which may cost up to `price` USD/h) starts only when the
 /// namespace's spend plus that price stays within the budget and no pod of the namespace created
 /// earlier still waits (`ahead` of them).
@@ -115,6 +139,25 @@ pub fn room(namespace: &str, budget: f64, spend: Spend, price: f64, ahead: usize
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reservation_is_the_cap_within_what_is_left_and_never_below_the_price() {
+        // (budget, spend, price, cap) → reserved
+        let cases = [
+            ((10.0, 4.0, 1.0, None), 6.0),
+            ((10.0, 4.0, 1.0, Some(2.0)), 2.0),
+            ((10.0, 4.0, 1.0, Some(8.0)), 6.0),
+            ((10.0, 9.5, 1.0, Some(2.0)), 1.0),
+            ((10.0, 12.0, 0.5, None), 0.5),
+        ];
+        for ((budget, spend, price, cap), reserved) in cases {
+            assert_eq!(
+                reservation(budget, spend, price, cap),
+                reserved,
+                "{budget} {spend} {price} {cap:?}"
+            );
+        }
+    }
 
     #[test]
     fn a_budget_comes_from_the_namespace_else_the_default() {

@@ -15,7 +15,6 @@ use runpod_kubelet::controller::kubelet_api::exec::ssh::HostKeys;
 use runpod_kubelet::controller::leader::{self, ElectionConfig};
 use runpod_kubelet::controller::metrics::ControllerMetrics;
 use runpod_kubelet::controller::node::NodeConfig;
-use runpod_kubelet::controller::node::drain::DrainConfig;
 use runpod_kubelet::controller::node::ssh_key;
 use runpod_kubelet::controller::{self, Runtime};
 use runpod_kubelet::provider::CloudName;
@@ -30,9 +29,10 @@ use tokio::net::TcpListener;
 
 pub mod args;
 mod check_key;
+mod drain;
 mod kubelet_tls;
 
-use args::{CloudArg, ControllerArgs, ControllerCommand, DrainArgs};
+use args::{CloudArg, ControllerArgs, ControllerCommand};
 
 pub(crate) async fn kube_client(
     kubeconfig: Option<&PathBuf>,
@@ -67,7 +67,10 @@ fn env_proxy() -> Option<http::Uri> {
 }
 
 /// `--cluster-id`, else the UID of the kube-system namespace.
-async fn cluster_id(client: &kube::Client, flag: Option<&str>) -> anyhow::Result<String> {
+pub(super) async fn cluster_id(
+    client: &kube::Client,
+    flag: Option<&str>,
+) -> anyhow::Result<String> {
     match flag {
         Some(id) if !id.trim().is_empty() => Ok(id.trim().to_owned()),
         _ => Api::<Namespace>::all(client.clone())
@@ -117,70 +120,9 @@ fn election(args: &ControllerArgs, internal_ip: IpAddr) -> anyhow::Result<Option
     Ok(Some(config))
 }
 
-/// `controller drain`.
-async fn drain(args: DrainArgs) -> anyhow::Result<()> {
-    let (client, _) = kube_client(args.kubeconfig.as_ref()).await?;
-    let cluster_id = cluster_id(&client, args.cluster_id.as_deref()).await?;
-    tracing::info!(node = %args.nodename, cluster_id = %cluster_id, timeout = ?args.timeout, "draining");
-    let config = DrainConfig {
-        node_name: args.nodename.clone(),
-        cluster_id,
-        timeout: args.timeout,
-        poll_interval: Duration::from_secs(2),
-        ack_wait: Duration::from_secs(60),
-        adoption_namespace: args::adoption_namespace(args.adoption_namespace.as_deref()),
-    };
-    let report = match args.provider {
-        CloudArg::Runpod => {
-            let runpod_client = args
-                .runpod
-                .client(&args.cloud_ca)
-                .context("configuring the RunPod client")?;
-            let provider = RunPodProvider::new(
-                runpod_client,
-                CatalogueCache::new(),
-                ClusterLimits {
-                    max_gpu_price: 0.0,
-                    data_center_ids: vec![],
-                    cloud_types: Vec::new(),
-                },
-                config.cluster_id.clone(),
-                args.nodename.clone(),
-            );
-            controller::node::drain::drain(client.clone(), &provider, &config).await?
-        }
-        CloudArg::Vastai => {
-            let vast_client = args
-                .vastai
-                .client(&args.cloud_ca)
-                .context("configuring the Vast.ai client")?;
-            let provider = VastaiProvider::new(
-                vast_client,
-                Default::default(),
-                config.cluster_id.clone(),
-                args.nodename.clone(),
-            );
-            controller::node::drain::drain(client.clone(), &provider, &config).await?
-        }
-    };
-    if let Some(owner) = &args.owner_deployment {
-        controller::node::removal::release_after_drain(&client, owner)
-            .await
-            .context("releasing the controller Deployment's drain finalizer")?;
-    }
-    tracing::info!(
-        terminated = report.terminated.len(),
-        pods_removed = report.pods_removed,
-        node_removed = report.node_removed,
-        foreign_node = report.foreign_node,
-        "drained: nothing of this cluster and node bills any more"
-    );
-    Ok(())
-}
-
 pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
     match args.command.take() {
-        Some(ControllerCommand::Drain(drain_args)) => return drain(drain_args).await,
+        Some(ControllerCommand::Drain(drain_args)) => return drain::run(drain_args).await,
         Some(ControllerCommand::CheckKey(check_args)) => return check_key::run(check_args).await,
         None => {}
     }

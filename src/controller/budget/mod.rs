@@ -215,10 +215,7 @@ pub async fn before_create<P: Provider>(
     match budget::room(namespace, budget, spend, price, ahead) {
         Room::Wait(message) => Ok(Gate::Wait(message)),
         Room::Create => {
-            // The most this create may cost: its cap, within what is left (never below the
-            // price it was judged by).
-            let left = (budget - spend.total()).max(0.0);
-            let usd = cap.map_or(left, |cap| cap.min(left)).max(price);
+            let usd = budget::reservation(budget, spend.total(), price, cap);
             let name = pod.metadata.name.as_deref().unwrap_or_default();
             ledger.reserve(uid, node, name, usd, now);
             if write(&maps, namespace, existing, &ledger).await? {

@@ -14,10 +14,10 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, warn};
 
 use super::gc::{self, Collector};
-use super::usage::UsageWatch;
 use crate::controller::context::{Settings, Shared, Snapshot};
 use crate::controller::metrics::{ControllerMetrics, StateLabel};
 use crate::controller::node::health::ApiHealth;
+use crate::controller::usage::watch::UsageWatch;
 use crate::provider::{Instance, InstanceState, Provider, ProviderError};
 
 /// The longest a list may take (the client retries inside it).

@@ -9,7 +9,7 @@ use runpod_contract::{COST_PER_HR, DATACENTER, ENDPOINTS, GPU_TYPE};
 use serde_json::json;
 use tracing::debug;
 
-use super::decide::{Next, Outcome};
+use super::decide::{Next, Note, Outcome};
 use super::{ReconcileError, annotation, pods_in_namespace_of};
 use crate::controller::context::Shared;
 use crate::controller::pods::status::{self, View};
@@ -69,6 +69,14 @@ pub(super) async fn apply<P>(
         Next::Requeue(after) => Action::requeue(after),
         Next::AwaitChange => Action::await_change(),
     })
+}
+
+/// Records decided Events on the pod, in order.
+pub(super) async fn notes<P>(ctx: &Shared<P>, pod: &Pod, notes: Vec<Note>) {
+    for note in notes {
+        ctx.event(pod, note.warning, note.reason, note.message)
+            .await;
+    }
 }
 
 pub(super) async fn waiting<P>(

@@ -6,6 +6,7 @@
 //! poller folds each list in, the kubelet API reads the result.
 
 pub mod idle;
+pub mod watch;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 

@@ -22,12 +22,12 @@ use logs::{async_stream, entries, lines_of};
 mod logs;
 #[cfg(test)]
 mod tests;
-use crate::vastai::buy::{Bought, BuyError};
 use crate::vastai::client::VastClient;
 use crate::vastai::error::VastError;
 use crate::vastai::label::Label;
 use crate::vastai::model::{self, Offer, RegistryLogin};
-use crate::vastai::query::OfferQuery;
+use crate::vastai::placement::{Bought, BuyError};
+use crate::vastai::select::OfferQuery;
 use crate::vastai::translate;
 
 /// Disk of a pod that names none (GB), priced into every offer.

@@ -2,6 +2,7 @@
 //! owning Job, and the cluster's policy settings in; a verdict (patch, warnings, or a rejection)
 //! out. No I/O here, so every rule is unit- and property-testable.
 
+mod budget;
 mod cheapest;
 pub use cheapest::price_on;
 mod mutation;
@@ -341,7 +342,7 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
             return untouched(mutation, warnings, Untouched::CannotBurst);
         }
     };
-    match teams::budget(namespace, &effective, gpus, cloud, config, context) {
+    match budget::check(namespace, &effective, gpus, cloud, config, context) {
         Ok(warning) => warnings.extend(warning),
         Err((code, problem)) => {
             return Verdict::Deny {

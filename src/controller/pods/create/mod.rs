@@ -23,6 +23,7 @@ use tracing::{info, warn};
 
 use super::decide::gates::{self, CreateFacts};
 use super::decide::provisioned::{self, Created};
+use super::decide::{Note, Outcome};
 use super::tolerations::outage_tolerations;
 use super::{ReconcileError, annotation, bound_at, finish, pods_in_namespace_of, write};
 use crate::controller::budget::{self, Gate, Settled};
@@ -34,35 +35,55 @@ use crate::controller::pods::inputs::{pull_secrets, volumes};
 use crate::provider::request::{ResolvedEnv, Volumes};
 use crate::provider::{Provider, ProvisionError, ProvisionRequest, Provisioned, ShellAccess};
 
-/// What a step hands on, or the reconcile's answer when the create ends there.
-type Step<T> = Result<ControlFlow<Action, T>, ReconcileError>;
+/// Where the create ends: a decision for the one executor to write, or just when to look again.
+enum End {
+    Write(Outcome),
+    Look(Action),
+}
 
-/// Creates the pod's instance, once.
+/// What a step hands on, or where the create ends.
+type Step<T> = Result<ControlFlow<End, T>, ReconcileError>;
+
+/// Hands a step's value on, or ends the create where the step says.
+macro_rules! step {
+    ($step:expr) => {
+        match $step {
+            Continue(value) => value,
+            Break(end) => return Ok(end),
+        }
+    };
+}
+
+/// Creates the pod's instance, once; what the steps decide is written in one place.
 pub(super) async fn create<P: Provider>(
     pod: &Pod,
     uid: &str,
     snapshot: &Snapshot,
     ctx: &Shared<P>,
 ) -> Result<Action, ReconcileError> {
-    let passed = match gate(ctx, pod, uid, snapshot).await? {
-        Continue(passed) => passed,
-        Break(action) => return Ok(action),
-    };
-    let inputs = match inputs(ctx, pod).await? {
-        Continue(inputs) => inputs,
-        Break(action) => return Ok(action),
-    };
-    let reserved = match reserve(ctx, pod, uid).await? {
-        Continue(reserved) => reserved,
-        Break(action) => return Ok(action),
-    };
+    match steps(pod, uid, snapshot, ctx).await? {
+        End::Write(outcome) => write::apply(ctx, pod, outcome).await,
+        End::Look(action) => Ok(action),
+    }
+}
+
+async fn steps<P: Provider>(
+    pod: &Pod,
+    uid: &str,
+    snapshot: &Snapshot,
+    ctx: &Shared<P>,
+) -> Result<End, ReconcileError> {
+    let passed = step!(gate(ctx, pod, uid, snapshot).await?);
+    let inputs = step!(inputs(ctx, pod).await?);
+    let reserved = step!(reserve(ctx, pod, uid).await?);
     // The create is under way (its reservation kept) until this function returns.
     let _sending = reserved.map(|_| budget::sending(ctx, uid));
+    let mut notes = inputs.notes.clone();
     if passed.first_attempt {
-        announce_cheapest(ctx, pod).await;
+        notes.extend(provisioned::cheapest_note(pod, ctx.provider.name()));
     }
     let for_cloud = provisioned::shaped(pod, ctx.settings.admission.expose_no_ports, reserved);
-    let outcome = send(ctx, pod, uid, &for_cloud, &inputs, &passed.excluded).await?;
+    let outcome = send(ctx, pod, uid, &for_cloud, &inputs, &passed.excluded, notes).await?;
     if reserved.is_some() {
         let settled = match &outcome {
             Ok(made) => Settled::Created(made.instance.cost_per_hour),
@@ -73,7 +94,7 @@ pub(super) async fn create<P: Provider>(
     }
     match outcome {
         Ok(made) => created(ctx, pod, uid, &for_cloud, made).await,
-        Err(error) => failed(ctx, pod, uid, &passed.facts, &error).await,
+        Err(error) => Ok(End::Write(failed(ctx, uid, &passed.facts, &error))),
     }
 }
 
@@ -95,9 +116,7 @@ async fn gate<P: Provider>(
     snapshot: &Snapshot,
 ) -> Step<Passed> {
     if let Some(refusal) = judged::eligibility(ctx, pod, uid).await? {
-        return write::apply(ctx, pod, gates::refused(refusal))
-            .await
-            .map(Break);
+        return Ok(Break(End::Write(gates::refused(refusal))));
     }
     let (nothing_created, next_create_at, excluded, marked_at, replacing_since) =
         ctx.remember(uid, |m| {
@@ -126,7 +145,7 @@ async fn gate<P: Provider>(
         unavailable: matches!(*ctx.health.borrow(), ApiHealth::Unavailable { .. }),
     };
     if let Some(outcome) = gates::create_gate(&facts, &ctx.settings, ctx.provider.cloud()) {
-        return write::apply(ctx, pod, outcome).await.map(Break);
+        return Ok(Break(End::Write(outcome)));
     }
     Ok(Continue(Passed {
         facts,
@@ -135,10 +154,12 @@ async fn gate<P: Provider>(
     }))
 }
 
-/// What the container is given: its environment and its files.
+/// What the container is given: its environment and its files, and what the create Events
+/// say of them.
 struct Inputs {
     env: ResolvedEnv,
     volumes: Volumes,
+    notes: Vec<Note>,
 }
 
 /// The pod's outage tolerations first (the node must never be tainted before they are in
@@ -159,65 +180,55 @@ async fn inputs<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> Step<Inputs> {
                 &Patch::Merge(&patch),
             )
             .await?;
-        return Ok(Break(Action::requeue(Duration::from_millis(200))));
+        return Ok(Break(End::Look(Action::requeue(Duration::from_millis(
+            200,
+        )))));
     }
     let Some(container) = pod.spec.as_ref().and_then(|s| s.containers.first()) else {
-        return Ok(Break(Action::await_change()));
+        return Ok(Break(End::Look(Action::await_change())));
     };
     let source = ClusterEnvSource(ctx.client.clone());
     let env = match env::resolve(&source, pod, container).await {
         Ok(env) => env,
-        Err(error) => {
-            let outcome = gates::config_error(error.to_string());
-            return write::apply(ctx, pod, outcome).await.map(Break);
-        }
+        Err(error) => return Ok(Break(End::Write(gates::config_error(error.to_string())))),
     };
     let volumes = match volumes::resolve(&source, pod, container).await {
         Ok(volumes) => volumes,
-        Err(error) => {
-            let outcome = gates::config_error(error.to_string());
-            return write::apply(ctx, pod, outcome).await.map(Break);
-        }
+        Err(error) => return Ok(Break(End::Write(gates::config_error(error.to_string())))),
     };
-    if let Some(note) = provisioned::token_not_mounted(
+    let notes = provisioned::token_not_mounted(
         &volumes.skipped,
         ctx.provider.cloud().title,
         ctx.provider.instance_noun(),
-    ) {
-        ctx.event(pod, note.warning, note.reason, note.message)
-            .await;
-    }
-    Ok(Continue(Inputs { env, volumes }))
+    )
+    .into_iter()
+    .collect();
+    Ok(Continue(Inputs {
+        env,
+        volumes,
+        notes,
+    }))
 }
 
 /// The namespace's budget: what this create may cost is reserved (`Some(usd)`), or the pod
 /// waits for room; `None` when the namespace has no budget.
 async fn reserve<P: Provider>(ctx: &Shared<P>, pod: &Pod, uid: &str) -> Step<Option<f64>> {
     let settings = &ctx.settings;
-    let outcome = match budget::before_create(ctx, pod, uid).await? {
-        Gate::Unbounded => return Ok(Continue(None)),
-        Gate::Reserved { usd } => return Ok(Continue(Some(usd))),
-        Gate::Later => return Ok(Break(Action::requeue(settings.reconcile_interval))),
-        Gate::Wait(message) => gates::budget_wait(BUDGET_EXCEEDED, message, settings),
-        Gate::TooSmall(message) => gates::budget_wait(BUDGET_TOO_SMALL, message, settings),
-    };
-    write::apply(ctx, pod, outcome).await.map(Break)
-}
-
-/// The first attempt repeats `cheapest`'s choice and prices where users read Events.
-async fn announce_cheapest<P: Provider>(ctx: &Shared<P>, pod: &Pod) {
-    if let Some(choice) = annotation(pod, runpod_contract::provider::CHEAPEST_CHOICE)
-        && runpod_contract::gpus::recorded_choice(choice)
-            .is_some_and(|cloud| cloud.as_str() == ctx.provider.name())
-    {
-        ctx.event(
-            pod,
-            false,
-            "CheapestChosen",
-            format!("{}=cheapest {choice}", runpod_contract::provider::PROVIDER),
-        )
-        .await;
-    }
+    Ok(match budget::before_create(ctx, pod, uid).await? {
+        Gate::Unbounded => Continue(None),
+        Gate::Reserved { usd } => Continue(Some(usd)),
+        Gate::Later => Break(End::Look(Action::requeue(settings.reconcile_interval))),
+        Gate::Wait(message) => Break(End::Write(gates::budget_wait(
+            BUDGET_EXCEEDED,
+            message,
+            settings,
+        ))),
+        Gate::TooSmall(message) => Break(End::Write(gates::budget_wait(
+            BUDGET_TOO_SMALL,
+            message,
+            settings,
+        ))),
+    })
 }
 
 /// Records the attempt, then sends it: a leader that dies after the create sees the marker
@@ -229,12 +240,14 @@ async fn send<P: Provider>(
     for_cloud: &Pod,
     inputs: &Inputs,
     excluded: &[String],
+    notes: Vec<Note>,
 ) -> Result<Result<Provisioned, ProvisionError>, ReconcileError> {
     let pods = pods_in_namespace_of(&ctx.client, pod);
     let name = pod.metadata.name.clone().unwrap_or_default();
     marker::mark_create_requested(ctx, uid, &pods, &name).await?;
     ctx.remember(uid, |m| m.nothing_created = false);
     let message = format!("creating the {}", ctx.provider.instance_noun());
+    write::notes(ctx, pod, notes).await;
     write::waiting(ctx, pod, "ContainerCreating", &message).await?;
 
     // Unreadable pull secrets are not fatal: an image that needs none still runs.
@@ -266,7 +279,7 @@ async fn created<P: Provider>(
     uid: &str,
     for_cloud: &Pod,
     made: Provisioned,
-) -> Result<Action, ReconcileError> {
+) -> Result<End, ReconcileError> {
     let instance = &made.instance;
     info!(instance = %instance.id, cloud = ctx.provider.name(), summary = %made.summary, "instance for the pod");
     ctx.remember(uid, |m| {
@@ -290,26 +303,22 @@ async fn created<P: Provider>(
         shell_opened,
         endpoint: &|port| ctx.provider.endpoint(&instance.id, port),
     });
-    for note in notes {
-        ctx.event(pod, note.warning, note.reason, note.message)
-            .await;
-    }
+    write::notes(ctx, pod, notes).await;
     for duplicate in &made.duplicates {
         finish::terminate(ctx, pod, uid, duplicate, "duplicate").await?;
     }
     write::annotations(ctx, pod, instance).await?;
-    Ok(Action::requeue(ctx.settings.reconcile_interval))
+    Ok(End::Look(Action::requeue(ctx.settings.reconcile_interval)))
 }
 
 /// Nothing (or nothing known) was made: count the failure, remember what the decision says
-/// (backoff, nothing created), mark a refused account, and write the outcome.
-async fn failed<P: Provider>(
+/// (backoff, nothing created), mark a refused account; returns what to write.
+fn failed<P: Provider>(
     ctx: &Shared<P>,
-    pod: &Pod,
     uid: &str,
     facts: &CreateFacts,
     error: &ProvisionError,
-) -> Result<Action, ReconcileError> {
+) -> Outcome {
     let failures = ctx.remember(uid, |m| {
         m.create_failures += 1;
         m.create_failures
@@ -329,5 +338,5 @@ async fn failed<P: Provider>(
             message,
         });
     }
-    write::apply(ctx, pod, failed.outcome).await
+    failed.outcome
 }

@@ -57,22 +57,25 @@ pub fn with_default_ports(pod: &Pod, expose_no_ports: bool) -> Cow<'_, Pod> {
 /// caps (`runpod.io/max-price`, and Vast.ai's own when set) no higher than the reservation.
 pub fn capped(pod: &Pod, usd: f64) -> Pod {
     let mut pod = pod.clone();
-    // Rounded down: the instance must never cost more than was reserved.
-    let usd = (usd * 10_000.0).floor() / 10_000.0;
-    let annotations = pod.metadata.annotations.get_or_insert_default();
-    for key in [
-        runpod_contract::MAX_PRICE,
-        runpod_contract::vastai::PRICE_MAX,
-    ] {
-        let current = annotations
-            .get(key)
-            .and_then(|value| runpod_contract::parse_price(value).ok());
-        let is_set = annotations.contains_key(key);
-        if (key == runpod_contract::MAX_PRICE || is_set) && current.is_none_or(|cap| cap > usd) {
-            annotations.insert(key.to_owned(), format!("{usd:.4}"));
-        }
-    }
+    runpod_contract::budget::lower_caps(pod.metadata.annotations.get_or_insert_default(), usd);
     pod
+}
+
+/// On the first attempt, `cheapest`'s choice and its prices, repeated where users read Events,
+/// when it chose this node's cloud.
+pub fn cheapest_note(pod: &Pod, cloud: &str) -> Option<Note> {
+    let choice = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(runpod_contract::provider::CHEAPEST_CHOICE)?;
+    runpod_contract::gpus::recorded_choice(choice)
+        .is_some_and(|chosen| chosen.as_str() == cloud)
+        .then(|| Note {
+            warning: false,
+            reason: "CheapestChosen",
+            message: format!("{}=cheapest {choice}", runpod_contract::provider::PROVIDER),
+        })
 }
 
 /// The Event for volumes left out because they hold a cluster credential (the ServiceAccount

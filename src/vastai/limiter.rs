@@ -159,16 +159,6 @@ impl Pacer {
     }
 }
 
-/// Full-jitter exponential backoff for attempt `n` (0-based), between half and all of
-/// `base × 2ⁿ` capped at `max`.
-pub fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
-    let ceiling = base
-        .saturating_mul(2u32.saturating_pow(attempt.min(16)))
-        .min(max);
-    let millis = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
-    Duration::from_millis(fastrand::u64(millis / 2..=millis.max(1)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,17 +206,5 @@ mod tests {
         // A shorter hold never brings a later slot forward.
         pacer.hold(Route::List, start + ms(1));
         assert_eq!(pacer.reserve(Route::List, start), start + ms(5_000));
-    }
-
-    #[test]
-    fn backoff_grows_and_is_capped() {
-        for attempt in 0..20 {
-            let delay = backoff(ms(1_000), ms(30_000), attempt);
-            let ceiling = ms(1_000 * 2u64.pow(attempt.min(5))).min(ms(30_000));
-            assert!(
-                delay <= ceiling && delay >= ceiling / 2,
-                "{attempt}: {delay:?}"
-            );
-        }
     }
 }

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
+use super::Report;
+use super::idle::{self, IdleSettings, Spell};
 use crate::controller::clock::elapsed;
 use crate::controller::context::{Shared, Snapshot};
 use crate::controller::metrics::{ControllerMetrics, PodLabels};
-use crate::controller::usage::Report;
-use crate::controller::usage::idle::{self, IdleSettings, Spell};
 use crate::provider::{Instance, InstanceState, Provider};
 
 /// What one pod shows on `/metrics`.

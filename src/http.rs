@@ -6,7 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Backoff and lookup timings of a cloud client; each cloud's configuration sets its own.
+/// Backoff and lookup timings of a cloud client. No default: each cloud names its own
+/// (`runpod::config::retry_policy`, `vastai::client::retry_policy`), whose lists lag differently.
 #[derive(Debug, Clone)]
 pub struct RetryPolicy {
     /// Tries per request (and per placement candidate) for transient failures (429, 5xx,
@@ -21,19 +22,6 @@ pub struct RetryPolicy {
     pub lookup_interval: Duration,
 }
 
-impl Default for RetryPolicy {
-    /// RunPod's timings (its lists lag by seconds).
-    fn default() -> Self {
-        RetryPolicy {
-            attempts: 4,
-            base_delay: Duration::from_millis(500),
-            max_delay: Duration::from_secs(10),
-            lookup_attempts: 4,
-            lookup_interval: Duration::from_secs(2),
-        }
-    }
-}
-
 impl RetryPolicy {
     /// Full-jitter exponential backoff for attempt `n` (0-based): between half and all of
     /// `base_delay × 2ⁿ`, capped at `max_delay`.
@@ -45,6 +33,45 @@ impl RetryPolicy {
         let millis = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
         Duration::from_millis(fastrand::u64(millis / 2..=millis.max(1)))
     }
+}
+
+/// Why a cloud's API root or HTTP client cannot be set up; each cloud's configuration error
+/// names its own flag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetupError {
+    /// The API URL is not an http(s) base URL (the reason).
+    BadUrl(String),
+    /// The HTTP client cannot be built (TLS roots, the builder).
+    Http(String),
+}
+
+/// A cloud API's root URL and its HTTP client: rustls with the compiled-in roots plus
+/// `ca_file`, the connect timeout, and TCP keepalive when calls may idle for long stretches.
+pub fn api_client(
+    api_url: &str,
+    ca_file: Option<&Path>,
+    connect_timeout: Duration,
+    keepalive: Option<Duration>,
+) -> Result<(reqwest::Url, reqwest::Client), SetupError> {
+    let root =
+        reqwest::Url::parse(api_url.trim()).map_err(|e| SetupError::BadUrl(e.to_string()))?;
+    if !matches!(root.scheme(), "http" | "https") || root.cannot_be_a_base() {
+        return Err(SetupError::BadUrl(
+            "the scheme must be http or https".to_owned(),
+        ));
+    }
+    let tls = tls_config(ca_file).map_err(SetupError::Http)?;
+    let mut builder = reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .connect_timeout(connect_timeout)
+        .user_agent(concat!("runpod-kubelet/", env!("CARGO_PKG_VERSION")));
+    if let Some(keepalive) = keepalive {
+        builder = builder.tcp_keepalive(keepalive);
+    }
+    let http = builder
+        .build()
+        .map_err(|e| SetupError::Http(e.to_string()))?;
+    Ok((root, http))
 }
 
 /// A cloud's bearer key. Its `Debug` is redacted and it has no `Display`, so it cannot end up
@@ -144,9 +171,11 @@ mod tests {
     #[test]
     fn backoff_grows_jittered_and_is_capped() {
         let policy = RetryPolicy {
+            attempts: 4,
             base_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(30),
-            ..RetryPolicy::default()
+            lookup_attempts: 1,
+            lookup_interval: Duration::from_secs(1),
         };
         for attempt in 0..20 {
             let delay = policy.backoff(attempt);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use runpod_kubelet::http::ApiKey;
 use runpod_kubelet::runpod::client::RunPodClient;
-use runpod_kubelet::runpod::config::{ClientConfig, RetryPolicy};
+use runpod_kubelet::runpod::config::{ClientConfig, RetryPolicy, retry_policy};
 use runpod_kubelet::runpod::error::ApiError;
 use runpod_kubelet::runpod::logs::LogRequest;
 use runpod_simulator::Simulator;
@@ -63,7 +63,7 @@ async fn the_key_never_leaks() {
             base_delay: Duration::from_millis(10),
             max_delay: Duration::from_millis(20),
             lookup_interval: Duration::from_millis(50),
-            ..RetryPolicy::default()
+            ..retry_policy()
         },
         ..ClientConfig::default()
     };

@@ -18,7 +18,7 @@ use super::error::{ApiError, Recovery};
 use super::limiter::{Permit, Priority, RateLimiter};
 use super::metrics::RunPodMetrics;
 use super::model::{CreatePodRequest, Pod, PodAction, PodList, PodStatus, UpdatePodRequest};
-use crate::http::{ApiKey, error_chain, tls_config};
+use crate::http::{ApiKey, SetupError, api_client, error_chain};
 use runpod_contract::CloudType;
 
 /// What a DELETE found.
@@ -92,23 +92,20 @@ impl RecentCreates {
 impl RunPodClient {
     /// Builds the client. TLS is rustls with the ring provider and the webpki roots.
     pub fn new(config: ClientConfig, key: ApiKey) -> Result<RunPodClient, ConfigError> {
-        let bad_url = |reason: String| ConfigError::BadUrl {
-            url: config.api_url.clone(),
-            reason,
-        };
-        let root = Url::parse(config.api_url.trim()).map_err(|e| bad_url(e.to_string()))?;
-        if !matches!(root.scheme(), "http" | "https") || root.cannot_be_a_base() {
-            return Err(bad_url("the scheme must be http or https".to_owned()));
-        }
-        let tls = tls_config(config.ca_file.as_deref()).map_err(ConfigError::Http)?;
-        let http = reqwest::Client::builder()
-            .tls_backend_preconfigured(tls)
-            .connect_timeout(config.connect_timeout)
-            // Followed log streams sit idle for long stretches; notice dead peers.
-            .tcp_keepalive(Duration::from_secs(30))
-            .user_agent(concat!("runpod-kubelet/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| ConfigError::Http(e.to_string()))?;
+        // Followed log streams sit idle for long stretches: keepalive notices dead peers.
+        let (root, http) = api_client(
+            &config.api_url,
+            config.ca_file.as_deref(),
+            config.connect_timeout,
+            Some(Duration::from_secs(30)),
+        )
+        .map_err(|error| match error {
+            SetupError::BadUrl(reason) => ConfigError::BadUrl {
+                url: config.api_url.clone(),
+                reason,
+            },
+            SetupError::Http(message) => ConfigError::Http(message),
+        })?;
         Ok(RunPodClient {
             http,
             root,

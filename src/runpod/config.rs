@@ -40,6 +40,17 @@ pub fn api_key_from_env() -> Result<ApiKey, ConfigError> {
 
 pub use crate::http::RetryPolicy;
 
+/// RunPod's timings: its lists lag a create by seconds.
+pub fn retry_policy() -> RetryPolicy {
+    RetryPolicy {
+        attempts: 4,
+        base_delay: Duration::from_millis(500),
+        max_delay: Duration::from_secs(10),
+        lookup_attempts: 4,
+        lookup_interval: Duration::from_secs(2),
+    }
+}
+
 /// Client settings, from the controller's flags.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -61,7 +72,7 @@ impl Default for ClientConfig {
             request_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
             requests_per_minute: 60,
-            retry: RetryPolicy::default(),
+            retry: retry_policy(),
             ca_file: None,
         }
     }

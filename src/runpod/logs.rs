@@ -354,7 +354,7 @@ fn empty_close_delay(n: u32) -> Duration {
     let backoff = super::config::RetryPolicy {
         base_delay: EMPTY_CLOSE_FIRST_DELAY,
         max_delay: EMPTY_CLOSE_MAX_DELAY,
-        ..super::config::RetryPolicy::default()
+        ..super::config::retry_policy()
     };
     backoff.backoff(n.saturating_sub(1))
 }

@@ -18,7 +18,7 @@ use super::model::{
     CreateReply, CreateRequest, GetReply, Instance, ListPage, LogsReply, Offer, SearchReply,
 };
 use super::select::OfferQuery;
-use crate::http::{ApiKey, KeyError, error_chain, tls_config};
+use crate::http::{ApiKey, KeyError, SetupError, api_client, error_chain};
 use crate::provider::metrics::CloudApi;
 
 /// The environment variable holding the key; never a flag, so it stays out of `ps` output.
@@ -144,21 +144,19 @@ pub struct VastClient {
 
 impl VastClient {
     pub fn new(config: VastConfig, key: VastKey) -> Result<VastClient, ConfigError> {
-        let bad_url = |reason: String| ConfigError::BadUrl {
-            url: config.api_url.clone(),
-            reason,
-        };
-        let root = Url::parse(config.api_url.trim()).map_err(|e| bad_url(e.to_string()))?;
-        if !matches!(root.scheme(), "http" | "https") || root.cannot_be_a_base() {
-            return Err(bad_url("the scheme must be http or https".to_owned()));
-        }
-        let tls = tls_config(config.ca_file.as_deref()).map_err(ConfigError::Http)?;
-        let http = reqwest::Client::builder()
-            .tls_backend_preconfigured(tls)
-            .connect_timeout(config.connect_timeout)
-            .user_agent(concat!("runpod-kubelet/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| ConfigError::Http(e.to_string()))?;
+        let (root, http) = api_client(
+            &config.api_url,
+            config.ca_file.as_deref(),
+            config.connect_timeout,
+            None,
+        )
+        .map_err(|error| match error {
+            SetupError::BadUrl(reason) => ConfigError::BadUrl {
+                url: config.api_url.clone(),
+                reason,
+            },
+            SetupError::Http(message) => ConfigError::Http(message),
+        })?;
         Ok(VastClient {
             http,
             root,

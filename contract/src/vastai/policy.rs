@@ -129,8 +129,6 @@ pub struct Requirements {
     pub disk_gb: Option<u32>,
 }
 
-/// Reads a pod's annotations against the policy. `Err` lists every problem: malformed values,
-/// and (mentioning what is allowed) a region or price outside the policy.
 /// The host countries a pod may use: its `vast.ai/region` within the cluster's allowed
 /// countries, else those (empty: anywhere). A region unknown or wholly outside is a problem.
 fn countries(region: Option<&str>, policy: &VastPolicy, problems: &mut Vec<String>) -> Vec<String> {
@@ -172,6 +170,8 @@ fn countries(region: Option<&str>, policy: &VastPolicy, problems: &mut Vec<Strin
     inside
 }
 
+/// Reads a pod's annotations against the policy. `Err` lists every problem: malformed values,
+/// and (mentioning what is allowed) a region or price outside the policy.
 pub fn requirements(
     annotations: &BTreeMap<String, String>,
     gpu_count: u32,

@@ -116,7 +116,6 @@ where
     gone
 }
 
-/// One pass over every ledger this node has a line in or should have.
 /// The ledgers by namespace (the ConfigMap each lives in), and the namespace of every pod this
 /// node knows: from its ledger lines and from the pods bound here.
 fn by_namespace(
@@ -195,6 +194,7 @@ fn live_by_namespace(
     live
 }
 
+/// One pass over every ledger this node has a line in or should have.
 async fn once<P: Provider>(
     shared: &Shared<P>,
     pods: &[Arc<Pod>],

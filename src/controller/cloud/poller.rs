@@ -97,8 +97,6 @@ pub fn health_after_failure(
     })
 }
 
-/// Runs the list loop until the process stops. `ticks` is told after every complete list so
-/// that every pod is reconciled against it.
 /// The operator's adoptions, read at each list (a failed read keeps the last one), tag the
 /// instances they took over.
 async fn tag_adopted<P: Provider>(shared: &Shared<P>, instances: &mut [Instance]) {
@@ -152,6 +150,8 @@ async fn failed_list<P: Provider>(
     }
 }
 
+/// Runs the list loop until the process stops. `ticks` is told after every complete list so
+/// that every pod is reconciled against it.
 pub async fn run<P: Provider>(
     shared: Arc<Shared<P>>,
     store: Store<Pod>,

@@ -244,10 +244,11 @@ async fn send<P: Provider>(
 ) -> Result<Result<Provisioned, ProvisionError>, ReconcileError> {
     let pods = pods_in_namespace_of(&ctx.client, pod);
     let name = pod.metadata.name.clone().unwrap_or_default();
+    // Said before the marker: the create is sent as soon after it as possible.
+    write::notes(ctx, pod, notes).await;
     marker::mark_create_requested(ctx, uid, &pods, &name).await?;
     ctx.remember(uid, |m| m.nothing_created = false);
     let message = format!("creating the {}", ctx.provider.instance_noun());
-    write::notes(ctx, pod, notes).await;
     write::waiting(ctx, pod, "ContainerCreating", &message).await?;
 
     // Unreadable pull secrets are not fatal: an image that needs none still runs.

@@ -35,30 +35,38 @@ impl RetryPolicy {
     }
 }
 
-/// Why a cloud's API root or HTTP client cannot be set up; each cloud's configuration error
-/// names its own flag.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why a cloud's API root or HTTP client cannot be set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SetupError {
-    /// The API URL is not an http(s) base URL (the reason).
-    BadUrl(String),
+    /// The API URL (given by `flag`) is not an http(s) base URL.
+    #[error("{flag} {url:?} is not an http(s) URL: {reason}")]
+    BadUrl {
+        flag: &'static str,
+        url: String,
+        reason: String,
+    },
     /// The HTTP client cannot be built (TLS roots, the builder).
+    #[error("could not build the HTTP client: {0}")]
     Http(String),
 }
 
 /// A cloud API's root URL and its HTTP client: rustls with the compiled-in roots plus
 /// `ca_file`, the connect timeout, and TCP keepalive when calls may idle for long stretches.
 pub fn api_client(
+    flag: &'static str,
     api_url: &str,
     ca_file: Option<&Path>,
     connect_timeout: Duration,
     keepalive: Option<Duration>,
 ) -> Result<(reqwest::Url, reqwest::Client), SetupError> {
-    let root =
-        reqwest::Url::parse(api_url.trim()).map_err(|e| SetupError::BadUrl(e.to_string()))?;
+    let bad_url = |reason: String| SetupError::BadUrl {
+        flag,
+        url: api_url.to_owned(),
+        reason,
+    };
+    let root = reqwest::Url::parse(api_url.trim()).map_err(|e| bad_url(e.to_string()))?;
     if !matches!(root.scheme(), "http" | "https") || root.cannot_be_a_base() {
-        return Err(SetupError::BadUrl(
-            "the scheme must be http or https".to_owned(),
-        ));
+        return Err(bad_url("the scheme must be http or https".to_owned()));
     }
     let tls = tls_config(ca_file).map_err(SetupError::Http)?;
     let mut builder = reqwest::Client::builder()
@@ -167,6 +175,27 @@ pub(crate) fn tls_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_api_url_is_named_with_its_flag() {
+        for url in ["not a url", "ftp://x", "mailto:a@b"] {
+            let error = api_client("--x-api-url", url, None, Duration::from_secs(1), None)
+                .err()
+                .unwrap();
+            let text = error.to_string();
+            assert!(text.starts_with(&format!("--x-api-url {url:?}")), "{text}");
+        }
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (root, _) = api_client(
+            "--x-api-url",
+            " https://api.example ",
+            None,
+            Duration::from_secs(1),
+            None,
+        )
+        .unwrap();
+        assert_eq!(root.as_str(), "https://api.example/");
+    }
 
     #[test]
     fn backoff_grows_jittered_and_is_capped() {

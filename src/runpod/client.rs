@@ -18,7 +18,7 @@ use super::error::{ApiError, Recovery};
 use super::limiter::{Permit, Priority, RateLimiter};
 use super::metrics::RunPodMetrics;
 use super::model::{CreatePodRequest, Pod, PodAction, PodList, PodStatus, UpdatePodRequest};
-use crate::http::{ApiKey, SetupError, api_client, error_chain};
+use crate::http::{ApiKey, api_client, error_chain};
 use runpod_contract::CloudType;
 
 /// What a DELETE found.
@@ -94,18 +94,12 @@ impl RunPodClient {
     pub fn new(config: ClientConfig, key: ApiKey) -> Result<RunPodClient, ConfigError> {
         // Followed log streams sit idle for long stretches: keepalive notices dead peers.
         let (root, http) = api_client(
+            "--runpod-api-url",
             &config.api_url,
             config.ca_file.as_deref(),
             config.connect_timeout,
             Some(Duration::from_secs(30)),
-        )
-        .map_err(|error| match error {
-            SetupError::BadUrl(reason) => ConfigError::BadUrl {
-                url: config.api_url.clone(),
-                reason,
-            },
-            SetupError::Http(message) => ConfigError::Http(message),
-        })?;
+        )?;
         Ok(RunPodClient {
             http,
             root,

@@ -17,10 +17,8 @@ pub enum ConfigError {
     MissingKey,
     #[error("{API_KEY_ENV} contains characters that cannot be sent in an HTTP header")]
     MalformedKey,
-    #[error("--runpod-api-url {url:?} is not an http(s) URL: {reason}")]
-    BadUrl { url: String, reason: String },
-    #[error("could not build the HTTP client: {0}")]
-    Http(String),
+    #[error(transparent)]
+    Setup(#[from] crate::http::SetupError),
 }
 
 impl From<KeyError> for ConfigError {

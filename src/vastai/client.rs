@@ -18,7 +18,7 @@ use super::model::{
     CreateReply, CreateRequest, GetReply, Instance, ListPage, LogsReply, Offer, SearchReply,
 };
 use super::select::OfferQuery;
-use crate::http::{ApiKey, KeyError, SetupError, api_client, error_chain};
+use crate::http::{ApiKey, KeyError, api_client, error_chain};
 use crate::provider::metrics::CloudApi;
 
 /// The environment variable holding the key; never a flag, so it stays out of `ps` output.
@@ -57,10 +57,8 @@ pub enum ConfigError {
     MissingKey,
     #[error("{API_KEY_ENV} contains characters that cannot be sent in an HTTP header")]
     MalformedKey,
-    #[error("--vastai-api-url {url:?} is not an http(s) URL: {reason}")]
-    BadUrl { url: String, reason: String },
-    #[error("could not build the HTTP client: {0}")]
-    Http(String),
+    #[error(transparent)]
+    Setup(#[from] crate::http::SetupError),
 }
 
 pub use crate::http::RetryPolicy;
@@ -145,18 +143,12 @@ pub struct VastClient {
 impl VastClient {
     pub fn new(config: VastConfig, key: VastKey) -> Result<VastClient, ConfigError> {
         let (root, http) = api_client(
+            "--vastai-api-url",
             &config.api_url,
             config.ca_file.as_deref(),
             config.connect_timeout,
             None,
-        )
-        .map_err(|error| match error {
-            SetupError::BadUrl(reason) => ConfigError::BadUrl {
-                url: config.api_url.clone(),
-                reason,
-            },
-            SetupError::Http(message) => ConfigError::Http(message),
-        })?;
+        )?;
         Ok(VastClient {
             http,
             root,

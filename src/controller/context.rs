@@ -94,6 +94,36 @@ pub struct Shared<P> {
 }
 
 impl<P> Shared<P> {
+    /// What a new leader starts from: nothing remembered, no list yet, Events recorded as the
+    /// node's controller.
+    pub fn new(
+        client: kube::Client,
+        provider: Arc<P>,
+        settings: Settings,
+        snapshot: watch::Receiver<Option<Arc<Snapshot>>>,
+        health: watch::Sender<ApiHealth>,
+        metrics: Arc<ControllerMetrics>,
+    ) -> Shared<P> {
+        let reporter = kube::runtime::events::Reporter {
+            controller: "runpod-kubelet".into(),
+            instance: Some(settings.node_name.clone()),
+        };
+        Shared {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            provider,
+            settings,
+            snapshot,
+            health,
+            memory: Mutex::default(),
+            metrics,
+            usage: Mutex::default(),
+            ends_due: tokio::sync::Notify::new(),
+            adopted: Mutex::default(),
+            budget: crate::controller::budget::state::BudgetState::default(),
+        }
+    }
+
     /// Reads and updates one pod's memory.
     pub fn remember<T>(&self, uid: &str, f: impl FnOnce(&mut PodMemory) -> T) -> T {
         let mut guard = match self.memory.lock() {

@@ -20,15 +20,13 @@ pub mod ops;
 pub mod pods;
 pub mod usage;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -174,24 +172,14 @@ async fn lead<P: Provider>(
 
     let (health_tx, health_rx) = watch::channel(ApiHealth::Available);
     let (snapshot_tx, snapshot_rx) = watch::channel(None);
-    let reporter = Reporter {
-        controller: "runpod-kubelet".into(),
-        instance: Some(node.name.clone()),
-    };
-    let shared = Arc::new(Shared {
-        client: client.clone(),
-        provider: provider.clone(),
-        settings: settings.clone(),
-        snapshot: snapshot_rx,
-        health: health_tx.clone(),
-        memory: Mutex::new(HashMap::new()),
-        recorder: Recorder::new(client.clone(), reporter),
-        metrics: metrics.clone(),
-        usage: Mutex::new(usage::UsageLedger::default()),
-        ends_due: tokio::sync::Notify::new(),
-        adopted: Mutex::new(adoption::Record::new()),
-        budget: budget::BudgetState::default(),
-    });
+    let shared = Arc::new(Shared::new(
+        client.clone(),
+        provider.clone(),
+        settings.clone(),
+        snapshot_rx,
+        health_tx.clone(),
+        metrics.clone(),
+    ));
 
     let mut tasks = tokio::task::JoinSet::new();
     // The controller wants a shutdown future that is also Sync.

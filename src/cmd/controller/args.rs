@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use runpod_kubelet::controller::usage::idle::IdleSettings;
-use runpod_kubelet::runpod::args::RunPodArgs;
-use runpod_kubelet::vastai::args::{VastArgs, VastPolicyArgs};
+use runpod_kubelet::vastai::args::VastPolicyArgs;
+
+use super::clouds::CloudFlags;
 
 use runpod_kubelet::flags::{percent, positive_duration, seconds_or_duration};
 
@@ -33,7 +34,6 @@ impl IdleGpuArgs {
     }
 }
 
-/// A percentage from 0 to 100.
 /// `controller` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum ControllerCommand {
@@ -54,33 +54,11 @@ pub struct CheckKeyArgs {
         env = "RUNPOD_KUBELET_NODENAME"
     )]
     pub nodename: String,
-    /// The cloud of the node (`runpod` or `vastai`).
-    #[arg(
-        long,
-        value_enum,
-        default_value = "runpod",
-        env = "RUNPOD_KUBELET_PROVIDER"
-    )]
-    pub provider: CloudArg,
     #[command(flatten)]
-    pub runpod: RunPodArgs,
-    #[command(flatten)]
-    pub vastai: VastArgs,
-    #[command(flatten)]
-    pub cloud_ca: runpod_kubelet::http::CloudCaArgs,
-    /// Where the API key comes from, named in the message of a refusal.
-    #[arg(long, env = "RUNPOD_KUBELET_API_KEY_SECRET")]
-    pub api_key_secret: Option<String>,
+    pub cloud: CloudFlags,
     /// The node's cluster id; taken (and unused) so the node's flags can be passed as they are.
     #[arg(long, env = "RUNPOD_KUBELET_CLUSTER_ID")]
     pub cluster_id: Option<String>,
-}
-
-/// The cloud a controller runs its node's pods on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CloudArg {
-    Runpod,
-    Vastai,
 }
 
 #[derive(Debug, Args)]
@@ -92,24 +70,8 @@ pub struct DrainArgs {
         env = "RUNPOD_KUBELET_NODENAME"
     )]
     pub nodename: String,
-    /// The cloud of the node (`runpod` or `vastai`).
-    #[arg(
-        long,
-        value_enum,
-        default_value = "runpod",
-        env = "RUNPOD_KUBELET_PROVIDER"
-    )]
-    pub provider: CloudArg,
     #[command(flatten)]
-    pub runpod: RunPodArgs,
-    #[command(flatten)]
-    pub vastai: VastArgs,
-    #[command(flatten)]
-    pub cloud_ca: runpod_kubelet::http::CloudCaArgs,
-    /// Where the API key comes from, named in the messages of a refused key (the chart passes
-    /// `namespace/secret (key NAME)`); default: the environment variable.
-    #[arg(long, env = "RUNPOD_KUBELET_API_KEY_SECRET")]
-    pub api_key_secret: Option<String>,
+    pub cloud: CloudFlags,
     /// Tag of this cluster (as given to the controller); default: the UID of kube-system.
     #[arg(long, env = "RUNPOD_KUBELET_CLUSTER_ID")]
     pub cluster_id: Option<String>,
@@ -139,17 +101,6 @@ pub fn adoption_namespace(flag: Option<&str>) -> String {
         .unwrap_or_else(|| "default".to_owned())
 }
 
-/// Where a node's key comes from, for messages.
-pub fn key_source(provider: CloudArg, secret: Option<&str>) -> String {
-    match secret.map(str::trim).filter(|s| !s.is_empty()) {
-        Some(secret) => format!("Secret {secret}"),
-        None => match provider {
-            CloudArg::Runpod => "the RUNPOD_API_KEY environment variable".to_owned(),
-            CloudArg::Vastai => "the VAST_API_KEY environment variable".to_owned(),
-        },
-    }
-}
-
 #[derive(Debug, Args)]
 pub struct ControllerArgs {
     #[command(subcommand)]
@@ -161,24 +112,8 @@ pub struct ControllerArgs {
         env = "RUNPOD_KUBELET_NODENAME"
     )]
     pub nodename: String,
-    /// The cloud this node's pods run on: `runpod`, or `vastai` (key from `VAST_API_KEY`).
-    #[arg(
-        long,
-        value_enum,
-        default_value = "runpod",
-        env = "RUNPOD_KUBELET_PROVIDER"
-    )]
-    pub provider: CloudArg,
     #[command(flatten)]
-    pub runpod: RunPodArgs,
-    #[command(flatten)]
-    pub vastai: VastArgs,
-    #[command(flatten)]
-    pub cloud_ca: runpod_kubelet::http::CloudCaArgs,
-    /// Where the API key comes from, named in the messages of a refused key (the chart passes
-    /// `namespace/secret (key NAME)`); default: the environment variable.
-    #[arg(long, env = "RUNPOD_KUBELET_API_KEY_SECRET")]
-    pub api_key_secret: Option<String>,
+    pub cloud: CloudFlags,
     #[command(flatten)]
     pub vastai_policy: VastPolicyArgs,
     #[command(flatten)]

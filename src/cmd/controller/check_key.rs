@@ -4,51 +4,29 @@
 //! ready. Needs no Kubernetes access. A cloud that cannot be reached does not stop the install
 //! (the controller reports an outage on its node); only a refusal does.
 
-use anyhow::Context as _;
 use runpod_kubelet::provider::{Provider, ProviderError};
-use runpod_kubelet::runpod::catalogue_cache::CatalogueCache;
-use runpod_kubelet::runpod::provider::RunPodProvider;
-use runpod_kubelet::runpod::select::ClusterLimits;
-use runpod_kubelet::vastai::provider::VastaiProvider;
+use std::sync::Arc;
 
-use super::args::{CheckKeyArgs, CloudArg, key_source};
+use super::args::CheckKeyArgs;
+use super::clouds::{Owner, WithProvider};
+
+/// One list call with the provider's key: the cloud's title, or why it refused.
+struct ListOnce;
+
+impl WithProvider for ListOnce {
+    type Output = Result<&'static str, ProviderError>;
+    async fn with<P: Provider>(self, provider: Arc<P>) -> anyhow::Result<Self::Output> {
+        Ok(provider.list().await.map(|_| provider.cloud().title))
+    }
+}
 
 pub async fn run(args: CheckKeyArgs) -> anyhow::Result<()> {
-    let source = key_source(args.provider, args.api_key_secret.as_deref());
-    let listed = match args.provider {
-        CloudArg::Runpod => {
-            let client = args
-                .runpod
-                .client(&args.cloud_ca)
-                .with_context(|| format!("the API key from {source}"))?;
-            let limits = ClusterLimits {
-                max_gpu_price: 0.0,
-                data_center_ids: vec![],
-                cloud_types: Vec::new(),
-            };
-            let provider = RunPodProvider::new(
-                client,
-                CatalogueCache::new(),
-                limits,
-                "check-key".into(),
-                args.nodename.clone(),
-            );
-            provider.list().await.map(|_| provider.cloud().title)
-        }
-        CloudArg::Vastai => {
-            let client = args
-                .vastai
-                .client(&args.cloud_ca)
-                .with_context(|| format!("the API key from {source}"))?;
-            let provider = VastaiProvider::new(
-                client,
-                Default::default(),
-                "check-key".into(),
-                args.nodename.clone(),
-            );
-            provider.list().await.map(|_| provider.cloud().title)
-        }
+    let source = args.cloud.key_source();
+    let owner = Owner {
+        cluster_id: "check-key",
+        node: &args.nodename,
     };
+    let listed = args.cloud.provide(owner, None, ListOnce).await?;
     match listed {
         Ok(cloud) => {
             tracing::info!(node = %args.nodename, "{cloud} accepts the API key from {source}");

@@ -2,17 +2,17 @@
 //! terminates every instance of this cluster and node, removes the node, and releases the
 //! controller Deployment's drain finalizer.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use runpod_kubelet::controller;
 use runpod_kubelet::controller::node::drain::DrainConfig;
-use runpod_kubelet::runpod::catalogue_cache::CatalogueCache;
-use runpod_kubelet::runpod::provider::RunPodProvider;
-use runpod_kubelet::runpod::select::ClusterLimits;
-use runpod_kubelet::vastai::provider::VastaiProvider;
+use runpod_kubelet::controller::node::drain::DrainReport;
+use runpod_kubelet::provider::Provider;
 
-use super::args::{self, CloudArg, DrainArgs};
+use super::args::{self, DrainArgs};
+use super::clouds::{Owner, WithProvider};
 use super::{cluster_id, kube_client};
 
 /// `controller drain`.
@@ -28,39 +28,21 @@ pub(super) async fn run(args: DrainArgs) -> anyhow::Result<()> {
         ack_wait: Duration::from_secs(60),
         adoption_namespace: args::adoption_namespace(args.adoption_namespace.as_deref()),
     };
-    let report = match args.provider {
-        CloudArg::Runpod => {
-            let runpod_client = args
-                .runpod
-                .client(&args.cloud_ca)
-                .context("configuring the RunPod client")?;
-            let provider = RunPodProvider::new(
-                runpod_client,
-                CatalogueCache::new(),
-                ClusterLimits {
-                    max_gpu_price: 0.0,
-                    data_center_ids: vec![],
-                    cloud_types: Vec::new(),
-                },
-                config.cluster_id.clone(),
-                args.nodename.clone(),
-            );
-            controller::node::drain::drain(client.clone(), &provider, &config).await?
-        }
-        CloudArg::Vastai => {
-            let vast_client = args
-                .vastai
-                .client(&args.cloud_ca)
-                .context("configuring the Vast.ai client")?;
-            let provider = VastaiProvider::new(
-                vast_client,
-                Default::default(),
-                config.cluster_id.clone(),
-                args.nodename.clone(),
-            );
-            controller::node::drain::drain(client.clone(), &provider, &config).await?
-        }
+    let owner = Owner {
+        cluster_id: &config.cluster_id,
+        node: &args.nodename,
     };
+    let report = args
+        .cloud
+        .provide(
+            owner,
+            None,
+            Drain {
+                client: client.clone(),
+                config: &config,
+            },
+        )
+        .await?;
     if let Some(owner) = &args.owner_deployment {
         controller::node::removal::release_after_drain(&client, owner)
             .await
@@ -74,4 +56,17 @@ pub(super) async fn run(args: DrainArgs) -> anyhow::Result<()> {
         "drained: nothing of this cluster and node bills any more"
     );
     Ok(())
+}
+
+/// The drain itself, with whichever cloud the node runs on.
+struct Drain<'a> {
+    client: kube::Client,
+    config: &'a DrainConfig,
+}
+
+impl WithProvider for Drain<'_> {
+    type Output = DrainReport;
+    async fn with<P: Provider>(self, provider: Arc<P>) -> anyhow::Result<DrainReport> {
+        Ok(controller::node::drain::drain(self.client, &*provider, self.config).await?)
+    }
 }

@@ -20,19 +20,18 @@ use runpod_kubelet::controller::{self, Runtime};
 use runpod_kubelet::provider::CloudName;
 use runpod_kubelet::provider::metrics::CloudApiMetrics;
 use runpod_kubelet::provider::{Provider, ShellAccess};
-use runpod_kubelet::runpod::catalogue_cache::CatalogueCache;
 use runpod_kubelet::runpod::metrics::RunPodMetrics;
-use runpod_kubelet::runpod::provider::RunPodProvider;
 use runpod_kubelet::runpod::select::ClusterLimits;
-use runpod_kubelet::vastai::provider::VastaiProvider;
 use tokio::net::TcpListener;
 
 pub mod args;
 mod check_key;
+mod clouds;
 mod drain;
 mod kubelet_tls;
 
-use args::{CloudArg, ControllerArgs, ControllerCommand};
+use args::{ControllerArgs, ControllerCommand};
+use clouds::{Owner, Serving, WithProvider};
 
 pub(crate) async fn kube_client(
     kubeconfig: Option<&PathBuf>,
@@ -153,7 +152,7 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
         cloud_api.for_provider(CloudName::RUNPOD.name),
     );
     let metrics = ControllerMetrics::register(&mut registry);
-    let admission = admission_policy(&args)?;
+    let admission = args.cloud.node_admission(admission_policy(&args)?);
     let setup = Setup {
         cluster_id,
         internal_ip,
@@ -163,13 +162,29 @@ pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
         admission,
         exec: ExecAccess::Off,
     };
-    match args.provider {
-        CloudArg::Runpod => run_runpod(args, config, client, setup, runpod_metrics).await,
-        CloudArg::Vastai => {
-            let metrics = cloud_api.for_provider(CloudName::VASTAI.name);
-            run_vastai(args, config, client, setup, metrics).await
-        }
-    }
+    let serving = Serving {
+        runpod_metrics,
+        cloud_api,
+        limits: ClusterLimits {
+            max_gpu_price: args.max_gpu_price,
+            data_center_ids: trimmed(&args.datacenter_ids),
+            cloud_types: args.allowed_cloud_types.clone(),
+        },
+        vastai: setup.admission.vastai.clone(),
+    };
+    let (cluster_id, node) = (setup.cluster_id.clone(), args.nodename.clone());
+    let owner = Owner {
+        cluster_id: &cluster_id,
+        node: &node,
+    };
+    let cloud = args.cloud.clone();
+    let job = Serve {
+        args,
+        config,
+        client,
+        setup,
+    };
+    cloud.provide(owner, Some(serving), job).await
 }
 
 /// The admission rules the controller repeats (a pod that reached the node without the
@@ -195,66 +210,26 @@ fn admission_policy(args: &ControllerArgs) -> anyhow::Result<runpod_webhook::pol
     Ok(admission)
 }
 
-/// A RunPod node: its client, catalogue and placement limits.
-async fn run_runpod(
+/// A serving node: SSH for exec where its cloud offers it, then the controller.
+struct Serve {
     args: ControllerArgs,
     config: kube::Config,
     client: kube::Client,
-    mut setup: Setup,
-    runpod_metrics: Arc<RunPodMetrics>,
-) -> anyhow::Result<()> {
-    let runpod_client = args
-        .runpod
-        .client(&args.cloud_ca)
-        .context("configuring the RunPod client")?
-        .with_metrics(runpod_metrics);
-    let catalogue = CatalogueCache::new();
-    catalogue.spawn_refresher(runpod_client.clone(), Duration::from_secs(300));
-    let limits = ClusterLimits {
-        max_gpu_price: args.max_gpu_price,
-        data_center_ids: trimmed(&args.datacenter_ids),
-        cloud_types: args.allowed_cloud_types.clone(),
-    };
-    let provider = Arc::new(RunPodProvider::new(
-        runpod_client,
-        catalogue,
-        limits,
-        setup.cluster_id.clone(),
-        args.nodename.clone(),
-    ));
-    setup.exec = shell(&args, &client, &*provider).await;
-    serve(provider, args, config, client, setup).await
+    setup: Setup,
 }
 
-/// A Vast.ai node: its client, its label's limits and its price refresher.
-async fn run_vastai(
-    args: ControllerArgs,
-    config: kube::Config,
-    client: kube::Client,
-    mut setup: Setup,
-    metrics: runpod_kubelet::provider::metrics::CloudApi,
-) -> anyhow::Result<()> {
-    let vast_client = args
-        .vastai
-        .client(&args.cloud_ca)
-        .context("configuring the Vast.ai client")?
-        .with_metrics(metrics);
-    // Every instance's label names the cluster and the node: refuse ids it cannot hold.
-    runpod_kubelet::vastai::label::Label::new(&setup.cluster_id, &args.nodename, "pod-uid")
-        .map_err(anyhow::Error::msg)
-        .context("--cluster-id and --nodename must fit in a Vast.ai label")?;
-    // The node's taints and selection are Vast.ai's; RunPod's datacenter list is not
-    // this node's policy.
-    setup.admission.allowed_datacenters.clear();
-    let provider = Arc::new(VastaiProvider::new(
-        vast_client,
-        setup.admission.vastai.clone(),
-        setup.cluster_id.clone(),
-        args.nodename.clone(),
-    ));
-    setup.exec = shell(&args, &client, &*provider).await;
-    provider.spawn_price_refresher(Duration::from_secs(300));
-    serve(provider, args, config, client, setup).await
+impl WithProvider for Serve {
+    type Output = ();
+    async fn with<P: Provider>(self, provider: Arc<P>) -> anyhow::Result<()> {
+        let Serve {
+            args,
+            config,
+            client,
+            mut setup,
+        } = self;
+        setup.exec = shell(&args, &client, &*provider).await;
+        serve(provider, args, config, client, setup).await
+    }
 }
 
 /// What `run` settles before the provider is chosen.
@@ -384,7 +359,7 @@ async fn serve<P: Provider>(
             outage_grace: args.outage_grace,
             idle: args.idle.settings(),
             admission,
-            key_source: args::key_source(args.provider, args.api_key_secret.as_deref()),
+            key_source: args.cloud.key_source(),
             adoption_namespace: args::adoption_namespace(args.adoption_namespace.as_deref()),
             ledger_namespace: args::adoption_namespace(None),
             serve_namespaces,

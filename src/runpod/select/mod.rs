@@ -44,7 +44,7 @@ pub struct Requirements {
 }
 
 /// The cluster-wide limits from the controller's flags.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClusterLimits {
     /// `--max-gpu-price`: most USD per GPU-hour any pod may cost (`f64::INFINITY`: no cap).
     pub max_gpu_price: f64,

@@ -4,9 +4,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder};
 use runpod_contract::config::PolicyConfig;
 use tokio::sync::watch;
@@ -154,9 +153,15 @@ impl<P> Shared<P> {
         self.snapshot.borrow().clone()
     }
 
-    /// Publishes an Event on the pod, once per reason and message.
-    pub async fn event(&self, pod: &Pod, warning: bool, reason: &str, message: String) {
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
+    /// Publishes an Event on the pod `about` refers to, once per reason and message.
+    pub async fn event(
+        &self,
+        about: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        message: String,
+    ) {
+        let uid = about.uid.clone().unwrap_or_default();
         let key = format!("{reason}\u{0}{message}");
         if !self.remember(&uid, |m| m.events.insert(key)) {
             return;
@@ -172,7 +177,7 @@ impl<P> Shared<P> {
             action: reason.to_owned(),
             secondary: None,
         };
-        if let Err(error) = self.recorder.publish(&event, &pod.object_ref(&())).await {
+        if let Err(error) = self.recorder.publish(&event, about).await {
             warn!(reason, error = %error, "could not publish an Event");
         }
     }

@@ -7,6 +7,7 @@
 
 pub mod plan;
 
+use kube::Resource as _;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -247,7 +248,9 @@ async fn move_pod<P: Provider>(
 /// Events on the pod and on its Job saying why it moved.
 async fn announce<P: Provider>(shared: &Shared<P>, pod: &Pod, planned: &Move) {
     let message = planned.reason.message(shared.provider.cloud());
-    shared.event(pod, false, "Offloaded", message.clone()).await;
+    shared
+        .event(&pod.object_ref(&()), false, "Offloaded", message.clone())
+        .await;
     let Some(owner) = pod
         .metadata
         .owner_references

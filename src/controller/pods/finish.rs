@@ -4,13 +4,14 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
+use kube::Resource as _;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use runpod_contract::ENDED;
 use serde_json::json;
 
 use super::decide::ends;
-use super::{ReconcileError, SHORT, pods_in_namespace_of, write};
+use super::{ReconcileError, SHORT, pods_in, write};
 use crate::controller::clock::elapsed;
 use crate::controller::context::Shared;
 use crate::controller::pods::status::{RecordedEnd, View};
@@ -32,7 +33,7 @@ pub(super) async fn finish<P: Provider>(
     {
         let value = serde_json::to_string(&record)?;
         let patch = json!({"metadata": {"annotations": {ENDED: value}}});
-        pods_in_namespace_of(&ctx.client, pod)
+        pods_in(&ctx.client, pod.metadata.namespace.as_deref())
             .patch(
                 pod.metadata.name.as_deref().unwrap_or_default(),
                 &PatchParams::default(),
@@ -103,7 +104,7 @@ pub(super) async fn delete<P: Provider>(
     if pending {
         return Ok(Action::requeue(SHORT));
     }
-    let pods = pods_in_namespace_of(&ctx.client, pod);
+    let pods = pods_in(&ctx.client, pod.metadata.namespace.as_deref());
     let params = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(Preconditions {
@@ -147,7 +148,7 @@ pub(crate) async fn terminate<P: Provider>(
     ctx.metrics.terminated(ctx.provider.name());
     ctx.remember(uid, |m| m.terminated.insert(instance.id.clone()));
     ctx.event(
-        pod,
+        &pod.object_ref(&()),
         false,
         "RunPodPodTerminated",
         format!(

@@ -12,6 +12,7 @@ pub mod tolerations;
 mod track;
 mod write;
 
+use kube::Resource as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,12 +61,9 @@ impl ReconcileError {
 
 pub(crate) const SHORT: Duration = Duration::from_secs(2);
 
-/// The pods API of `pod`'s namespace, for writing to it.
-fn pods_in_namespace_of(client: &kube::Client, pod: &Pod) -> Api<Pod> {
-    Api::namespaced(
-        client.clone(),
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-    )
+/// The pods API of a pod's namespace, for writing to it.
+fn pods_in(client: &kube::Client, namespace: Option<&str>) -> Api<Pod> {
+    Api::namespaced(client.clone(), namespace.unwrap_or("default"))
 }
 
 fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
@@ -147,7 +145,7 @@ pub async fn reconcile<P: Provider>(
         } => {
             for duplicate in duplicates {
                 ctx.event(
-                    &pod,
+                    &pod.object_ref(&()),
                     true,
                     "DuplicateTerminated",
                     format!(

@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
+use kube::Resource as _;
 use kube::runtime::controller::Action;
 use tracing::{info, warn};
 
@@ -147,8 +148,13 @@ async fn held<P: Provider>(
     if let Some(instance) = instance {
         ctx.remember(uid, |m| m.looked_up = Some((Timestamp::now(), instance)));
     }
-    ctx.event(pod, note.warning, note.reason, note.message)
-        .await;
+    ctx.event(
+        &pod.object_ref(&()),
+        note.warning,
+        note.reason,
+        note.message,
+    )
+    .await;
     Ok(Action::requeue(ctx.settings.reconcile_interval))
 }
 
@@ -198,7 +204,7 @@ async fn vanished<P: Provider>(
         .is_none_or(|policy| policy == "Always");
     if always && id != "(unknown)" {
         ctx.event(
-            pod,
+            &pod.object_ref(&()),
             true,
             "RunPodPodGone",
             format!("{message}; creating a new one (restartPolicy Always)"),
@@ -214,7 +220,8 @@ async fn vanished<P: Provider>(
         });
         return Ok(Action::requeue(SHORT));
     }
-    ctx.event(pod, true, "RunPodPodGone", message.clone()).await;
+    ctx.event(&pod.object_ref(&()), true, "RunPodPodGone", message.clone())
+        .await;
     write::status(
         ctx,
         pod,
@@ -289,7 +296,8 @@ pub(super) async fn track<P: Provider>(
             finish::finish(ctx, pod, uid, instance, view).await
         }
         TrackStep::Fail { reason, message } => {
-            ctx.event(pod, true, reason, message.clone()).await;
+            ctx.event(&pod.object_ref(&()), true, reason, message.clone())
+                .await;
             finish::finish(ctx, pod, uid, instance, View::Failed { reason, message }).await
         }
         TrackStep::Status => {
@@ -343,7 +351,7 @@ async fn verify_placement<P: Provider>(
     match constraints.violation(instance) {
         Some(violation) => {
             ctx.event(
-                pod,
+                &pod.object_ref(&()),
                 true,
                 "PlacementRejected",
                 format!(

@@ -3,6 +3,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
+use kube::Resource as _;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use runpod_contract::{COST_PER_HR, DATACENTER, ENDPOINTS, GPU_TYPE};
@@ -10,7 +11,7 @@ use serde_json::json;
 use tracing::debug;
 
 use super::decide::{Next, Note, Outcome};
-use super::{ReconcileError, annotation, pods_in_namespace_of};
+use super::{ReconcileError, annotation, pods_in};
 use crate::controller::context::Shared;
 use crate::controller::pods::status::{self, View};
 use crate::provider::{Instance, Provider};
@@ -59,8 +60,13 @@ pub(super) async fn apply<P>(
     outcome: Outcome,
 ) -> Result<Action, ReconcileError> {
     if let Some(note) = outcome.event {
-        ctx.event(pod, note.warning, note.reason, note.message)
-            .await;
+        ctx.event(
+            &pod.object_ref(&()),
+            note.warning,
+            note.reason,
+            note.message,
+        )
+        .await;
     }
     if let Some(view) = &outcome.status {
         status(ctx, pod, view).await?;
@@ -74,8 +80,13 @@ pub(super) async fn apply<P>(
 /// Records decided Events on the pod, in order.
 pub(super) async fn notes<P>(ctx: &Shared<P>, pod: &Pod, notes: Vec<Note>) {
     for note in notes {
-        ctx.event(pod, note.warning, note.reason, note.message)
-            .await;
+        ctx.event(
+            &pod.object_ref(&()),
+            note.warning,
+            note.reason,
+            note.message,
+        )
+        .await;
     }
 }
 
@@ -108,7 +119,7 @@ pub(super) async fn status<P>(
         return Ok(());
     }
     debug!(?changed, "writing the pod status");
-    let pods = pods_in_namespace_of(&ctx.client, pod);
+    let pods = pods_in(&ctx.client, pod.metadata.namespace.as_deref());
     ctx.metrics.pod_writes.inc();
     pods.patch_status(
         pod.metadata.name.as_deref().unwrap_or_default(),
@@ -139,7 +150,7 @@ pub(super) async fn annotations<P: Provider>(
         return Ok(());
     }
     debug!(changed = ?patch.keys().collect::<Vec<_>>(), "writing the instance annotations");
-    let pods = pods_in_namespace_of(&ctx.client, pod);
+    let pods = pods_in(&ctx.client, pod.metadata.namespace.as_deref());
     ctx.metrics.pod_writes.inc();
     pods.patch(
         pod.metadata.name.as_deref().unwrap_or_default(),

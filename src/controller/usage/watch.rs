@@ -3,6 +3,7 @@
 //! the longest wait for a cloud instance. The decisions are in `usage`, `idle` and
 //! [`pod_figures`]; this is the thin shell that applies them.
 
+use kube::Resource as _;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -230,7 +231,9 @@ impl UsageWatch {
             .idle_gpu_pods
             .set(i64::try_from(idle).unwrap_or(i64::MAX));
         for (pod, message) in due {
-            shared.event(&pod, true, "GpuIdle", message).await;
+            shared
+                .event(&pod.object_ref(&()), true, "GpuIdle", message)
+                .await;
         }
     }
 }

@@ -25,7 +25,7 @@ use super::decide::gates::{self, CreateFacts};
 use super::decide::provisioned::{self, Created};
 use super::decide::{Note, Outcome};
 use super::tolerations::outage_tolerations;
-use super::{ReconcileError, annotation, bound_at, finish, pods_in_namespace_of, write};
+use super::{ReconcileError, annotation, bound_at, finish, pods_in, write};
 use crate::controller::budget::{self, Gate, Settled};
 use crate::controller::context::{Shared, Snapshot};
 use crate::controller::node::exec_key::ExecAccess;
@@ -173,7 +173,7 @@ async fn inputs<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> Step<Inputs> {
         .unwrap_or_default();
     if let Some(longer) = outage_tolerations(&tolerations, ctx.settings.outage_grace) {
         let patch = json!({"spec": {"tolerations": longer}});
-        pods_in_namespace_of(&ctx.client, pod)
+        pods_in(&ctx.client, pod.metadata.namespace.as_deref())
             .patch(
                 pod.metadata.name.as_deref().unwrap_or_default(),
                 &PatchParams::default(),
@@ -242,7 +242,7 @@ async fn send<P: Provider>(
     excluded: &[String],
     notes: Vec<Note>,
 ) -> Result<Result<Provisioned, ProvisionError>, ReconcileError> {
-    let pods = pods_in_namespace_of(&ctx.client, pod);
+    let pods = pods_in(&ctx.client, pod.metadata.namespace.as_deref());
     let name = pod.metadata.name.clone().unwrap_or_default();
     // Said before the marker: the create is sent as soon after it as possible.
     write::notes(ctx, pod, notes).await;

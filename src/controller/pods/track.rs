@@ -148,13 +148,7 @@ async fn held<P: Provider>(
     if let Some(instance) = instance {
         ctx.remember(uid, |m| m.looked_up = Some((Timestamp::now(), instance)));
     }
-    ctx.event(
-        &pod.object_ref(&()),
-        note.warning,
-        note.reason,
-        note.message,
-    )
-    .await;
+    write::notes(ctx, pod, vec![note]).await;
     Ok(Action::requeue(ctx.settings.reconcile_interval))
 }
 

@@ -59,15 +59,7 @@ pub(super) async fn apply<P>(
     pod: &Pod,
     outcome: Outcome,
 ) -> Result<Action, ReconcileError> {
-    if let Some(note) = outcome.event {
-        ctx.event(
-            &pod.object_ref(&()),
-            note.warning,
-            note.reason,
-            note.message,
-        )
-        .await;
-    }
+    notes(ctx, pod, outcome.event.into_iter().collect()).await;
     if let Some(view) = &outcome.status {
         status(ctx, pod, view).await?;
     }

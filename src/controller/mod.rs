@@ -18,6 +18,7 @@ pub mod node;
 pub mod offload;
 pub mod ops;
 pub mod pods;
+pub mod shell;
 pub mod usage;
 
 use std::sync::Arc;

@@ -19,9 +19,10 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::ApiState;
 use super::spdy::session::Session;
-use crate::provider::{Instance, Provider};
+use crate::controller::shell::{self, Refusal};
+use crate::provider::Provider;
 use remotecommand::{ExecBackend, ExecEnd, ExecIo, ExecOptions};
-use ssh::{Expected, HostKeys, NodeKey, Target};
+use ssh::{Expected, NodeKey, Target};
 
 pub use crate::controller::node::exec_key::ExecAccess;
 
@@ -89,45 +90,6 @@ fn offered(headers: &HeaderMap) -> Vec<String> {
 }
 
 /// How long reading an instance's host keys from the cloud's log may take (an empty log takes
-/// the log reader's first-line wait, 5 s).
-const HOST_KEY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(8);
-
-/// The host keys recorded for `instance` on the pod (the annotation, where every replica and
-/// restart finds them), else in this process's cache. A record of another instance (the pod's
-/// instance was replaced) is none: the new instance's keys are read again.
-pub fn recorded_keys(pod: &Pod, instance: &str, cache: &HostKeys) -> Option<Vec<String>> {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(runpod_contract::SSH_HOST_KEYS))
-        .and_then(|value| runpod_contract::parse_host_keys(value))
-        .filter(|(recorded, _)| recorded == instance)
-        .map(|(_, keys)| keys)
-        .or_else(|| cache.get(instance))
-}
-
-/// Writes the instance's host keys onto the pod (best effort: the cache serves this process
-/// meanwhile, and another replica reads the log again).
-async fn record_keys(client: &kube::Client, pod: &Pod, instance: &str, keys: &[String]) {
-    let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
-        return;
-    };
-    let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), namespace);
-    let patch = serde_json::json!({"metadata": {"annotations": {
-        runpod_contract::SSH_HOST_KEYS: runpod_contract::format_host_keys(instance, keys)
-    }}});
-    if let Err(error) = pods
-        .patch(
-            name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-    {
-        tracing::warn!(%namespace, pod = %name, %error, "recording the pod's SSH host keys failed");
-    }
-}
-
 /// The pod, its SSH address, the key and the host keys it must present, or the error kubectl
 /// shows.
 async fn target<P: Provider>(
@@ -136,48 +98,17 @@ async fn target<P: Provider>(
     name: &str,
     container: Option<&str>,
 ) -> Result<(Arc<Pod>, Target, NodeKey, Expected), Box<Response>> {
-    let (key, host_keys) = access(state)?;
+    // This node's shell first: "exec is off" is the answer whatever the pod.
+    shell::access(&state.shared).map_err(refusal)?;
     let pod = exec_pod(state, namespace, name, container)?;
-    let (instance, target) = ssh_address(state, &pod, namespace, name).await?;
-    let fingerprints =
-        host_fingerprints(state, &pod, &instance, &target, &host_keys, namespace, name).await?;
-    let expected = Expected {
-        instance: instance.id.clone(),
-        fingerprints,
-    };
-    Ok((pod, target, key, expected))
+    let reach = shell::reach(&state.shared, &pod, namespace, name)
+        .await
+        .map_err(refusal)?;
+    Ok((pod, reach.target, reach.key, reach.expected))
 }
 
-/// The node's key and the host keys known so far, or why this node serves no exec.
-fn access<P: Provider>(state: &ApiState<P>) -> Result<(NodeKey, HostKeys), Box<Response>> {
-    let (key, host_keys) = match &state.shared.settings.exec {
-        ExecAccess::Off => {
-            return Err(Box::new(refuse(
-                StatusCode::NOT_IMPLEMENTED,
-                "runpod-kubelet: exec and port-forward are turned off on this node (--exec-ssh=false, chart controller.execSsh)".to_owned(),
-            )));
-        }
-        ExecAccess::Unsupported(reason) => {
-            return Err(Box::new(refuse(
-                StatusCode::NOT_IMPLEMENTED,
-                format!("runpod-kubelet: {reason}"),
-            )));
-        }
-        ExecAccess::Unavailable(reason) => {
-            return Err(Box::new(refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("runpod-kubelet: exec is unavailable: {reason}"),
-            )));
-        }
-        ExecAccess::Ready { key, host_keys } => (key.clone(), host_keys.clone()),
-    };
-    // Keys of instances that are gone go with them.
-    if let Some(snapshot) = state.shared.latest() {
-        let live: std::collections::HashSet<&str> =
-            snapshot.instances.iter().map(|i| i.id.as_str()).collect();
-        host_keys.retain(|instance| live.contains(instance));
-    }
-    Ok((key, host_keys))
+fn refusal(refusal: Refusal) -> Box<Response> {
+    Box::new(refuse(refusal.status, refusal.message))
 }
 
 /// The pod on this node, with the container asked for, that exposes what exec needs.
@@ -215,114 +146,6 @@ fn exec_pod<P: Provider>(
         )));
     }
     Ok(pod)
-}
-
-/// The pod's instance and where its sshd answers; the last list may predate the port mapping
-/// the cloud published since, so the instance is asked for once by id before answering that
-/// there is none.
-async fn ssh_address<P: Provider>(
-    state: &ApiState<P>,
-    pod: &Pod,
-    namespace: &str,
-    name: &str,
-) -> Result<(Instance, Target), Box<Response>> {
-    let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let title = state.shared.provider.cloud().title;
-    let instance = state
-        .shared
-        .latest()
-        .and_then(|snapshot| snapshot.for_pod(&uid).next().cloned());
-    let Some(instance) = instance else {
-        return Err(Box::new(refuse(
-            StatusCode::BAD_REQUEST,
-            format!("pod {namespace}/{name} is not running on {title}"),
-        )));
-    };
-    let fresh = match instance.ssh.clone() {
-        Some(target) => Some(target),
-        None => state
-            .shared
-            .provider
-            .lookup(&instance.id)
-            .await
-            .ok()
-            .flatten()
-            .and_then(|looked_up| looked_up.ssh),
-    };
-    let Some(target) = fresh else {
-        return Err(Box::new(refuse(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "pod {namespace}/{name} has no SSH address on {title} yet: it is still starting, or it was created before exec was turned on (its create did not open port 22); retry in a moment"
-            ),
-        )));
-    };
-    Ok((instance, target))
-}
-
-/// The fingerprints the instance's sshd must present: recorded on the pod, known to this
-/// process, or read once from the cloud's log (and recorded). Nothing listening (an image
-/// without sshd) is the plainer answer when none is known.
-async fn host_fingerprints<P: Provider>(
-    state: &ApiState<P>,
-    pod: &Pod,
-    instance: &Instance,
-    target: &Target,
-    host_keys: &HostKeys,
-    namespace: &str,
-    name: &str,
-) -> Result<Vec<String>, Box<Response>> {
-    let title = state.shared.provider.cloud().title;
-    Ok(match recorded_keys(pod, &instance.id, host_keys) {
-        Some(keys) => keys,
-        None => {
-            // Nothing listening (an image without sshd) is the plainer answer.
-            if let Err(error) = ssh::reachable(target).await {
-                return Err(Box::new(refuse(
-                    StatusCode::BAD_GATEWAY,
-                    format!("runpod-kubelet: pod {namespace}/{name}: {error}"),
-                )));
-            }
-            let read = tokio::time::timeout(
-                HOST_KEY_READ_TIMEOUT,
-                state.shared.provider.ssh_host_keys(&instance.id),
-            )
-            .await;
-            match read {
-                Ok(Ok(keys)) if !keys.is_empty() => {
-                    host_keys.insert(&instance.id, keys.clone());
-                    record_keys(&state.shared.client, pod, &instance.id, &keys).await;
-                    keys
-                }
-                Ok(Ok(_)) => {
-                    return Err(Box::new(refuse(
-                        StatusCode::BAD_REQUEST,
-                        format!(
-                            "pod {namespace}/{name}: the SSH host key of {} {} is not known: its container prints it when its sshd starts (runpod-kubelet's wrapper does for pods that end; RunPod's start script for images run without a command), and none is in its log; exec and port-forward connect only to a server they can verify. Retry once the pod has started",
-                            state.shared.provider.instance_noun(),
-                            instance.id
-                        ),
-                    )));
-                }
-                Ok(Err(error)) => {
-                    return Err(Box::new(refuse(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!(
-                            "pod {namespace}/{name}: reading its SSH host key from {title}'s log failed: {error}"
-                        ),
-                    )));
-                }
-                Err(_) => {
-                    return Err(Box::new(refuse(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!(
-                            "pod {namespace}/{name}: {title}'s log did not answer within {HOST_KEY_READ_TIMEOUT:?} for its SSH host key"
-                        ),
-                    )));
-                }
-            }
-        }
-    })
 }
 
 /// Answers 101 and runs `serve` on the upgraded connection.
@@ -501,27 +324,6 @@ mod tests {
     /// Issue 41, item 5: the record on the pod survives a restart (a new, empty cache still
     /// finds it), and a replacement instance's keys are read anew rather than the old ones'
     /// being demanded of it.
-    #[test]
-    fn host_keys_are_recorded_per_instance() {
-        let pod: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "p", "annotations": {
-                runpod_contract::SSH_HOST_KEYS: "old-instance=SHA256:old"
-            }}
-        }))
-        .unwrap();
-        let restarted = HostKeys::default();
-        assert_eq!(
-            recorded_keys(&pod, "old-instance", &restarted),
-            Some(vec!["SHA256:old".to_owned()])
-        );
-        assert_eq!(recorded_keys(&pod, "new-instance", &restarted), None);
-        restarted.insert("new-instance", vec!["SHA256:new".to_owned()]);
-        assert_eq!(
-            recorded_keys(&pod, "new-instance", &restarted),
-            Some(vec!["SHA256:new".to_owned()])
-        );
-    }
-
     #[test]
     fn only_spdy_upgrades_pass() {
         let mut headers = HeaderMap::new();

@@ -38,6 +38,7 @@ SLOW_FIRST = [
     "e2e_cheapest",
     "e2e_budgets",
     "e2e_exec",
+    "e2e_network",
     "e2e_certs",
     "runpod_quota",
     "chart",

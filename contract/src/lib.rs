@@ -10,6 +10,7 @@ pub mod config;
 pub mod env;
 pub mod gpus;
 pub mod names;
+pub mod network;
 pub mod pod;
 pub mod policy;
 pub mod provider;

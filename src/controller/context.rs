@@ -50,6 +50,8 @@ pub struct Settings {
     pub owner_deployment: Option<crate::controller::node::removal::OwnerDeployment>,
     /// How long one drain for the finalizer may take (`--drain-timeout`).
     pub drain_timeout: Duration,
+    /// Burst pods in the cluster's network (`--cluster-network` and its lists).
+    pub network: crate::controller::network::NetworkSettings,
 }
 
 /// One complete, successful list of the cloud's instances, reduced to this cluster and node.

@@ -47,5 +47,6 @@ pub fn settings() -> Settings {
         serve_namespaces: Vec::new(),
         owner_deployment: None,
         drain_timeout: std::time::Duration::from_secs(600),
+        network: Default::default(),
     }
 }

@@ -14,6 +14,7 @@ pub mod kubelet_api;
 pub mod leader;
 pub mod memory;
 pub mod metrics;
+pub mod network;
 pub mod node;
 pub mod offload;
 pub mod ops;
@@ -243,6 +244,7 @@ async fn lead<P: Provider>(
         registry,
     ));
     tasks.spawn(offload::run(shared.clone(), offload, fence.clone()));
+    tasks.spawn(network::run(shared.clone(), store.clone()));
     if let Some(owner) = settings.owner_deployment.clone() {
         tasks.spawn(node::removal::hold(
             client.clone(),

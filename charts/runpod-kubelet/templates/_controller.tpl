@@ -231,6 +231,9 @@ spec:
             - --accept-seed-tolerations
             {{- end }}
             - --exec-ssh={{ $v.controller.execSsh }}
+            - --cluster-network={{ and $v.controller.execSsh $v.controller.network.enabled }}
+            - --cluster-services-allowed={{ join "," $v.controller.network.clusterServicesAllowed }}
+            - --cluster-domain={{ $v.controller.network.clusterDomain }}
             - --max-gpus
             - {{ .maxGpus | quote }}
             {{- with $v.controller.concurrency }}

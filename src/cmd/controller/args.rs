@@ -306,6 +306,31 @@ pub struct ControllerArgs {
         env = "RUNPOD_KUBELET_EXEC_SSH"
     )]
     pub exec_ssh: bool,
+    /// Burst pods reach the cluster's Services by name (outbound, over the SSH connection exec
+    /// uses): the Services of the pod's own namespace, and what its namespace's
+    /// `runpod.io/cluster-services` asks for within `--cluster-services-allowed`. Needs
+    /// `--exec-ssh`.
+    #[arg(
+        long,
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        env = "RUNPOD_KUBELET_CLUSTER_NETWORK"
+    )]
+    pub cluster_network: bool,
+    /// Services beyond a pod's own namespace that a namespace's `runpod.io/cluster-services` may
+    /// ask for (comma-separated `NS/NAME`, `NS/*`, or `*/*`); default: none. The apiserver is
+    /// never reachable.
+    #[arg(long, value_parser = selectors, default_value = "", env = "RUNPOD_KUBELET_CLUSTER_SERVICES_ALLOWED")]
+    pub cluster_services_allowed: std::vec::Vec<runpod_contract::network::Selector>,
+    /// The cluster's DNS domain, for the `NAME.NS.svc.DOMAIN` names burst pods resolve.
+    #[arg(
+        long,
+        default_value = "cluster.local",
+        env = "RUNPOD_KUBELET_CLUSTER_DOMAIN"
+    )]
+    pub cluster_domain: String,
     /// The Secret (in the controller's namespace) holding the node's SSH key pair, made if
     /// absent; default `<nodename>-ssh`.
     #[arg(long, env = "RUNPOD_KUBELET_SSH_KEY_SECRET")]
@@ -322,4 +347,9 @@ pub struct ControllerArgs {
     /// The Go kubelet's flag: accepted and ignored (settings come from flags).
     #[arg(long, hide = true)]
     pub provider_config: Option<PathBuf>,
+}
+
+/// `--cluster-services-allowed`: one comma-separated list.
+fn selectors(value: &str) -> Result<Vec<runpod_contract::network::Selector>, String> {
+    runpod_contract::network::parse_selectors(value)
 }

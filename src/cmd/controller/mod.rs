@@ -366,6 +366,11 @@ async fn serve<P: Provider>(
             exec,
             owner_deployment: args.owner_deployment.clone(),
             drain_timeout: args.drain_timeout,
+            network: runpod_kubelet::controller::network::NetworkSettings {
+                enabled: args.cluster_network,
+                allowed: args.cluster_services_allowed.clone(),
+                cluster_domain: args.cluster_domain.trim().trim_matches('.').to_owned(),
+            },
         },
         kubelet_listener,
         kubelet_tls,

@@ -535,6 +535,7 @@ mod tests {
             serve_namespaces: Vec::new(),
             owner_deployment: None,
             drain_timeout: std::time::Duration::from_secs(600),
+            network: Default::default(),
         };
         let tagged = |cluster: &str, node: &str, uid: &str| Instance {
             tags: Tags {

@@ -94,6 +94,7 @@ runpod_kubelet_sshd() {
       'PermitEmptyPasswords no' 'PubkeyAuthentication yes' 'HostbasedAuthentication no' \
       'PermitRootLogin prohibit-password' "AuthorizedKeysFile $own/authorized_keys" \
       'AuthorizedKeysCommand none' 'X11Forwarding no' 'PrintMotd no' \
+      'AllowTcpForwarding yes' 'GatewayPorts clientspecified' \
       'Subsystem sftp internal-sftp'; } >"$own/sshd_config" 2>/dev/null || return 0
   "$sshd" -f "$own/sshd_config" >/dev/null 2>&1 || return 0
   for key in "$own"/ssh_host_*_key.pub; do

@@ -37,6 +37,7 @@ mod reply;
 mod routes;
 mod server;
 mod ssh;
+mod ssh_forward;
 mod state;
 mod timefmt;
 

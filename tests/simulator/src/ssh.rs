@@ -77,6 +77,14 @@ pub(crate) fn start(pod_id: &str, env: &BTreeMap<String, String>, args: &str) ->
     };
     let workdir = std::env::temp_dir().join(format!("runpod-sim-{pod_id}"));
     let _ = std::fs::create_dir_all(&workdir);
+    // The container's own files: a session that writes `/etc/hosts` (the controller's network
+    // bridge does) writes the pod's copy, never this machine's.
+    let root = workdir.join("root");
+    let _ = std::fs::create_dir_all(root.join("etc"));
+    let _ = std::fs::write(root.join("etc/hosts"), "127.0.0.1 localhost\n");
+    let mut env = env.clone();
+    env.entry("RUNPOD_KUBELET_SSH_ROOT".to_owned())
+        .or_insert_with(|| root.to_string_lossy().into_owned());
     let config = Arc::new(russh::server::Config {
         keys: vec![host_key],
         auth_rejection_time: std::time::Duration::from_millis(10),
@@ -86,7 +94,7 @@ pub(crate) fn start(pod_id: &str, env: &BTreeMap<String, String>, args: &str) ->
     });
     let pod = PodShell {
         authorized: Arc::new(authorized),
-        env: Arc::new(env.clone()),
+        env: Arc::new(env),
         workdir: Arc::new(workdir),
     };
     let task = runtime.spawn(async move {
@@ -100,6 +108,7 @@ pub(crate) fn start(pod_id: &str, env: &BTreeMap<String, String>, args: &str) ->
             let handler = Connection {
                 pod: pod.clone(),
                 channels: HashMap::new(),
+                forwards: HashMap::new(),
             };
             let config = config.clone();
             tokio::spawn(async move {
@@ -164,6 +173,16 @@ struct ChannelState {
 struct Connection {
     pod: PodShell,
     channels: HashMap<ChannelId, ChannelState>,
+    /// Remote forwards (`ssh -R`) by listening address, ended with the connection.
+    forwards: HashMap<(String, u32), tokio::task::AbortHandle>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        for (_, listener) in self.forwards.drain() {
+            listener.abort();
+        }
+    }
 }
 
 impl russh::server::Handler for Connection {
@@ -291,6 +310,54 @@ impl russh::server::Handler for Connection {
             let _ = stdin.send(None);
         }
         Ok(())
+    }
+
+    /// A remote forward, as an sshd with `GatewayPorts clientspecified` grants it: a listener in
+    /// the pod (on this machine, loopback addresses only) whose connections come back to the
+    /// client as `forwarded-tcpip` channels.
+    async fn tcpip_forward(
+        &mut self,
+        address: &str,
+        port: &mut u32,
+        session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        let Ok(ip) = address.parse::<std::net::Ipv4Addr>() else {
+            return Ok(false);
+        };
+        if !ip.is_loopback() {
+            return Ok(false);
+        }
+        let Ok(wanted) = u16::try_from(*port) else {
+            return Ok(false);
+        };
+        let Ok(listener) = tokio::net::TcpListener::bind((ip, wanted)).await else {
+            return Ok(false);
+        };
+        let bound = listener.local_addr().map(|a| a.port()).unwrap_or(wanted);
+        *port = u32::from(bound);
+        let task = crate::ssh_forward::serve(listener, address.to_owned(), bound, session.handle());
+        if let Some(old) = self
+            .forwards
+            .insert((address.to_owned(), u32::from(bound)), task.abort_handle())
+        {
+            old.abort();
+        }
+        Ok(true)
+    }
+
+    async fn cancel_tcpip_forward(
+        &mut self,
+        address: &str,
+        port: u32,
+        _session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        match self.forwards.remove(&(address.to_owned(), port)) {
+            Some(listener) => {
+                listener.abort();
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     async fn channel_open_direct_tcpip(

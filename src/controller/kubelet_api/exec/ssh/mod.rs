@@ -69,6 +69,15 @@ struct Checker {
     pod: String,
     expected: Expected,
     refusal: Arc<Mutex<Option<SshError>>>,
+    /// Where `forwarded-tcpip` channels go on a connection that asked for remote forwards
+    /// (the network bridge); `None` refuses them like every other channel.
+    forwarded: Option<Arc<dyn Forwarded>>,
+}
+
+/// Takes the connections the pod's sshd forwards back for the remote forwards a bridge asked
+/// for. `accept` must not block: it hands the channel to a task (or drops it, which closes it).
+pub trait Forwarded: Send + Sync + 'static {
+    fn accept(&self, channel: russh::Channel<client::Msg>, address: &str, port: u32);
 }
 
 impl Checker {
@@ -113,14 +122,20 @@ impl client::Handler for Checker {
 
     async fn server_channel_open_forwarded_tcpip(
         &mut self,
-        _: russh::Channel<client::Msg>,
-        _: &str,
-        _: u32,
+        channel: russh::Channel<client::Msg>,
+        connected_address: &str,
+        connected_port: u32,
         _: &str,
         _: u32,
         _: &mut client::Session,
     ) -> Result<(), Self::Error> {
-        self.refuse_channel("forwarded-tcpip")
+        match &self.forwarded {
+            Some(forwarded) => {
+                forwarded.accept(channel, connected_address, connected_port);
+                Ok(())
+            }
+            None => self.refuse_channel("forwarded-tcpip"),
+        }
     }
 
     async fn server_channel_open_direct_streamlocal(
@@ -186,12 +201,35 @@ pub async fn connect(
     key: &NodeKey,
     expected: &Expected,
 ) -> Result<Session, SshError> {
+    open(target, pod_uid, key, expected, None).await
+}
+
+/// Connects as `connect` does, for a connection that will ask for remote forwards: the
+/// `forwarded-tcpip` channels the server opens for them go to `forwarded`.
+pub async fn connect_forwarding(
+    target: &Target,
+    pod_uid: &str,
+    key: &NodeKey,
+    expected: &Expected,
+    forwarded: Arc<dyn Forwarded>,
+) -> Result<Session, SshError> {
+    open(target, pod_uid, key, expected, Some(forwarded)).await
+}
+
+async fn open(
+    target: &Target,
+    pod_uid: &str,
+    key: &NodeKey,
+    expected: &Expected,
+    forwarded: Option<Arc<dyn Forwarded>>,
+) -> Result<Session, SshError> {
     let address = format!("{}:{}", target.host, target.port);
     let refusal = Arc::new(Mutex::new(None));
     let checker = Checker {
         pod: pod_uid.to_owned(),
         expected: expected.clone(),
         refusal: refusal.clone(),
+        forwarded,
     };
     let config = Arc::new(client::Config {
         inactivity_timeout: None,
@@ -503,5 +541,6 @@ async fn pump_input(
     std::future::pending::<()>().await;
 }
 
+mod remote;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,391 @@
+//! Burst pods in the cluster's network, as pure decisions: which cluster Services a burst pod
+//! reaches (its own namespace's, plus what its namespace's `runpod.io/cluster-services` asks
+//! for within the installation's `--cluster-services-allowed`; never the apiserver), at which
+//! loopback address in the pod each one answers, and the hosts lines that name it.
+//!
+//! Each Service gets its own loopback address (`127.a.b.c`, never `127.0.0.0/16`, where the
+//! pod's own `localhost` services live), so two Services on one port do not collide and a name
+//! resolves through the pod's ordinary `/etc/hosts`, without a resolver running in the pod.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+/// Namespace annotation: more Services the namespace's burst pods reach (`NS/NAME` or `NS/*`,
+/// comma-separated), within what the installation allows.
+pub const CLUSTER_SERVICES: &str = "runpod.io/cluster-services";
+
+/// The first and last line of the block the controller owns in a pod's `/etc/hosts`.
+pub const HOSTS_BEGIN: &str = "# runpod-kubelet: cluster services (begin)";
+pub const HOSTS_END: &str = "# runpod-kubelet: cluster services (end)";
+
+/// One entry of `runpod.io/cluster-services` or `--cluster-services-allowed`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Selector {
+    /// `NS/*`: every Service of a namespace (`*/*`: every namespace).
+    Namespace(String),
+    /// `NS/NAME`.
+    Service { namespace: String, name: String },
+}
+
+impl Selector {
+    fn matches(&self, service: &ServiceKey) -> bool {
+        match self {
+            Selector::Namespace(namespace) => namespace == "*" || *namespace == service.namespace,
+            Selector::Service { namespace, name } => {
+                *namespace == service.namespace && *name == service.name
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Selector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Selector::Namespace(namespace) => write!(f, "{namespace}/*"),
+            Selector::Service { namespace, name } => write!(f, "{namespace}/{name}"),
+        }
+    }
+}
+
+/// Parses a comma-separated list of `NS/NAME` and `NS/*` (empty entries are skipped).
+pub fn parse_selectors(value: &str) -> Result<Vec<Selector>, String> {
+    let mut selectors = Vec::new();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let Some((namespace, name)) = entry.split_once('/') else {
+            return Err(format!(
+                "{entry:?} is not NAMESPACE/SERVICE or NAMESPACE/* (e.g. ml/mlflow, data/*)"
+            ));
+        };
+        let label = |part: &str| {
+            part == "*"
+                || (!part.is_empty()
+                    && part.len() <= 63
+                    && part
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
+        };
+        if !label(namespace) || !label(name) || (namespace == "*" && name != "*") {
+            return Err(format!(
+                "{entry:?} is not NAMESPACE/SERVICE or NAMESPACE/* with Kubernetes names (e.g. ml/mlflow, data/*)"
+            ));
+        }
+        selectors.push(if name == "*" {
+            Selector::Namespace(namespace.to_owned())
+        } else {
+            Selector::Service {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            }
+        });
+    }
+    Ok(selectors)
+}
+
+/// A Service, by namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// What the plan needs of a Service: its TCP ports, and whether a ready endpoint backs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceView {
+    pub key: ServiceKey,
+    pub tcp_ports: Vec<u16>,
+    pub ready: bool,
+}
+
+/// One remote forward in the pod: connections to `address:port` there reach `service`'s port.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Forward {
+    pub address: Ipv4Addr,
+    pub port: u16,
+    pub service: ServiceKey,
+}
+
+/// What one pod reaches: its forwards, the hosts lines that name them, and the entries of its
+/// namespace's annotation the installation does not allow (said in an Event).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub forwards: Vec<Forward>,
+    pub hosts: Vec<String>,
+    pub refused: Vec<Selector>,
+}
+
+/// The apiserver's Service: never bridged, whatever a list says.
+fn is_apiserver(service: &ServiceKey) -> bool {
+    service.namespace == "default" && service.name == "kubernetes"
+}
+
+/// Which of `services` a pod in `namespace` reaches, with `asked` from its namespace's
+/// annotation, `allowed` the installation's list, in a cluster whose DNS domain is
+/// `cluster_domain`. A Service without a ready endpoint gets no forward (a connection to it
+/// is refused, as in the cluster) but keeps its name and address, so it works once ready.
+pub fn plan(
+    namespace: &str,
+    asked: &[Selector],
+    allowed: &[Selector],
+    services: &[ServiceView],
+    cluster_domain: &str,
+) -> Plan {
+    let refused: Vec<Selector> = asked
+        .iter()
+        .filter(|selector| !within(selector, allowed))
+        .cloned()
+        .collect();
+    let reached: Vec<&ServiceView> = services
+        .iter()
+        .filter(|s| !is_apiserver(&s.key))
+        .filter(|s| {
+            s.key.namespace == namespace
+                || (asked.iter().any(|a| a.matches(&s.key))
+                    && allowed.iter().any(|a| a.matches(&s.key)))
+        })
+        .collect();
+    let addresses = addresses(reached.iter().map(|s| &s.key));
+    let mut forwards = Vec::new();
+    let mut hosts = Vec::new();
+    for service in reached {
+        let Some(&address) = addresses.get(&service.key) else {
+            continue;
+        };
+        let ServiceKey {
+            namespace: ns,
+            name,
+        } = &service.key;
+        let mut names = Vec::new();
+        if ns == namespace {
+            names.push(name.clone());
+        }
+        names.extend([
+            format!("{name}.{ns}"),
+            format!("{name}.{ns}.svc"),
+            format!("{name}.{ns}.svc.{cluster_domain}"),
+        ]);
+        hosts.push(format!("{address} {}", names.join(" ")));
+        if service.ready {
+            let ports: BTreeSet<u16> = service.tcp_ports.iter().copied().collect();
+            forwards.extend(ports.into_iter().map(|port| Forward {
+                address,
+                port,
+                service: service.key.clone(),
+            }));
+        }
+    }
+    forwards.sort();
+    Plan {
+        forwards,
+        hosts,
+        refused,
+    }
+}
+
+/// Whether everything `selector` asks for is inside `allowed`.
+fn within(selector: &Selector, allowed: &[Selector]) -> bool {
+    allowed.iter().any(|allowed| match (allowed, selector) {
+        (Selector::Namespace(any), _) if any == "*" => true,
+        (Selector::Namespace(ns), Selector::Namespace(asked)) => ns == asked,
+        (Selector::Namespace(ns), Selector::Service { namespace, .. }) => ns == namespace,
+        (Selector::Service { .. }, Selector::Namespace(_)) => false,
+        (a @ Selector::Service { .. }, b @ Selector::Service { .. }) => a == b,
+    })
+}
+
+/// A loopback address per Service: from a hash of its name, so that it stays the same across
+/// restarts and leaders, moved on to the next free one in name order on a collision.
+pub fn addresses<'a>(
+    services: impl IntoIterator<Item = &'a ServiceKey>,
+) -> BTreeMap<ServiceKey, Ipv4Addr> {
+    let sorted: BTreeSet<&ServiceKey> = services.into_iter().collect();
+    let mut taken = BTreeSet::new();
+    let mut addresses = BTreeMap::new();
+    for key in sorted {
+        let mut hash = fnv1a(format!("{}/{}", key.namespace, key.name).as_bytes());
+        let address = loop {
+            let address = loopback(hash);
+            if taken.insert(address) {
+                break address;
+            }
+            hash = hash.wrapping_add(1);
+        };
+        addresses.insert(key.clone(), address);
+    }
+    addresses
+}
+
+/// `127.a.b.c` with `a` in 1..=254 and `c` in 1..=254: outside `127.0.0.0/16`, never a
+/// network or broadcast-looking address.
+fn loopback(hash: u32) -> Ipv4Addr {
+    let a = 1 + (hash % 254) as u8;
+    let b = ((hash / 254) % 256) as u8;
+    let c = 1 + ((hash / (254 * 256)) % 254) as u8;
+    Ipv4Addr::new(127, a, b, c)
+}
+
+fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// The shell command that replaces the controller's block in the pod's `/etc/hosts` with
+/// `lines` (in place: in a container `/etc/hosts` is a mounted file that cannot be renamed
+/// over). `RUNPOD_KUBELET_SSH_ROOT` prefixes the path where the wrapper is tested outside a
+/// container.
+pub fn hosts_command(lines: &[String]) -> String {
+    let mut block = vec![HOSTS_BEGIN.to_owned()];
+    block.extend(lines.iter().cloned());
+    block.push(HOSTS_END.to_owned());
+    let quoted: Vec<String> = block.iter().map(|line| format!("'{line}'")).collect();
+    format!(
+        "f=\"${{RUNPOD_KUBELET_SSH_ROOT:-}}/etc/hosts\"; t=\"$f.runpod-kubelet.$$\"; \
+         {{ sed '/^{begin}$/,/^{end}$/d' \"$f\" 2>/dev/null; printf '%s\\n' {lines}; }} >\"$t\" \
+         && cat \"$t\" >\"$f\"; s=$?; rm -f \"$t\"; exit $s",
+        begin = HOSTS_BEGIN,
+        end = HOSTS_END,
+        lines = quoted.join(" "),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(namespace: &str, name: &str, ports: &[u16], ready: bool) -> ServiceView {
+        ServiceView {
+            key: ServiceKey {
+                namespace: namespace.into(),
+                name: name.into(),
+            },
+            tcp_ports: ports.to_vec(),
+            ready,
+        }
+    }
+
+    fn names(plan: &Plan) -> Vec<String> {
+        plan.forwards
+            .iter()
+            .map(|f| format!("{}/{}:{}", f.service.namespace, f.service.name, f.port))
+            .collect()
+    }
+
+    #[test]
+    fn parses_selectors_and_refuses_what_is_not_one() {
+        assert_eq!(
+            parse_selectors(" ml/mlflow, data/* ,").unwrap(),
+            vec![
+                Selector::Service {
+                    namespace: "ml".into(),
+                    name: "mlflow".into()
+                },
+                Selector::Namespace("data".into())
+            ]
+        );
+        assert_eq!(
+            parse_selectors("*/*").unwrap(),
+            [Selector::Namespace("*".into())]
+        );
+        for bad in ["mlflow", "ml/", "/x", "ML/x", "*/x", "a/b/c"] {
+            assert!(parse_selectors(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn own_namespace_by_default_others_only_when_asked_and_allowed_never_the_apiserver() {
+        let services = [
+            service("team", "postgres", &[5432], true),
+            service("ml", "mlflow", &[5000], true),
+            service("ml", "other", &[80], true),
+            service("secret", "vault", &[8200], true),
+            service("default", "kubernetes", &[443], true),
+        ];
+        let none = plan("team", &[], &[], &services, "cluster.local");
+        assert_eq!(names(&none), ["team/postgres:5432"]);
+
+        let asked = parse_selectors("ml/mlflow,secret/*,default/*").unwrap();
+        let allowed = parse_selectors("ml/*,default/*").unwrap();
+        let widened = plan("team", &asked, &allowed, &services, "cluster.local");
+        let mut got = names(&widened);
+        got.sort();
+        assert_eq!(got, ["ml/mlflow:5000", "team/postgres:5432"]);
+        assert_eq!(widened.refused, [Selector::Namespace("secret".into())]);
+
+        // Even an installation that allows everything never bridges the apiserver.
+        let everything = parse_selectors("*/*").unwrap();
+        let all = plan("default", &everything, &everything, &services, "c.l");
+        assert!(
+            !names(&all)
+                .iter()
+                .any(|n| n.starts_with("default/kubernetes"))
+        );
+    }
+
+    #[test]
+    fn names_resolve_as_in_the_cluster_and_unready_services_keep_a_name_without_a_forward() {
+        let services = [
+            service("team", "db", &[5432, 5432, 9187], true),
+            service("ml", "mlflow", &[5000], false),
+        ];
+        let asked = parse_selectors("ml/mlflow").unwrap();
+        let plan = plan("team", &asked, &asked, &services, "cluster.local");
+        assert_eq!(names(&plan), ["team/db:5432", "team/db:9187"]);
+        let db = plan.hosts.iter().find(|l| l.contains(" db ")).unwrap();
+        assert!(db.ends_with(" db db.team db.team.svc db.team.svc.cluster.local"));
+        let mlflow = plan.hosts.iter().find(|l| l.contains("mlflow")).unwrap();
+        // Another namespace's Service has no short name, as in the cluster's DNS search path.
+        assert!(mlflow.ends_with(" mlflow.ml mlflow.ml.svc mlflow.ml.svc.cluster.local"));
+    }
+
+    #[test]
+    fn every_service_has_its_own_stable_loopback_address() {
+        let keys: Vec<ServiceKey> = (0..3000)
+            .map(|i| ServiceKey {
+                namespace: format!("ns{}", i % 7),
+                name: format!("svc-{i}"),
+            })
+            .collect();
+        let first = addresses(&keys);
+        let distinct: BTreeSet<&Ipv4Addr> = first.values().collect();
+        assert_eq!(distinct.len(), keys.len());
+        for address in first.values() {
+            let [a, _, _, c] = address.octets();
+            assert_eq!(address.octets()[0], 127);
+            assert!(a >= 1 && c >= 1 && c <= 254, "{address}");
+        }
+        // The same Service keeps its address when others come and go.
+        let some = addresses(&keys[..10]);
+        let subset_kept = keys[..10]
+            .iter()
+            .filter(|k| some.get(*k) == first.get(*k))
+            .count();
+        assert!(subset_kept >= 9);
+    }
+
+    #[test]
+    fn the_hosts_command_replaces_only_its_own_block() {
+        let dir = std::env::temp_dir().join(format!("hosts-test-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("etc")).unwrap();
+        let file = dir.join("etc/hosts");
+        std::fs::write(&file, "127.0.0.1 localhost\n10.0.0.5 mine\n").unwrap();
+        let run = |lines: &[String]| {
+            let status = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(hosts_command(lines))
+                .env("RUNPOD_KUBELET_SSH_ROOT", &dir)
+                .status()
+                .unwrap();
+            assert!(status.success());
+            std::fs::read_to_string(&file).unwrap()
+        };
+        let once = run(&["127.9.9.9 db db.team".to_owned()]);
+        assert!(once.starts_with("127.0.0.1 localhost\n10.0.0.5 mine\n"));
+        assert!(once.contains("127.9.9.9 db db.team\n"));
+        let twice = run(&["127.8.8.8 cache".to_owned()]);
+        assert!(!twice.contains("db.team"), "{twice}");
+        assert_eq!(twice.matches(HOSTS_BEGIN).count(), 1);
+        assert!(twice.contains("127.8.8.8 cache\n"));
+        assert!(twice.contains("10.0.0.5 mine"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,225 @@
+//! A Service's ready endpoints, read from its core/v1 Endpoints (served by every apiserver this
+//! project supports): which TCP ports it has, and where one connection to a port goes.
+
+use std::net::{IpAddr, SocketAddr};
+
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use kube::runtime::reflector::{ObjectRef, Store};
+use runpod_contract::network::{ServiceKey, ServiceView};
+
+use super::bridge;
+
+/// The plan's view of a Service: its TCP ports and whether any has a ready address.
+pub fn service_view(service: &Service, endpoints: Option<&Endpoints>) -> Option<ServiceView> {
+    let key = ServiceKey {
+        namespace: service.metadata.namespace.clone()?,
+        name: service.metadata.name.clone()?,
+    };
+    let spec = service.spec.as_ref()?;
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return None;
+    }
+    let tcp_ports: Vec<u16> = spec
+        .ports
+        .iter()
+        .flatten()
+        .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+        .filter_map(|p| u16::try_from(p.port).ok())
+        .collect();
+    let ready = endpoints.is_some_and(|e| {
+        e.subsets
+            .iter()
+            .flatten()
+            .any(|s| s.addresses.as_ref().is_some_and(|a| !a.is_empty()))
+    });
+    Some(ServiceView {
+        key,
+        tcp_ports,
+        ready,
+    })
+}
+
+/// A ready address for `port` of `service`: the endpoint port named as the Service port is (or
+/// the only one, for a Service with one unnamed port), the `choice`-th ready address. An
+/// endpoint in `never` (the apiserver's own: Endpoints are written by hand, and must not turn
+/// the bridge into a way to it) or a loopback or link-local address is never picked.
+pub fn endpoint_for(
+    service: &Service,
+    endpoints: &Endpoints,
+    port: u16,
+    choice: usize,
+    never: &[SocketAddr],
+) -> Option<SocketAddr> {
+    let service_port =
+        service.spec.as_ref()?.ports.as_ref()?.iter().find(|p| {
+            p.port == i32::from(port) && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
+        })?;
+    let wanted = service_port.name.as_deref().unwrap_or("");
+    let candidates: Vec<SocketAddr> = endpoints
+        .subsets
+        .iter()
+        .flatten()
+        .filter_map(|subset| {
+            let port = subset.ports.as_ref()?.iter().find(|p| {
+                p.name.as_deref().unwrap_or("") == wanted
+                    && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
+            })?;
+            let port = u16::try_from(port.port).ok()?;
+            Some(
+                subset
+                    .addresses
+                    .iter()
+                    .flatten()
+                    .filter_map(move |a| a.ip.parse::<IpAddr>().ok())
+                    .map(move |ip| SocketAddr::new(ip, port)),
+            )
+        })
+        .flatten()
+        .filter(|address| !never.contains(address) && !special(address.ip()))
+        .collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    candidates.get(choice % candidates.len()).copied()
+}
+
+/// Addresses the controller's own host answers on, or that are not a pod's.
+fn special(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback() || v4.is_link_local() || v4.is_unspecified(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.is_unspecified() || (v6.segments()[0] & 0xffc0) == 0xfe80
+        }
+    }
+}
+
+/// Every address of the Endpoints (the apiserver's, `default/kubernetes`).
+fn all_addresses(endpoints: &Endpoints) -> Vec<SocketAddr> {
+    let mut all = Vec::new();
+    for subset in endpoints.subsets.iter().flatten() {
+        for port in subset.ports.iter().flatten() {
+            let Ok(port) = u16::try_from(port.port) else {
+                continue;
+            };
+            for address in subset
+                .addresses
+                .iter()
+                .flatten()
+                .chain(subset.not_ready_addresses.iter().flatten())
+            {
+                if let Ok(ip) = address.ip.parse::<IpAddr>() {
+                    all.push(SocketAddr::new(ip, port));
+                }
+            }
+        }
+    }
+    all
+}
+
+/// The cluster's Services and Endpoints as the watches last saw them.
+pub struct ClusterEndpoints {
+    pub services: Store<Service>,
+    pub endpoints: Store<Endpoints>,
+}
+
+impl ClusterEndpoints {
+    /// Every Service, as the plan sees it.
+    pub fn views(&self) -> Vec<ServiceView> {
+        self.services
+            .state()
+            .iter()
+            .filter_map(|service| {
+                let at = ObjectRef::new(service.metadata.name.as_deref()?)
+                    .within(service.metadata.namespace.as_deref()?);
+                let endpoints = self.endpoints.get(&at);
+                service_view(service, endpoints.as_deref())
+            })
+            .collect()
+    }
+}
+
+impl bridge::Endpoints for ClusterEndpoints {
+    fn pick(&self, service: &ServiceKey, port: u16) -> Option<SocketAddr> {
+        let at = ObjectRef::new(&service.name).within(&service.namespace);
+        let svc = self.services.get(&at)?;
+        let endpoints = self
+            .endpoints
+            .get(&ObjectRef::new(&service.name).within(&service.namespace))?;
+        let apiserver = self
+            .endpoints
+            .get(&ObjectRef::new("kubernetes").within("default"))
+            .map(|e| all_addresses(&e))
+            .unwrap_or_default();
+        endpoint_for(&svc, &endpoints, port, fastrand::usize(..), &apiserver)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(ports: serde_json::Value) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db", "namespace": "team"},
+            "spec": {"ports": ports}
+        }))
+        .unwrap()
+    }
+
+    fn endpoints(subsets: serde_json::Value) -> Endpoints {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db", "namespace": "team"},
+            "subsets": subsets
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_port_goes_to_the_endpoint_port_of_the_same_name_on_a_ready_address() {
+        let svc = service(serde_json::json!([
+            {"name": "sql", "port": 5432, "targetPort": 15432},
+            {"name": "metrics", "port": 9187}
+        ]));
+        let eps = endpoints(serde_json::json!([{
+            "addresses": [{"ip": "10.1.0.7"}],
+            "notReadyAddresses": [{"ip": "10.1.0.8"}],
+            "ports": [{"name": "metrics", "port": 19187}, {"name": "sql", "port": 15432}]
+        }]));
+        for choice in 0..4 {
+            assert_eq!(
+                endpoint_for(&svc, &eps, 5432, choice, &[]),
+                Some("10.1.0.7:15432".parse().unwrap())
+            );
+        }
+        assert_eq!(
+            endpoint_for(&svc, &eps, 9187, 0, &[]),
+            Some("10.1.0.7:19187".parse().unwrap())
+        );
+        assert_eq!(endpoint_for(&svc, &eps, 80, 0, &[]), None);
+        // Never the apiserver, whatever hand-written Endpoints say; never loopback.
+        let apiserver: SocketAddr = "10.1.0.7:15432".parse().unwrap();
+        assert_eq!(endpoint_for(&svc, &eps, 5432, 0, &[apiserver]), None);
+        let local = endpoints(serde_json::json!([{
+            "addresses": [{"ip": "127.0.0.1"}, {"ip": "169.254.169.254"}],
+            "ports": [{"name": "sql", "port": 5432}]
+        }]));
+        assert_eq!(endpoint_for(&svc, &local, 5432, 0, &[]), None);
+        let view = service_view(&svc, Some(&eps)).unwrap();
+        assert_eq!(view.tcp_ports, [5432, 9187]);
+        assert!(view.ready);
+    }
+
+    #[test]
+    fn without_ready_addresses_nothing_is_picked_and_the_service_is_not_ready() {
+        let svc = service(serde_json::json!([{"port": 80, "protocol": "TCP"}]));
+        let eps = endpoints(serde_json::json!([{
+            "notReadyAddresses": [{"ip": "10.1.0.8"}],
+            "ports": [{"port": 8080}]
+        }]));
+        assert_eq!(endpoint_for(&svc, &eps, 80, 0, &[]), None);
+        assert!(!service_view(&svc, Some(&eps)).unwrap().ready);
+        assert!(!service_view(&svc, None).unwrap().ready);
+        let udp = service(serde_json::json!([{"port": 53, "protocol": "UDP"}]));
+        assert!(service_view(&udp, None).unwrap().tcp_ports.is_empty());
+    }
+}

@@ -1,0 +1,288 @@
+//! Burst pods reach the cluster's Services (outbound) on the real control plane: the
+//! controller's bridge over the simulator's real sshd for the RunPod pod, with remote forwards
+//! bound to the pod's loopback and the pod's `/etc/hosts` naming them. A real TCP server on this
+//! machine's address stands for each Service's endpoint (hand-written Endpoints, as for a
+//! Service without a selector). Checked: the pod's own namespace's Service by every name; a
+//! Service created after the pod; a Service without ready endpoints refused; another
+//! namespace's Service absent, then reachable once the namespace's annotation asks and the
+//! installation allows, and one the installation does not allow refused with an Event; the
+//! bridge back after the controller is SIGKILLed and restarted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use k8s_openapi::api::core::v1::{Endpoints, Namespace, Pod, Service};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::control_plane::{ControlPlane, ExtraFlags};
+use support::controller::{ControllerProcess, SimulatorProcess};
+use support::pods::{gpu_pod, namespace, running};
+use support::wait;
+use support::webhook::WebhookProcess;
+
+const NS: &str = "e2e-net";
+const POD: &str = "trainer";
+const WAIT: Duration = Duration::from_secs(120);
+
+fn main() -> std::process::ExitCode {
+    support::harness::main(
+        "e2e_network burst_pods_reach_cluster_services",
+        &ExtraFlags::default(),
+        |cp| Box::pin(run(cp)),
+    )
+}
+
+/// This machine's first non-loopback IPv4 address: the apiserver refuses loopback endpoints.
+fn host_address() -> anyhow::Result<IpAddr> {
+    let out = std::process::Command::new("hostname").arg("-I").output()?;
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|a| a.parse::<IpAddr>().ok())
+        .find(|a| a.is_ipv4() && !a.is_loopback())
+        .context("this machine has no non-loopback IPv4 address for the test's endpoints")
+}
+
+/// A TCP server that greets each connection with `greeting`, then echoes one line.
+fn greeter(greeting: &'static str) -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("0.0.0.0:0")?;
+    let port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let _ = stream.write_all(format!("{greeting}\n").as_bytes());
+                let mut buf = [0u8; 256];
+                if let Ok(n) = stream.read(&mut buf) {
+                    let _ = stream.write_all(&buf[..n]);
+                }
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// A Service of `port` without a selector, and its hand-written Endpoints (`ready`: the address
+/// is ready; else not ready).
+async fn service(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    port: u16,
+    endpoint: Option<(IpAddr, u16, bool)>,
+) -> anyhow::Result<()> {
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"ports": [{"name": "main", "port": port, "protocol": "TCP"}]}
+            }))?,
+        )
+        .await?;
+    if let Some((ip, target, ready)) = endpoint {
+        let key = if ready {
+            "addresses"
+        } else {
+            "notReadyAddresses"
+        };
+        let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), ns);
+        endpoints
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name},
+                    "subsets": [{key: [{"ip": ip.to_string()}],
+                                 "ports": [{"name": "main", "port": target, "protocol": "TCP"}]}]
+                }))?,
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// The pod's `/etc/hosts` in the simulator (the container's own file).
+fn hosts_file(pod_id: &str) -> PathBuf {
+    std::env::temp_dir()
+        .join(format!("runpod-sim-{pod_id}"))
+        .join("root/etc/hosts")
+}
+
+/// The address `/etc/hosts` gives `name`, once it does.
+async fn resolved(pod_id: &str, name: &str) -> anyhow::Result<IpAddr> {
+    let file = hosts_file(pod_id);
+    wait::until(&format!("{name} in the pod's /etc/hosts"), WAIT, || async {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        Ok(text.lines().find_map(|line| {
+            let mut words = line.split_whitespace();
+            let address = words.next()?.parse::<IpAddr>().ok()?;
+            words.any(|w| w == name).then_some(address)
+        }))
+    })
+    .await
+}
+
+/// Connects as a process in the pod would, to `address:port`: the greeting and the echo.
+fn talk(address: IpAddr, port: u16) -> anyhow::Result<String> {
+    let mut stream =
+        TcpStream::connect_timeout(&SocketAddr::new(address, port), Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(b"ping\n")?;
+    let mut answer = String::new();
+    let mut buf = [0u8; 256];
+    while !answer.contains("ping") {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        answer.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    Ok(answer)
+}
+
+/// Waits until `address:port` answers with `greeting`.
+async fn answers(address: IpAddr, port: u16, greeting: &str) -> anyhow::Result<()> {
+    wait::until(&format!("{greeting} through the bridge"), WAIT, || async {
+        Ok(talk(address, port)
+            .ok()
+            .filter(|a| a.starts_with(greeting) && a.contains("ping"))
+            .map(|_| ()))
+    })
+    .await
+}
+
+async fn run(cp: &ControlPlane) -> anyhow::Result<()> {
+    let client = cp.client().await?;
+    let simulator = SimulatorProcess::start(
+        &json!({"provisioning_ms": 300, "starting_ms": 300, "ports_ms": 300, "list_lag_ms": 300}),
+    )?;
+    let webhook = WebhookProcess::start(&cp.kubeconfig, &[]).await?;
+    webhook.register(&client, &["kube-system"]).await?;
+    let mut controller = ControllerProcess::start(
+        &cp.kubeconfig,
+        &cp.ca_file(),
+        &simulator,
+        &["--cluster-services-allowed", "ml/*"],
+    )?;
+    let outcome = scenarios(&client, &mut controller).await;
+    if outcome.is_err() {
+        eprintln!("--- controller log tail ---\n{}", controller.log_tail(80));
+    }
+    outcome
+}
+
+async fn scenarios(
+    client: &kube::Client,
+    controller: &mut ControllerProcess,
+) -> anyhow::Result<()> {
+    let host = host_address()?;
+    support::pods::node_ready_named(client, "virtual-runpod").await?;
+    namespace(client, NS, true).await?;
+    namespace(client, "ml", false).await?;
+    let db_port = greeter("db-here")?;
+    service(client, NS, "db", 5432, Some((host, db_port, true))).await?;
+    service(client, NS, "starting", 6379, Some((host, db_port, false))).await?;
+    let mlflow_port = greeter("mlflow-here")?;
+    service(
+        client,
+        "ml",
+        "mlflow",
+        5000,
+        Some((host, mlflow_port, true)),
+    )
+    .await?;
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let mut pod = gpu_pod(POD, "e2e/server:1", "Never");
+    pod.metadata.annotations =
+        Some([("runpod.io/burst-mode".to_owned(), "always".to_owned())].into());
+    pods.create(&PostParams::default(), &pod).await?;
+    let pod = running(&pods, POD).await?;
+    let pod_id = wait::until("the pod's RunPod id", WAIT, || async {
+        let pod = pods.get(POD).await?;
+        Ok(support::pods::annotation(&pod, "runpod.io/pod-id").map(str::to_owned))
+    })
+    .await?;
+    drop(pod);
+
+    // The pod's own namespace: every name a local pod would use, one address.
+    let db = resolved(&pod_id, "db").await?;
+    for name in [
+        "db.e2e-net",
+        "db.e2e-net.svc",
+        "db.e2e-net.svc.cluster.local",
+    ] {
+        ensure!(
+            resolved(&pod_id, name).await? == db,
+            "{name} is not db's address"
+        );
+    }
+    ensure!(
+        db.to_string().starts_with("127.") && db != IpAddr::from([127, 0, 0, 1]),
+        "db resolves to {db}, not an address of its own on the pod's loopback"
+    );
+    answers(db, 5432, "db-here").await?;
+
+    // Not ready: named (it may become ready) but refused, as in the cluster.
+    let starting = resolved(&pod_id, "starting").await?;
+    ensure!(starting != db, "two Services share one address");
+    ensure!(
+        TcpStream::connect_timeout(&SocketAddr::new(starting, 6379), Duration::from_secs(3))
+            .is_err(),
+        "a Service without ready endpoints accepted a connection"
+    );
+
+    // Created after the pod started: reachable within seconds.
+    let cache_port = greeter("cache-here")?;
+    service(client, NS, "cache", 6380, Some((host, cache_port, true))).await?;
+    let cache = resolved(&pod_id, "cache.e2e-net.svc").await?;
+    answers(cache, 6380, "cache-here").await?;
+
+    // Another namespace: not reachable until the namespace asks, and only what is allowed.
+    let hosts = std::fs::read_to_string(hosts_file(&pod_id))?;
+    ensure!(
+        !hosts.contains("mlflow"),
+        "ml/mlflow reachable unasked:\n{hosts}"
+    );
+    ensure!(
+        !hosts.contains("kubernetes"),
+        "the apiserver is named in the pod:\n{hosts}"
+    );
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            NS,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "runpod.io/cluster-services": "ml/mlflow,kube-system/*"
+            }}})),
+        )
+        .await?;
+    let mlflow = resolved(&pod_id, "mlflow.ml.svc.cluster.local").await?;
+    answers(mlflow, 5000, "mlflow-here").await?;
+    let refused = support::pods::event(client, NS, POD, "ClusterServicesRefused").await?;
+    ensure!(
+        refused.contains("kube-system/*") && !refused.contains("ml/mlflow"),
+        "the refusal Event: {refused}"
+    );
+    let hosts = std::fs::read_to_string(hosts_file(&pod_id))?;
+    ensure!(
+        !hosts.contains(".kube-system"),
+        "kube-system reachable though not allowed:\n{hosts}"
+    );
+
+    // The controller SIGKILLed: the next leader's bridge carries connections again.
+    controller.kill();
+    controller.restart()?;
+    answers(db, 5432, "db-here").await?;
+    answers(mlflow, 5000, "mlflow-here").await?;
+    Ok(())
+}

@@ -18,6 +18,25 @@ pub const CLUSTER_SERVICES: &str = "runpod.io/cluster-services";
 pub const HOSTS_BEGIN: &str = "# runpod-kubelet: cluster services (begin)";
 pub const HOSTS_END: &str = "# runpod-kubelet: cluster services (end)";
 
+/// The installation's network settings (`--cluster-network`, `--cluster-services-allowed`,
+/// `--cluster-domain`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkSettings {
+    pub enabled: bool,
+    pub allowed: Vec<Selector>,
+    pub cluster_domain: String,
+}
+
+impl Default for NetworkSettings {
+    fn default() -> Self {
+        NetworkSettings {
+            enabled: false,
+            allowed: Vec::new(),
+            cluster_domain: "cluster.local".to_owned(),
+        }
+    }
+}
+
 /// One entry of `runpod.io/cluster-services` or `--cluster-services-allowed`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Selector {
@@ -351,7 +370,7 @@ mod tests {
         for address in first.values() {
             let [a, _, _, c] = address.octets();
             assert_eq!(address.octets()[0], 127);
-            assert!(a >= 1 && c >= 1 && c <= 254, "{address}");
+            assert!(a >= 1 && (1..=254).contains(&c), "{address}");
         }
         // The same Service keeps its address when others come and go.
         let some = addresses(&keys[..10]);

@@ -51,7 +51,7 @@ pub struct Settings {
     /// How long one drain for the finalizer may take (`--drain-timeout`).
     pub drain_timeout: Duration,
     /// Burst pods in the cluster's network (`--cluster-network` and its lists).
-    pub network: crate::controller::network::NetworkSettings,
+    pub network: runpod_contract::network::NetworkSettings,
 }
 
 /// One complete, successful list of the cloud's instances, reduced to this cluster and node.

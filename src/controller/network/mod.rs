@@ -17,6 +17,7 @@ use kube::Api;
 use kube::Resource as _;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
+pub use runpod_contract::network::NetworkSettings;
 use runpod_contract::network::{CLUSTER_SERVICES, Selector, parse_selectors, plan};
 use tokio::time::Instant;
 
@@ -26,25 +27,6 @@ use crate::controller::shell;
 use crate::provider::Provider;
 use bridge::Bridge;
 pub use endpoints::{ClusterEndpoints, service_view};
-
-/// The installation's network settings (`--cluster-network`, `--cluster-services-allowed`,
-/// `--cluster-domain`).
-#[derive(Debug, Clone)]
-pub struct NetworkSettings {
-    pub enabled: bool,
-    pub allowed: Vec<Selector>,
-    pub cluster_domain: String,
-}
-
-impl Default for NetworkSettings {
-    fn default() -> Self {
-        NetworkSettings {
-            enabled: false,
-            allowed: Vec::new(),
-            cluster_domain: "cluster.local".to_owned(),
-        }
-    }
-}
 
 /// How often the bridges are brought to the cluster's Services (a new Service is reachable
 /// within about this long).

@@ -5,8 +5,11 @@
 //! Service without a selector). Checked: the pod's own namespace's Service by every name; a
 //! Service created after the pod; a Service without ready endpoints refused; another
 //! namespace's Service absent, then reachable once the namespace's annotation asks and the
-//! installation allows, and one the installation does not allow refused with an Event; the
-//! bridge back after the controller is SIGKILLed and restarted.
+//! installation allows, and one the installation does not allow refused with an Event.
+//! Inbound: a Service selecting the burst pod gets this project's EndpointSlice (read back from
+//! the apiserver: the leader's address, ready) whose address and port reach the pod's port, and
+//! `kubectl port-forward svc/NAME` reaches it too. Both come back after the controller is
+//! SIGKILLed and restarted.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -166,13 +169,16 @@ async fn run(cp: &ControlPlane) -> anyhow::Result<()> {
     )?;
     let webhook = WebhookProcess::start(&cp.kubeconfig, &[]).await?;
     webhook.register(&client, &["kube-system"]).await?;
-    let mut controller = ControllerProcess::start(
+    // The leader's address goes into EndpointSlices: this machine's own, not loopback.
+    let host = host_address()?;
+    let mut controller = ControllerProcess::start_via(
         &cp.kubeconfig,
         &cp.ca_file(),
-        &simulator,
+        &simulator.url,
+        &host.to_string(),
         &["--cluster-services-allowed", "ml/*"],
     )?;
-    let outcome = scenarios(&client, &mut controller).await;
+    let outcome = scenarios(cp, &client, &mut controller).await;
     if outcome.is_err() {
         eprintln!("--- controller log tail ---\n{}", controller.log_tail(80));
     }
@@ -180,6 +186,7 @@ async fn run(cp: &ControlPlane) -> anyhow::Result<()> {
 }
 
 async fn scenarios(
+    cp: &ControlPlane,
     client: &kube::Client,
     controller: &mut ControllerProcess,
 ) -> anyhow::Result<()> {
@@ -204,6 +211,7 @@ async fn scenarios(
     let mut pod = gpu_pod(POD, "e2e/server:1", "Never");
     pod.metadata.annotations =
         Some([("runpod.io/burst-mode".to_owned(), "always".to_owned())].into());
+    pod.metadata.labels = Some([("app".to_owned(), "trainer".to_owned())].into());
     pods.create(&PostParams::default(), &pod).await?;
     let pod = running(&pods, POD).await?;
     let pod_id = wait::until("the pod's RunPod id", WAIT, || async {
@@ -279,10 +287,148 @@ async fn scenarios(
         "kube-system reachable though not allowed:\n{hosts}"
     );
 
-    // The controller SIGKILLed: the next leader's bridge carries connections again.
+    // Inbound: a Service selecting the pod; the pod's port is a server on its loopback.
+    let pod_port = upper_echo()?;
+    let services: Api<Service> = Api::namespaced(client.clone(), NS);
+    services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "web"},
+                "spec": {"selector": {"app": "trainer"},
+                         "ports": [{"name": "http", "port": 80, "targetPort": pod_port}]}
+            }))?,
+        )
+        .await?;
+    let reached = inbound(client, host).await?;
+    through_service(cp, pod_port)?;
+
+    // The controller SIGKILLed: the next leader's bridge carries connections again, both ways.
     controller.kill();
     controller.restart()?;
     answers(db, 5432, "db-here").await?;
     answers(mlflow, 5000, "mlflow-here").await?;
+    let again = wait::until("a new inbound port after the restart", WAIT, || async {
+        let now = inbound(client, host).await?;
+        Ok((now != reached).then_some(now))
+    })
+    .await?;
+    ensure!(again.ip() == host, "the slice moved to {again}");
     Ok(())
+}
+
+/// A server standing for the pod's container port (the pod's loopback, in the simulator): it
+/// answers each read in upper case.
+fn upper_echo() -> anyhow::Result<u16> {
+    let server = TcpListener::bind("127.0.0.1:0")?;
+    let port = server.local_addr()?.port();
+    std::thread::spawn(move || {
+        for stream in server.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 || stream.write_all(&buf[..n].to_ascii_uppercase()).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// Sends `text` to `address` and reads the answer.
+fn echo(address: SocketAddr, text: &str) -> anyhow::Result<String> {
+    let mut conn = TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    conn.write_all(text.as_bytes())?;
+    let mut buf = [0u8; 256];
+    let n = conn.read(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// The Service `web`'s EndpointSlice of this project, read from the apiserver, once it is ready
+/// at the leader's address and its address carries connections to the pod; that address.
+async fn inbound(client: &kube::Client, host: IpAddr) -> anyhow::Result<SocketAddr> {
+    let resource = kube::discovery::ApiResource {
+        group: "discovery.k8s.io".into(),
+        version: "v1beta1".into(),
+        api_version: "discovery.k8s.io/v1beta1".into(),
+        kind: "EndpointSlice".into(),
+        plural: "endpointslices".into(),
+    };
+    let slices: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), NS, &resource);
+    wait::until("web's EndpointSlice, ready and reaching the pod", WAIT, || async {
+        let list = slices
+            .list(&kube::api::ListParams::default().labels(
+                "kubernetes.io/service-name=web,endpointslice.kubernetes.io/managed-by=runpod-kubelet.runpod.io",
+            ))
+            .await?;
+        for slice in list.items {
+            let endpoint = &slice.data["endpoints"][0];
+            let ready = endpoint["conditions"]["ready"] == true;
+            let address = endpoint["addresses"][0].as_str().unwrap_or_default();
+            let port = slice.data["ports"][0]["port"].as_u64().unwrap_or_default();
+            ensure!(
+                slice.data["ports"][0]["name"] == "http",
+                "the slice's port is not named as the Service's: {}",
+                slice.data
+            );
+            ensure!(endpoint["targetRef"]["name"] == POD, "targetRef: {}", endpoint);
+            let Ok(ip) = address.parse::<IpAddr>() else { continue };
+            let Ok(port) = u16::try_from(port) else { continue };
+            if !ready || ip != host {
+                continue;
+            }
+            let at = SocketAddr::new(ip, port);
+            if echo(at, "hello burst").ok().as_deref() == Some("HELLO BURST") {
+                return Ok(Some(at));
+            }
+        }
+        Ok(None)
+    })
+    .await
+}
+
+/// `kubectl port-forward svc/web`: kubectl picks the pod behind the Service.
+fn through_service(cp: &ControlPlane, pod_port: u16) -> anyhow::Result<()> {
+    use std::io::BufRead as _;
+    let local = support::webhook::free_port()?.port();
+    let mut forward = std::process::Command::new("kubectl")
+        .args([
+            "-n",
+            NS,
+            "port-forward",
+            "--address",
+            "127.0.0.1",
+            "svc/web",
+        ])
+        .arg(format!("{local}:80"))
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let result = (|| {
+        // Kept open: kubectl writes a line per connection and dies on a closed pipe.
+        let stdout = forward.stdout.take().context("stdout")?;
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let first = lines.next().context("port-forward printed nothing")??;
+        ensure!(
+            first.contains(&pod_port.to_string()),
+            "kubectl did not forward to the pod's port {pod_port}: {first}"
+        );
+        let answer = echo(SocketAddr::from(([127, 0, 0, 1], local)), "via service")?;
+        ensure!(
+            answer == "VIA SERVICE",
+            "port-forward svc/web answered {answer:?}"
+        );
+        Ok(())
+    })();
+    let _ = forward.kill();
+    let mut stderr = String::new();
+    if let Some(mut pipe) = forward.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    result.with_context(|| format!("kubectl port-forward svc/web stderr: {stderr}"))
 }

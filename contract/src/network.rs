@@ -200,6 +200,94 @@ pub fn plan(
     }
 }
 
+/// The plan for a pod whose sshd binds every remote forward to `127.0.0.1` whatever address is
+/// asked (OpenSSH's `GatewayPorts no`, the default of images that start their own sshd): each
+/// Service at `127.0.0.1`, and of two Services on one port only the first by name (the other
+/// loses its forward and its names: the pod cannot tell them apart).
+pub fn on_localhost(plan: &Plan) -> Plan {
+    let localhost = Ipv4Addr::LOCALHOST;
+    let mut ports = BTreeSet::new();
+    let mut kept = BTreeSet::new();
+    let mut forwards = Vec::new();
+    let mut lost = BTreeSet::new();
+    let mut by_service: BTreeMap<&ServiceKey, Vec<&Forward>> = BTreeMap::new();
+    for forward in &plan.forwards {
+        by_service
+            .entry(&forward.service)
+            .or_default()
+            .push(forward);
+    }
+    for (service, service_forwards) in by_service {
+        if service_forwards.iter().any(|f| ports.contains(&f.port)) {
+            lost.insert(service.clone());
+            continue;
+        }
+        for forward in service_forwards {
+            ports.insert(forward.port);
+            forwards.push(Forward {
+                address: localhost,
+                ..forward.clone()
+            });
+        }
+        kept.insert(service.clone());
+    }
+    let addresses: BTreeMap<Ipv4Addr, &ServiceKey> = plan
+        .forwards
+        .iter()
+        .map(|f| (f.address, &f.service))
+        .collect();
+    let hosts = plan
+        .hosts
+        .iter()
+        .filter_map(|line| {
+            let (address, names) = line.split_once(' ')?;
+            let address: Ipv4Addr = address.parse().ok()?;
+            match addresses.get(&address) {
+                Some(service) if kept.contains(*service) => Some(format!("{localhost} {names}")),
+                // A Service without a ready endpoint has no forward yet: no name either, so it
+                // cannot take a port another Service holds.
+                _ => None,
+            }
+        })
+        .collect();
+    forwards.sort();
+    Plan {
+        forwards,
+        hosts,
+        refused: plan.refused.clone(),
+    }
+}
+
+/// The IPv4 addresses and ports listening in `/proc/net/tcp` (state `0A`).
+pub fn listening(proc_net_tcp: &str) -> BTreeSet<(Ipv4Addr, u16)> {
+    proc_net_tcp
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let local = fields.nth(1)?;
+            let state = fields.nth(1)?;
+            if state != "0A" {
+                return None;
+            }
+            let (ip, port) = local.split_once(':')?;
+            let ip = u32::from_str_radix(ip, 16).ok()?;
+            let port = u16::from_str_radix(port, 16).ok()?;
+            Some((Ipv4Addr::from(ip.swap_bytes()), port))
+        })
+        .collect()
+}
+
+/// Whether what is listening shows an sshd that ignored the asked addresses: a forward's port
+/// listens on `127.0.0.1` and not on the forward's own address.
+pub fn bound_to_localhost(plan: &Plan, listening: &BTreeSet<(Ipv4Addr, u16)>) -> bool {
+    plan.forwards.iter().any(|f| {
+        f.address != Ipv4Addr::LOCALHOST
+            && !listening.contains(&(f.address, f.port))
+            && listening.contains(&(Ipv4Addr::LOCALHOST, f.port))
+    })
+}
+
 /// Whether everything `selector` asks for is inside `allowed`.
 fn within(selector: &Selector, allowed: &[Selector]) -> bool {
     allowed.iter().any(|allowed| match (allowed, selector) {
@@ -379,6 +467,64 @@ mod tests {
             .filter(|k| some.get(*k) == first.get(*k))
             .count();
         assert!(subset_kept >= 9);
+    }
+
+    #[test]
+    fn an_sshd_that_binds_localhost_only_gets_one_service_per_port_on_127_0_0_1() {
+        let services = [
+            service("team", "a", &[5432], true),
+            service("team", "b", &[5432, 8080], true),
+            service("team", "c", &[6379], true),
+            service("team", "d", &[9000], false),
+        ];
+        let plan = plan("team", &[], &[], &services, "cluster.local");
+        let local = on_localhost(&plan);
+        assert_eq!(names(&local), ["team/a:5432", "team/c:6379"]);
+        assert!(
+            local
+                .forwards
+                .iter()
+                .all(|f| f.address == Ipv4Addr::LOCALHOST)
+        );
+        assert_eq!(local.hosts.len(), 2);
+        assert!(local.hosts.iter().all(|l| l.starts_with("127.0.0.1 ")));
+        assert!(
+            local
+                .hosts
+                .iter()
+                .any(|l| l.ends_with(" c c.team c.team.svc c.team.svc.cluster.local"))
+        );
+        assert!(!local.hosts.iter().any(|l| l.contains(" b ")));
+    }
+
+    #[test]
+    fn reads_listening_sockets_and_tells_an_sshd_that_ignored_the_address() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 0100007F:1538 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0\n\
+   1: 0302017F:0050 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 100 0 0 10 0\n\
+   2: 0100007F:0051 0100007F:9999 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0000000000000000 100 0 0 10 0\n";
+        let open = listening(table);
+        assert_eq!(
+            open,
+            BTreeSet::from([
+                (Ipv4Addr::new(127, 0, 0, 1), 5432),
+                (Ipv4Addr::new(127, 1, 2, 3), 80)
+            ])
+        );
+        let forward = |a: [u8; 4], port| Plan {
+            forwards: vec![Forward {
+                address: Ipv4Addr::from(a),
+                port,
+                service: ServiceKey {
+                    namespace: "n".into(),
+                    name: "s".into(),
+                },
+            }],
+            ..Plan::default()
+        };
+        assert!(bound_to_localhost(&forward([127, 9, 9, 9], 5432), &open));
+        assert!(!bound_to_localhost(&forward([127, 1, 2, 3], 80), &open));
+        assert!(!bound_to_localhost(&forward([127, 9, 9, 9], 81), &open));
     }
 
     #[test]

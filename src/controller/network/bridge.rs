@@ -1,15 +1,23 @@
-//! One burst pod's bridge to the cluster's Services: one SSH connection (dialled from the
-//! cluster, so nothing inbound is opened anywhere), a remote forward per (Service address,
-//! port) bound to the pod's loopback, and the pod's `/etc/hosts` block naming them. Each
-//! connection the pod makes comes back as a `forwarded-tcpip` channel, which is accepted only
-//! for a route this bridge asked for and carried to a ready endpoint of that Service.
+//! One burst pod's bridge to the cluster: one SSH connection (dialled from the cluster, so
+//! nothing inbound is opened anywhere on the cloud's side).
+//!
+//! Outbound, a remote forward per (Service address, port) bound to the pod's loopback, and the
+//! pod's `/etc/hosts` block naming them: each connection the pod makes comes back as a
+//! `forwarded-tcpip` channel, accepted only for a route this bridge asked for and carried to a
+//! ready endpoint of that Service.
+//!
+//! Inbound, a listener on the controller per container port that a Service selecting the pod
+//! targets: each connection to it goes to the pod's loopback on that port (`direct-tcpip`), and
+//! the EndpointSlices this project keeps point there.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use runpod_contract::network::{Forward, Plan, ServiceKey, hosts_command};
+use runpod_contract::network::{
+    Forward, Plan, ServiceKey, bound_to_localhost, hosts_command, listening, on_localhost,
+};
 use tokio::sync::Semaphore;
 
 use crate::controller::kubelet_api::exec::ssh::{self, Forwarded, Session, SshError};
@@ -84,10 +92,32 @@ impl Forwarded for Dialer {
 
 /// A pod's live bridge.
 pub struct Bridge {
-    session: Session,
+    session: Arc<tokio::sync::Mutex<Session>>,
     routes: Routes,
     forwarded: BTreeSet<Forward>,
     hosts: Option<Vec<String>>,
+    /// Inbound listeners by the pod's port: the controller's port, and its accept loop.
+    inbound: HashMap<u16, (u16, tokio::task::AbortHandle)>,
+    permits: Arc<Semaphore>,
+    /// The pod's sshd binds every remote forward to `127.0.0.1` (`GatewayPorts no`): plans are
+    /// carried out on localhost (`on_localhost`).
+    localhost: bool,
+}
+
+/// What one `apply` did.
+pub struct Applied {
+    /// What failed (tried again on the next round).
+    pub problems: Vec<String>,
+    /// The pod's sshd ignored the asked addresses: reconnect with `localhost`.
+    pub sshd_binds_localhost: bool,
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        for (_, (_, listener)) in self.inbound.drain() {
+            listener.abort();
+        }
+    }
 }
 
 impl Bridge {
@@ -96,40 +126,100 @@ impl Bridge {
         reach: &Reach,
         uid: &str,
         endpoints: Arc<dyn Endpoints>,
+        localhost: bool,
     ) -> Result<Bridge, SshError> {
         let routes: Routes = Arc::default();
+        let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         let dialer = Arc::new(Dialer {
             pod: uid.to_owned(),
             routes: routes.clone(),
             endpoints,
-            permits: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            permits: permits.clone(),
         });
         let session =
             ssh::connect_forwarding(&reach.target, uid, &reach.key, &reach.expected, dialer)
                 .await?;
         Ok(Bridge {
-            session,
+            session: Arc::new(tokio::sync::Mutex::new(session)),
             routes,
             forwarded: BTreeSet::new(),
             hosts: None,
+            inbound: HashMap::new(),
+            permits,
+            localhost,
         })
     }
 
     /// Whether the connection dropped (a new one is opened on the next round).
-    pub fn is_closed(&self) -> bool {
-        self.session.is_closed()
+    pub async fn is_closed(&self) -> bool {
+        self.session.lock().await.is_closed()
+    }
+
+    /// Whether this bridge carries its plans out on `127.0.0.1`.
+    pub fn on_localhost(&self) -> bool {
+        self.localhost
+    }
+
+    /// The controller's port that reaches the pod's `port`, while it is listened on.
+    pub fn inbound_port(&self, port: u16) -> Option<u16> {
+        self.inbound.get(&port).map(|(own, _)| *own)
+    }
+
+    /// Listens (on the controller's address `bind`, the one EndpointSlices name, at a port the
+    /// system picks) for each of the pod's `ports` that a Service targets, and stops listening
+    /// for the others.
+    pub async fn expose(&mut self, ports: &BTreeSet<u16>, bind: std::net::IpAddr) -> Vec<String> {
+        let mut problems = Vec::new();
+        self.inbound.retain(|port, (_, listener)| {
+            let keep = ports.contains(port);
+            if !keep {
+                listener.abort();
+            }
+            keep
+        });
+        for &port in ports {
+            if self.inbound.contains_key(&port) {
+                continue;
+            }
+            match tokio::net::TcpListener::bind((bind, 0)).await {
+                Ok(listener) => {
+                    let own = listener.local_addr().map(|a| a.port()).unwrap_or_default();
+                    let task = tokio::spawn(carry_inbound(
+                        listener,
+                        port,
+                        self.session.clone(),
+                        self.permits.clone(),
+                    ));
+                    self.inbound.insert(port, (own, task.abort_handle()));
+                }
+                Err(error) => {
+                    problems.push(format!("listening for the pod's port {port}: {error}"))
+                }
+            }
+        }
+        problems
     }
 
     /// Brings the pod to `plan`: forwards added and removed, routes with them, the hosts block
     /// rewritten when it changed. Returns what failed (tried again on the next round).
-    pub async fn apply(&mut self, plan: &Plan) -> Vec<String> {
+    pub async fn apply(&mut self, plan: &Plan) -> Applied {
+        let localhost_plan;
+        let plan = if self.localhost {
+            localhost_plan = on_localhost(plan);
+            &localhost_plan
+        } else {
+            plan
+        };
         let mut problems = Vec::new();
+        let mut added = false;
         let wanted: BTreeSet<Forward> = plan.forwards.iter().cloned().collect();
         let gone: Vec<Forward> = self.forwarded.difference(&wanted).cloned().collect();
         for forward in gone {
             self.route(&forward, false);
             if let Err(error) = self
                 .session
+                .lock()
+                .await
                 .cancel_remote_forward(&forward.address.to_string(), forward.port)
                 .await
             {
@@ -142,11 +232,14 @@ impl Bridge {
             self.route(&forward, true);
             match self
                 .session
+                .lock()
+                .await
                 .remote_forward(&forward.address.to_string(), forward.port)
                 .await
             {
                 Ok(()) => {
                     self.forwarded.insert(forward);
+                    added = true;
                 }
                 Err(error) => {
                     self.route(&forward, false);
@@ -155,7 +248,13 @@ impl Bridge {
             }
         }
         if self.hosts.as_ref() != Some(&plan.hosts) {
-            match self.session.run(&hosts_command(&plan.hosts)).await {
+            let written = self
+                .session
+                .lock()
+                .await
+                .run(&hosts_command(&plan.hosts))
+                .await;
+            match written {
                 Ok(0) => self.hosts = Some(plan.hosts.clone()),
                 Ok(code) => problems.push(format!(
                     "writing the pod's /etc/hosts exited with {code} (is the container's root filesystem writable?)"
@@ -163,7 +262,21 @@ impl Bridge {
                 Err(error) => problems.push(format!("writing the pod's /etc/hosts: {error}")),
             }
         }
-        problems
+        let sshd_binds_localhost = added && !self.localhost && self.binds_localhost(plan).await;
+        Applied {
+            problems,
+            sshd_binds_localhost,
+        }
+    }
+
+    /// Whether the pod's sshd bound the new forwards to `127.0.0.1` instead of the asked
+    /// addresses (read from the pod's `/proc/net/tcp`; unknown counts as no).
+    async fn binds_localhost(&self, plan: &Plan) -> bool {
+        let table = self.session.lock().await.output("cat /proc/net/tcp").await;
+        match table {
+            Ok((0, text)) => bound_to_localhost(plan, &listening(&String::from_utf8_lossy(&text))),
+            _ => false,
+        }
     }
 
     fn route(&self, forward: &Forward, on: bool) {
@@ -174,5 +287,32 @@ impl Bridge {
         } else {
             routes.remove(&key);
         }
+    }
+}
+
+/// Carries each connection to `listener` to the pod's `port` over the bridge's connection.
+async fn carry_inbound(
+    listener: tokio::net::TcpListener,
+    port: u16,
+    session: Arc<tokio::sync::Mutex<Session>>,
+    permits: Arc<Semaphore>,
+) {
+    while let Ok((mut client, _)) = listener.accept().await {
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            continue;
+        };
+        let session = session.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let opened = session.lock().await.forward(port).await;
+            match opened {
+                Ok(mut stream) => {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut stream).await;
+                }
+                Err(error) => {
+                    tracing::debug!(port, %error, "an inbound connection could not reach the pod")
+                }
+            }
+        });
     }
 }

@@ -1,13 +1,17 @@
-//! Burst pods in the cluster's network, outbound: the leader keeps one bridge per running burst
-//! pod that has an SSH path (see `bridge`), so that a process in the pod reaches the cluster's
-//! Services by the names it would use on a local node. Which Services a pod reaches and under
-//! which addresses is decided by `runpod_contract::network::plan`; this module only watches
-//! the cluster (Services, Endpoints, Namespaces) and carries the plan out, every few seconds.
+//! Burst pods in the cluster's network: the leader keeps one bridge per running burst pod that
+//! has an SSH path (see `bridge`). Outbound, a process in the pod reaches the cluster's
+//! Services by the names it would use on a local node; which Services, under which addresses,
+//! is decided by `runpod_contract::network::plan`. Inbound, a Service that selects the pod gets
+//! an EndpointSlice pointing at the leader, which carries each connection to the pod
+//! (`slices` decides, `publish` writes). This module watches the cluster (Services, Endpoints,
+//! Namespaces) and carries both out every few seconds.
 
 pub mod bridge;
 mod endpoints;
+mod publish;
+pub mod slices;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +31,7 @@ use crate::controller::shell;
 use crate::provider::Provider;
 use bridge::Bridge;
 pub use endpoints::{ClusterEndpoints, service_view};
+use publish::{Publisher, SliceKey};
 
 /// How often the bridges are brought to the cluster's Services (a new Service is reachable
 /// within about this long).
@@ -59,34 +64,50 @@ where
 /// One pod's bridge, or when to try again.
 enum Slot {
     Up(Bridge),
-    Down { retry_at: Instant },
+    /// `localhost`: the pod's sshd binds forwards to `127.0.0.1` only (learnt on a connection).
+    Down {
+        retry_at: Instant,
+        localhost: bool,
+    },
+}
+
+/// The cluster as the leader's watches see it.
+struct Cluster {
+    services: Store<Service>,
+    namespaces: Store<Namespace>,
+    endpoints: Arc<ClusterEndpoints>,
 }
 
 /// The leader's bridge loop (returns at once where the network is off or there is no shell).
 pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
-    let settings = shared.settings.network.clone();
-    if !settings.enabled {
+    if !shared.settings.network.enabled {
         return;
     }
     if !matches!(shared.settings.exec, ExecAccess::Ready { .. }) {
-        tracing::info!("no SSH to the pods on this node: burst pods do not reach cluster Services");
+        tracing::info!(
+            "no SSH to the pods on this node: burst pods are not bridged to the cluster"
+        );
         return;
     }
     let client = shared.client.clone();
     let services = mirror(Api::<Service>::all(client.clone()));
-    let endpoints = mirror(Api::<CoreEndpoints>::all(client.clone()));
-    let namespaces = mirror(Api::<Namespace>::all(client));
-    let cluster = Arc::new(ClusterEndpoints {
+    let cluster = Cluster {
         services: services.clone(),
-        endpoints: endpoints.clone(),
-    });
+        namespaces: mirror(Api::<Namespace>::all(client.clone())),
+        endpoints: Arc::new(ClusterEndpoints {
+            services,
+            endpoints: mirror(Api::<CoreEndpoints>::all(client.clone())),
+        }),
+    };
+    let mut publisher = Publisher::new(client).await;
     let mut slots: HashMap<String, Slot> = HashMap::new();
     let mut tick = tokio::time::interval(ROUND);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let views = cluster.views();
+        let views = cluster.endpoints.views();
         let mut live = std::collections::HashSet::new();
+        let mut slices = HashMap::new();
         for pod in pods.state() {
             if !bridged(&shared, &pod) {
                 continue;
@@ -95,62 +116,163 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
                 continue;
             };
             live.insert(uid.clone());
-            let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-            let name = pod.metadata.name.clone().unwrap_or_default();
-            let asked = asked(&shared, &namespaces, &pod, &namespace).await;
-            let plan = plan(
-                &namespace,
-                &asked,
-                &settings.allowed,
-                &views,
-                &settings.cluster_domain,
-            );
-            if !plan.refused.is_empty() {
-                let refused: Vec<String> = plan.refused.iter().map(ToString::to_string).collect();
-                shared
-                    .event(
-                        &pod.object_ref(&()),
-                        true,
-                        "ClusterServicesRefused",
-                        format!(
-                            "namespace {namespace}'s {CLUSTER_SERVICES} asks for {} outside what this installation allows (--cluster-services-allowed); those Services are not reachable from the pod",
-                            refused.join(", ")
-                        ),
-                    )
-                    .await;
-            }
-            let slot = slots.entry(uid.clone()).or_insert(Slot::Down {
+            let slot = slots.entry(uid).or_insert(Slot::Down {
                 retry_at: Instant::now(),
+                localhost: false,
             });
-            if let Slot::Up(bridge) = slot
-                && bridge.is_closed()
-            {
-                tracing::info!(namespace, pod = %name, "the pod's bridge connection dropped; reconnecting");
-                *slot = Slot::Down {
-                    retry_at: Instant::now(),
-                };
-            }
-            if let Slot::Down { retry_at } = slot {
-                if Instant::now() < *retry_at {
-                    continue;
-                }
-                match connect(&shared, &pod, &namespace, &name, &uid, cluster.clone()).await {
-                    Ok(bridge) => *slot = Slot::Up(bridge),
-                    Err(reason) => {
-                        tracing::debug!(namespace, pod = %name, %reason, "no bridge yet");
-                        *retry_at = Instant::now() + RETRY;
-                        continue;
-                    }
-                }
-            }
-            if let Slot::Up(bridge) = slot {
-                for problem in bridge.apply(&plan).await {
-                    tracing::warn!(namespace, pod = %name, %problem, "the pod's bridge");
-                }
-            }
+            outbound(&shared, &cluster, &views, &pod, slot).await;
+            inbound(&shared, &cluster, &publisher, &pod, slot, &mut slices).await;
         }
         slots.retain(|uid, _| live.contains(uid));
+        publisher.publish(slices).await;
     }
+}
+
+/// Connects the pod's bridge where it is down (and due), and brings its remote forwards and
+/// hosts block to the plan.
+async fn outbound<P: Provider>(
+    shared: &Shared<P>,
+    cluster: &Cluster,
+    views: &[runpod_contract::network::ServiceView],
+    pod: &Pod,
+    slot: &mut Slot,
+) {
+    let settings = &shared.settings.network;
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let asked = asked(shared, &cluster.namespaces, pod, &namespace).await;
+    let plan = plan(
+        &namespace,
+        &asked,
+        &settings.allowed,
+        views,
+        &settings.cluster_domain,
+    );
+    if !plan.refused.is_empty() {
+        let refused: Vec<String> = plan.refused.iter().map(ToString::to_string).collect();
+        shared
+            .event(
+                &pod.object_ref(&()),
+                true,
+                "ClusterServicesRefused",
+                format!(
+                    "namespace {namespace}'s {CLUSTER_SERVICES} asks for {} outside what this installation allows (--cluster-services-allowed); those Services are not reachable from the pod",
+                    refused.join(", ")
+                ),
+            )
+            .await;
+    }
+    if let Slot::Up(bridge) = slot
+        && bridge.is_closed().await
+    {
+        tracing::info!(namespace, pod = %name, "the pod's bridge connection dropped; reconnecting");
+        *slot = Slot::Down {
+            retry_at: Instant::now(),
+            localhost: bridge.on_localhost(),
+        };
+    }
+    if let Slot::Down {
+        retry_at,
+        localhost,
+    } = slot
+    {
+        if Instant::now() < *retry_at {
+            return;
+        }
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let endpoints = cluster.endpoints.clone();
+        match connect(shared, pod, &namespace, &name, &uid, endpoints, *localhost).await {
+            Ok(bridge) => *slot = Slot::Up(bridge),
+            Err(reason) => {
+                tracing::debug!(namespace, pod = %name, %reason, "no bridge yet");
+                *retry_at = Instant::now() + RETRY;
+                return;
+            }
+        }
+    }
+    if let Slot::Up(bridge) = slot {
+        let applied = bridge.apply(&plan).await;
+        for problem in applied.problems {
+            tracing::warn!(namespace, pod = %name, %problem, "the pod's bridge");
+        }
+        if applied.sshd_binds_localhost {
+            // Its forwards listen where the names do not point: start again on 127.0.0.1.
+            tracing::info!(namespace, pod = %name, "the pod's sshd binds remote forwards to 127.0.0.1 only (GatewayPorts no): one Service per port, on 127.0.0.1");
+            *slot = Slot::Down {
+                retry_at: Instant::now(),
+                localhost: true,
+            };
+        }
+    }
+}
+
+/// Listens for the pod's ports that Services selecting it target, and adds the slices that
+/// point there to `slices` (ready while the pod is Ready and its bridge is up; a pod whose
+/// bridge is down keeps its last slices, not ready).
+async fn inbound<P: Provider>(
+    shared: &Shared<P>,
+    cluster: &Cluster,
+    publisher: &Publisher,
+    pod: &Pod,
+    slot: &mut Slot,
+    slices: &mut HashMap<SliceKey, serde_json::Value>,
+) {
+    let Ok(address) = shared.settings.host_ip.parse::<std::net::IpAddr>() else {
+        return;
+    };
+    let selecting: Vec<Arc<Service>> = cluster
+        .services
+        .state()
+        .into_iter()
+        .filter(|service| slices::selects(service, pod))
+        .collect();
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let key = |service: &Service| {
+        (
+            service.metadata.namespace.clone().unwrap_or_default(),
+            slices::slice_name(service.metadata.name.as_deref().unwrap_or_default(), &uid),
+        )
+    };
+    let Slot::Up(bridge) = slot else {
+        for service in &selecting {
+            let key = key(service);
+            if let Some(mut last) = publisher.applied(&key).cloned() {
+                last["endpoints"][0]["conditions"]["ready"] = serde_json::json!(false);
+                slices.insert(key, last);
+            }
+        }
+        return;
+    };
+    let targets: BTreeSet<u16> = selecting
+        .iter()
+        .flat_map(|service| service.spec.iter().flat_map(|s| s.ports.iter().flatten()))
+        .filter_map(|port| slices::target_port(port, pod))
+        .collect();
+    for problem in bridge.expose(&targets, address).await {
+        tracing::warn!(pod = %uid, %problem, "the pod's inbound listeners");
+    }
+    let ready = pod_ready(pod);
+    for service in &selecting {
+        let body = slices::slice(
+            service,
+            pod,
+            address,
+            |target| bridge.inbound_port(target),
+            ready,
+            &publisher.api_version(),
+        );
+        if let Some(body) = body {
+            slices.insert(key(service), body);
+        }
+    }
+}
+
+/// The pod's Ready condition.
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Whether `pod` gets a bridge: running on its instance, with an SSH path (not `ports: none`).
@@ -210,11 +332,12 @@ async fn connect<P: Provider>(
     name: &str,
     uid: &str,
     endpoints: Arc<ClusterEndpoints>,
+    localhost: bool,
 ) -> Result<Bridge, String> {
     let reach = shell::reach(shared, pod, namespace, name)
         .await
         .map_err(|refusal| refusal.message)?;
-    let bridge = Bridge::open(&reach, uid, endpoints)
+    let bridge = Bridge::open(&reach, uid, endpoints, localhost)
         .await
         .map_err(|error| error.to_string())?;
     tracing::info!(namespace, pod = %name, "bridge to the cluster's Services connected");

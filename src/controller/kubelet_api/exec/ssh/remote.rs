@@ -38,6 +38,12 @@ impl Session {
     /// Runs a short shell command in the pod on this connection (it stays open); its exit
     /// status, or why there is none.
     pub async fn run(&self, command: &str) -> Result<u32, SshError> {
+        self.output(command).await.map(|(code, _)| code)
+    }
+
+    /// Runs a short shell command in the pod and keeps what it prints (up to 1 MiB).
+    pub async fn output(&self, command: &str) -> Result<(u32, Vec<u8>), SshError> {
+        const MAX: usize = 1 << 20;
         let running = async {
             let mut channel = self
                 .handle
@@ -49,8 +55,12 @@ impl Session {
                 .await
                 .map_err(|e| e.to_string())?;
             let mut code = None;
+            let mut out = Vec::new();
             while let Some(message) = channel.wait().await {
                 match message {
+                    ChannelMsg::Data { data } if out.len() < MAX => {
+                        out.extend_from_slice(&data[..data.len().min(MAX - out.len())]);
+                    }
                     ChannelMsg::ExitStatus { exit_status } => code = Some(exit_status),
                     ChannelMsg::Failure => {
                         return Err("the pod's SSH server refused to run it".to_owned());
@@ -59,10 +69,11 @@ impl Session {
                     _ => {}
                 }
             }
-            code.ok_or_else(|| "no exit status".to_owned())
+            code.map(|code| (code, out))
+                .ok_or_else(|| "no exit status".to_owned())
         };
         match tokio::time::timeout(CONNECT_TIMEOUT, running).await {
-            Ok(Ok(code)) => Ok(code),
+            Ok(Ok(done)) => Ok(done),
             Ok(Err(reason)) => Err(SshError::Protocol(reason)),
             Err(_) => Err(SshError::Protocol(format!(
                 "the command did not end within {CONNECT_TIMEOUT:?}"

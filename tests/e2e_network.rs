@@ -8,7 +8,8 @@
 //! installation allows, and one the installation does not allow refused with an Event.
 //! Inbound: a Service selecting the burst pod gets this project's EndpointSlice (read back from
 //! the apiserver: the leader's address, ready) whose address and port reach the pod's port, and
-//! `kubectl port-forward svc/NAME` reaches it too. Both come back after the controller is
+//! `kubectl port-forward svc/NAME` reaches it too. A NetworkPolicy denying everything closes
+//! both directions (with an Event) until it is deleted. Both come back after the controller is
 //! SIGKILLed and restarted.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -302,6 +303,38 @@ async fn scenarios(
         .await?;
     let reached = inbound(client, host).await?;
     through_service(cp, pod_port)?;
+
+    // A NetworkPolicy that denies everything to and from the pod: the bridge carries nothing
+    // (it does not judge peer rules yet, so it fails closed and says so), until it is deleted.
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), NS);
+    policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "deny-all"},
+                "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+            }))?,
+        )
+        .await?;
+    let said = support::pods::event(client, NS, POD, "NetworkPolicyNotApplied").await?;
+    ensure!(said.contains("deny-all"), "the policy Event: {said}");
+    wait::until("outbound closed by the policy", WAIT, || async {
+        let hosts = std::fs::read_to_string(hosts_file(&pod_id)).unwrap_or_default();
+        let refused =
+            TcpStream::connect_timeout(&SocketAddr::new(db, 5432), Duration::from_secs(3)).is_err();
+        Ok((!hosts.contains(" db ") && refused).then_some(()))
+    })
+    .await?;
+    wait::until("inbound closed by the policy", WAIT, || async {
+        Ok(echo(reached, "closed?").is_err().then_some(()))
+    })
+    .await?;
+    policies
+        .delete("deny-all", &kube::api::DeleteParams::default())
+        .await?;
+    answers(db, 5432, "db-here").await?;
+    let reached = inbound(client, host).await?;
 
     // The controller SIGKILLed: the next leader's bridge carries connections again, both ways.
     controller.kill();

@@ -8,6 +8,7 @@
 
 pub mod bridge;
 mod endpoints;
+pub mod policy;
 mod publish;
 pub mod slices;
 
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::{Endpoints as CoreEndpoints, Namespace, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Api;
 use kube::Resource as _;
 use kube::runtime::reflector::{self, Store};
@@ -74,6 +76,7 @@ enum Slot {
 /// The cluster as the leader's watches see it.
 struct Cluster {
     services: Store<Service>,
+    policies: Store<NetworkPolicy>,
     namespaces: Store<Namespace>,
     endpoints: Arc<ClusterEndpoints>,
 }
@@ -93,6 +96,7 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
     let services = mirror(Api::<Service>::all(client.clone()));
     let cluster = Cluster {
         services: services.clone(),
+        policies: mirror(Api::<NetworkPolicy>::all(client.clone())),
         namespaces: mirror(Api::<Namespace>::all(client.clone())),
         endpoints: Arc::new(ClusterEndpoints {
             services,
@@ -120,8 +124,16 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
                 retry_at: Instant::now(),
                 localhost: false,
             });
-            outbound(&shared, &cluster, &views, &pod, slot).await;
-            inbound(&shared, &cluster, &publisher, &pod, slot, &mut slices).await;
+            let verdict = policy::judge(&pod, &cluster.policies.state());
+            said_blocked(&shared, &pod, &verdict).await;
+            outbound(&shared, &cluster, &views, &pod, slot, &verdict).await;
+            if verdict.ingress_blocked_by.is_empty() {
+                inbound(&shared, &cluster, &publisher, &pod, slot, &mut slices).await;
+            } else if let Slot::Up(bridge) = slot {
+                bridge
+                    .expose(&BTreeSet::new(), std::net::Ipv4Addr::UNSPECIFIED.into())
+                    .await;
+            }
         }
         slots.retain(|uid, _| live.contains(uid));
         publisher.publish(slices).await;
@@ -136,18 +148,23 @@ async fn outbound<P: Provider>(
     views: &[runpod_contract::network::ServiceView],
     pod: &Pod,
     slot: &mut Slot,
+    verdict: &policy::Verdict,
 ) {
     let settings = &shared.settings.network;
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
     let asked = asked(shared, &cluster.namespaces, pod, &namespace).await;
-    let plan = plan(
+    let mut plan = plan(
         &namespace,
         &asked,
         &settings.allowed,
         views,
         &settings.cluster_domain,
     );
+    if !verdict.egress_blocked_by.is_empty() {
+        plan.forwards.clear();
+        plan.hosts.clear();
+    }
     if !plan.refused.is_empty() {
         let refused: Vec<String> = plan.refused.iter().map(ToString::to_string).collect();
         shared
@@ -264,6 +281,37 @@ async fn inbound<P: Provider>(
         if let Some(body) = body {
             slices.insert(key(service), body);
         }
+    }
+}
+
+/// Says (once per reason and policies) which directions NetworkPolicies close.
+async fn said_blocked<P: Provider>(shared: &Shared<P>, pod: &Pod, verdict: &policy::Verdict) {
+    for (names, direction, what) in [
+        (
+            &verdict.egress_blocked_by,
+            "egress",
+            "no outbound connection to the cluster's Services",
+        ),
+        (
+            &verdict.ingress_blocked_by,
+            "ingress",
+            "no connection from the cluster's Services to it (no EndpointSlice)",
+        ),
+    ] {
+        if names.is_empty() {
+            continue;
+        }
+        shared
+            .event(
+                &pod.object_ref(&()),
+                true,
+                "NetworkPolicyNotApplied",
+                format!(
+                    "NetworkPolicy {} selects this pod and restricts its {direction} with rules the bridge to RunPod cannot judge yet (only allow-all rules are): so that the policy is not ignored, the bridge carries {what} (docs/networking.md)",
+                    names.join(", ")
+                ),
+            )
+            .await;
     }
 }
 

@@ -35,6 +35,8 @@ use support::webhook::WebhookProcess;
 const NS: &str = "e2e-net";
 const POD: &str = "trainer";
 const WAIT: Duration = Duration::from_secs(120);
+/// The controller's address (any 127.0.0.x reaches it).
+const LEADER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 3));
 
 fn main() -> std::process::ExitCode {
     support::harness::main(
@@ -170,13 +172,13 @@ async fn run(cp: &ControlPlane) -> anyhow::Result<()> {
     )?;
     let webhook = WebhookProcess::start(&cp.kubeconfig, &[]).await?;
     webhook.register(&client, &["kube-system"]).await?;
-    // The leader's address goes into EndpointSlices: this machine's own, not loopback.
-    let host = host_address()?;
+    // The leader's address goes into EndpointSlices; the Services' endpoints are on this
+    // machine's other address (the bridge never dials the controller's own).
     let mut controller = ControllerProcess::start_via(
         &cp.kubeconfig,
         &cp.ca_file(),
         &simulator.url,
-        &host.to_string(),
+        &LEADER.to_string(),
         &["--cluster-services-allowed", "ml/*"],
     )?;
     let outcome = scenarios(cp, &client, &mut controller).await;
@@ -301,7 +303,7 @@ async fn scenarios(
             }))?,
         )
         .await?;
-    let reached = inbound(client, host).await?;
+    let reached = inbound(client, LEADER).await?;
     through_service(cp, pod_port)?;
 
     // A NetworkPolicy that denies everything to and from the pod: the bridge carries nothing
@@ -334,7 +336,7 @@ async fn scenarios(
         .delete("deny-all", &kube::api::DeleteParams::default())
         .await?;
     answers(db, 5432, "db-here").await?;
-    let reached = inbound(client, host).await?;
+    let reached = inbound(client, LEADER).await?;
 
     // The controller SIGKILLed: the next leader's bridge carries connections again, both ways.
     controller.kill();
@@ -342,11 +344,11 @@ async fn scenarios(
     answers(db, 5432, "db-here").await?;
     answers(mlflow, 5000, "mlflow-here").await?;
     let again = wait::until("a new inbound port after the restart", WAIT, || async {
-        let now = inbound(client, host).await?;
+        let now = inbound(client, LEADER).await?;
         Ok((now != reached).then_some(now))
     })
     .await?;
-    ensure!(again.ip() == host, "the slice moved to {again}");
+    ensure!(again.ip() == LEADER, "the slice moved to {again}");
     Ok(())
 }
 
@@ -383,7 +385,7 @@ fn echo(address: SocketAddr, text: &str) -> anyhow::Result<String> {
 
 /// The Service `web`'s EndpointSlice of this project, read from the apiserver, once it is ready
 /// at the leader's address and its address carries connections to the pod; that address.
-async fn inbound(client: &kube::Client, host: IpAddr) -> anyhow::Result<SocketAddr> {
+async fn inbound(client: &kube::Client, leader: IpAddr) -> anyhow::Result<SocketAddr> {
     let resource = kube::discovery::ApiResource {
         group: "discovery.k8s.io".into(),
         version: "v1beta1".into(),
@@ -411,7 +413,7 @@ async fn inbound(client: &kube::Client, host: IpAddr) -> anyhow::Result<SocketAd
             ensure!(endpoint["targetRef"]["name"] == POD, "targetRef: {}", endpoint);
             let Ok(ip) = address.parse::<IpAddr>() else { continue };
             let Ok(port) = u16::try_from(port) else { continue };
-            if !ready || ip != host {
+            if !ready || ip != leader {
                 continue;
             }
             let at = SocketAddr::new(ip, port);

@@ -14,6 +14,12 @@ use std::net::Ipv4Addr;
 /// comma-separated), within what the installation allows.
 pub const CLUSTER_SERVICES: &str = "runpod.io/cluster-services";
 
+/// The admission warning of a RunPod pod that exposes nothing: no SSH path, so no bridge.
+pub const NO_BRIDGE_WARNING: &str = "runpod-kubelet: runpod.io/ports: none opens no SSH port, so \
+     this pod will not reach the cluster's Services by name and Services will not route to it \
+     (docs/networking.md); remove the annotation (22/tcp is then opened for this node's key only) \
+     if it needs the cluster's network";
+
 /// The first and last line of the block the controller owns in a pod's `/etc/hosts`.
 pub const HOSTS_BEGIN: &str = "# runpod-kubelet: cluster services (begin)";
 pub const HOSTS_END: &str = "# runpod-kubelet: cluster services (end)";
@@ -338,21 +344,41 @@ fn fnv1a(bytes: &[u8]) -> u32 {
 
 /// The shell command that replaces the controller's block in the pod's `/etc/hosts` with
 /// `lines` (in place: in a container `/etc/hosts` is a mounted file that cannot be renamed
-/// over). `RUNPOD_KUBELET_SSH_ROOT` prefixes the path where the wrapper is tested outside a
-/// container.
+/// over). The file's other lines are kept or nothing is written: a `sed` that fails (or is
+/// missing) fails the command. `RUNPOD_KUBELET_SSH_ROOT` prefixes the path where the wrapper is
+/// tested outside a container. Every line is a quoted literal (names are validated DNS names).
 pub fn hosts_command(lines: &[String]) -> String {
     let mut block = vec![HOSTS_BEGIN.to_owned()];
-    block.extend(lines.iter().cloned());
+    block.extend(lines.iter().map(|line| line.replace('\'', "")));
     block.push(HOSTS_END.to_owned());
     let quoted: Vec<String> = block.iter().map(|line| format!("'{line}'")).collect();
     format!(
         "f=\"${{RUNPOD_KUBELET_SSH_ROOT:-}}/etc/hosts\"; t=\"$f.runpod-kubelet.$$\"; \
-         {{ sed '/^{begin}$/,/^{end}$/d' \"$f\" 2>/dev/null; printf '%s\\n' {lines}; }} >\"$t\" \
-         && cat \"$t\" >\"$f\"; s=$?; rm -f \"$t\"; exit $s",
+         if [ -f \"$f\" ]; then sed '/^{begin}$/,/^{end}$/d' \"$f\" >\"$t\" || {{ rm -f \"$t\"; exit 1; }}; \
+         else : >\"$t\" || exit 1; fi; \
+         printf '%s\\n' {lines} >>\"$t\" && cat \"$t\" >\"$f\"; s=$?; rm -f \"$t\"; exit $s",
         begin = HOSTS_BEGIN,
         end = HOSTS_END,
         lines = quoted.join(" "),
     )
+}
+
+/// `--cluster-domain`: DNS labels separated by dots (it is written into the pod's hosts file).
+pub fn parse_cluster_domain(value: &str) -> Result<String, String> {
+    let domain = value.trim().trim_matches('.').to_ascii_lowercase();
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label.len() <= 63
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    };
+    if domain.is_empty() || !domain.split('.').all(label_ok) {
+        return Err(format!(
+            "{value:?} is not a DNS domain (lowercase labels separated by dots, e.g. cluster.local)"
+        ));
+    }
+    Ok(domain)
 }
 
 #[cfg(test)]
@@ -551,6 +577,28 @@ mod tests {
         assert_eq!(twice.matches(HOSTS_BEGIN).count(), 1);
         assert!(twice.contains("127.8.8.8 cache\n"));
         assert!(twice.contains("10.0.0.5 mine"));
+        // A sed that fails (here: none on the PATH) changes nothing.
+        let kept = std::fs::read_to_string(&file).unwrap();
+        let status = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(hosts_command(&["127.7.7.7 x".to_owned()]))
+            .env("RUNPOD_KUBELET_SSH_ROOT", &dir)
+            .env("PATH", "/nonexistent")
+            .status()
+            .unwrap();
+        assert!(!status.success());
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), kept);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn cluster_domains_are_dns_names() {
+        assert_eq!(
+            parse_cluster_domain(" Cluster.Local. ").unwrap(),
+            "cluster.local"
+        );
+        for bad in ["", "a..b", "x'y", "a b", "a/b"] {
+            assert!(parse_cluster_domain(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -328,6 +328,7 @@ pub struct ControllerArgs {
     #[arg(
         long,
         default_value = "cluster.local",
+        value_parser = runpod_contract::network::parse_cluster_domain,
         env = "RUNPOD_KUBELET_CLUSTER_DOMAIN"
     )]
     pub cluster_domain: String,

@@ -13,7 +13,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use runpod_contract::network::{
     Forward, Plan, ServiceKey, bound_to_localhost, hosts_command, listening, on_localhost,
@@ -24,10 +24,18 @@ use crate::controller::kubelet_api::exec::ssh::{self, Forwarded, Session, SshErr
 use crate::controller::shell::Reach;
 
 /// Connections one pod may have open through its bridge at once; more are closed at once.
-pub const MAX_CONNECTIONS: usize = 256;
+pub const MAX_CONNECTIONS: usize = 64;
 
 /// How long dialling a Service's endpoint may take before the pod's connection is closed.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long something that failed in the pod (a forward, the hosts file) waits before it is
+/// tried again.
+const RETRY_FAILED: Duration = Duration::from_secs(60);
+
+fn forward_key(forward: &Forward) -> String {
+    format!("forward {}:{}", forward.address, forward.port)
+}
 
 /// Picks a ready endpoint of a Service's port (the cluster's current view).
 pub trait Endpoints: Send + Sync + 'static {
@@ -92,10 +100,13 @@ impl Forwarded for Dialer {
 
 /// A pod's live bridge.
 pub struct Bridge {
-    session: Arc<tokio::sync::Mutex<Session>>,
+    session: Arc<tokio::sync::RwLock<Session>>,
     routes: Routes,
     forwarded: BTreeSet<Forward>,
     hosts: Option<Vec<String>>,
+    /// What failed, and when: tried again only after `RETRY_FAILED` (a read-only hosts file or
+    /// a refused forward is not retried, and warned about, every round).
+    failed: HashMap<String, Instant>,
     /// Inbound listeners by the pod's port: the controller's port, and its accept loop.
     inbound: HashMap<u16, (u16, tokio::task::AbortHandle)>,
     permits: Arc<Semaphore>,
@@ -113,9 +124,15 @@ pub struct Applied {
 }
 
 impl Drop for Bridge {
+    /// Stops its listeners and ends its connection, so that nothing of it outlives it (the
+    /// connections it still carries, its remote forwards in the pod).
     fn drop(&mut self) {
         for (_, (_, listener)) in self.inbound.drain() {
             listener.abort();
+        }
+        let session = self.session.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { session.read().await.disconnect().await });
         }
     }
 }
@@ -140,10 +157,11 @@ impl Bridge {
             ssh::connect_forwarding(&reach.target, uid, &reach.key, &reach.expected, dialer)
                 .await?;
         Ok(Bridge {
-            session: Arc::new(tokio::sync::Mutex::new(session)),
+            session: Arc::new(tokio::sync::RwLock::new(session)),
             routes,
             forwarded: BTreeSet::new(),
             hosts: None,
+            failed: HashMap::new(),
             inbound: HashMap::new(),
             permits,
             localhost,
@@ -152,7 +170,7 @@ impl Bridge {
 
     /// Whether the connection dropped (a new one is opened on the next round).
     pub async fn is_closed(&self) -> bool {
-        self.session.lock().await.is_closed()
+        self.session.read().await.is_closed()
     }
 
     /// Whether this bridge carries its plans out on `127.0.0.1`.
@@ -218,7 +236,7 @@ impl Bridge {
             self.route(&forward, false);
             if let Err(error) = self
                 .session
-                .lock()
+                .read()
                 .await
                 .cancel_remote_forward(&forward.address.to_string(), forward.port)
                 .await
@@ -227,12 +245,17 @@ impl Bridge {
             }
             self.forwarded.remove(&forward);
         }
-        let new: Vec<Forward> = wanted.difference(&self.forwarded).cloned().collect();
+        self.failed.retain(|_, at| at.elapsed() < RETRY_FAILED);
+        let new: Vec<Forward> = wanted
+            .difference(&self.forwarded)
+            .filter(|f| !self.failed.contains_key(&forward_key(f)))
+            .cloned()
+            .collect();
         for forward in new {
             self.route(&forward, true);
             match self
                 .session
-                .lock()
+                .write()
                 .await
                 .remote_forward(&forward.address.to_string(), forward.port)
                 .await
@@ -243,26 +266,35 @@ impl Bridge {
                 }
                 Err(error) => {
                     self.route(&forward, false);
+                    self.failed.insert(forward_key(&forward), Instant::now());
                     problems.push(error.to_string());
                 }
             }
         }
-        if self.hosts.as_ref() != Some(&plan.hosts) {
+        let hosts_key = format!("hosts {:?}", plan.hosts);
+        if self.hosts.as_ref() != Some(&plan.hosts) && !self.failed.contains_key(&hosts_key) {
             let written = self
                 .session
-                .lock()
+                .read()
                 .await
                 .run(&hosts_command(&plan.hosts))
                 .await;
-            match written {
-                Ok(0) => self.hosts = Some(plan.hosts.clone()),
-                Ok(code) => problems.push(format!(
+            let problem = match written {
+                Ok(0) => None,
+                Ok(code) => Some(format!(
                     "writing the pod's /etc/hosts exited with {code} (is the container's root filesystem writable?)"
                 )),
-                Err(error) => problems.push(format!("writing the pod's /etc/hosts: {error}")),
+                Err(error) => Some(format!("writing the pod's /etc/hosts: {error}")),
+            };
+            match problem {
+                None => self.hosts = Some(plan.hosts.clone()),
+                Some(problem) => {
+                    self.failed.insert(hosts_key, Instant::now());
+                    problems.push(problem);
+                }
             }
         }
-        let sshd_binds_localhost = added && !self.localhost && self.binds_localhost(plan).await;
+        let sshd_binds_localhost = added && !self.localhost && self.binds_localhost().await;
         Applied {
             problems,
             sshd_binds_localhost,
@@ -271,10 +303,17 @@ impl Bridge {
 
     /// Whether the pod's sshd bound the new forwards to `127.0.0.1` instead of the asked
     /// addresses (read from the pod's `/proc/net/tcp`; unknown counts as no).
-    async fn binds_localhost(&self, plan: &Plan) -> bool {
-        let table = self.session.lock().await.output("cat /proc/net/tcp").await;
+    async fn binds_localhost(&self) -> bool {
+        // Only what the sshd granted: a forward it refused proves nothing about where it binds.
+        let granted = Plan {
+            forwards: self.forwarded.iter().cloned().collect(),
+            ..Plan::default()
+        };
+        let table = self.session.read().await.output("cat /proc/net/tcp").await;
         match table {
-            Ok((0, text)) => bound_to_localhost(plan, &listening(&String::from_utf8_lossy(&text))),
+            Ok((0, text)) => {
+                bound_to_localhost(&granted, &listening(&String::from_utf8_lossy(&text)))
+            }
             _ => false,
         }
     }
@@ -294,7 +333,7 @@ impl Bridge {
 async fn carry_inbound(
     listener: tokio::net::TcpListener,
     port: u16,
-    session: Arc<tokio::sync::Mutex<Session>>,
+    session: Arc<tokio::sync::RwLock<Session>>,
     permits: Arc<Semaphore>,
 ) {
     while let Ok((mut client, _)) = listener.accept().await {
@@ -304,7 +343,7 @@ async fn carry_inbound(
         let session = session.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let opened = session.lock().await.forward(port).await;
+            let opened = session.read().await.forward(port).await;
             match opened {
                 Ok(mut stream) => {
                     let _ = tokio::io::copy_bidirectional(&mut client, &mut stream).await;

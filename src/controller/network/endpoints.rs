@@ -1,7 +1,9 @@
 //! A Service's ready endpoints, read from its core/v1 Endpoints (served by every apiserver this
 //! project supports): which TCP ports it has, and where one connection to a port goes.
 
+use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::RwLock;
 
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -41,14 +43,15 @@ pub fn service_view(service: &Service, endpoints: Option<&Endpoints>) -> Option<
 
 /// A ready address for `port` of `service`: the endpoint port named as the Service port is (or
 /// the only one, for a Service with one unnamed port), the `choice`-th ready address. An
-/// endpoint in `never` (the apiserver's own: Endpoints are written by hand, and must not turn
-/// the bridge into a way to it) or a loopback or link-local address is never picked.
+/// address in `never` (the apiserver's, every Service's cluster IP, the controller's own:
+/// Endpoints can be written by hand, and must not turn the bridge into a way to them) or a
+/// loopback, link-local or unspecified address is never picked, on any port.
 pub fn endpoint_for(
     service: &Service,
     endpoints: &Endpoints,
     port: u16,
     choice: usize,
-    never: &[SocketAddr],
+    never: &HashSet<IpAddr>,
 ) -> Option<SocketAddr> {
     let service_port =
         service.spec.as_ref()?.ports.as_ref()?.iter().find(|p| {
@@ -75,7 +78,8 @@ pub fn endpoint_for(
             )
         })
         .flatten()
-        .filter(|address| !never.contains(address) && !special(address.ip()))
+        .map(|address| SocketAddr::new(address.ip().to_canonical(), address.port()))
+        .filter(|address| !never.contains(&address.ip()) && !special(address.ip()))
         .collect();
     if candidates.is_empty() {
         return None;
@@ -93,36 +97,68 @@ fn special(ip: IpAddr) -> bool {
     }
 }
 
-/// Every address of the Endpoints (the apiserver's, `default/kubernetes`).
-fn all_addresses(endpoints: &Endpoints) -> Vec<SocketAddr> {
-    let mut all = Vec::new();
-    for subset in endpoints.subsets.iter().flatten() {
-        for port in subset.ports.iter().flatten() {
-            let Ok(port) = u16::try_from(port.port) else {
-                continue;
-            };
-            for address in subset
-                .addresses
-                .iter()
-                .flatten()
-                .chain(subset.not_ready_addresses.iter().flatten())
-            {
-                if let Ok(ip) = address.ip.parse::<IpAddr>() {
-                    all.push(SocketAddr::new(ip, port));
-                }
-            }
-        }
-    }
-    all
+/// Every IP of the Endpoints (the apiserver's, `default/kubernetes`).
+fn all_ips(endpoints: &Endpoints) -> impl Iterator<Item = IpAddr> + '_ {
+    endpoints.subsets.iter().flatten().flat_map(|subset| {
+        subset
+            .addresses
+            .iter()
+            .flatten()
+            .chain(subset.not_ready_addresses.iter().flatten())
+            .filter_map(|address| address.ip.parse::<IpAddr>().ok())
+            .map(|ip| ip.to_canonical())
+    })
 }
 
 /// The cluster's Services and Endpoints as the watches last saw them.
 pub struct ClusterEndpoints {
     pub services: Store<Service>,
     pub endpoints: Store<Endpoints>,
+    /// The controller's own address (`--internal-ip`, the pod's IP).
+    pub controller: Option<IpAddr>,
+    /// What is never dialled, as of the last round (`refresh`).
+    never: RwLock<HashSet<IpAddr>>,
 }
 
 impl ClusterEndpoints {
+    pub fn new(
+        services: Store<Service>,
+        endpoints: Store<Endpoints>,
+        controller: Option<IpAddr>,
+    ) -> ClusterEndpoints {
+        ClusterEndpoints {
+            services,
+            endpoints,
+            controller,
+            never: RwLock::default(),
+        }
+    }
+
+    /// Recomputes what is never dialled: the apiserver's addresses, every Service's cluster
+    /// IPs, the controller's own address.
+    pub fn refresh(&self) {
+        let mut never: HashSet<IpAddr> = self.controller.into_iter().collect();
+        if let Some(apiserver) = self
+            .endpoints
+            .get(&ObjectRef::new("kubernetes").within("default"))
+        {
+            never.extend(all_ips(&apiserver));
+        }
+        for service in self.services.state() {
+            let spec = service.spec.as_ref();
+            let ips = spec
+                .and_then(|s| s.cluster_ips.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .chain(spec.and_then(|s| s.cluster_ip.clone()));
+            never.extend(
+                ips.filter_map(|ip| ip.parse::<IpAddr>().ok())
+                    .map(|ip| ip.to_canonical()),
+            );
+        }
+        *self.never.write().unwrap_or_else(|e| e.into_inner()) = never;
+    }
+
     /// Every Service, as the plan sees it.
     pub fn views(&self) -> Vec<ServiceView> {
         self.services
@@ -145,12 +181,8 @@ impl bridge::Endpoints for ClusterEndpoints {
         let endpoints = self
             .endpoints
             .get(&ObjectRef::new(&service.name).within(&service.namespace))?;
-        let apiserver = self
-            .endpoints
-            .get(&ObjectRef::new("kubernetes").within("default"))
-            .map(|e| all_addresses(&e))
-            .unwrap_or_default();
-        endpoint_for(&svc, &endpoints, port, fastrand::usize(..), &apiserver)
+        let never = self.never.read().unwrap_or_else(|e| e.into_inner());
+        endpoint_for(&svc, &endpoints, port, fastrand::usize(..), &never)
     }
 }
 
@@ -187,23 +219,29 @@ mod tests {
         }]));
         for choice in 0..4 {
             assert_eq!(
-                endpoint_for(&svc, &eps, 5432, choice, &[]),
+                endpoint_for(&svc, &eps, 5432, choice, &HashSet::new()),
                 Some("10.1.0.7:15432".parse().unwrap())
             );
         }
         assert_eq!(
-            endpoint_for(&svc, &eps, 9187, 0, &[]),
+            endpoint_for(&svc, &eps, 9187, 0, &HashSet::new()),
             Some("10.1.0.7:19187".parse().unwrap())
         );
-        assert_eq!(endpoint_for(&svc, &eps, 80, 0, &[]), None);
-        // Never the apiserver, whatever hand-written Endpoints say; never loopback.
-        let apiserver: SocketAddr = "10.1.0.7:15432".parse().unwrap();
-        assert_eq!(endpoint_for(&svc, &eps, 5432, 0, &[apiserver]), None);
+        assert_eq!(endpoint_for(&svc, &eps, 80, 0, &HashSet::new()), None);
+        // Never what is excluded (the apiserver, cluster IPs, the controller) on any port,
+        // whatever hand-written Endpoints say, also written as IPv4-mapped IPv6; never loopback.
+        let never: HashSet<IpAddr> = ["10.1.0.7".parse().unwrap()].into();
+        assert_eq!(endpoint_for(&svc, &eps, 5432, 0, &never), None);
+        let mapped = endpoints(serde_json::json!([{
+            "addresses": [{"ip": "::ffff:10.1.0.7"}],
+            "ports": [{"name": "sql", "port": 15432}]
+        }]));
+        assert_eq!(endpoint_for(&svc, &mapped, 5432, 0, &never), None);
         let local = endpoints(serde_json::json!([{
-            "addresses": [{"ip": "127.0.0.1"}, {"ip": "169.254.169.254"}],
+            "addresses": [{"ip": "127.0.0.1"}, {"ip": "169.254.169.254"}, {"ip": "::ffff:127.0.0.1"}],
             "ports": [{"name": "sql", "port": 5432}]
         }]));
-        assert_eq!(endpoint_for(&svc, &local, 5432, 0, &[]), None);
+        assert_eq!(endpoint_for(&svc, &local, 5432, 0, &HashSet::new()), None);
         let view = service_view(&svc, Some(&eps)).unwrap();
         assert_eq!(view.tcp_ports, [5432, 9187]);
         assert!(view.ready);
@@ -216,7 +254,7 @@ mod tests {
             "notReadyAddresses": [{"ip": "10.1.0.8"}],
             "ports": [{"port": 8080}]
         }]));
-        assert_eq!(endpoint_for(&svc, &eps, 80, 0, &[]), None);
+        assert_eq!(endpoint_for(&svc, &eps, 80, 0, &HashSet::new()), None);
         assert!(!service_view(&svc, Some(&eps)).unwrap().ready);
         assert!(!service_view(&svc, None).unwrap().ready);
         let udp = service(serde_json::json!([{"port": 53, "protocol": "UDP"}]));

@@ -38,39 +38,93 @@ use publish::{Publisher, SliceKey};
 /// How often the bridges are brought to the cluster's Services (a new Service is reachable
 /// within about this long).
 const ROUND: Duration = Duration::from_secs(2);
-/// After a failed connection, the next try for that pod.
-const RETRY: Duration = Duration::from_secs(10);
+/// After a failed connection, the next try for that pod: every `RETRY` while it may still be
+/// starting, then doubling up to `RETRY_MAX` (a pod without sshd is not asked about forever).
+const RETRY: Duration = Duration::from_secs(5);
+const RETRY_STEADY: u32 = 12;
+const RETRY_MAX: Duration = Duration::from_secs(300);
 
-/// A watched copy of every object of one kind, kept by a background task.
-fn mirror<K>(api: Api<K>) -> Store<K>
+/// How long after `failures` failed connections in a row the next is tried.
+fn retry_after(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(RETRY_STEADY).min(10);
+    RETRY.saturating_mul(1 << doublings).min(RETRY_MAX)
+}
+/// Pods whose bridges are worked on at once in a round: one slow pod does not hold the others.
+const CONCURRENT_PODS: usize = 32;
+
+/// The watches of one leadership, stopped with it (a leader that leads again starts anew).
+#[derive(Default)]
+struct Watches(Vec<tokio::task::AbortHandle>);
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        for watch in &self.0 {
+            watch.abort();
+        }
+    }
+}
+
+impl Watches {
+    /// A watched copy of every object of one kind, kept by a background task.
+    fn mirror<K>(&mut self, api: Api<K>) -> Store<K>
+    where
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        let (reader, writer) = reflector::store();
+        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .applied_objects();
+        let task = tokio::spawn(async move {
+            futures_util::pin_mut!(stream);
+            while stream.next().await.is_some() {}
+        });
+        self.0.push(task.abort_handle());
+        reader
+    }
+}
+
+/// Waits for a store's first complete list, saying so while it takes long (RBAC missing).
+async fn synced<K>(store: &Store<K>, what: &str)
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
 {
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .applied_objects();
-    tokio::spawn(async move {
-        futures_util::pin_mut!(stream);
-        while stream.next().await.is_some() {}
-    });
-    reader
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), store.wait_until_ready()).await {
+            Ok(_) => return,
+            Err(_) => tracing::warn!(
+                what,
+                "still waiting for the first list of {what} (RBAC?); burst pods are not bridged until then"
+            ),
+        }
+    }
 }
 
 /// One pod's bridge, or when to try again.
 enum Slot {
     Up(Bridge),
-    /// `localhost`: the pod's sshd binds forwards to `127.0.0.1` only (learnt on a connection).
+    /// `localhost`: the pod's sshd binds forwards to `127.0.0.1` only (learnt on a connection);
+    /// `failures`: connections that failed in a row.
     Down {
         retry_at: Instant,
         localhost: bool,
+        failures: u32,
     },
+}
+
+impl Slot {
+    fn fresh(localhost: bool) -> Slot {
+        Slot::Down {
+            retry_at: Instant::now(),
+            localhost,
+            failures: 0,
+        }
+    }
 }
 
 /// The cluster as the leader's watches see it.
@@ -93,49 +147,74 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
         return;
     }
     let client = shared.client.clone();
-    let services = mirror(Api::<Service>::all(client.clone()));
+    let mut watches = Watches::default();
+    let services = watches.mirror(Api::<Service>::all(client.clone()));
+    let endpoints = watches.mirror(Api::<CoreEndpoints>::all(client.clone()));
     let cluster = Cluster {
         services: services.clone(),
-        policies: mirror(Api::<NetworkPolicy>::all(client.clone())),
-        namespaces: mirror(Api::<Namespace>::all(client.clone())),
-        endpoints: Arc::new(ClusterEndpoints {
+        policies: watches.mirror(Api::<NetworkPolicy>::all(client.clone())),
+        namespaces: watches.mirror(Api::<Namespace>::all(client.clone())),
+        endpoints: Arc::new(ClusterEndpoints::new(
             services,
-            endpoints: mirror(Api::<CoreEndpoints>::all(client.clone())),
-        }),
+            endpoints.clone(),
+            shared.settings.host_ip.parse().ok(),
+        )),
     };
+    // Nothing is decided on a half-read cluster: the first hosts block would be empty, and a
+    // policy not yet seen would not be applied. (The node's pods come from the controller's own
+    // watch, which says nothing of its first list: a pod it has not listed yet waits a round,
+    // and the first sweep of slices waits a full sweep period.)
+    synced(&cluster.services, "Services").await;
+    synced(&endpoints, "Endpoints").await;
+    synced(&cluster.policies, "NetworkPolicies").await;
+    synced(&cluster.namespaces, "Namespaces").await;
     let mut publisher = Publisher::new(client).await;
     let mut slots: HashMap<String, Slot> = HashMap::new();
     let mut tick = tokio::time::interval(ROUND);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        cluster.endpoints.refresh();
         let views = cluster.endpoints.views();
-        let mut live = std::collections::HashSet::new();
+        let policies = cluster.policies.state();
+        let jobs: Vec<(String, Arc<Pod>, Slot)> = pods
+            .state()
+            .into_iter()
+            .filter(|pod| bridged(&shared, pod))
+            .filter_map(|pod| {
+                let uid = pod.metadata.uid.clone()?;
+                let slot = slots.remove(&uid).unwrap_or_else(|| Slot::fresh(false));
+                Some((uid, pod, slot))
+            })
+            .collect();
+        let (shared, cluster, views, policies, publisher_ref) =
+            (&shared, &cluster, &views, &policies, &publisher);
+        let done: Vec<(String, Slot, HashMap<SliceKey, serde_json::Value>)> =
+            futures_util::stream::iter(jobs)
+                .map(|(uid, pod, mut slot)| async move {
+                    let mut slices = HashMap::new();
+                    let verdict = policy::judge(&pod, policies);
+                    said_blocked(shared, &pod, &verdict).await;
+                    outbound(shared, cluster, views, &pod, &mut slot, &verdict).await;
+                    if verdict.ingress_blocked_by.is_empty() {
+                        inbound(shared, cluster, publisher_ref, &pod, &mut slot, &mut slices).await;
+                    } else if let Slot::Up(bridge) = &mut slot {
+                        bridge
+                            .expose(&BTreeSet::new(), std::net::Ipv4Addr::UNSPECIFIED.into())
+                            .await;
+                    }
+                    (uid, slot, slices)
+                })
+                .buffer_unordered(CONCURRENT_PODS)
+                .collect()
+                .await;
+        // Pods gone since the last round: their bridges are dropped here (and disconnect).
+        slots.clear();
         let mut slices = HashMap::new();
-        for pod in pods.state() {
-            if !bridged(&shared, &pod) {
-                continue;
-            }
-            let Some(uid) = pod.metadata.uid.clone() else {
-                continue;
-            };
-            live.insert(uid.clone());
-            let slot = slots.entry(uid).or_insert(Slot::Down {
-                retry_at: Instant::now(),
-                localhost: false,
-            });
-            let verdict = policy::judge(&pod, &cluster.policies.state());
-            said_blocked(&shared, &pod, &verdict).await;
-            outbound(&shared, &cluster, &views, &pod, slot, &verdict).await;
-            if verdict.ingress_blocked_by.is_empty() {
-                inbound(&shared, &cluster, &publisher, &pod, slot, &mut slices).await;
-            } else if let Slot::Up(bridge) = slot {
-                bridge
-                    .expose(&BTreeSet::new(), std::net::Ipv4Addr::UNSPECIFIED.into())
-                    .await;
-            }
+        for (uid, slot, pod_slices) in done {
+            slots.insert(uid, slot);
+            slices.extend(pod_slices);
         }
-        slots.retain(|uid, _| live.contains(uid));
         publisher.publish(slices).await;
     }
 }
@@ -183,14 +262,12 @@ async fn outbound<P: Provider>(
         && bridge.is_closed().await
     {
         tracing::info!(namespace, pod = %name, "the pod's bridge connection dropped; reconnecting");
-        *slot = Slot::Down {
-            retry_at: Instant::now(),
-            localhost: bridge.on_localhost(),
-        };
+        *slot = Slot::fresh(bridge.on_localhost());
     }
     if let Slot::Down {
         retry_at,
         localhost,
+        failures,
     } = slot
     {
         if Instant::now() < *retry_at {
@@ -202,7 +279,9 @@ async fn outbound<P: Provider>(
             Ok(bridge) => *slot = Slot::Up(bridge),
             Err(reason) => {
                 tracing::debug!(namespace, pod = %name, %reason, "no bridge yet");
-                *retry_at = Instant::now() + RETRY;
+                *failures = failures.saturating_add(1);
+                let wait = retry_after(*failures);
+                *retry_at = Instant::now() + wait;
                 return;
             }
         }
@@ -215,10 +294,7 @@ async fn outbound<P: Provider>(
         if applied.sshd_binds_localhost {
             // Its forwards listen where the names do not point: start again on 127.0.0.1.
             tracing::info!(namespace, pod = %name, "the pod's sshd binds remote forwards to 127.0.0.1 only (GatewayPorts no): one Service per port, on 127.0.0.1");
-            *slot = Slot::Down {
-                retry_at: Instant::now(),
-                localhost: true,
-            };
+            *slot = Slot::fresh(true);
         }
     }
 }
@@ -313,6 +389,16 @@ async fn said_blocked<P: Provider>(shared: &Shared<P>, pod: &Pod, verdict: &poli
             )
             .await;
     }
+}
+
+#[cfg(test)]
+#[test]
+fn a_pod_that_never_answers_is_asked_less_and_less() {
+    assert_eq!(retry_after(1), RETRY);
+    assert_eq!(retry_after(RETRY_STEADY), RETRY);
+    assert_eq!(retry_after(RETRY_STEADY + 1), RETRY * 2);
+    assert_eq!(retry_after(RETRY_STEADY + 3), RETRY * 8);
+    assert_eq!(retry_after(u32::MAX), RETRY_MAX);
 }
 
 /// The pod's Ready condition.

@@ -39,7 +39,9 @@ impl Publisher {
             client,
             resource,
             applied: HashMap::new(),
-            swept_at: None,
+            // Not at once: a new leader's view of the node's pods may still be partial, and a
+            // sweep now would delete the slices of pods it has not seen yet.
+            swept_at: Some(Instant::now()),
         }
     }
 

@@ -367,6 +367,14 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
             .set_annotations
             .insert(key.to_owned(), value.to_owned());
     }
+    // No public port means no SSH port, and so no bridge to the cluster's network.
+    let closed = detected_ports.as_deref() == Some(contract::PORTS_NONE)
+        || effective.get(contract::PORTS).is_some_and(|ports| {
+            ports
+                .value
+                .trim()
+                .eq_ignore_ascii_case(contract::PORTS_NONE)
+        });
     if let Some(ports) = detected_ports {
         mutation
             .set_annotations
@@ -399,6 +407,9 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
             .insert(provider::CHEAPEST_CHOICE.to_owned(), record);
     }
     warnings.extend(port_warnings);
+    if closed && cloud == Cloud::RunPod {
+        warnings.push(runpod_contract::network::NO_BRIDGE_WARNING.to_owned());
+    }
     // Never dropped silently: said here, and again in the controller's Event at create time
     // (a Job's pods have no one to read admission warnings).
     if let Some(unapplied) = checks::unapplied_security_context_message(pod, cloud.display_name()) {

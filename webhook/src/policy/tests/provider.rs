@@ -269,8 +269,27 @@ fn ports_can_be_closed_by_the_pod_the_namespace_or_the_installation() {
     let (verdict, patched) = admit_with(&closed, &labelled_namespace(), &config());
     assert_bursts(&verdict);
     assert_eq!(annotations(&patched)[contract::PORTS], "none");
+    // Said at admission: no SSH port, so no bridge to the cluster's network.
+    let Verdict::Allow { warnings, .. } = &verdict else {
+        panic!("{verdict:?}")
+    };
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w == runpod_contract::network::NO_BRIDGE_WARNING),
+        "{warnings:?}"
+    );
 
-    let (_, open) = admit_with(&always(gpu_pod()), &labelled_namespace(), &config());
+    let (open_verdict, open) = admit_with(&always(gpu_pod()), &labelled_namespace(), &config());
+    let Verdict::Allow { warnings, .. } = &open_verdict else {
+        panic!("{open_verdict:?}")
+    };
+    assert!(
+        !warnings
+            .iter()
+            .any(|w| w == runpod_contract::network::NO_BRIDGE_WARNING),
+        "{warnings:?}"
+    );
     assert_ne!(
         annotations(&open)[contract::PORTS],
         "none",

@@ -18,6 +18,12 @@ use super::remotecommand::{ExecEnd, ExecIo, ExecOptions};
 use crate::controller::kubelet_api::spdy::session::StreamWriter;
 pub use crate::controller::node::exec_key::{HostKeys, NodeKey};
 
+/// A bridge connection's SSH window, packet size and packets buffered per channel: at most
+/// 8 x 32 KiB = 256 KiB unread per connection it carries.
+pub const BRIDGE_WINDOW: u32 = 256 * 1024;
+pub const BRIDGE_PACKET: u32 = 32 * 1024;
+pub const BRIDGE_BUFFERED_PACKETS: usize = 8;
+
 /// Connecting and authenticating together may take this long; then the user gets an error.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -225,17 +231,26 @@ async fn open(
 ) -> Result<Session, SshError> {
     let address = format!("{}:{}", target.host, target.port);
     let refusal = Arc::new(Mutex::new(None));
+    let bridge = forwarded.is_some();
     let checker = Checker {
         pod: pod_uid.to_owned(),
         expected: expected.clone(),
         refusal: refusal.clone(),
         forwarded,
     };
-    let config = Arc::new(client::Config {
+    let mut config = client::Config {
         inactivity_timeout: None,
         keepalive_interval: Some(Duration::from_secs(30)),
         ..Default::default()
-    });
+    };
+    if bridge {
+        // A bridge carries many connections for a long time: what one channel may hold unread
+        // in the controller is bounded (packets x packet size), not just its window.
+        config.window_size = BRIDGE_WINDOW;
+        config.maximum_packet_size = BRIDGE_PACKET;
+        config.channel_buffer_size = BRIDGE_BUFFERED_PACKETS;
+    }
+    let config = Arc::new(config);
     let connecting = async {
         let mut handle = client::connect(config, (target.host.as_str(), target.port), checker)
             .await

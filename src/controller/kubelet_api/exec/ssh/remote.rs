@@ -80,4 +80,12 @@ impl Session {
             ))),
         }
     }
+
+    /// Ends the connection (its remote forwards and channels with it).
+    pub async fn disconnect(&self) {
+        let _ = self
+            .handle
+            .disconnect(russh::Disconnect::ByApplication, "", "en")
+            .await;
+    }
 }

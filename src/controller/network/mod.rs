@@ -383,8 +383,9 @@ async fn said_blocked<P: Provider>(shared: &Shared<P>, pod: &Pod, verdict: &poli
                 true,
                 "NetworkPolicyNotApplied",
                 format!(
-                    "NetworkPolicy {} selects this pod and restricts its {direction} with rules the bridge to RunPod cannot judge yet (only allow-all rules are): so that the policy is not ignored, the bridge carries {what} (docs/networking.md)",
-                    names.join(", ")
+                    "NetworkPolicy {} selects this pod and restricts its {direction} with rules the bridge to {cloud} cannot judge yet (only allow-all rules are): so that the policy is not ignored, the bridge carries {what} (docs/networking.md)",
+                    names.join(", "),
+                    cloud = shared.provider.cloud().title,
                 ),
             )
             .await;

@@ -9,6 +9,8 @@
 #                                   image (default tag runpod-kubelet:dev); prints the tag
 #   scripts/image.sh --final-stage  print the Dockerfile this script builds, and nothing else
 #   IMAGE_STORAGE=DIR               buildah storage root (default: buildah's own)
+#   IMAGE_PROFILE=PROFILE           cargo profile of the binary (default release; tests/image.rs
+#                                   builds `dev`: it checks the image's make-up, not the optimiser)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,10 +35,12 @@ command -v buildah >/dev/null || {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends buildah >/dev/null
 }
 
-echo "[image] cargo build --release (static glibc)" >&2
+profile=${IMAGE_PROFILE:-release}
+echo "[image] cargo build --profile $profile (static glibc)" >&2
 RUSTFLAGS="-C target-feature=+crt-static" \
-  cargo build --quiet --release --target "$target" --bin runpod-kubelet --no-default-features
-binary="target/$target/release/runpod-kubelet"
+  cargo build --quiet --profile "$profile" --target "$target" --bin runpod-kubelet --no-default-features
+# Cargo's `dev` profile builds into `debug/`.
+binary="target/$target/$([[ $profile == dev ]] && echo debug || echo "$profile")/runpod-kubelet"
 if ! ldd "$binary" 2>&1 | grep -qE "statically linked|not a dynamic executable"; then
   echo "[image] $binary is not static" >&2
   exit 1

@@ -62,24 +62,6 @@ impl Judged {
 
 const NOT_OPTED_IN: &str = "NotOptedIn";
 
-/// The verdict once the node binding is known: a pod whose namespace is bound to another node
-/// (`why_not_here`) is refused `WrongNode` before anything but the reasons that say the node
-/// is not for it at all (not opted in, not a GPU pod).
-pub fn with_binding(refusal: Option<Refusal>, why_not_here: Option<String>) -> Option<Refusal> {
-    match refusal {
-        Some(refusal) if refusal.reason == NOT_OPTED_IN || refusal.reason == "NotRunOnRunPod" => {
-            Some(refusal)
-        }
-        refusal => why_not_here
-            .map(|message| Refusal {
-                reason: WRONG_NODE,
-                message,
-                fail: false,
-            })
-            .or(refusal),
-    }
-}
-
 /// Owners that replace a failed pod at once: failing their pods would only churn.
 const RECREATING_OWNERS: [&str; 4] = [
     "ReplicaSet",
@@ -97,12 +79,24 @@ pub fn needs_namespace_labels(pod: &Pod) -> bool {
         .is_none_or(|value| value != contract::BURST_ENABLED)
 }
 
-/// Why the controller must not create anything for `pod`, if it must not.
+/// A refusal because the pod's namespace is bound to another node.
+fn wrong_node(message: String) -> Refusal {
+    Refusal {
+        reason: WRONG_NODE,
+        message,
+        fail: false,
+    }
+}
+
+/// Why the controller must not create anything for `pod`, if it must not. A pod whose
+/// namespace is bound to another node (`why_not_here`) is refused `WrongNode` before anything
+/// but the reasons that say the node is not for it at all (not a GPU pod, not opted in).
 pub fn refusal(
     pod: &Pod,
     namespace_labels: &BTreeMap<String, String>,
     policy: &PolicyConfig,
     cloud: CloudName,
+    why_not_here: Option<String>,
 ) -> Option<Refusal> {
     let owner_kinds: Vec<&str> = pod
         .metadata
@@ -135,11 +129,11 @@ pub fn refusal(
     let view = match serde_json::to_value(pod).and_then(serde_json::from_value::<PodView>) {
         Ok(view) => view,
         Err(error) => {
-            return Some(Refusal {
+            return Some(why_not_here.map(wrong_node).unwrap_or(Refusal {
                 reason: "CannotRunOnRunPod",
                 message: format!("the pod could not be read: {error}"),
                 fail: false,
-            });
+            }));
         }
     };
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
@@ -164,6 +158,9 @@ pub fn refusal(
             message: format!("not run on {}: {message}", cloud.title),
             fail: false,
         });
+    }
+    if let Some(message) = why_not_here {
+        return Some(wrong_node(message));
     }
     let problems = policy::cannot_run(&view, policy);
     if !problems.is_empty() {
@@ -318,7 +315,7 @@ mod tests {
         ];
         for (name, pod, labels, expected) in cases {
             assert_eq!(
-                reason(refusal(&pod, labels, &policy(), CloudName::RUNPOD)),
+                reason(refusal(&pod, labels, &policy(), CloudName::RUNPOD, None)),
                 expected,
                 "{name}"
             );
@@ -332,6 +329,7 @@ mod tests {
             &BTreeMap::new(),
             &policy(),
             CloudName::RUNPOD,
+            None,
         )
         .unwrap();
         assert!(
@@ -345,6 +343,7 @@ mod tests {
             &enabled(),
             &policy(),
             CloudName::RUNPOD,
+            None,
         )
         .unwrap();
         assert!(refused.message.contains("US-TX-3") && refused.message.contains("EU-RO-1"));
@@ -363,6 +362,7 @@ mod tests {
                 &BTreeMap::new(),
                 &policy(),
                 CloudName::RUNPOD,
+                None,
             ),
             label: None,
             at,
@@ -382,6 +382,7 @@ mod tests {
                 &enabled(),
                 &policy(),
                 CloudName::RUNPOD,
+                None,
             ),
             label: None,
             at,
@@ -405,34 +406,40 @@ mod tests {
     #[test]
     fn a_pod_bound_elsewhere_is_refused_before_what_it_could_run() {
         let elsewhere = || Some("namespace team is bound to node b".to_owned());
-        let cannot = refusal(
-            &pod(json!({"spec": {"initContainers": [{"name": "i", "image": "b"}]}})),
-            &enabled(),
-            &policy(),
-            CloudName::RUNPOD,
-        );
+        let cannot = pod(json!({"spec": {"initContainers": [{"name": "i", "image": "b"}]}}));
+        let judge = |pod: &Pod, labels: &BTreeMap<String, String>, elsewhere| {
+            reason(refusal(
+                pod,
+                labels,
+                &policy(),
+                CloudName::RUNPOD,
+                elsewhere,
+            ))
+        };
         assert_eq!(
-            reason(with_binding(cannot.clone(), elsewhere())),
+            judge(&cannot, &enabled(), elsewhere()),
             Some(("WrongNode", false))
         );
-        assert_eq!(with_binding(cannot.clone(), None), cannot);
-        let not_opted_in = refusal(
-            &pod(json!({})),
-            &BTreeMap::new(),
-            &policy(),
-            CloudName::RUNPOD,
+        assert_eq!(
+            judge(&cannot, &enabled(), None).map(|(reason, _)| reason),
+            Some("CannotRunOnRunPod")
         );
         assert_eq!(
-            reason(with_binding(not_opted_in, elsewhere())),
+            judge(&pod(json!({})), &BTreeMap::new(), elsewhere()),
             Some(("NotOptedIn", false))
         );
+        let no_gpu = pod(json!({"spec": {"containers": [{"name": "c", "image": "i"}]}}));
         assert_eq!(
-            reason(with_binding(None, elsewhere())),
+            judge(&no_gpu, &enabled(), elsewhere()).map(|(reason, _)| reason),
+            Some("NotRunOnRunPod")
+        );
+        assert_eq!(
+            judge(&pod(json!({})), &enabled(), elsewhere()),
             Some(("WrongNode", false))
         );
         let at: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
         let judged = Judged {
-            refusal: with_binding(None, elsewhere()),
+            refusal: Some(wrong_node("namespace team is bound to node b".to_owned())),
             label: None,
             at,
         };

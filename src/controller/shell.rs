@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::controller::context::Shared;
 use crate::controller::kubelet_api::exec::ssh::{self, Expected, HostKeys, NodeKey, Target};
 use crate::controller::node::exec_key::ExecAccess;
-use crate::provider::{Instance, Provider};
+use crate::provider::{Instance, Provider, ShellAccess};
 
 /// Why a pod cannot be reached over SSH now: the HTTP status kubectl gets, and the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,10 +199,17 @@ async fn host_fingerprints<P: Provider>(
                     keys
                 }
                 Ok(Ok(_)) => {
+                    let printed_by = match shared.provider.shell_access() {
+                        ShellAccess::Offered {
+                            host_key_printed_by,
+                            ..
+                        } => host_key_printed_by,
+                        ShellAccess::Declined(_) => "its sshd's start",
+                    };
                     return Err(Refusal::new(
                         StatusCode::BAD_REQUEST,
                         format!(
-                            "pod {namespace}/{name}: the SSH host key of {} {} is not known: its container prints it when its sshd starts (runpod-kubelet's wrapper does for pods that end; RunPod's start script for images run without a command), and none is in its log; exec and port-forward connect only to a server they can verify. Retry once the pod has started",
+                            "pod {namespace}/{name}: the SSH host key of {} {} is not known: its container prints it when its sshd starts ({printed_by}), and none is in its log; exec and port-forward connect only to a server they can verify. Retry once the pod has started",
                             shared.provider.instance_noun(),
                             instance.id
                         ),

@@ -416,8 +416,13 @@ impl CloudName {
 /// cloud's creates install once it is given ([`Provider::accept_shell_key`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShellAccess {
-    /// Offered; `opened` says, in the create Event, what a create opens for it.
-    Offered { opened: &'static str },
+    /// Offered; `opened` says, in the create Event, what a create opens for it, and
+    /// `host_key_printed_by` names what prints the container's SSH host key to its log (the
+    /// only place the controller learns it from), for the message when none is there yet.
+    Offered {
+        opened: &'static str,
+        host_key_printed_by: &'static str,
+    },
     /// Declined, with the reason users read when they try.
     Declined(&'static str),
 }

@@ -19,7 +19,7 @@ pub struct RunPodArgs {
     )]
     pub runpod_api_url: String,
     /// Per-request timeout for RunPod calls.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "RUNPOD_KUBELET_RUNPOD_TIMEOUT")]
+    #[arg(long, default_value = "30s", value_parser = crate::flags::positive_duration, env = "RUNPOD_KUBELET_RUNPOD_TIMEOUT")]
     pub runpod_timeout: Duration,
     /// Requests per minute assumed until RunPod's `RateLimit-Policy` header says otherwise.
     #[arg(

@@ -125,6 +125,7 @@ async fn round<P: Provider>(
             &labels,
             &shared.settings.admission,
             shared.provider.cloud(),
+            None,
         )
         .is_none()
         {

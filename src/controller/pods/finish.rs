@@ -4,13 +4,12 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::Resource as _;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use runpod_contract::ENDED;
 use serde_json::json;
 
-use super::decide::ends;
+use super::decide::{Note, ends};
 use super::{ReconcileError, SHORT, pods_in, write};
 use crate::controller::clock::elapsed;
 use crate::controller::context::Shared;
@@ -127,6 +126,7 @@ pub(super) async fn delete<P: Provider>(
     Ok(Action::await_change())
 }
 
+/// Terminates the pod's `instance` once, and says so on the pod.
 pub(crate) async fn terminate<P: Provider>(
     ctx: &Shared<P>,
     pod: &Pod,
@@ -134,10 +134,22 @@ pub(crate) async fn terminate<P: Provider>(
     instance: &Instance,
     why: &str,
 ) -> Result<(), ReconcileError> {
+    let said = stop(ctx, uid, instance, why).await?;
+    super::write::notes(ctx, pod, said.into_iter().collect()).await;
+    Ok(())
+}
+
+/// Terminates the pod's `instance` once (a stop the cloud accepted already ended GPU
+/// billing); returns the Event to say, `None` when it was terminated before.
+pub(super) async fn stop<P: Provider>(
+    ctx: &Shared<P>,
+    uid: &str,
+    instance: &Instance,
+    why: &str,
+) -> Result<Option<Note>, ReconcileError> {
     if ctx.remember(uid, |m| m.terminated.contains(&instance.id)) {
-        return Ok(());
+        return Ok(None);
     }
-    // A stop RunPod accepted already ended GPU billing, even before a list shows it.
     let stopped = ctx.remember(uid, |m| m.stopped.contains(&instance.id));
     let ends = if stopped {
         Ends::Storage
@@ -147,16 +159,12 @@ pub(crate) async fn terminate<P: Provider>(
     ctx.provider.terminate(&instance.id, ends).await?;
     ctx.metrics.terminated(ctx.provider.name());
     ctx.remember(uid, |m| m.terminated.insert(instance.id.clone()));
-    ctx.event(
-        &pod.object_ref(&()),
-        false,
+    Ok(Some(Note::normal(
         "RunPodPodTerminated",
         format!(
             "{} {} terminated: {why}",
             ctx.provider.instance_noun(),
             instance.id
         ),
-    )
-    .await;
-    Ok(())
+    )))
 }

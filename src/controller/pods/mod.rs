@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::runtime::controller::Action;
 use tracing::instrument;
@@ -29,6 +28,7 @@ use super::context::Shared;
 use super::memory::PodMemory;
 use crate::provider::{Ends, Provider, ProviderError};
 use decide::{Remembered, Step};
+use status::{annotation, bound_at};
 
 /// Why a reconcile failed; it is retried.
 #[derive(Debug, thiserror::Error)]
@@ -64,29 +64,6 @@ pub(crate) const SHORT: Duration = Duration::from_secs(2);
 /// The pods API of a pod's namespace, for writing to it.
 fn pods_in(client: &kube::Client, namespace: Option<&str>) -> Api<Pod> {
     Api::namespaced(client.clone(), namespace.unwrap_or("default"))
-}
-
-fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
-}
-
-/// When the pod was bound to the node (its clock for the provisioning timeout).
-fn bound_at(pod: &Pod) -> Option<Timestamp> {
-    let scheduled = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| {
-            c.iter()
-                .find(|c| c.type_ == "PodScheduled" && c.status == "True")
-        })
-        .and_then(|c| c.last_transition_time.as_ref())
-        .map(|t| t.0);
-    scheduled.or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
 }
 
 /// Reconciles one pod.

@@ -53,15 +53,19 @@ pub(crate) fn instance_annotations(
     ]
 }
 
-/// Carries a decision out: its Event, then its status; returns when to look again.
-pub(super) async fn apply<P>(
+/// Carries a decision out: its Events, its status, then the annotations of the instance it
+/// describes; returns when to look again.
+pub(super) async fn apply<P: Provider>(
     ctx: &Shared<P>,
     pod: &Pod,
     outcome: Outcome,
 ) -> Result<Action, ReconcileError> {
-    notes(ctx, pod, outcome.event.into_iter().collect()).await;
+    notes(ctx, pod, outcome.events).await;
     if let Some(view) = &outcome.status {
         status(ctx, pod, view).await?;
+    }
+    if let Some(instance) = &outcome.describes {
+        annotations(ctx, pod, instance).await?;
     }
     Ok(match outcome.next {
         Next::Requeue(after) => Action::requeue(after),
@@ -80,23 +84,6 @@ pub(super) async fn notes<P>(ctx: &Shared<P>, pod: &Pod, notes: Vec<Note>) {
         )
         .await;
     }
-}
-
-pub(super) async fn waiting<P>(
-    ctx: &Shared<P>,
-    pod: &Pod,
-    reason: &str,
-    message: &str,
-) -> Result<(), ReconcileError> {
-    status(
-        ctx,
-        pod,
-        &View::Waiting {
-            reason,
-            message: message.to_owned(),
-        },
-    )
-    .await
 }
 
 /// Writes the status only when it changes anything.

@@ -137,6 +137,8 @@ impl Provider for RunPodProvider {
         ShellAccess::Offered {
             opened: "22/tcp for kubectl exec on a public IP and port (answers only this node's \
                      SSH key)",
+            host_key_printed_by: "runpod-kubelet's wrapper for pods that end; RunPod's start \
+                                  script for images run without a command",
         }
     }
 

@@ -66,9 +66,14 @@ pub(super) async fn eligibility<P: Provider>(
             error => return Err(error.into()),
         },
     };
-    let refusal = eligibility::refusal(pod, &labels, &ctx.settings.admission, ctx.provider.cloud());
     let why_not_here = wrong_node(ctx, name, &labels).await?;
-    let refusal = eligibility::with_binding(refusal, why_not_here);
+    let refusal = eligibility::refusal(
+        pod,
+        &labels,
+        &ctx.settings.admission,
+        ctx.provider.cloud(),
+        why_not_here,
+    );
     ctx.remember(uid, |m| {
         m.refusal = Some(Judged {
             refusal: refusal.clone(),

@@ -37,7 +37,7 @@ use crate::provider::{Provider, ProvisionError, ProvisionRequest, Provisioned, S
 
 /// Where the create ends: a decision for the one executor to write, or just when to look again.
 enum End {
-    Write(Outcome),
+    Write(Box<Outcome>),
     Look(Action),
 }
 
@@ -62,7 +62,7 @@ pub(super) async fn create<P: Provider>(
     ctx: &Shared<P>,
 ) -> Result<Action, ReconcileError> {
     match steps(pod, uid, snapshot, ctx).await? {
-        End::Write(outcome) => write::apply(ctx, pod, outcome).await,
+        End::Write(outcome) => write::apply(ctx, pod, *outcome).await,
         End::Look(action) => Ok(action),
     }
 }
@@ -93,8 +93,13 @@ async fn steps<P: Provider>(
         budget::after_create(ctx, pod, uid, settled).await;
     }
     match outcome {
-        Ok(made) => created(ctx, pod, uid, &for_cloud, made).await,
-        Err(error) => Ok(End::Write(failed(ctx, uid, &passed.facts, &error))),
+        Ok(made) => created(ctx, uid, &for_cloud, made).await,
+        Err(error) => Ok(End::Write(Box::new(failed(
+            ctx,
+            uid,
+            &passed.facts,
+            &error,
+        )))),
     }
 }
 
@@ -116,7 +121,7 @@ async fn gate<P: Provider>(
     snapshot: &Snapshot,
 ) -> Step<Passed> {
     if let Some(refusal) = judged::eligibility(ctx, pod, uid).await? {
-        return Ok(Break(End::Write(gates::refused(refusal))));
+        return Ok(Break(End::Write(Box::new(gates::refused(refusal)))));
     }
     let (nothing_created, next_create_at, excluded, marked_at, replacing_since) =
         ctx.remember(uid, |m| {
@@ -145,7 +150,7 @@ async fn gate<P: Provider>(
         unavailable: matches!(*ctx.health.borrow(), ApiHealth::Unavailable { .. }),
     };
     if let Some(outcome) = gates::create_gate(&facts, &ctx.settings, ctx.provider.cloud()) {
-        return Ok(Break(End::Write(outcome)));
+        return Ok(Break(End::Write(Box::new(outcome))));
     }
     Ok(Continue(Passed {
         facts,
@@ -190,11 +195,19 @@ async fn inputs<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> Step<Inputs> {
     let source = ClusterEnvSource(ctx.client.clone());
     let env = match env::resolve(&source, pod, container).await {
         Ok(env) => env,
-        Err(error) => return Ok(Break(End::Write(gates::config_error(error.to_string())))),
+        Err(error) => {
+            return Ok(Break(End::Write(Box::new(gates::config_error(
+                error.to_string(),
+            )))));
+        }
     };
     let volumes = match volumes::resolve(&source, pod, container).await {
         Ok(volumes) => volumes,
-        Err(error) => return Ok(Break(End::Write(gates::config_error(error.to_string())))),
+        Err(error) => {
+            return Ok(Break(End::Write(Box::new(gates::config_error(
+                error.to_string(),
+            )))));
+        }
     };
     let notes = provisioned::token_not_mounted(
         &volumes.skipped,
@@ -218,16 +231,16 @@ async fn reserve<P: Provider>(ctx: &Shared<P>, pod: &Pod, uid: &str) -> Step<Opt
         Gate::Unbounded => Continue(None),
         Gate::Reserved { usd } => Continue(Some(usd)),
         Gate::Later => Break(End::Look(Action::requeue(settings.reconcile_interval))),
-        Gate::Wait(message) => Break(End::Write(gates::budget_wait(
+        Gate::Wait(message) => Break(End::Write(Box::new(gates::budget_wait(
             BUDGET_EXCEEDED,
             message,
             settings,
-        ))),
-        Gate::TooSmall(message) => Break(End::Write(gates::budget_wait(
+        )))),
+        Gate::TooSmall(message) => Break(End::Write(Box::new(gates::budget_wait(
             BUDGET_TOO_SMALL,
             message,
             settings,
-        ))),
+        )))),
     })
 }
 
@@ -245,11 +258,10 @@ async fn send<P: Provider>(
     let pods = pods_in(&ctx.client, pod.metadata.namespace.as_deref());
     let name = pod.metadata.name.clone().unwrap_or_default();
     // Said before the marker: the create is sent as soon after it as possible.
-    write::notes(ctx, pod, notes).await;
+    let sending = provisioned::sending(notes, ctx.provider.instance_noun());
+    write::apply(ctx, pod, sending).await?;
     marker::mark_create_requested(ctx, uid, &pods, &name).await?;
     ctx.remember(uid, |m| m.nothing_created = false);
-    let message = format!("creating the {}", ctx.provider.instance_noun());
-    write::waiting(ctx, pod, "ContainerCreating", &message).await?;
 
     // Unreadable pull secrets are not fatal: an image that needs none still runs.
     let pull_credentials =
@@ -272,11 +284,10 @@ async fn send<P: Provider>(
     Ok(marker::provision_marked(ctx, &pods, &name, request).await)
 }
 
-/// An instance was made: remember it, say what it is, where it is public and what was not
-/// applied, terminate any duplicate, and write the instance's annotations.
+/// An instance was made: remember it and terminate any duplicate; returns what to write (what
+/// it is, where it is public, what was not applied, and the instance's annotations).
 async fn created<P: Provider>(
     ctx: &Shared<P>,
-    pod: &Pod,
     uid: &str,
     for_cloud: &Pod,
     made: Provisioned,
@@ -289,27 +300,30 @@ async fn created<P: Provider>(
         m.next_create_at = None;
     });
     let shell_opened = match ctx.provider.shell_access() {
-        ShellAccess::Offered { opened }
+        ShellAccess::Offered { opened, .. }
             if matches!(ctx.settings.exec, ExecAccess::Ready { .. }) =>
         {
             Some(opened)
         }
         _ => None,
     };
-    let notes = provisioned::created_notes(&Created {
-        made: &made,
-        pod: for_cloud,
-        noun: ctx.provider.instance_noun(),
-        title: ctx.provider.cloud().title,
-        shell_opened,
-        endpoint: &|port| ctx.provider.endpoint(&instance.id, port),
-    });
-    write::notes(ctx, pod, notes).await;
+    let mut outcome = provisioned::described(
+        &Created {
+            made: &made,
+            pod: for_cloud,
+            noun: ctx.provider.instance_noun(),
+            title: ctx.provider.cloud().title,
+            shell_opened,
+            endpoint: &|port| ctx.provider.endpoint(&instance.id, port),
+        },
+        ctx.settings.reconcile_interval,
+    );
     for duplicate in &made.duplicates {
-        finish::terminate(ctx, pod, uid, duplicate, "duplicate").await?;
+        outcome
+            .events
+            .extend(finish::stop(ctx, uid, duplicate, "duplicate").await?);
     }
-    write::annotations(ctx, pod, instance).await?;
-    Ok(End::Look(Action::requeue(ctx.settings.reconcile_interval)))
+    Ok(End::Write(Box::new(outcome)))
 }
 
 /// Nothing (or nothing known) was made: count the failure, remember what the decision says

@@ -74,7 +74,8 @@ pub fn create_gate(facts: &CreateFacts, settings: &Settings, cloud: CloudName) -
     }
     if facts.unavailable {
         return Some(Outcome {
-            event: None,
+            events: Vec::new(),
+            describes: None,
             status: Some(View::Waiting {
                 reason: "RunPodUnavailable",
                 message: format!("waiting for the {} API", cloud.title),
@@ -104,7 +105,8 @@ pub fn refused(refusal: Refusal) -> Outcome {
         }
     };
     Outcome {
-        event: Some(note),
+        events: vec![note],
+        describes: None,
         status: Some(status),
         next: Next::AwaitChange,
     }
@@ -115,7 +117,8 @@ pub fn refused(refusal: Refusal) -> Outcome {
 /// looked at again at every list, to start when room frees up (or the budget grows).
 pub fn budget_wait(reason: &'static str, message: String, settings: &Settings) -> Outcome {
     Outcome {
-        event: Some(Note::warning(reason, message.clone())),
+        events: vec![Note::warning(reason, message.clone())],
+        describes: None,
         status: Some(View::Waiting { reason, message }),
         next: Next::Requeue(settings.reconcile_interval),
     }
@@ -125,7 +128,8 @@ pub fn budget_wait(reason: &'static str, message: String, settings: &Settings) -
 /// tried again, as a kubelet does.
 pub fn config_error(message: String) -> Outcome {
     Outcome {
-        event: Some(Note::warning("CreateContainerConfigError", message.clone())),
+        events: vec![Note::warning("CreateContainerConfigError", message.clone())],
+        describes: None,
         status: Some(View::Waiting {
             reason: "CreateContainerConfigError",
             message,
@@ -169,7 +173,7 @@ pub(super) mod tests {
             Some(_) => "other".into(),
             None => "-".into(),
         };
-        let event = outcome.event.as_ref().map_or("-", |note| note.reason);
+        let event = outcome.events.first().map_or("-", |note| note.reason);
         let next = match outcome.next {
             Next::Requeue(after) => format!("{}s", after.as_secs()),
             Next::AwaitChange => "change".into(),
@@ -257,7 +261,7 @@ pub(super) mod tests {
             ..facts()
         };
         let outcome = create_gate(&late, &settings(), CloudName::VASTAI).unwrap();
-        let note = outcome.event.unwrap();
+        let note = outcome.events.into_iter().next().unwrap();
         assert_eq!(
             note.message,
             "no Vast.ai instance could be started within 15m"

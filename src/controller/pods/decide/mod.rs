@@ -28,6 +28,14 @@ pub struct Note {
 }
 
 impl Note {
+    pub fn normal(reason: &'static str, message: String) -> Note {
+        Note {
+            warning: false,
+            reason,
+            message,
+        }
+    }
+
     pub fn warning(reason: &'static str, message: String) -> Note {
         Note {
             warning: true,
@@ -48,7 +56,10 @@ pub enum Next {
 /// then the status (only when it changes anything); then when to look again.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    pub event: Option<Note>,
+    /// Events to say on the pod, in order.
+    pub events: Vec<Note>,
+    /// The instance whose annotations (id, cost, GPU, datacenter, endpoints) the pod must show.
+    pub describes: Option<Instance>,
     pub status: Option<View<'static>>,
     pub next: Next,
 }
@@ -57,7 +68,8 @@ impl Outcome {
     /// Nothing to write: look again after `after`.
     pub fn requeue(after: Duration) -> Outcome {
         Outcome {
-            event: None,
+            events: Vec::new(),
+            describes: None,
             status: None,
             next: Next::Requeue(after),
         }
@@ -66,7 +78,8 @@ impl Outcome {
     /// A warning Event and the pod failed with the same reason and message.
     pub fn fail(reason: &'static str, message: String, next: Next) -> Outcome {
         Outcome {
-            event: Some(Note::warning(reason, message.clone())),
+            events: vec![Note::warning(reason, message.clone())],
+            describes: None,
             status: Some(View::Failed { reason, message }),
             next,
         }

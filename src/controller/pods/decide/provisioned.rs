@@ -125,6 +125,31 @@ pub struct Created<'a> {
     pub endpoint: &'a dyn Fn(&runpod_contract::PortSpec) -> String,
 }
 
+/// What is written before a create is sent: the Events decided so far, and the pod waiting
+/// on its instance.
+pub fn sending(notes: Vec<Note>, noun: &str) -> Outcome {
+    Outcome {
+        events: notes,
+        describes: None,
+        status: Some(View::Waiting {
+            reason: "ContainerCreating",
+            message: format!("creating the {noun}"),
+        }),
+        next: Next::AwaitChange,
+    }
+}
+
+/// What a create that made an instance writes: its Events ([`created_notes`]) and the
+/// instance's annotations; the pod is looked at again after `interval`.
+pub fn described(created: &Created<'_>, interval: Duration) -> Outcome {
+    Outcome {
+        events: created_notes(created),
+        describes: Some(created.made.instance.clone()),
+        status: None,
+        next: Next::Requeue(interval),
+    }
+}
+
 /// The Events of a create that made an instance, in order: offers refused before it, what was
 /// made and what of it is public, what of the pod's securityContext was not applied (said
 /// where a Job's pods are read), and a possible duplicate still to come.
@@ -234,7 +259,8 @@ pub fn provision_failed(
                     .checked_add(SignedDuration::try_from(backoff).unwrap_or_default())
                     .ok(),
                 ..quiet(Outcome {
-                    event: Some(Note::warning("NoGpuCapacity", message.clone())),
+                    events: vec![Note::warning("NoGpuCapacity", message.clone())],
+                    describes: None,
                     status: Some(View::Waiting {
                         reason: "NoGpuCapacity",
                         message: message.clone(),
@@ -251,17 +277,19 @@ pub fn provision_failed(
         ProvisionError::AccountBlocked(message) => Failed {
             account_refused: Some(message.clone()),
             ..quiet(Outcome {
-                event: Some(Note::warning("RunPodAccountRefused", message.clone())),
+                events: vec![Note::warning("RunPodAccountRefused", message.clone())],
+                describes: None,
                 status: None,
                 next: Next::Requeue(settings.reconcile_interval),
             })
         },
         ProvisionError::Unsettled(message) => Failed {
             outcome: Outcome {
-                event: Some(Note::warning(
+                events: vec![Note::warning(
                     "CreateUnsettled",
                     format!("{message}; looking for the pod before any new create"),
-                )),
+                )],
+                describes: None,
                 status: None,
                 next: Next::Requeue(settings.create_settle),
             },

@@ -11,6 +11,30 @@ use kube::api::Patch;
 
 use crate::provider::{CloudName, Instance, InstanceState};
 
+/// The value of one of the pod's annotations.
+pub(crate) fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// When the pod was bound to the node (its clock for the provisioning timeout).
+pub(crate) fn bound_at(pod: &Pod) -> Option<Timestamp> {
+    let scheduled = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+        })
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0);
+    scheduled.or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
 /// What the pod's one container is doing, as far as the controller knows.
 #[derive(Debug, Clone)]
 pub enum View<'a> {

@@ -20,6 +20,18 @@ pub const NO_BRIDGE_WARNING: &str = "runpod-kubelet: runpod.io/ports: none opens
      (docs/networking.md); remove the annotation (22/tcp is then opened for this node's key only) \
      if it needs the cluster's network";
 
+/// The admission warning of a pod bound for a cloud that offers no shell, and so no bridge,
+/// when it looks like it needs the cluster's network: its namespace names cluster Services
+/// for it ([`CLUSTER_SERVICES`]), or it declares container ports a Service could route to.
+pub fn no_bridge_on(cloud: &str) -> String {
+    format!(
+        "runpod-kubelet: {cloud} offers no SSH into its containers, so this pod will not reach \
+         the cluster's Services by name and Services will not route to it (docs/networking.md: \
+         RunPod only); run it on RunPod (runpod.io/provider: runpod) if it needs the cluster's \
+         network"
+    )
+}
+
 /// The first and last line of the block the controller owns in a pod's `/etc/hosts`.
 pub const HOSTS_BEGIN: &str = "# runpod-kubelet: cluster services (begin)";
 pub const HOSTS_END: &str = "# runpod-kubelet: cluster services (end)";

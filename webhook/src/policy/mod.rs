@@ -410,6 +410,17 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     if closed && cloud == Cloud::RunPod {
         warnings.push(runpod_contract::network::NO_BRIDGE_WARNING.to_owned());
     }
+    let wants_network = context
+        .namespace_annotations
+        .contains_key(runpod_contract::network::CLUSTER_SERVICES)
+        || pod.spec.as_ref().is_some_and(|spec| {
+            spec.containers
+                .iter()
+                .any(|c| c.ports.as_ref().is_some_and(|ports| !ports.is_empty()))
+        });
+    if cloud != Cloud::RunPod && wants_network {
+        warnings.push(runpod_contract::network::no_bridge_on(cloud.display_name()));
+    }
     // Never dropped silently: said here, and again in the controller's Event at create time
     // (a Job's pods have no one to read admission warnings).
     if let Some(unapplied) = checks::unapplied_security_context_message(pod, cloud.display_name()) {

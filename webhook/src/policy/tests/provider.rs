@@ -530,3 +530,34 @@ fn cheapest_keeps_a_fallback_pod_only_a_shape_stops_local() {
     };
     assert_eq!(*untouched, Some(Untouched::CannotBurst), "{warnings:?}");
 }
+
+/// A cloud without a shell has no bridge: a pod that looks like it needs the cluster's network
+/// (container ports a Service could route to, or a namespace naming cluster Services) is told
+/// so at admission; one that does not is not.
+#[test]
+fn a_vastai_pod_that_needs_the_cluster_network_is_told_it_gets_none() {
+    let said = |pod: &Value, context: &Context| {
+        let (verdict, _) = admit_with(pod, context, &vast_config());
+        let Verdict::Allow { warnings, .. } = verdict else {
+            panic!("{verdict:?}")
+        };
+        warnings
+            .iter()
+            .any(|w| *w == runpod_contract::network::no_bridge_on("Vast.ai"))
+    };
+    assert!(said(&always(gpu_pod()), &namespace_with("vastai")));
+    let mut portless = always(gpu_pod());
+    portless["spec"]["containers"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("ports");
+    assert!(!said(&portless, &namespace_with("vastai")));
+    let mut asks = namespace_with("vastai");
+    asks.namespace_annotations.insert(
+        runpod_contract::network::CLUSTER_SERVICES.to_owned(),
+        "ml/*".to_owned(),
+    );
+    assert!(said(&portless, &asks));
+    // RunPod has the bridge.
+    assert!(!said(&always(gpu_pod()), &labelled_namespace()));
+}

@@ -3,8 +3,9 @@
 //! these files before the command runs (see `runpod::wrapper::materialise_script`); nothing a
 //! pod mounts is silently dropped.
 //!
-//! The service-account token mount is the one exception: RunPod pods cannot reach the
-//! apiserver, and shipping a cluster credential to a third-party cloud would leak it.
+//! The service-account token is the one exception: RunPod pods cannot reach the apiserver, and
+//! shipping a cluster credential to a third-party cloud would leak it. The mount's `ca.crt` and
+//! `namespace` are no credentials, and are shipped.
 
 use std::collections::BTreeMap;
 
@@ -18,6 +19,10 @@ use crate::provider::request::{MountedFile, Volumes};
 
 /// Where the kubelet mounts the service-account token; never shipped to the cloud.
 pub const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The token's file in the service-account mount (a legacy token Secret's key, or the
+/// projected token's path).
+const SERVICE_ACCOUNT_TOKEN_FILE: &str = "token";
 
 /// Largest mounted file: its base64 form travels in one env var, and Linux refuses to start a
 /// process with an env string over 128 KiB (the container would never start, yet bill).
@@ -65,27 +70,41 @@ pub async fn resolve(
     let mut out = Volumes::default();
     for mount in container.volume_mounts.iter().flatten() {
         let mount_path = mount.mount_path.trim_end_matches('/');
-        if mount_path == SERVICE_ACCOUNT_MOUNT {
-            out.skipped.push(mount.mount_path.clone());
-            continue;
-        }
         let volume = volumes
             .get(mount.name.as_str())
-            .ok_or_else(|| VolumeError::UnknownVolume(mount.name.clone()))?;
-        let contents = volume_files(source, namespace, pod, container, volume)
-            .await
-            .map_err(|error| match error {
-                Resolve::Env(source) => VolumeError::Source {
-                    volume: volume.name.clone(),
-                    source,
-                },
-                Resolve::Volume(error) => error,
-            })?;
+            .ok_or_else(|| VolumeError::UnknownVolume(mount.name.clone()));
+        let contents = match volume {
+            Ok(volume) => volume_files(source, namespace, pod, container, volume)
+                .await
+                .map_err(|error| match error {
+                    Resolve::Env(source) => VolumeError::Source {
+                        volume: volume.name.clone(),
+                        source,
+                    },
+                    Resolve::Volume(error) => error,
+                }),
+            Err(error) => Err(error),
+        };
+        let contents = if mount_path == SERVICE_ACCOUNT_MOUNT {
+            // The token never leaves; `ca.crt` and `namespace` are no credentials and go. A
+            // volume that cannot be read here (a cluster without the `kube-root-ca.crt`
+            // ConfigMap, say) is left out whole rather than hold the pod.
+            out.skipped.push(mount.mount_path.clone());
+            match contents {
+                Ok(Some((mut files, _))) => {
+                    files.retain(|(path, _, _)| path != SERVICE_ACCOUNT_TOKEN_FILE);
+                    Some((files, true))
+                }
+                _ => continue,
+            }
+        } else {
+            contents?
+        };
         let Some((contents, token_skipped)) = contents else {
             out.directories.push(mount_path.to_owned());
             continue;
         };
-        if token_skipped {
+        if token_skipped && mount_path != SERVICE_ACCOUNT_MOUNT {
             out.skipped.push(mount.mount_path.clone());
         }
         place(&mut out, mount, mount_path, contents)?;
@@ -452,6 +471,52 @@ mod tests {
             !format!("{volumes:?}").contains("lr: 0.1"),
             "no contents in logs"
         );
+    }
+
+    /// Both forms of the service-account mount (the legacy token Secret, and the projected
+    /// `kube-api-access` volume) ship `ca.crt` and `namespace`, never the token.
+    #[tokio::test]
+    async fn the_service_account_mount_keeps_its_ca_and_namespace_but_not_the_token() {
+        let mut source = source();
+        source.secrets.insert(
+            "default-token-abcde".to_owned(),
+            [
+                ("token".to_owned(), b"secret-jwt".to_vec()),
+                ("ca.crt".to_owned(), b"CA PEM".to_vec()),
+                ("namespace".to_owned(), b"ml".to_vec()),
+            ]
+            .into(),
+        );
+        source
+            .config_maps
+            .insert("kube-root-ca.crt".to_owned(), map(&[("ca.crt", "CA PEM")]));
+        let legacy = pod(
+            json!([{"name": "sa", "secret": {"secretName": "default-token-abcde"}}]),
+            json!([{"name": "sa", "mountPath": SERVICE_ACCOUNT_MOUNT}]),
+        );
+        let projected = pod(
+            json!([{"name": "kube-api-access-x1", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}
+            ]}}]),
+            json!([{"name": "kube-api-access-x1", "mountPath": SERVICE_ACCOUNT_MOUNT}]),
+        );
+        for pod in [legacy, projected] {
+            let container = pod.spec.as_ref().unwrap().containers[0].clone();
+            let volumes = resolve(&source, &pod, &container).await.unwrap();
+            let mut paths: Vec<&str> = volumes.files.iter().map(|f| f.path.as_str()).collect();
+            paths.sort();
+            let ca = format!("{SERVICE_ACCOUNT_MOUNT}/ca.crt");
+            let namespace = format!("{SERVICE_ACCOUNT_MOUNT}/namespace");
+            assert_eq!(paths, [ca.as_str(), namespace.as_str()], "{volumes:?}");
+            assert_eq!(file(&volumes, &ca).content, b"CA PEM");
+            assert!(
+                !volumes.files.iter().any(|f| f.content == b"secret-jwt"),
+                "the token stays in the cluster"
+            );
+            assert_eq!(volumes.skipped, [SERVICE_ACCOUNT_MOUNT], "and it is said");
+        }
     }
 
     #[tokio::test]

@@ -183,9 +183,21 @@ async fn scenarios(
         .filter(|(key, _)| key.starts_with("RUNPOD_KUBELET_FILE_"))
         .filter_map(|(_, value)| BASE64.decode(value.as_str()?).ok())
         .collect::<Vec<_>>();
+    // The configMap file, and of the ServiceAccount mount only `ca.crt` and `namespace`: the
+    // token (a JWT) never leaves the cluster.
+    let texts: Vec<String> = mounted
+        .iter()
+        .map(|file| String::from_utf8_lossy(file).into_owned())
+        .collect();
     ensure!(
-        mounted == [b"lr: 0.1\n".to_vec()],
-        "mounted file contents {mounted:?}"
+        texts.iter().any(|text| text == "lr: 0.1\n")
+            && texts.iter().any(|text| text == ns)
+            && texts
+                .iter()
+                .any(|text| text.starts_with("-----BEGIN CERTIFICATE-----"))
+            && texts.len() == 3
+            && !texts.iter().any(|text| text.starts_with("eyJ")),
+        "mounted file contents {texts:?}"
     );
     ensure!(
         entry["ports"] == json!(["8888/http", "22/tcp"]),
@@ -205,7 +217,8 @@ async fn scenarios(
         )
         .await?;
     ensure!(
-        finished_logs.contains("epoch 2") && finished_logs.contains("runpod-kubelet: exit-code=0"),
+        // The wrapper's exit line is the controller's, not the user's (issue 45).
+        finished_logs.contains("epoch 2") && !finished_logs.contains("runpod-kubelet: exit-code="),
         "logs of the finished pod: {finished_logs:?}"
     );
 

@@ -256,8 +256,8 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
             .with_context(|| format!("the quickstart has no `{prefix}`"))
     };
     let logs = find("kubectl -n ml-team logs job/train")?;
-    // The container's lines, in order (RunPod's completion wrapper may add its exit-code line
-    // after them: docs/runpod.md).
+    // The container's lines, in order (the completion wrapper's own lines never reach
+    // `kubectl logs`: docs/runpod.md).
     ensure!(
         logs.lines().take(LOG.len()).collect::<Vec<_>>() == LOG,
         "kubectl logs printed {logs:?}, the container printed {LOG:?}"

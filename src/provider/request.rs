@@ -61,6 +61,10 @@ pub struct Volumes {
     pub directories: Vec<String>,
     /// Mount paths deliberately not materialised (the service-account token), for an Event.
     pub skipped: Vec<String>,
+    /// The ServiceAccount mount's files other than the token (`ca.crt`, `namespace`): every
+    /// pod has them, and none needs them to run, so a cloud writes them where it writes files
+    /// for this pod anyway and leaves them out where it cannot (never refusing a pod for them).
+    pub service_account: Vec<MountedFile>,
 }
 
 impl Volumes {

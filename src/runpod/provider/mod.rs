@@ -217,10 +217,18 @@ impl Provider for RunPodProvider {
         let mut base = translate::create_request(pod, &env, &origin, first)
             .map_err(|e| ProvisionError::Rejected(e.to_string()))?;
         let words = command_words(container, &env);
+        // The ServiceAccount's ca.crt and namespace only where the wrapper runs a command; an
+        // image run without one keeps its own start (and cannot be handed files).
+        let service_account = if words.is_empty() {
+            &[][..]
+        } else {
+            &request.volumes.service_account[..]
+        };
         let files: Vec<FileToWrite<'_>> = request
             .volumes
             .files
             .iter()
+            .chain(service_account)
             .map(|file| FileToWrite {
                 path: &file.path,
                 content: &file.content,
@@ -291,21 +299,32 @@ impl Provider for RunPodProvider {
             .map_err(provider_error)
     }
 
+    /// The code from the wrapper's exit line; the lines kept for `kubectl logs` without the
+    /// wrapper's markers.
     async fn final_log(&self, id: &str) -> Result<FinalLog, ProviderError> {
-        let mut lines = self.logs(
-            id,
-            LogOptions {
-                follow: false,
-                tail_lines: Some(FINAL_LOG_LINES),
-                since: None,
-            },
-        );
+        let request = LogRequest {
+            source: Some(LogSource::Container),
+            tail: Some(FINAL_LOG_LINES),
+            since: None,
+            follow: false,
+            after_id: None,
+            quiet: None,
+        };
+        let mut lines = self.client.logs(id, request);
         let mut seen = Vec::new();
         while let Some(line) = lines.next().await {
-            seen.push(line?);
+            seen.push(line.map_err(provider_error)?);
         }
         let code = crate::provider::exit_code(seen.iter().map(|entry| entry.line.as_str()));
-        Ok(FinalLog::bounded(code, seen))
+        let kept = seen
+            .into_iter()
+            .filter(|entry| !wrapper::is_marker_line(&entry.line))
+            .map(|entry| LogEntry {
+                timestamp: entry.ts,
+                line: entry.line,
+            })
+            .collect();
+        Ok(FinalLog::bounded(code, kept))
     }
 
     async fn ssh_host_keys(&self, id: &str) -> Result<Vec<String>, ProviderError> {
@@ -336,14 +355,14 @@ impl Provider for RunPodProvider {
             after_id: None,
             quiet: None,
         };
-        // The wrapper's host-key lines are for the controller, not the user's log.
+        // The wrapper's markers are for the controller, not the user's log.
         Box::pin(
             self.client
                 .logs(id, request)
                 .filter(|item| {
                     let ours = item
                         .as_ref()
-                        .is_ok_and(|line| wrapper::is_host_key_line(&line.line));
+                        .is_ok_and(|line| wrapper::is_marker_line(&line.line));
                     std::future::ready(!ours)
                 })
                 .map(|item| {

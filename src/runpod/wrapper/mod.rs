@@ -111,6 +111,11 @@ runpod_kubelet_forward() {
 trap 'runpod_kubelet_forward TERM' TERM
 trap 'runpod_kubelet_forward INT' INT
 runpod_kubelet_run() {
+  if ! command -v "$1" >/dev/null 2>&1; then
+    echo "exec: \"$1\": executable file not found in \$PATH" >&2
+    rc=127
+    return
+  fi
   "$@" &
   child=$!
   if [ -n "$pending" ]; then kill -s "$pending" "$child" 2>/dev/null; pending=; fi
@@ -143,9 +148,15 @@ runpod_kubelet_finish "$code""#;
 /// What the wrapper prints before each host key fingerprint.
 pub const HOST_KEY_PREFIX: &str = "runpod-kubelet: ssh-host-key=";
 
-/// Whether `line` is one of the wrapper's host-key lines (kept out of `kubectl logs`).
+/// Whether `line` is one of the wrapper's host-key lines.
 pub fn is_host_key_line(line: &str) -> bool {
     line.trim().starts_with(HOST_KEY_PREFIX)
+}
+
+/// Whether `line` is one of the wrapper's markers (host keys, exit codes): read by the
+/// controller, kept out of `kubectl logs`.
+pub fn is_marker_line(line: &str) -> bool {
+    is_host_key_line(line) || line.trim().starts_with(crate::provider::EXIT_CODE_PREFIX)
 }
 
 /// The SSH host key fingerprints a container printed when its sshd started: the wrapper's

@@ -636,3 +636,40 @@ fn the_wrapper_starts_sshd_key_only_whatever_the_images_config_says() {
         }
     }
 }
+
+/// A command that is not there reads as the container runtime says it (not as the wrapper's
+/// shell, with its name and line number), and ends with 127.
+#[test]
+fn a_missing_command_reads_as_the_runtime_says_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let argv = wrapper_in(
+        dir.path(),
+        &["nonexistent-command", "--flag"],
+        Completion::RunOnce,
+        None,
+    );
+    let output = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        stderr.trim(),
+        "exec: \"nonexistent-command\": executable file not found in $PATH"
+    );
+    assert!(!stderr.contains("runpod-kubelet-wrapper"), "{stderr}");
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "runpod-kubelet: exit-code=127\n"
+    );
+}
+
+#[test]
+fn the_wrappers_markers_are_kept_out_of_the_users_log() {
+    assert!(is_marker_line("runpod-kubelet: exit-code=0"));
+    assert!(is_marker_line("runpod-kubelet: ssh-host-key=SHA256:x"));
+    assert!(!is_marker_line(
+        "epoch 2: runpod-kubelet: exit-code=0 is what I print"
+    ));
+    assert!(!is_marker_line("hello"));
+}

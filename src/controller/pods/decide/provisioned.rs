@@ -85,9 +85,8 @@ pub fn token_not_mounted(skipped: &[String], title: &str, noun: &str) -> Option<
         warning: false,
         reason: "ServiceAccountTokenNotMounted",
         message: format!(
-            "the service-account token in {} is not mounted on {title} (the mount's other \
-             files, such as ca.crt and namespace, are): {noun}s cannot reach the cluster's \
-             apiserver, and a cluster credential is not shipped to the cloud",
+            "the service-account token in {} is not mounted on {title}: {noun}s cannot reach \
+             the cluster's apiserver, and a cluster credential is not shipped to the cloud",
             skipped.join(", ")
         ),
     })

@@ -90,13 +90,13 @@ pub async fn resolve(
             // volume that cannot be read here (a cluster without the `kube-root-ca.crt`
             // ConfigMap, say) is left out whole rather than hold the pod.
             out.skipped.push(mount.mount_path.clone());
-            match contents {
-                Ok(Some((mut files, _))) => {
-                    files.retain(|(path, _, _)| path != SERVICE_ACCOUNT_TOKEN_FILE);
-                    Some((files, true))
-                }
-                _ => continue,
+            if let Ok(Some((mut files, _))) = contents {
+                files.retain(|(path, _, _)| path != SERVICE_ACCOUNT_TOKEN_FILE);
+                let mut placed = Volumes::default();
+                place(&mut placed, mount, mount_path, files)?;
+                out.service_account.extend(placed.files);
             }
+            continue;
         } else {
             contents?
         };
@@ -104,7 +104,7 @@ pub async fn resolve(
             out.directories.push(mount_path.to_owned());
             continue;
         };
-        if token_skipped && mount_path != SERVICE_ACCOUNT_MOUNT {
+        if token_skipped {
             out.skipped.push(mount.mount_path.clone());
         }
         place(&mut out, mount, mount_path, contents)?;
@@ -505,14 +505,17 @@ mod tests {
         for pod in [legacy, projected] {
             let container = pod.spec.as_ref().unwrap().containers[0].clone();
             let volumes = resolve(&source, &pod, &container).await.unwrap();
-            let mut paths: Vec<&str> = volumes.files.iter().map(|f| f.path.as_str()).collect();
+            assert!(volumes.files.is_empty(), "{volumes:?}");
+            let written = &volumes.service_account;
+            let mut paths: Vec<&str> = written.iter().map(|f| f.path.as_str()).collect();
             paths.sort();
             let ca = format!("{SERVICE_ACCOUNT_MOUNT}/ca.crt");
             let namespace = format!("{SERVICE_ACCOUNT_MOUNT}/namespace");
             assert_eq!(paths, [ca.as_str(), namespace.as_str()], "{volumes:?}");
-            assert_eq!(file(&volumes, &ca).content, b"CA PEM");
+            let ca_file = written.iter().find(|f| f.path == ca).unwrap();
+            assert_eq!(ca_file.content, b"CA PEM");
             assert!(
-                !volumes.files.iter().any(|f| f.content == b"secret-jwt"),
+                !written.iter().any(|f| f.content == b"secret-jwt"),
                 "the token stays in the cluster"
             );
             assert_eq!(volumes.skipped, [SERVICE_ACCOUNT_MOUNT], "and it is said");

@@ -307,6 +307,66 @@ pub fn unapplied_security_context_message(pod: &PodView, cloud: &str) -> Option<
     })
 }
 
+/// The container fields a burst pod sets that no cloud container honours yet: probes (Ready
+/// follows the container's start, and nothing restarts it on a failed probe), lifecycle hooks
+/// (never run), and memory or CPU limits (not enforced inside the cloud's container: a
+/// `ulimit` would break CUDA's address space, so none is set). Paths as `kubectl explain`
+/// names them.
+pub fn unhonoured(pod: &PodView) -> Vec<String> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let mut unhonoured = Vec::new();
+    for container in &spec.containers {
+        let at = |field: &str| format!("containers[{}].{field}", container.name);
+        let set = |value: &Option<serde_json::Value>| {
+            value.as_ref().is_some_and(|value| !value.is_null())
+        };
+        for (field, value) in [
+            ("startupProbe", &container.startup_probe),
+            ("livenessProbe", &container.liveness_probe),
+            ("readinessProbe", &container.readiness_probe),
+        ] {
+            if set(value) {
+                unhonoured.push(at(field));
+            }
+        }
+        if let Some(hooks) = container.lifecycle.as_ref().and_then(|l| l.as_object()) {
+            for (hook, value) in hooks {
+                if !value.is_null() {
+                    unhonoured.push(at(&format!("lifecycle.{hook}")));
+                }
+            }
+        }
+        let limits = container.resources.as_ref().and_then(|r| r.limits.as_ref());
+        for (resource, value) in [
+            ("memory", limits.and_then(|l| l.memory.as_ref())),
+            ("cpu", limits.and_then(|l| l.cpu.as_ref())),
+        ] {
+            if value.is_some_and(|value| !value.is_null()) {
+                unhonoured.push(at(&format!("resources.limits.{resource}")));
+            }
+        }
+    }
+    unhonoured
+}
+
+/// [`unhonoured`] as the admission warning and the controller's Event say it; `None` when the
+/// pod sets none of them.
+pub fn unhonoured_message(pod: &PodView, cloud: &str) -> Option<String> {
+    let unhonoured = unhonoured(pod);
+    (!unhonoured.is_empty()).then(|| {
+        format!(
+            "{cloud} does not run or enforce {}: probes are not run (Ready follows the \
+             container's start, and a failing probe restarts nothing), lifecycle hooks are not \
+             run, and memory and CPU limits are not enforced inside the container; keep pods \
+             that rely on them local with {}: never",
+            unhonoured.join(", "),
+            contract::BURST_MODE
+        )
+    })
+}
+
 /// Well-formed values this cluster does not allow: datacenters outside the allowed list, a price
 /// above the cap.
 pub fn policy_violations(

@@ -117,6 +117,15 @@ pub struct ContainerView {
     pub volume_mounts: Option<Vec<MountView>>,
     #[serde(default)]
     pub security_context: Option<serde_json::Value>,
+    /// Probes and hooks: only whether they are set is read ([`crate::checks::unhonoured`]).
+    #[serde(default)]
+    pub startup_probe: Option<serde_json::Value>,
+    #[serde(default)]
+    pub liveness_probe: Option<serde_json::Value>,
+    #[serde(default)]
+    pub readiness_probe: Option<serde_json::Value>,
+    #[serde(default)]
+    pub lifecycle: Option<serde_json::Value>,
 }
 
 /// A `containerPort` entry.
@@ -148,12 +157,18 @@ pub struct ResourcesView {
     pub requests: Option<GpuQuantity>,
 }
 
-/// The GPU entry of a `limits` or `requests` map; other resources are skipped unread.
+/// The GPU, memory and CPU entries of a `limits` or `requests` map; other resources are
+/// skipped unread.
 #[derive(Debug, Default, Deserialize)]
 pub struct GpuQuantity {
     /// Must equal [`crate::GPU_RESOURCE`] (serde needs the literal; a test checks it).
     #[serde(default, rename = "nvidia.com/gpu")]
     pub gpu: Option<String>,
+    /// Only whether it is set is read (a limit no cloud container enforces).
+    #[serde(default)]
+    pub memory: Option<serde_json::Value>,
+    #[serde(default)]
+    pub cpu: Option<serde_json::Value>,
 }
 
 impl ResourcesView {

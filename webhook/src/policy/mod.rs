@@ -426,6 +426,9 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     if let Some(unapplied) = checks::unapplied_security_context_message(pod, cloud.display_name()) {
         warnings.push(format!("runpod-kubelet: {unapplied}"));
     }
+    if let Some(unhonoured) = checks::unhonoured_message(pod, cloud.display_name()) {
+        warnings.push(format!("runpod-kubelet: {unhonoured}"));
+    }
     mutation::schedule_onto_cloud(pod, placement, cloud, &mut mutation, &mut warnings);
     if let Some(hosts) = pin {
         mutation.require_nodes = mutation::pinned_terms(pod, placement, &hosts);

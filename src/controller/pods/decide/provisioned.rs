@@ -189,14 +189,23 @@ pub fn created_notes(created: &Created<'_>) -> Vec<Note> {
             )
         ),
     });
-    let unapplied = serde_json::to_value(created.pod)
+    let view = serde_json::to_value(created.pod)
         .and_then(serde_json::from_value::<runpod_contract::pod::PodView>)
-        .ok()
-        .and_then(|view| {
-            runpod_contract::checks::unapplied_security_context_message(&view, created.title)
-        });
-    if let Some(message) = unapplied {
-        notes.push(Note::warning("SecurityContextNotApplied", message));
+        .ok();
+    if let Some(view) = &view {
+        let checks = [
+            (
+                "SecurityContextNotApplied",
+                runpod_contract::checks::unapplied_security_context_message(view, created.title),
+            ),
+            (
+                "PodFieldsNotHonoured",
+                runpod_contract::checks::unhonoured_message(view, created.title),
+            ),
+        ];
+        for (reason, message) in checks {
+            notes.extend(message.map(|message| Note::warning(reason, message)));
+        }
     }
     if made.possibly_duplicated {
         // Every later list is checked for a second instance with this UID tag, which the

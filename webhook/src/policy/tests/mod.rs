@@ -1235,6 +1235,46 @@ fn a_security_context_the_cloud_does_not_apply_is_warned_about_by_field() {
     assert!(checks::unapplied_security_context(&typed(&odd)).is_empty());
 }
 
+/// Probes, hooks and memory/CPU limits are not honoured on a cloud yet: never silently.
+#[test]
+fn probes_hooks_and_limits_the_cloud_does_not_honour_are_warned_about_by_field() {
+    let mut pod = gpu_pod();
+    let main = &mut pod["spec"]["containers"][0];
+    main["readinessProbe"] = json!({"httpGet": {"path": "/ready", "port": 8080}});
+    main["livenessProbe"] = json!({"tcpSocket": {"port": 8080}});
+    main["lifecycle"] = json!({"postStart": {"exec": {"command": ["touch", "/tmp/up"]}}});
+    main["resources"]["limits"]["memory"] = json!("100Mi");
+    assert_eq!(
+        checks::unhonoured(&typed(&pod)),
+        [
+            "containers[main].livenessProbe",
+            "containers[main].readinessProbe",
+            "containers[main].lifecycle.postStart",
+            "containers[main].resources.limits.memory",
+        ]
+    );
+    let Verdict::Allow { warnings, .. } = admit(&pod, &labelled_namespace()).0 else {
+        panic!("the pod still bursts");
+    };
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("RunPod does not run or enforce")
+                && w.contains("containers[main].lifecycle.postStart")),
+        "{warnings:?}"
+    );
+    // A pod that sets none of them hears nothing of it.
+    let Verdict::Allow { warnings, .. } = admit(&gpu_pod(), &labelled_namespace()).0 else {
+        panic!("denied");
+    };
+    assert!(
+        !warnings
+            .iter()
+            .any(|w| w.contains("does not run or enforce")),
+        "{warnings:?}"
+    );
+}
+
 #[test]
 fn policy_violations_of_delayed_pods_are_refused() {
     let pod = annotate(gpu_pod(), contract::DATACENTER_IDS, "US-CA-2");

@@ -179,6 +179,33 @@ async fn cannot_run_fails_fast(
         .unwrap_or_default();
     ensure!(message.contains("init containers"), "message: {message}");
     ensure!(ledger_for(simulator, &uid(&failed)).await?.is_empty());
+    // Honest status (issue 45): the init container has a status too, with the reason, and
+    // `kubectl logs` of either container says it will never start (not "waiting to start").
+    let init_reason = failed
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_ref())
+        .and_then(|l| l.iter().find(|c| c.name == "prep"))
+        .and_then(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone());
+    ensure!(
+        init_reason.as_deref() == Some("CannotRunOnRunPod"),
+        "initContainerStatuses: {:?}",
+        failed.status
+    );
+    for container in ["prep", "main"] {
+        let params = kube::api::LogParams {
+            container: Some(container.to_owned()),
+            ..Default::default()
+        };
+        let said = match pods.logs("with-init", &params).await {
+            Ok(text) => text,
+            Err(error) => error.to_string(),
+        };
+        ensure!(
+            said.contains("will never start") && said.contains("CannotRunOnRunPod"),
+            "kubectl logs -c {container}: {said}"
+        );
+    }
     Ok(())
 }
 

@@ -9,6 +9,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
 use serde::Deserialize;
@@ -100,10 +101,12 @@ pub(super) async fn container_logs<P: Provider>(
         )
             .into_response();
     };
-    let known = pod
-        .spec
-        .as_ref()
-        .is_some_and(|s| s.containers.iter().any(|c| c.name == container));
+    let known = pod.spec.as_ref().is_some_and(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .any(|c| c.name == container)
+    });
     if !known {
         return (
             StatusCode::NOT_FOUND,
@@ -136,10 +139,7 @@ pub(super) async fn container_logs<P: Provider>(
     let Some(instance_id) = instance_id else {
         return (
             StatusCode::BAD_REQUEST,
-            format!(
-                "container {container:?} in pod {namespace}/{name} is waiting to start on {}\n",
-                state.shared.provider.cloud().title
-            ),
+            not_started(&pod, &container, state.shared.provider.cloud().title),
         )
             .into_response();
     };
@@ -159,6 +159,36 @@ pub(super) async fn container_logs<P: Provider>(
         .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
         .body(Body::from_stream(lines))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// What `kubectl logs` says of a container with no instance: one that will never start (its
+/// pod failed before it ran, refused, say) says why, as the pod's status does; any other is
+/// waiting to start.
+fn not_started(pod: &Pod, container: &str, cloud: &str) -> String {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let status = pod.status.as_ref();
+    let waiting = status
+        .into_iter()
+        .flat_map(|s| {
+            s.container_statuses
+                .iter()
+                .flatten()
+                .chain(s.init_container_statuses.iter().flatten())
+        })
+        .find(|s| s.name == container)
+        .and_then(|s| s.state.as_ref()?.waiting.as_ref());
+    let failed = status.and_then(|s| s.phase.as_deref()) == Some("Failed");
+    match waiting {
+        Some(waiting) if failed => format!(
+            "container {container:?} in pod {namespace}/{name} will never start: {}: {}\n",
+            waiting.reason.as_deref().unwrap_or("Failed"),
+            waiting.message.as_deref().unwrap_or_default()
+        ),
+        _ => format!(
+            "container {container:?} in pod {namespace}/{name} is waiting to start on {cloud}\n"
+        ),
+    }
 }
 
 /// One line as `kubectl logs` shows it, with its timestamp first when asked for.
@@ -211,6 +241,37 @@ mod tests {
     fn serde_urlencoded_like(text: &str) -> LogQuery {
         let uri: axum::http::Uri = format!("/x?{text}").parse().unwrap();
         Query::<LogQuery>::try_from_uri(&uri).unwrap().0
+    }
+
+    /// A refused pod's containers say why they will never start; a pod still on its way says
+    /// it is waiting.
+    #[test]
+    fn a_container_that_will_never_start_says_why() {
+        let pod = |phase: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "ns"},
+                "spec": {"initContainers": [{"name": "fetch"}], "containers": [{"name": "main"}]},
+                "status": {"phase": phase,
+                    "containerStatuses": [{"name": "main", "image": "i", "imageID": "",
+                        "ready": false, "restartCount": 0,
+                        "state": {"waiting": {"reason": "CannotRunOnRunPod",
+                            "message": "RunPod cannot run this pod: init containers"}}}],
+                    "initContainerStatuses": [{"name": "fetch", "image": "b", "imageID": "",
+                        "ready": false, "restartCount": 0,
+                        "state": {"waiting": {"reason": "CannotRunOnRunPod", "message": "m"}}}]}
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            not_started(&pod("Failed"), "main", "RunPod"),
+            "container \"main\" in pod ns/p will never start: CannotRunOnRunPod: RunPod cannot \
+             run this pod: init containers\n"
+        );
+        assert!(not_started(&pod("Failed"), "fetch", "RunPod").contains("will never start"));
+        assert_eq!(
+            not_started(&pod("Pending"), "main", "RunPod"),
+            "container \"main\" in pod ns/p is waiting to start on RunPod\n"
+        );
     }
 
     #[test]

@@ -129,12 +129,37 @@ pub fn desired(pod: &Pod, view: &View<'_>, host_ip: &str, now: Timestamp) -> Pod
         }),
         ..Default::default()
     };
+    // A pod that will never start (refused, say) shows every container, its init containers
+    // too, waiting with the reason: the kubelet's `kubectl get` and `describe` read them all.
+    let never_started = |containers: &[k8s_openapi::api::core::v1::Container]| {
+        containers
+            .iter()
+            .map(|container| ContainerStatus {
+                name: container.name.clone(),
+                image: container.image.clone().unwrap_or_default(),
+                started: Some(false),
+                state: container_status.state.clone(),
+                ..Default::default()
+            })
+            .collect::<Vec<_>>()
+    };
+    let (more, init_container_statuses) = match (view, pod.spec.as_ref()) {
+        (View::Failed { .. }, Some(spec)) => (
+            never_started(spec.containers.get(1..).unwrap_or_default()),
+            spec.init_containers
+                .as_deref()
+                .filter(|init| !init.is_empty())
+                .map(never_started),
+        ),
+        _ => (Vec::new(), None),
+    };
     let conditions = conditions(pod, &current, ready, now);
     let start_time = current.start_time.clone().or(Some(Time(now)));
     PodStatus {
         phase: Some(phase.to_owned()),
         conditions: Some(conditions),
-        container_statuses: Some(vec![container_status]),
+        container_statuses: Some(std::iter::once(container_status).chain(more).collect()),
+        init_container_statuses,
         host_ip: Some(host_ip.to_owned()),
         start_time,
         reason,
@@ -383,10 +408,11 @@ fn condition(
 /// The status members the controller owns: [`changes`] compares them and a status write sets
 /// each one (`null` removes it). `podIPs` as well as `podIP`: the apiserver refills an unset
 /// `podIP` from `podIPs`, so one written by an earlier version is only gone when both are.
-const OWNED: [&str; 9] = [
+const OWNED: [&str; 10] = [
     "phase",
     "conditions",
     "containerStatuses",
+    "initContainerStatuses",
     "hostIP",
     "podIP",
     "podIPs",

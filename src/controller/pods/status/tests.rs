@@ -579,3 +579,58 @@ fn the_write_carries_only_owned_conditions_with_every_member() {
     owned.remove("conditions");
     assert_eq!(rest, owned);
 }
+
+/// A refused pod shows every container and init container, each waiting with the reason; a
+/// pod that runs shows its one container and no init containers.
+#[test]
+fn a_pod_that_never_starts_shows_every_container_with_the_reason() {
+    let refused: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+        "spec": {
+            "initContainers": [{"name": "fetch", "image": "busybox"}],
+            "containers": [{"name": "main", "image": "img"}, {"name": "side", "image": "proxy"}],
+            "nodeName": "virtual-runpod"
+        }
+    }))
+    .unwrap();
+    let status = desired(
+        &refused,
+        &View::Failed {
+            reason: "CannotRunOnRunPod",
+            message: "RunPod cannot run this pod: init containers".into(),
+        },
+        "10.0.0.1",
+        now(),
+    );
+    let reason_of = |s: &ContainerStatus| {
+        let waiting = s.state.as_ref()?.waiting.as_ref()?;
+        Some((s.name.clone(), waiting.reason.clone()?))
+    };
+    let shown: Vec<_> = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten())
+        .filter_map(reason_of)
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("main".to_owned(), "CannotRunOnRunPod".to_owned()),
+            ("side".to_owned(), "CannotRunOnRunPod".to_owned()),
+            ("fetch".to_owned(), "CannotRunOnRunPod".to_owned()),
+        ]
+    );
+    assert!(changes(&refused, &status).contains(&"initContainerStatuses"));
+    let running = desired(
+        &pod(),
+        &View::Waiting {
+            reason: "ContainerCreating",
+            message: "creating".into(),
+        },
+        "10.0.0.1",
+        now(),
+    );
+    assert_eq!(running.container_statuses.map(|l| l.len()), Some(1));
+    assert!(running.init_container_statuses.is_none());
+}

@@ -309,10 +309,13 @@ pub fn unapplied_security_context_message(pod: &PodView, cloud: &str) -> Option<
 
 /// The container fields a burst pod sets that no cloud container honours yet: probes (Ready
 /// follows the container's start, and nothing restarts it on a failed probe), lifecycle hooks
-/// (never run), and memory or CPU limits (not enforced inside the cloud's container: a
+/// (never run, but for the `exec_post_start` case below), and memory or CPU limits (not enforced inside the cloud's container: a
 /// `ulimit` would break CUDA's address space, so none is set). Paths as `kubectl explain`
 /// names them.
-pub fn unhonoured(pod: &PodView) -> Vec<String> {
+///
+/// `exec_post_start`: the cloud runs a `postStart` `exec` hook of a container that sets its
+/// command or args (RunPod's completion wrapper does); such a hook is then honoured.
+pub fn unhonoured(pod: &PodView, exec_post_start: bool) -> Vec<String> {
     let Some(spec) = pod.spec.as_ref() else {
         return Vec::new();
     };
@@ -331,9 +334,14 @@ pub fn unhonoured(pod: &PodView) -> Vec<String> {
                 unhonoured.push(at(field));
             }
         }
+        let wrapped = container.command.is_some() || container.args.is_some();
         if let Some(hooks) = container.lifecycle.as_ref().and_then(|l| l.as_object()) {
             for (hook, value) in hooks {
-                if !value.is_null() {
+                let runs = exec_post_start
+                    && wrapped
+                    && hook == "postStart"
+                    && value.get("exec").is_some_and(|exec| !exec.is_null());
+                if !value.is_null() && !runs {
                     unhonoured.push(at(&format!("lifecycle.{hook}")));
                 }
             }
@@ -353,13 +361,13 @@ pub fn unhonoured(pod: &PodView) -> Vec<String> {
 
 /// [`unhonoured`] as the admission warning and the controller's Event say it; `None` when the
 /// pod sets none of them.
-pub fn unhonoured_message(pod: &PodView, cloud: &str) -> Option<String> {
-    let unhonoured = unhonoured(pod);
+pub fn unhonoured_message(pod: &PodView, cloud: &str, exec_post_start: bool) -> Option<String> {
+    let unhonoured = unhonoured(pod, exec_post_start);
     (!unhonoured.is_empty()).then(|| {
         format!(
             "{cloud} does not run or enforce {}: probes are not run (Ready follows the \
-             container's start, and a failing probe restarts nothing), lifecycle hooks are not \
-             run, and memory and CPU limits are not enforced inside the container; keep pods \
+             container's start, and a failing probe restarts nothing), those lifecycle hooks \
+             are not run, and memory and CPU limits are not enforced inside the container; keep pods \
              that rely on them local with {}: never",
             unhonoured.join(", "),
             contract::BURST_MODE

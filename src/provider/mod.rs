@@ -332,6 +332,9 @@ pub struct FinalLog {
     pub exit_code: Option<i32>,
     /// The last lines, bounded by [`FINAL_LOG_BYTES`].
     pub lines: Vec<LogEntry>,
+    /// Warnings the cloud's adapter read in the log for the pod's Events, as the kubelet says
+    /// them (`FailedPostStartHook`).
+    pub warnings: Vec<(&'static str, String)>,
 }
 
 /// At most this much of a finished container's log is kept in memory per pod.
@@ -349,7 +352,11 @@ impl FinalLog {
             })
             .map_or(0, |index| index + 1);
         lines.drain(..keep_from);
-        FinalLog { exit_code, lines }
+        FinalLog {
+            exit_code,
+            lines,
+            warnings: Vec::new(),
+        }
     }
 }
 
@@ -452,6 +459,12 @@ pub trait Provider: Send + Sync + 'static {
     /// Whether this cloud offers a shell into its containers.
     fn shell_access(&self) -> ShellAccess {
         ShellAccess::Declined("this cloud offers no shell into its containers")
+    }
+
+    /// Whether a container that sets its command or args gets its `postStart` `exec` hook run
+    /// (RunPod's completion wrapper runs it).
+    fn runs_post_start_hooks(&self) -> bool {
+        false
     }
 
     /// The node's public SSH key, which every create from now on installs (clouds that offer a

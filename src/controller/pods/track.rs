@@ -285,7 +285,7 @@ pub(super) async fn track<P: Provider>(
         ctx.provider.cloud(),
     ) {
         TrackStep::Exited { restarted } => {
-            let read = exit_code(ctx, uid, instance).await?;
+            let read = exit_code(ctx, pod, uid, instance).await?;
             let view = exited(read, restarted, restarts, instance, ctx.provider.cloud());
             finish::finish(ctx, pod, uid, instance, view).await
         }
@@ -431,6 +431,7 @@ enum ExitCode {
 
 async fn exit_code<P: Provider>(
     ctx: &Shared<P>,
+    pod: &Pod,
     uid: &str,
     instance: &Instance,
 ) -> Result<ExitCode, ReconcileError> {
@@ -440,6 +441,12 @@ async fn exit_code<P: Provider>(
     match ctx.provider.final_log(&instance.id).await {
         Ok(log) => {
             let code = log.exit_code;
+            let warnings = log
+                .warnings
+                .iter()
+                .map(|(reason, message)| Note::warning(reason, message.clone()))
+                .collect();
+            write::notes(ctx, pod, warnings).await;
             ctx.remember(uid, |m| {
                 m.exit_code = Some(code);
                 m.final_log = Some(std::sync::Arc::new(log.lines));

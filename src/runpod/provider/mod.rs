@@ -142,6 +142,10 @@ impl Provider for RunPodProvider {
         }
     }
 
+    fn runs_post_start_hooks(&self) -> bool {
+        true
+    }
+
     fn accept_shell_key(&self, public_key: String) {
         // Given once at start; a second key would be ignored rather than split the node.
         let _ = self.ssh_public_key.set(public_key);
@@ -240,8 +244,15 @@ impl Provider for RunPodProvider {
         if let Some(setup) = &setup {
             base.env.extend(setup.env.clone());
         }
-        if let Some(args) = wrapper::wrapped_args(&words, completion(pod), setup.as_ref())
-            .map_err(|e| ProvisionError::Rejected(format!("command/args: {e}")))?
+        let post_start = container
+            .lifecycle
+            .as_ref()
+            .and_then(|hooks| hooks.post_start.as_ref())
+            .and_then(|hook| hook.exec.as_ref())
+            .and_then(|exec| exec.command.as_deref());
+        if let Some(args) =
+            wrapper::wrapped_args(&words, completion(pod), setup.as_ref(), post_start)
+                .map_err(|e| ProvisionError::Rejected(format!("command/args: {e}")))?
         {
             base.args = Some(args);
         }
@@ -316,6 +327,7 @@ impl Provider for RunPodProvider {
             seen.push(line.map_err(provider_error)?);
         }
         let code = crate::provider::exit_code(seen.iter().map(|entry| entry.line.as_str()));
+        let hook = wrapper::post_start_failure(seen.iter().map(|entry| entry.line.as_str()));
         let kept = seen
             .into_iter()
             .filter(|entry| !wrapper::is_marker_line(&entry.line))
@@ -324,7 +336,14 @@ impl Provider for RunPodProvider {
                 line: entry.line,
             })
             .collect();
-        Ok(FinalLog::bounded(code, kept))
+        let mut log = FinalLog::bounded(code, kept);
+        if let Some(hook) = hook {
+            log.warnings.push((
+                "FailedPostStartHook",
+                format!("the postStart hook exited with {hook}: the container was stopped"),
+            ));
+        }
+        Ok(log)
     }
 
     async fn ssh_host_keys(&self, id: &str) -> Result<Vec<String>, ProviderError> {

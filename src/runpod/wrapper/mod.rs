@@ -103,22 +103,31 @@ runpod_kubelet_sshd() {
   return 0
 }
 runpod_kubelet_sshd
-child= pending= signal= caught=
+"#;
+
+/// Running the command as a background child with signals passed on (see [`PRELUDE`]), and
+/// its `postStart` hook: `runpod_kubelet_main WORDS...` starts the words, runs the hook (in
+/// `$post_start`, shell words) while they run, and waits. A hook that fails prints
+/// [`POST_START_FAILED_PREFIX`] with its code and stops the command with TERM, as the kubelet
+/// kills a container whose `postStart` failed; the hook's own output is not the container's.
+const RUNNING: &str = r#"child= pending= signal= caught=
 runpod_kubelet_forward() {
   signal=$1 caught=1
   if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null; else pending=$1; fi
 }
 trap 'runpod_kubelet_forward TERM' TERM
 trap 'runpod_kubelet_forward INT' INT
-runpod_kubelet_run() {
+runpod_kubelet_start() {
   if ! command -v "$1" >/dev/null 2>&1; then
     echo "exec: \"$1\": executable file not found in \$PATH" >&2
     rc=127
-    return
+    return 1
   fi
   "$@" &
   child=$!
   if [ -n "$pending" ]; then kill -s "$pending" "$child" 2>/dev/null; pending=; fi
+}
+runpod_kubelet_wait() {
   while :; do
     caught=
     wait "$child"; rc=$?
@@ -126,17 +135,33 @@ runpod_kubelet_run() {
   done
   child=
 }
+runpod_kubelet_run() {
+  runpod_kubelet_start "$@" || return 0
+  runpod_kubelet_wait
+}
+runpod_kubelet_main() {
+  runpod_kubelet_start "$@" || return 0
+  if [ -n "${post_start:-}" ]; then
+    ( eval "$post_start" ) </dev/null >/dev/null 2>&1
+    hook=$?
+    if [ "$hook" -ne 0 ]; then
+      echo "runpod-kubelet: post-start-hook-failed=$hook"
+      kill -s TERM "$child" 2>/dev/null
+    fi
+  fi
+  runpod_kubelet_wait
+}
 "#;
 
 /// Run once, report, stop (restartPolicy Never).
-const RUN_ONCE: &str = r#"runpod_kubelet_run "$@"
+const RUN_ONCE: &str = r#"runpod_kubelet_main "$@"
 runpod_kubelet_finish "$rc""#;
 
 /// Run until it succeeds, reporting every exit, then stop (restartPolicy OnFailure). A signal
 /// ends the loop: the attempt it stopped is the last, and a signal during the pause between
 /// attempts ends the pause at once.
 const UNTIL_SUCCESS: &str = r#"while :; do
-  runpod_kubelet_run "$@"; code=$rc
+  runpod_kubelet_main "$@"; code=$rc
   [ "$code" -eq 0 ] && break
   [ -n "$signal" ] && break
   echo "runpod-kubelet: exit-code=$code"
@@ -144,6 +169,14 @@ const UNTIL_SUCCESS: &str = r#"while :; do
   [ -n "$signal" ] && break
 done
 runpod_kubelet_finish "$code""#;
+
+/// Run until it ends, its `postStart` hook beside it, and end with its code (restartPolicy
+/// Always with a hook: the cloud restarts the container, as without one).
+const FOREVER_HOOKED: &str = r#"runpod_kubelet_main "$@"
+exit "$rc""#;
+
+/// What the wrapper prints when the `postStart` hook failed, before the hook's exit code.
+pub const POST_START_FAILED_PREFIX: &str = "runpod-kubelet: post-start-hook-failed=";
 
 /// What the wrapper prints before each host key fingerprint.
 pub const HOST_KEY_PREFIX: &str = "runpod-kubelet: ssh-host-key=";
@@ -156,7 +189,19 @@ pub fn is_host_key_line(line: &str) -> bool {
 /// Whether `line` is one of the wrapper's markers (host keys, exit codes): read by the
 /// controller, kept out of `kubectl logs`.
 pub fn is_marker_line(line: &str) -> bool {
-    is_host_key_line(line) || line.trim().starts_with(crate::provider::EXIT_CODE_PREFIX)
+    let line = line.trim();
+    is_host_key_line(line)
+        || line.starts_with(crate::provider::EXIT_CODE_PREFIX)
+        || line.starts_with(POST_START_FAILED_PREFIX)
+}
+
+/// The code of the `postStart` hook that failed, if one did, from the wrapper's lines.
+pub fn post_start_failure<'a>(lines: impl IntoIterator<Item = &'a str>) -> Option<i32> {
+    lines
+        .into_iter()
+        .filter_map(|line| line.trim().strip_prefix(POST_START_FAILED_PREFIX))
+        .filter_map(|code| code.trim().parse().ok())
+        .last()
 }
 
 /// The SSH host key fingerprints a container printed when its sshd started: the wrapper's
@@ -285,21 +330,47 @@ pub fn wrapped_args(
     words: &[String],
     completion: Completion,
     setup: Option<&Setup>,
+    post_start: Option<&[String]>,
 ) -> Result<Option<String>, String> {
-    wrapped_args_at(words, completion, setup, EXIT_MARKER)
+    wrapped_args_hooked(words, completion, setup, post_start, EXIT_MARKER)
 }
 
-/// [`wrapped_args`] with the exit marker at `marker` (tests use a directory of their own).
+/// [`wrapped_args`] without a hook, with the exit marker at `marker` (tests use a directory of
+/// their own).
+#[cfg(test)]
 fn wrapped_args_at(
     words: &[String],
     completion: Completion,
     setup: Option<&Setup>,
     marker: &str,
 ) -> Result<Option<String>, String> {
-    let body = match completion {
-        Completion::Forever => "exec \"$@\"",
-        Completion::RunOnce => RUN_ONCE,
-        Completion::UntilSuccess => UNTIL_SUCCESS,
+    wrapped_args_hooked(words, completion, setup, None, marker)
+}
+
+/// [`wrapped_args`] with the exit marker at `marker`.
+fn wrapped_args_hooked(
+    words: &[String],
+    completion: Completion,
+    setup: Option<&Setup>,
+    post_start: Option<&[String]>,
+    marker: &str,
+) -> Result<Option<String>, String> {
+    let post_start = post_start.filter(|hook| !hook.is_empty());
+    let hook = match post_start {
+        Some(hook) => format!(
+            "post_start={}\n",
+            shlex::try_quote(
+                &shlex::try_join(hook.iter().map(String::as_str)).map_err(|e| e.to_string())?
+            )
+            .map_err(|e| e.to_string())?
+        ),
+        None => String::new(),
+    };
+    let body = match (completion, post_start) {
+        (Completion::Forever, None) => "exec \"$@\"",
+        (Completion::Forever, Some(_)) => FOREVER_HOOKED,
+        (Completion::RunOnce, _) => RUN_ONCE,
+        (Completion::UntilSuccess, _) => UNTIL_SUCCESS,
     };
     if words.is_empty() {
         return match setup {
@@ -312,15 +383,16 @@ fn wrapped_args_at(
             ),
         };
     }
-    let prelude = match completion {
-        Completion::Forever => String::new(),
-        Completion::RunOnce | Completion::UntilSuccess => {
+    let prelude = match (completion, post_start) {
+        (Completion::Forever, None) => String::new(),
+        (Completion::Forever, Some(_)) => format!("{hook}{RUNNING}"),
+        (Completion::RunOnce | Completion::UntilSuccess, _) => {
             let marker = shlex::try_quote(marker).map_err(|e| format!("marker {marker:?}: {e}"))?;
-            format!("marker={marker}\n{PRELUDE}")
+            format!("marker={marker}\n{hook}{PRELUDE}{RUNNING}")
         }
     };
     let script = match (setup, completion) {
-        (None, Completion::Forever) => return Ok(None),
+        (None, Completion::Forever) if post_start.is_none() => return Ok(None),
         (None, _) => format!("{prelude}{body}"),
         (Some(setup), _) => format!("{prelude}{}{body}", setup.script),
     };

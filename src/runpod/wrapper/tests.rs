@@ -8,7 +8,7 @@ fn words(list: &[&str]) -> Vec<String> {
 #[test]
 fn wrapped_args_split_back_into_the_script_and_the_exact_words() {
     let original = words(&["python", "train.py", "--name", "it's a \"test\" $HOME"]);
-    let args = wrapped_args(&original, Completion::RunOnce, None)
+    let args = wrapped_args(&original, Completion::RunOnce, None, None)
         .unwrap()
         .unwrap();
     let split = shlex::split(&args).unwrap();
@@ -332,10 +332,10 @@ fn a_marker_that_cannot_be_written_only_loses_the_replay() {
 #[test]
 fn forever_and_commandless_pods_are_not_wrapped() {
     assert_eq!(
-        wrapped_args(&words(&["serve"]), Completion::Forever, None),
+        wrapped_args(&words(&["serve"]), Completion::Forever, None, None),
         Ok(None)
     );
-    assert_eq!(wrapped_args(&[], Completion::RunOnce, None), Ok(None));
+    assert_eq!(wrapped_args(&[], Completion::RunOnce, None, None), Ok(None));
 }
 
 #[test]
@@ -453,7 +453,7 @@ fn a_failed_setup_is_reported_as_exit_code_126_without_running_the_command() {
 #[test]
 fn files_without_a_command_cannot_be_wrapped() {
     let setup = Setup::new(&[], &["/scratch".to_owned()]).unwrap().unwrap();
-    let error = wrapped_args(&[], Completion::Forever, Some(&setup)).unwrap_err();
+    let error = wrapped_args(&[], Completion::Forever, Some(&setup), None).unwrap_err();
     assert!(error.contains("set `command`"), "{error}");
     assert_eq!(Setup::new(&[], &[]), Ok(None));
 }
@@ -672,4 +672,78 @@ fn the_wrappers_markers_are_kept_out_of_the_users_log() {
         "epoch 2: runpod-kubelet: exit-code=0 is what I print"
     ));
     assert!(!is_marker_line("hello"));
+}
+
+/// The wrapper's argv with a `postStart` hook, its exit marker in `dir`.
+fn hooked_in(
+    dir: &std::path::Path,
+    list: &[&str],
+    completion: Completion,
+    hook: &[&str],
+) -> Vec<String> {
+    let marker = dir.join("exit-code").display().to_string();
+    let args = wrapped_args_hooked(&words(list), completion, None, Some(&words(hook)), &marker)
+        .unwrap()
+        .unwrap();
+    shlex::split(&args).unwrap()
+}
+
+/// postStart runs while the command runs (a command waiting for the hook's file sees it), on
+/// every completion, and its output is not the container's.
+#[test]
+fn the_post_start_hook_runs_beside_the_command() {
+    let waits = r#"for i in $(seq 1 100); do [ -f "$0" ] && echo saw-hook && exit 0; sleep 0.05; done; exit 1"#;
+    for completion in [
+        Completion::RunOnce,
+        Completion::UntilSuccess,
+        Completion::Forever,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("started").display().to_string();
+        let argv = hooked_in(
+            dir.path(),
+            &["sh", "-c", waits, &flag],
+            completion,
+            &["sh", "-c", "echo hook-output; touch \"$0\"", &flag],
+        );
+        let output = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        assert!(stdout.starts_with("saw-hook\n"), "{completion:?}: {stdout}");
+        assert!(!stdout.contains("hook-output"), "{completion:?}: {stdout}");
+        assert_eq!(output.status.code(), Some(0), "{completion:?}: {stdout}");
+        assert_eq!(post_start_failure(stdout.lines()), None);
+    }
+}
+
+/// A failing postStart hook stops the command (TERM) and says so with its code, as the kubelet
+/// kills a container whose hook failed.
+#[test]
+fn a_failing_post_start_hook_stops_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let argv = hooked_in(
+        dir.path(),
+        &["sleep", "30"],
+        Completion::RunOnce,
+        &["sh", "-c", "exit 3"],
+    );
+    let started = std::time::Instant::now();
+    let output = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(post_start_failure(stdout.lines()), Some(3), "{stdout}");
+    assert_eq!(
+        exit_code(stdout.lines()),
+        Some(143),
+        "killed by TERM: {stdout}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "the command was stopped, not waited for"
+    );
+    assert!(is_marker_line("runpod-kubelet: post-start-hook-failed=3"));
 }

@@ -426,7 +426,9 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     if let Some(unapplied) = checks::unapplied_security_context_message(pod, cloud.display_name()) {
         warnings.push(format!("runpod-kubelet: {unapplied}"));
     }
-    if let Some(unhonoured) = checks::unhonoured_message(pod, cloud.display_name()) {
+    if let Some(unhonoured) =
+        checks::unhonoured_message(pod, cloud.display_name(), cloud == Cloud::RunPod)
+    {
         warnings.push(format!("runpod-kubelet: {unhonoured}"));
     }
     mutation::schedule_onto_cloud(pod, placement, cloud, &mut mutation, &mut warnings);

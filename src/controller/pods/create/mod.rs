@@ -314,6 +314,7 @@ async fn created<P: Provider>(
             noun: ctx.provider.instance_noun(),
             title: ctx.provider.cloud().title,
             shell_opened,
+            post_start_hooks: ctx.provider.runs_post_start_hooks(),
             endpoint: &|port| ctx.provider.endpoint(&instance.id, port),
         },
         ctx.settings.reconcile_interval,

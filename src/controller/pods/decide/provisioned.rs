@@ -121,6 +121,8 @@ pub struct Created<'a> {
     pub title: &'a str,
     /// What the create opened for the node's shell access, when it did.
     pub shell_opened: Option<&'a str>,
+    /// The cloud runs `postStart` `exec` hooks of containers that set a command.
+    pub post_start_hooks: bool,
     /// How the internet reaches a port of the instance.
     pub endpoint: &'a dyn Fn(&runpod_contract::PortSpec) -> String,
 }
@@ -200,7 +202,11 @@ pub fn created_notes(created: &Created<'_>) -> Vec<Note> {
             ),
             (
                 "PodFieldsNotHonoured",
-                runpod_contract::checks::unhonoured_message(view, created.title),
+                runpod_contract::checks::unhonoured_message(
+                    view,
+                    created.title,
+                    created.post_start_hooks,
+                ),
             ),
         ];
         for (reason, message) in checks {
@@ -465,6 +471,7 @@ mod tests {
             noun: "Cloud pod",
             title: "Cloud",
             shell_opened: Some("22/tcp for exec"),
+            post_start_hooks: false,
             endpoint: &|port| format!("<{port}>"),
         };
         let notes = created_notes(&created);

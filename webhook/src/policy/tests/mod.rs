@@ -1245,13 +1245,29 @@ fn probes_hooks_and_limits_the_cloud_does_not_honour_are_warned_about_by_field()
     main["lifecycle"] = json!({"postStart": {"exec": {"command": ["touch", "/tmp/up"]}}});
     main["resources"]["limits"]["memory"] = json!("100Mi");
     assert_eq!(
-        checks::unhonoured(&typed(&pod)),
+        checks::unhonoured(&typed(&pod), true),
         [
             "containers[main].livenessProbe",
             "containers[main].readinessProbe",
             "containers[main].lifecycle.postStart",
             "containers[main].resources.limits.memory",
-        ]
+        ],
+        "a container without a command has no wrapper to run its hook"
+    );
+    let mut wrapped = pod.clone();
+    wrapped["spec"]["containers"][0]["command"] = json!(["python", "serve.py"]);
+    assert_eq!(
+        checks::unhonoured(&typed(&wrapped), true),
+        [
+            "containers[main].livenessProbe",
+            "containers[main].readinessProbe",
+            "containers[main].resources.limits.memory",
+        ],
+        "RunPod's wrapper runs an exec postStart"
+    );
+    assert!(
+        checks::unhonoured(&typed(&wrapped), false)
+            .contains(&"containers[main].lifecycle.postStart".to_owned())
     );
     let Verdict::Allow { warnings, .. } = admit(&pod, &labelled_namespace()).0 else {
         panic!("the pod still bursts");

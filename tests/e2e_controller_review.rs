@@ -36,7 +36,11 @@ fn scenario() -> serde_json::Value {
         "images": [
             {"match": "server", "logs": ["serving"]},
             {"match": "trainer", "outcome": "EXITED", "after_ms": 2000, "logs": ["done"],
-             "exit_code": 0}
+             "exit_code": 0},
+            // What the completion wrapper prints when the postStart hook failed (the wrapper
+            // itself is run under real shells in its unit tests).
+            {"match": "hookfails", "outcome": "EXITED", "after_ms": 2000,
+             "logs": ["starting", "runpod-kubelet: post-start-hook-failed=3"], "exit_code": 143}
         ]
     })
 }
@@ -82,6 +86,9 @@ async fn scenarios(client: &kube::Client, simulator: &SimulatorProcess) -> anyho
     cannot_run_fails_fast(client, simulator)
         .await
         .context("a pod RunPod cannot run")?;
+    post_start_hook(client, simulator)
+        .await
+        .context("a postStart hook that fails")?;
     let server = service_and_readiness(client)
         .await
         .context("podIP, Service endpoints, readiness gates")?;
@@ -206,6 +213,48 @@ async fn cannot_run_fails_fast(
             "kubectl logs -c {container}: {said}"
         );
     }
+    Ok(())
+}
+
+/// Issue 45: a postStart `exec` hook goes to RunPod inside the wrapper's script; one that
+/// failed stops the pod with its Event, and the wrapper's line stays out of `kubectl logs`.
+async fn post_start_hook(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+) -> anyhow::Result<()> {
+    let ns = "review-open";
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut hooked = bound_gpu_pod("hooked", "e2e/hookfails:1", "Never");
+    hooked.spec.as_mut().unwrap().containers[0].lifecycle = Some(serde_json::from_value(
+        json!({"postStart": {"exec": {"command": ["sh", "-c", "touch /tmp/ready"]}}}),
+    )?);
+    pods.create(&PostParams::default(), &hooked).await?;
+    let failed = wait::until("the hooked pod ended", WAIT, || async {
+        let pod = pods.get("hooked").await?;
+        Ok((phase(&pod) == Some("Failed")).then_some(pod))
+    })
+    .await?;
+    let message = event(client, ns, "hooked", "FailedPostStartHook").await?;
+    ensure!(message.contains("exited with 3"), "Event: {message}");
+    let code = container_state(&failed)
+        .and_then(|s| s.terminated.as_ref())
+        .map(|t| t.exit_code);
+    ensure!(code == Some(143), "exit code {code:?}: {:?}", failed.status);
+    let entries = ledger_for(simulator, &uid(&failed)).await?;
+    let args = entries
+        .first()
+        .and_then(|entry| entry["args"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    ensure!(
+        args.contains("post_start=") && args.contains("touch /tmp/ready"),
+        "the hook is not in the create's args: {args}"
+    );
+    let logs = pods.logs("hooked", &Default::default()).await?;
+    ensure!(
+        logs.contains("starting") && !logs.contains("post-start-hook-failed"),
+        "kubectl logs: {logs:?}"
+    );
     Ok(())
 }
 

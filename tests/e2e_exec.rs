@@ -279,6 +279,37 @@ async fn scenarios(
         "alice: {status} {body}"
     );
 
+    // A preStop exec hook runs in the pod, over the node's SSH connection, before the stop
+    // that ends it (issue 45).
+    let marks = tempfile::tempdir()?;
+    let mark = marks.path().join("pre-stop-ran");
+    let mut stopper = gpu_pod("stopper", "e2e/server:1", "Never");
+    stopper.metadata.annotations =
+        Some([("runpod.io/burst-mode".to_owned(), "always".to_owned())].into());
+    stopper.spec.as_mut().context("spec")?.containers[0].lifecycle = Some(serde_json::from_value(
+        serde_json::json!({"preStop": {"exec": {"command":
+            ["sh", "-c", format!("echo bye > {}", mark.display())]}}}),
+    )?);
+    pods.create(&PostParams::default(), &stopper).await?;
+    running(&pods, "stopper").await?;
+    wait::until("exec into the preStop pod", WAIT, || async {
+        let (code, out, _) = kubectl(cp, &["-n", NS, "exec", "stopper", "--", "echo", "up"], None)?;
+        Ok((code == 0 && out == "up\n").then_some(()))
+    })
+    .await?;
+    pods.delete("stopper", &Default::default()).await?;
+    wait::until("the preStop pod is gone", WAIT, || async {
+        Ok(pods.get_opt("stopper").await?.is_none().then_some(()))
+    })
+    .await?;
+    let ran = std::fs::read_to_string(&mark).unwrap_or_default();
+    ensure!(ran == "bye\n", "the preStop hook did not run: {ran:?}");
+    let said = support::pods::events(client, NS, "stopper").await?;
+    ensure!(
+        !said.iter().any(|(reason, _)| reason == "FailedPreStopHook"),
+        "{said:?}"
+    );
+
     // SIGKILL and restart: the next exec works with the same key (read from the Secret).
     controller.restart()?;
     wait::until("exec after a controller restart", WAIT, || async {

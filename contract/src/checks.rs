@@ -313,8 +313,9 @@ pub fn unapplied_security_context_message(pod: &PodView, cloud: &str) -> Option<
 /// `ulimit` would break CUDA's address space, so none is set). Paths as `kubectl explain`
 /// names them.
 ///
-/// `exec_post_start`: the cloud runs a `postStart` `exec` hook of a container that sets its
-/// command or args (RunPod's completion wrapper does); such a hook is then honoured.
+/// `exec_post_start`: the cloud runs `exec` hooks: `postStart` for a container that sets its
+/// command or args (RunPod's completion wrapper runs it), `preStop` over the node's SSH
+/// connection before the stop; such hooks are then honoured.
 pub fn unhonoured(pod: &PodView, exec_post_start: bool) -> Vec<String> {
     let Some(spec) = pod.spec.as_ref() else {
         return Vec::new();
@@ -337,10 +338,10 @@ pub fn unhonoured(pod: &PodView, exec_post_start: bool) -> Vec<String> {
         let wrapped = container.command.is_some() || container.args.is_some();
         if let Some(hooks) = container.lifecycle.as_ref().and_then(|l| l.as_object()) {
             for (hook, value) in hooks {
+                let exec = value.get("exec").is_some_and(|exec| !exec.is_null());
                 let runs = exec_post_start
-                    && wrapped
-                    && hook == "postStart"
-                    && value.get("exec").is_some_and(|exec| !exec.is_null());
+                    && exec
+                    && (hook == "preStop" || (hook == "postStart" && wrapped));
                 if !value.is_null() && !runs {
                     unhonoured.push(at(&format!("lifecycle.{hook}")));
                 }

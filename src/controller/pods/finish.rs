@@ -126,6 +126,11 @@ pub(super) async fn delete<P: Provider>(
     Ok(Action::await_change())
 }
 
+/// Says `notes` on the pod (for the deletion's calls outside the reconcile).
+pub(crate) async fn say<P: Provider>(ctx: &Shared<P>, pod: &Pod, notes: Vec<Note>) {
+    write::notes(ctx, pod, notes).await;
+}
+
 /// Terminates the pod's `instance` once, and says so on the pod.
 pub(crate) async fn terminate<P: Provider>(
     ctx: &Shared<P>,

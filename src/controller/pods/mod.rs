@@ -6,6 +6,7 @@
 mod create;
 pub mod decide;
 pub(crate) mod finish;
+pub(crate) mod hooks;
 pub mod inputs;
 pub mod status;
 pub mod tolerations;

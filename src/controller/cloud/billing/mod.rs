@@ -23,7 +23,7 @@ use tracing::{debug, warn};
 
 use crate::controller::context::{Shared, Snapshot};
 use crate::controller::pods::decide::ends::{EndCall, due};
-use crate::controller::pods::finish;
+use crate::controller::pods::{finish, hooks};
 use crate::provider::{Instance, Provider};
 
 /// How often deleted pods are looked at when nobody asks.
@@ -99,22 +99,12 @@ async fn end<P: Provider>(
 ) {
     let id = instance.id.clone();
     match call {
-        EndCall::Stop => match shared.provider.stop(&id).await {
-            // The grace period runs from the stop's answer: the container got its signal then,
-            // however long the stop waited for the quota.
-            Ok(accepted) => shared.remember(&uid, |m| {
-                m.ending.remove(&id);
-                m.stop_sent.insert(id.clone(), Timestamp::now());
-                if accepted {
-                    m.stopped.insert(id.clone());
-                }
-            }),
-            Err(error) => {
-                warn!(instance = %id, %error, "stopping a deleted pod's instance failed; trying again");
-                tokio::time::sleep(RETRY_AFTER).await;
-                shared.remember(&uid, |m| m.ending.remove(&id));
-            }
-        },
+        EndCall::Stop => {
+            // As the kubelet: the preStop hook first, then the signal, within the grace period.
+            let said = hooks::pre_stop(&shared, &pod, &uid, &id).await;
+            finish::say(&shared, &pod, said.into_iter().collect()).await;
+            stop(&shared, &uid, &id).await;
+        }
         EndCall::Terminate => {
             // The same bookkeeping, Event and metric as every other termination.
             let ended =
@@ -124,6 +114,25 @@ async fn end<P: Provider>(
                 tokio::time::sleep(RETRY_AFTER).await;
             }
             shared.remember(&uid, |m| m.ending.remove(&id));
+        }
+    }
+}
+
+/// Sends the stop; the grace period runs from its answer (the container got its signal then,
+/// however long the stop waited for the quota).
+async fn stop<P: Provider>(shared: &Shared<P>, uid: &str, id: &str) {
+    match shared.provider.stop(id).await {
+        Ok(accepted) => shared.remember(uid, |m| {
+            m.ending.remove(id);
+            m.stop_sent.insert(id.to_owned(), Timestamp::now());
+            if accepted {
+                m.stopped.insert(id.to_owned());
+            }
+        }),
+        Err(error) => {
+            warn!(instance = %id, %error, "stopping a deleted pod's instance failed; trying again");
+            tokio::time::sleep(RETRY_AFTER).await;
+            shared.remember(uid, |m| m.ending.remove(id));
         }
     }
 }

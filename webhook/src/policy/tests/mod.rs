@@ -1242,7 +1242,8 @@ fn probes_hooks_and_limits_the_cloud_does_not_honour_are_warned_about_by_field()
     let main = &mut pod["spec"]["containers"][0];
     main["readinessProbe"] = json!({"httpGet": {"path": "/ready", "port": 8080}});
     main["livenessProbe"] = json!({"tcpSocket": {"port": 8080}});
-    main["lifecycle"] = json!({"postStart": {"exec": {"command": ["touch", "/tmp/up"]}}});
+    main["lifecycle"] = json!({"postStart": {"exec": {"command": ["touch", "/tmp/up"]}},
+                               "preStop": {"httpGet": {"port": 8080, "path": "/drain"}}});
     main["resources"]["limits"]["memory"] = json!("100Mi");
     assert_eq!(
         checks::unhonoured(&typed(&pod), true),
@@ -1250,9 +1251,10 @@ fn probes_hooks_and_limits_the_cloud_does_not_honour_are_warned_about_by_field()
             "containers[main].livenessProbe",
             "containers[main].readinessProbe",
             "containers[main].lifecycle.postStart",
+            "containers[main].lifecycle.preStop",
             "containers[main].resources.limits.memory",
         ],
-        "a container without a command has no wrapper to run its hook"
+        "a container without a command has no wrapper to run its hook; httpGet hooks do not run"
     );
     let mut wrapped = pod.clone();
     wrapped["spec"]["containers"][0]["command"] = json!(["python", "serve.py"]);
@@ -1261,9 +1263,19 @@ fn probes_hooks_and_limits_the_cloud_does_not_honour_are_warned_about_by_field()
         [
             "containers[main].livenessProbe",
             "containers[main].readinessProbe",
+            "containers[main].lifecycle.preStop",
             "containers[main].resources.limits.memory",
         ],
         "RunPod's wrapper runs an exec postStart"
+    );
+    let mut exec_pre_stop = wrapped.clone();
+    exec_pre_stop["spec"]["containers"][0]["lifecycle"]["preStop"] =
+        json!({"exec": {"command": ["sh", "-c", "sleep 2"]}});
+    assert!(
+        !checks::unhonoured(&typed(&exec_pre_stop), true)
+            .iter()
+            .any(|field| field.contains("preStop")),
+        "an exec preStop runs over SSH"
     );
     assert!(
         checks::unhonoured(&typed(&wrapped), false)

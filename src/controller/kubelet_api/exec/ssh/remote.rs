@@ -43,6 +43,16 @@ impl Session {
 
     /// Runs a short shell command in the pod and keeps what it prints (up to 1 MiB).
     pub async fn output(&self, command: &str) -> Result<(u32, Vec<u8>), SshError> {
+        self.output_within(command, CONNECT_TIMEOUT).await
+    }
+
+    /// [`Session::output`] for a command that may take up to `limit` (a hook within the pod's
+    /// grace period).
+    pub async fn output_within(
+        &self,
+        command: &str,
+        limit: std::time::Duration,
+    ) -> Result<(u32, Vec<u8>), SshError> {
         const MAX: usize = 1 << 20;
         let running = async {
             let mut channel = self
@@ -72,11 +82,11 @@ impl Session {
             code.map(|code| (code, out))
                 .ok_or_else(|| "no exit status".to_owned())
         };
-        match tokio::time::timeout(CONNECT_TIMEOUT, running).await {
+        match tokio::time::timeout(limit, running).await {
             Ok(Ok(done)) => Ok(done),
             Ok(Err(reason)) => Err(SshError::Protocol(reason)),
             Err(_) => Err(SshError::Protocol(format!(
-                "the command did not end within {CONNECT_TIMEOUT:?}"
+                "the command did not end within {limit:?}"
             ))),
         }
     }

@@ -14,6 +14,7 @@ pub mod network;
 pub mod pod;
 pub mod policy;
 pub mod provider;
+pub mod quantity;
 pub mod teams;
 pub mod vastai;
 

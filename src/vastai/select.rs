@@ -46,6 +46,10 @@ pub struct OfferQuery {
     pub min_duration: Option<Duration>,
     /// Rows asked for (a short fresh list: offers vanish).
     pub limit: u32,
+    /// Host RAM the machine must have (the pod's memory request), GB.
+    pub min_cpu_ram_gb: Option<f64>,
+    /// CPU cores the machine must give (the pod's CPU request).
+    pub min_cpu_cores: Option<f64>,
 }
 
 impl Default for OfferQuery {
@@ -62,6 +66,8 @@ impl Default for OfferQuery {
             disk_gb: 20,
             min_duration: None,
             limit: 10,
+            min_cpu_ram_gb: None,
+            min_cpu_cores: None,
         }
     }
 }
@@ -171,6 +177,12 @@ impl OfferQuery {
         }
         if let Some(duration) = self.min_duration {
             set("duration", json!({"gte": duration.as_secs()}));
+        }
+        if let Some(gb) = self.min_cpu_ram_gb {
+            set("cpu_ram", json!({"gte": (gb * MB_PER_GB).ceil()}));
+        }
+        if let Some(cores) = self.min_cpu_cores {
+            set("cpu_cores_effective", json!({"gte": cores}));
         }
         body
     }
@@ -302,7 +314,24 @@ mod tests {
             disk_gb: 50,
             min_duration: Some(Duration::from_secs(86_400)),
             limit: 5,
+            min_cpu_ram_gb: None,
+            min_cpu_cores: None,
         }
+    }
+
+    /// The pod's memory and CPU requests choose machines that have them.
+    #[test]
+    fn memory_and_cpu_requests_filter_the_machines() {
+        let plain = query().body();
+        assert!(plain.get("cpu_ram").is_none() && plain.get("cpu_cores_effective").is_none());
+        let body = OfferQuery {
+            min_cpu_ram_gb: Some(64.5),
+            min_cpu_cores: Some(6.0),
+            ..query()
+        }
+        .body();
+        assert_eq!(body["cpu_ram"], json!({"gte": 64500.0}));
+        assert_eq!(body["cpu_cores_effective"], json!({"gte": 6.0}));
     }
 
     fn offer() -> Offer {

@@ -9,8 +9,10 @@ use std::cmp::Ordering;
 use serde_json::{Map, Value};
 
 /// Columns a filter or an order may name.
-const FIELDS: [&str; 26] = [
+const FIELDS: [&str; 28] = [
     "id",
+    "cpu_ram",
+    "cpu_cores_effective",
     "machine_id",
     "host_id",
     "gpu_name",

@@ -31,8 +31,9 @@ pub(crate) fn row(offer: &OfferSpec, allocated_storage: f64, bid: bool) -> Map<S
         "num_gpus": offer.num_gpus,
         "gpu_ram": offer.gpu_ram,
         "gpu_total_ram": offer.gpu_ram * u64::from(offer.num_gpus),
-        "cpu_cores_effective": 8.0 * f64::from(offer.num_gpus),
-        "cpu_ram": 64_000 * u64::from(offer.num_gpus),
+        // Hosts differ: per GPU, 4 to 16 cores and 32 to 128 GB of RAM, by machine.
+        "cpu_cores_effective": (4.0 * f64::from(1 + (offer.machine_id % 4) as u32)) * f64::from(offer.num_gpus),
+        "cpu_ram": 32_000 * (1 + offer.machine_id % 4) * u64::from(offer.num_gpus),
         "disk_space": offer.disk_space,
         "dph_base": base,
         "dph_total": base + storage,

@@ -8,61 +8,14 @@
 pub mod idle;
 pub mod watch;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::provider::Usage;
 
 /// Why a quantity could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum QuantityError {
-    #[error("{0:?} is not a Kubernetes quantity")]
-    Malformed(String),
-}
-
-/// A Kubernetes quantity (`500m`, `2`, `1.5Gi`, `1e9`, `128M`) as a number.
-pub fn parse_quantity(text: &str) -> Result<f64, QuantityError> {
-    let malformed = || QuantityError::Malformed(text.to_owned());
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let number: f64 = number.parse().map_err(|_| malformed())?;
-    let factor = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        exponent if exponent.starts_with(['e', 'E']) => {
-            let power: i32 = exponent[1..].parse().map_err(|_| malformed())?;
-            10f64.powi(power)
-        }
-        _ => return Err(malformed()),
-    };
-    let value = number * factor;
-    if value.is_finite() && value >= 0.0 {
-        Ok(value)
-    } else {
-        Err(malformed())
-    }
-}
-
 /// What one container asked for, the base its usage share applies to.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Asked {
@@ -71,23 +24,11 @@ pub struct Asked {
     pub memory_bytes: Option<f64>,
 }
 
-/// The container's request, else its limit, for `resource`; unreadable values count as unset.
-fn requested(container: &Container, resource: &str) -> Option<f64> {
-    let resources = container.resources.as_ref()?;
-    let read = |map: &Option<BTreeMap<String, Quantity>>| {
-        map.as_ref()
-            .and_then(|m| m.get(resource))
-            .and_then(|q| parse_quantity(&q.0).ok())
-            .filter(|v| *v > 0.0)
-    };
-    read(&resources.requests).or_else(|| read(&resources.limits))
-}
-
 /// CPU request, else limit, else 1 core; memory request, else limit.
 pub fn asked(container: &Container) -> Asked {
     Asked {
-        cpu_cores: requested(container, "cpu").unwrap_or(1.0),
-        memory_bytes: requested(container, "memory"),
+        cpu_cores: runpod_contract::quantity::requested(container, "cpu").unwrap_or(1.0),
+        memory_bytes: runpod_contract::quantity::requested(container, "memory"),
     }
 }
 
@@ -303,29 +244,6 @@ impl UsageLedger {
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn quantities_read_as_kubernetes_writes_them() {
-        let cases = [
-            ("500m", 0.5),
-            ("2", 2.0),
-            ("1.5", 1.5),
-            ("1Gi", 1073741824.0),
-            ("512Mi", 536870912.0),
-            ("128M", 128e6),
-            ("1e3", 1000.0),
-            ("2E", 2e18),
-            ("100k", 1e5),
-            ("250u", 250e-6),
-        ];
-        for (text, value) in cases {
-            let read = parse_quantity(text).unwrap();
-            assert!((read - value).abs() <= value * 1e-12, "{text}: {read}");
-        }
-        for bad in ["", "abc", "1Qi", "-1", "1e", "m"] {
-            assert!(parse_quantity(bad).is_err(), "{bad:?}");
-        }
-    }
 
     fn container(resources: serde_json::Value) -> Container {
         serde_json::from_value(json!({"name": "main", "resources": resources})).unwrap()

@@ -373,9 +373,9 @@ impl Provider for VastaiProvider {
         let query = OfferQuery {
             // The pod's memory and CPU requests choose machines that have them (Vast.ai does
             // not enforce them inside the container, as no cloud does).
-            min_cpu_ram_gb: runpod_contract::quantity::requested(pod, "memory")
+            min_cpu_ram_gb: runpod_contract::quantity::pod_requested(pod, "memory")
                 .map(|bytes| bytes / 1e9),
-            min_cpu_cores: runpod_contract::quantity::requested(pod, "cpu"),
+            min_cpu_cores: runpod_contract::quantity::pod_requested(pod, "cpu"),
             ..OfferQuery::for_pod(&wanted, &self.policy, DEFAULT_DISK_GB)
         };
         let mut create = translate::create_request(pod, &env, &label, query.disk_gb)

@@ -335,7 +335,8 @@ pub fn unhonoured(pod: &PodView, exec_post_start: bool) -> Vec<String> {
                 unhonoured.push(at(field));
             }
         }
-        let wrapped = container.command.is_some() || container.args.is_some();
+        let given = |words: &Option<Vec<String>>| words.as_ref().is_some_and(|w| !w.is_empty());
+        let wrapped = given(&container.command) || given(&container.args);
         if let Some(hooks) = container.lifecycle.as_ref().and_then(|l| l.as_object()) {
             for (hook, value) in hooks {
                 let exec = value.get("exec").is_some_and(|exec| !exec.is_null());

@@ -35,8 +35,8 @@ pub struct PodMemory {
     /// Instances whose stop the provider accepted: their GPU billing ended, so terminating
     /// them waits behind other pods' stops.
     pub stopped: HashSet<String>,
-    /// Instances whose `preStop` hook was run (once, before their stop).
-    pub pre_stop_ran: HashSet<String>,
+    /// The pod's `preStop` hook was started (once per pod, before the first stop).
+    pub pre_stop_ran: bool,
     /// Last uptime seen per instance; going back means the container restarted.
     pub uptime: HashMap<String, u64>,
     pub restarts: i32,

@@ -106,10 +106,12 @@ runpod_kubelet_sshd
 "#;
 
 /// Running the command as a background child with signals passed on (see [`PRELUDE`]), and
-/// its `postStart` hook: `runpod_kubelet_main WORDS...` starts the words, runs the hook (in
-/// `$post_start`, shell words) while they run, and waits. A hook that fails prints
-/// [`POST_START_FAILED_PREFIX`] with its code and stops the command with TERM, as the kubelet
-/// kills a container whose `postStart` failed; the hook's own output is not the container's.
+/// its `postStart` hook: `runpod_kubelet_main WORDS...` starts the words, starts the hook (in
+/// `$post_start`, shell words; set by the script, never taken from the environment) beside
+/// them, and waits for the words (a signal still reaches them while the hook runs; a hook still
+/// running when they end is stopped). A hook that fails prints [`POST_START_FAILED_PREFIX`]
+/// with its code and stops the command with TERM, as the kubelet kills a container whose
+/// `postStart` failed; the hook's own output is not the container's.
 const RUNNING: &str = r#"child= pending= signal= caught=
 runpod_kubelet_forward() {
   signal=$1 caught=1
@@ -141,15 +143,24 @@ runpod_kubelet_run() {
 }
 runpod_kubelet_main() {
   runpod_kubelet_start "$@" || return 0
-  if [ -n "${post_start:-}" ]; then
-    ( eval "$post_start" ) </dev/null >/dev/null 2>&1
-    hook=$?
-    if [ "$hook" -ne 0 ]; then
-      echo "runpod-kubelet: post-start-hook-failed=$hook"
-      kill -s TERM "$child" 2>/dev/null
-    fi
+  hook=
+  if [ -n "$post_start" ]; then
+    (
+      ( eval "$post_start" ) </dev/null >/dev/null 2>&1
+      code=$?
+      if [ "$code" -ne 0 ]; then
+        echo "runpod-kubelet: post-start-hook-failed=$code"
+        # Once more a second later: a TERM that reached the child before it ran its command
+        # (between fork and exec) went to the wrapper's own trap there.
+        kill -s TERM "$child" 2>/dev/null
+        sleep 1
+        kill -s TERM "$child" 2>/dev/null
+      fi
+    ) &
+    hook=$!
   fi
   runpod_kubelet_wait
+  if [ -n "$hook" ]; then kill "$hook" 2>/dev/null; wait "$hook" 2>/dev/null; fi
 }
 "#;
 
@@ -356,15 +367,17 @@ fn wrapped_args_hooked(
     marker: &str,
 ) -> Result<Option<String>, String> {
     let post_start = post_start.filter(|hook| !hook.is_empty());
+    // Always assigned: an env var of the same name must never run as a hook.
     let hook = match post_start {
-        Some(hook) => format!(
-            "post_start={}\n",
-            shlex::try_quote(
-                &shlex::try_join(hook.iter().map(String::as_str)).map_err(|e| e.to_string())?
+        Some(hook) => {
+            let joined =
+                shlex::try_join(hook.iter().map(String::as_str)).map_err(|e| e.to_string())?;
+            format!(
+                "post_start={}\n",
+                shlex::try_quote(&joined).map_err(|e| e.to_string())?
             )
-            .map_err(|e| e.to_string())?
-        ),
-        None => String::new(),
+        }
+        None => "post_start=\n".to_owned(),
     };
     let body = match (completion, post_start) {
         (Completion::Forever, None) => "exec \"$@\"",

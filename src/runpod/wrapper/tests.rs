@@ -747,3 +747,18 @@ fn a_failing_post_start_hook_stops_the_command() {
     );
     assert!(is_marker_line("runpod-kubelet: post-start-hook-failed=3"));
 }
+
+/// `post_start` is the script's own: one in the container's environment never runs.
+#[test]
+fn a_post_start_variable_in_the_environment_is_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let planted = dir.path().join("planted");
+    let argv = wrapper_in(dir.path(), &["true"], Completion::RunOnce, None);
+    let output = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .env("post_start", format!("touch {}", planted.display()))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    assert!(!planted.exists(), "an inherited post_start ran");
+}

@@ -100,10 +100,11 @@ async fn end<P: Provider>(
     let id = instance.id.clone();
     match call {
         EndCall::Stop => {
-            // As the kubelet: the preStop hook first, then the signal, within the grace period.
-            let said = hooks::pre_stop(&shared, &pod, &uid, &id).await;
-            finish::say(&shared, &pod, said.into_iter().collect()).await;
-            stop(&shared, &uid, &id).await;
+            // As the kubelet: the preStop hook first, inside the grace period (which then runs
+            // from the hook's start), then the signal; the hook's Event after the stop.
+            let hook = hooks::pre_stop(&shared, &pod, &uid).await;
+            stop(&shared, &uid, &id, hook.began).await;
+            finish::say(&shared, &pod, hook.note.into_iter().collect()).await;
         }
         EndCall::Terminate => {
             // The same bookkeeping, Event and metric as every other termination.
@@ -119,12 +120,14 @@ async fn end<P: Provider>(
 }
 
 /// Sends the stop; the grace period runs from its answer (the container got its signal then,
-/// however long the stop waited for the quota).
-async fn stop<P: Provider>(shared: &Shared<P>, uid: &str, id: &str) {
+/// however long the stop waited for the quota), or from the start of the `preStop` hook that
+/// ran before it (`since`).
+async fn stop<P: Provider>(shared: &Shared<P>, uid: &str, id: &str, since: Option<Timestamp>) {
     match shared.provider.stop(id).await {
         Ok(accepted) => shared.remember(uid, |m| {
             m.ending.remove(id);
-            m.stop_sent.insert(id.to_owned(), Timestamp::now());
+            m.stop_sent
+                .insert(id.to_owned(), since.unwrap_or_else(Timestamp::now));
             if accepted {
                 m.stopped.insert(id.to_owned());
             }

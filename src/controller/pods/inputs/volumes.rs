@@ -20,9 +20,9 @@ use crate::provider::request::{MountedFile, Volumes};
 /// Where the kubelet mounts the service-account token; never shipped to the cloud.
 pub const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
-/// The token's file in the service-account mount (a legacy token Secret's key, or the
-/// projected token's path).
-const SERVICE_ACCOUNT_TOKEN_FILE: &str = "token";
+/// The files of the service-account mount that are shipped: the cluster's CA and the
+/// namespace; anything else there (the token, under whatever path) stays in the cluster.
+const SERVICE_ACCOUNT_FILES: [&str; 2] = ["ca.crt", "namespace"];
 
 /// Largest mounted file: its base64 form travels in one env var, and Linux refuses to start a
 /// process with an env string over 128 KiB (the container would never start, yet bill).
@@ -91,7 +91,8 @@ pub async fn resolve(
             // ConfigMap, say) is left out whole rather than hold the pod.
             out.skipped.push(mount.mount_path.clone());
             if let Ok(Some((mut files, _))) = contents {
-                files.retain(|(path, _, _)| path != SERVICE_ACCOUNT_TOKEN_FILE);
+                // Only the two files that are no credential, whatever the volume maps where.
+                files.retain(|(path, _, _)| SERVICE_ACCOUNT_FILES.contains(&path.as_str()));
                 let mut placed = Volumes::default();
                 place(&mut placed, mount, mount_path, files)?;
                 out.service_account.extend(placed.files);
@@ -110,6 +111,7 @@ pub async fn resolve(
         place(&mut out, mount, mount_path, contents)?;
     }
     check_sizes(&out.files)?;
+    check_sizes(&out.service_account)?;
     Ok(out)
 }
 
@@ -494,6 +496,12 @@ mod tests {
             json!([{"name": "sa", "secret": {"secretName": "default-token-abcde"}}]),
             json!([{"name": "sa", "mountPath": SERVICE_ACCOUNT_MOUNT}]),
         );
+        let remapped = pod(
+            json!([{"name": "sa", "secret": {"secretName": "default-token-abcde", "items": [
+                {"key": "token", "path": "jwt"}, {"key": "ca.crt", "path": "ca.crt"},
+                {"key": "namespace", "path": "namespace"}]}}]),
+            json!([{"name": "sa", "mountPath": SERVICE_ACCOUNT_MOUNT}]),
+        );
         let projected = pod(
             json!([{"name": "kube-api-access-x1", "projected": {"sources": [
                 {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
@@ -502,7 +510,7 @@ mod tests {
             ]}}]),
             json!([{"name": "kube-api-access-x1", "mountPath": SERVICE_ACCOUNT_MOUNT}]),
         );
-        for pod in [legacy, projected] {
+        for pod in [legacy, remapped, projected] {
             let container = pod.spec.as_ref().unwrap().containers[0].clone();
             let volumes = resolve(&source, &pod, &container).await.unwrap();
             assert!(volumes.files.is_empty(), "{volumes:?}");

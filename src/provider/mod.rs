@@ -462,7 +462,7 @@ pub trait Provider: Send + Sync + 'static {
     }
 
     /// Whether a container that sets its command or args gets its `postStart` `exec` hook run
-    /// (RunPod's completion wrapper runs it).
+    /// (a cloud whose adapter wraps the command can run it beside the command).
     fn runs_post_start_hooks(&self) -> bool {
         false
     }

@@ -139,14 +139,14 @@ pub(crate) async fn terminate<P: Provider>(
     instance: &Instance,
     why: &str,
 ) -> Result<(), ReconcileError> {
-    let said = stop(ctx, uid, instance, why).await?;
-    super::write::notes(ctx, pod, said.into_iter().collect()).await;
+    let said = terminate_once(ctx, uid, instance, why).await?;
+    write::notes(ctx, pod, said.into_iter().collect()).await;
     Ok(())
 }
 
 /// Terminates the pod's `instance` once (a stop the cloud accepted already ended GPU
 /// billing); returns the Event to say, `None` when it was terminated before.
-pub(super) async fn stop<P: Provider>(
+pub(super) async fn terminate_once<P: Provider>(
     ctx: &Shared<P>,
     uid: &str,
     instance: &Instance,

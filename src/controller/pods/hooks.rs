@@ -92,8 +92,11 @@ async fn hook<P: Provider>(
 ) -> Option<Note> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let name = pod.metadata.name.as_deref().unwrap_or_default();
-    let ran = tokio::time::timeout(left, run(shared, pod, uid, command, left)).await;
-    let why = match ran {
+    let ran = tokio::time::timeout(
+        left,
+        run(shared, pod, (namespace, name), uid, command, left),
+    );
+    let why = match ran.await {
         Ok(Ok(())) => {
             debug!(pod = %format!("{namespace}/{name}"), "the preStop hook ran");
             return None;
@@ -112,12 +115,11 @@ async fn hook<P: Provider>(
 async fn run<P: Provider>(
     shared: &Shared<P>,
     pod: &Pod,
+    (namespace, name): (&str, &str),
     uid: &str,
     command: &[String],
     limit: Duration,
 ) -> Result<(), String> {
-    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-    let name = pod.metadata.name.as_deref().unwrap_or_default();
     let reach = shell::reach(shared, pod, namespace, name)
         .await
         .map_err(|refusal| refusal.message)?;

@@ -322,7 +322,7 @@ async fn created<P: Provider>(
     for duplicate in &made.duplicates {
         outcome
             .events
-            .extend(finish::stop(ctx, uid, duplicate, "duplicate").await?);
+            .extend(finish::terminate_once(ctx, uid, duplicate, "duplicate").await?);
     }
     Ok(End::Write(Box::new(outcome)))
 }

@@ -3,7 +3,7 @@
 //! these files before the command runs (see `runpod::wrapper::materialise_script`); nothing a
 //! pod mounts is silently dropped.
 //!
-//! The service-account token is the one exception: RunPod pods cannot reach the apiserver, and
+//! The service-account token is the one exception: burst pods cannot reach the apiserver, and
 //! shipping a cluster credential to a third-party cloud would leak it. The mount's `ca.crt` and
 //! `namespace` are no credentials, and are shipped.
 

@@ -4,7 +4,9 @@
 //! slowly. The controller is restarted after each kill. Once the faults stop and everything has
 //! converged, the ledger must show, for every Kubernetes pod, at most one RunPod pod ever created
 //! (zero duplicates, not even short-lived ones) and no RunPod pod alive for a deleted or
-//! finished pod; every batch pod must have Succeeded with its exit code.
+//! finished pod; every batch pod must have Succeeded with its exit code. First, deterministically:
+//! a pod deleted while its create's answer was lost and the controller down has its instance's
+//! GPU billing ended before the pod object goes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,6 +19,7 @@ use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
@@ -30,6 +33,9 @@ const CLUSTER: &str = "e2e-crash";
 const NS: &str = "crash";
 const LIFECYCLES: usize = 60;
 const CONCURRENT: usize = 8;
+/// How long a deleted pod's GPU may bill beyond its grace period, whatever happened to its
+/// create's answer and however often the controller died.
+const BILLING_AFTER_GRACE: Duration = Duration::from_secs(60);
 /// Every wait for a pod is this generous: the controller may be down or settling.
 const POD_WAIT: Duration = Duration::from_secs(300);
 
@@ -65,6 +71,8 @@ struct Lifecycle {
     name: String,
     uid: String,
     kind: Kind,
+    /// When the test deleted the pod, and the grace period it gave.
+    deleted: Option<(Timestamp, i64)>,
 }
 
 async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
@@ -75,11 +83,13 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
     println!("e2e_controller_crash: seed {seed} (CRASH_SEED={seed} replays the schedule)");
     let client = control_plane.client().await?;
     let simulator = Arc::new(SimulatorProcess::start(&scenario())?);
+    // The first scenario needs a settle time longer than a restart takes; the random run
+    // then goes on with a short one.
     let controller = Arc::new(Mutex::new(ControllerProcess::start(
         &control_plane.kubeconfig,
         &control_plane.ca_file(),
         &simulator,
-        &["--cluster-id", CLUSTER, "--create-settle", "5s"],
+        &["--cluster-id", CLUSTER, "--create-settle", "30s"],
     )?));
     let outcome = crash_run(&client, &simulator, &controller, seed).await;
     if outcome.is_err() {
@@ -99,6 +109,14 @@ async fn crash_run(
 ) -> anyhow::Result<()> {
     node_ready(client).await?;
     namespace(client, NS, false).await?;
+    let unknown = deleted_while_unknown(client, simulator, controller)
+        .await
+        .context("a pod deleted while its create's answer was lost and the controller down")?;
+    {
+        let mut controller = controller.lock().await;
+        controller.push_args(&["--create-settle", "5s"]);
+        controller.restart()?;
+    }
     let late = late_create_then_kill(client, simulator, controller)
         .await
         .context("a create sent late, then SIGKILL")?;
@@ -114,7 +132,7 @@ async fn crash_run(
 
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut tasks = tokio::task::JoinSet::new();
-    let mut done: Vec<Lifecycle> = vec![late];
+    let mut done: Vec<Lifecycle> = vec![unknown, late];
     for index in 0..LIFECYCLES {
         while tasks.len() >= CONCURRENT {
             done.push(tasks.join_next().await.context("no task")???);
@@ -160,6 +178,74 @@ async fn crash_run(
         "too few kills to mean anything"
     );
     converge_and_check(client, simulator, &done).await
+}
+
+/// A pod deleted while nobody knows its instance: the create's answer was lost (a 500 after
+/// RunPod created the pod), the controller died before a list showed it, and the first list
+/// of its successor omits it. The pod must stay until the lists could show its instance, and
+/// that instance's GPU billing must end before the pod object goes (not later, by garbage
+/// collection of an instance whose pod is gone).
+async fn deleted_while_unknown(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+    controller: &Mutex<ControllerProcess>,
+) -> anyhow::Result<Lifecycle> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    simulator
+        .inject(&json!({"when": {"operation": "createPod"},
+                        "effect": {"kind": "create_then_fail", "status": 500}, "times": 1}))
+        .await?;
+    let name = "unknown".to_owned();
+    let created = pods
+        .create(
+            &PostParams::default(),
+            &bound_gpu_pod(&name, "e2e/server:1", "Always"),
+        )
+        .await?;
+    let uid = uid(&created);
+    wait::until("the create whose answer is lost", POD_WAIT, || async {
+        let ledger = simulator.ledger().await?;
+        Ok(ledger
+            .iter()
+            .any(|e| e["env"]["RUNPOD_KUBELET_POD_UID"] == uid.as_str())
+            .then_some(()))
+    })
+    .await?;
+    controller.lock().await.kill();
+    pods.delete(&name, &DeleteParams::default()).await?;
+    let deleted = Some((Timestamp::now(), 30));
+    simulator
+        .inject(&json!({"when": {"operation": "listPods"}, "effect": {"kind": "empty_list"}, "times": 1}))
+        .await?;
+    controller.lock().await.restart()?;
+    let removed_at = wait::until("the deleted pod removed", POD_WAIT, || async {
+        Ok(pods.get_opt(&name).await?.is_none().then(Timestamp::now))
+    })
+    .await?;
+    let entries: Vec<serde_json::Value> = simulator
+        .ledger()
+        .await?
+        .into_iter()
+        .filter(|e| e["env"]["RUNPOD_KUBELET_POD_UID"] == uid.as_str())
+        .collect();
+    ensure!(entries.len() == 1, "RunPod pods for the pod: {entries:?}");
+    let ended = ["gpu_billing_ended_at", "stopped_at", "terminated_at"]
+        .iter()
+        .filter_map(|field| entries[0][*field].as_str())
+        .filter_map(|at| at.parse::<Timestamp>().ok())
+        .min();
+    ensure!(
+        ended.is_some_and(|ended| ended <= removed_at),
+        "GPU billing of the deleted pod's instance {} ended at {ended:?}, after its pod was \
+         removed (seen gone at {removed_at})",
+        entries[0]["id"]
+    );
+    Ok(Lifecycle {
+        name,
+        uid,
+        kind: Kind::DeletedRunning,
+        deleted,
+    })
 }
 
 /// The deterministic worst case: RunPod holds the create back with 429s, so it is sent well
@@ -224,6 +310,7 @@ async fn late_create_then_kill(
         name,
         uid,
         kind: Kind::DeletedRunning,
+        deleted: Some((Timestamp::now(), 30)),
     })
 }
 
@@ -256,6 +343,7 @@ async fn lifecycle(
         grace_period_seconds: Some(3),
         ..DeleteParams::default()
     };
+    let mut deleted = None;
     match kind {
         Kind::Batch => {
             wait::until(&format!("{name} finished"), POD_WAIT, || async {
@@ -272,13 +360,20 @@ async fn lifecycle(
             .await?;
             tokio::time::sleep(running_for).await;
             pods.delete(&name, &delete).await?;
+            deleted = Some((Timestamp::now(), 3));
         }
         Kind::DeletedEarly => {
             tokio::time::sleep(early_delay).await;
             pods.delete(&name, &delete).await?;
+            deleted = Some((Timestamp::now(), 3));
         }
     }
-    Ok(Lifecycle { name, uid, kind })
+    Ok(Lifecycle {
+        name,
+        uid,
+        kind,
+        deleted,
+    })
 }
 
 /// Kills the controller with SIGKILL at random moments and starts it again.
@@ -407,6 +502,17 @@ async fn converge_and_check(
         "duplicate RunPod pods:\n  {}",
         duplicates.join("\n  ")
     );
+    let (worst, over) = billing_after_deletion(done, &per_uid);
+    println!(
+        "e2e_controller_crash: longest GPU billing after a deletion: {:.1} s ({})",
+        worst.0, worst.1
+    );
+    ensure!(
+        over.is_empty(),
+        "GPU billing went on longer than the grace period plus {BILLING_AFTER_GRACE:?} after \
+         these deletions:\n  {}",
+        over.join("\n  ")
+    );
     let batch_created = done
         .iter()
         .filter(|l| l.kind != Kind::DeletedEarly)
@@ -416,4 +522,48 @@ async fn converge_and_check(
         "a pod that ran has no RunPod pod in the ledger"
     );
     Ok(())
+}
+
+/// The longest GPU billing after a deletion (seconds, and whose), and each deletion whose
+/// billing went on past its grace period plus `BILLING_AFTER_GRACE`. Billing of an instance
+/// ends at its first stop, end or termination in RunPod's ledger; one created after the
+/// deletion bills from its creation.
+fn billing_after_deletion(
+    done: &[Lifecycle],
+    per_uid: &BTreeMap<String, Vec<&serde_json::Value>>,
+) -> ((f64, String), Vec<String>) {
+    let time = |value: &serde_json::Value| value.as_str().and_then(|t| t.parse::<Timestamp>().ok());
+    let mut worst = (0.0_f64, "none".to_owned());
+    let mut over = Vec::new();
+    for lifecycle in done {
+        let Some((deleted_at, grace)) = lifecycle.deleted else {
+            continue;
+        };
+        for entry in per_uid.get(&lifecycle.uid).into_iter().flatten() {
+            let from = time(&entry["created_at"]).map_or(deleted_at, |c| c.max(deleted_at));
+            let ended = ["gpu_billing_ended_at", "stopped_at", "terminated_at"]
+                .iter()
+                .filter_map(|field| time(&entry[*field]))
+                .min();
+            let Some(ended) = ended else {
+                over.push(format!(
+                    "{}: {} never stopped billing",
+                    lifecycle.name, entry["id"]
+                ));
+                continue;
+            };
+            let billed = ended.duration_since(from).as_secs_f64().max(0.0);
+            if billed > worst.0 {
+                worst = (billed, format!("{} ({:?})", lifecycle.name, lifecycle.kind));
+            }
+            let bound = grace as f64 + BILLING_AFTER_GRACE.as_secs_f64();
+            if billed > bound {
+                over.push(format!(
+                    "{} ({:?}): {} billed {billed:.1} s after its deletion",
+                    lifecycle.name, lifecycle.kind, entry["id"]
+                ));
+            }
+        }
+    }
+    (worst, over)
 }

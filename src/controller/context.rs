@@ -134,13 +134,25 @@ impl<P> Shared<P> {
         f(guard.entry(uid.to_owned()).or_default())
     }
 
-    /// Drops the memory of every pod not in `uids` (pods deleted from the cluster).
-    pub fn forget_all_but(&self, uids: &std::collections::HashSet<String>) {
+    /// Drops the memory of every pod not in `uids` (pods deleted from the cluster), and says
+    /// which instances this leader terminated for them (garbage collection need not again).
+    pub fn forget_all_but(
+        &self,
+        uids: &std::collections::HashSet<String>,
+    ) -> std::collections::HashSet<String> {
         let mut guard = match self.memory.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         };
-        guard.retain(|uid, _| uids.contains(uid));
+        let mut terminated = std::collections::HashSet::new();
+        guard.retain(|uid, memory| {
+            let keep = uids.contains(uid);
+            if !keep {
+                terminated.extend(memory.terminated.drain());
+            }
+            keep
+        });
+        terminated
     }
 
     /// The usage ledger, even after a panic elsewhere poisoned its lock.

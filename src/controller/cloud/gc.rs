@@ -54,7 +54,11 @@ pub fn foreign<'a>(
 }
 
 /// Orphans: live, ours, tagged with a pod UID that no Kubernetes pod on the node has, and seen
-/// for longer than the settle time (a pod just bound may not be in this replica's cache yet).
+/// for longer than the settle time (a pod just bound may not be in this replica's cache yet),
+/// or at once when this replica saw that pod leave (`departed`: a UID never comes back, so no
+/// cache lag can explain its absence, and its instance bills until collected) and did not
+/// terminate the instance itself (a list may lag behind that DELETE; a second would take
+/// quota).
 /// Only instances the list showed: one it omitted is carried from the previous list, and is
 /// mostly gone already (its pod's own DELETE went just before); a second DELETE would take
 /// quota that waiting calls need.
@@ -64,6 +68,7 @@ pub fn orphans<'a>(
     first_seen: &HashMap<String, Timestamp>,
     settle: Duration,
     carried: &HashSet<String>,
+    departed: &Departed,
 ) -> Vec<&'a Instance> {
     snapshot
         .instances
@@ -74,11 +79,59 @@ pub fn orphans<'a>(
             None => false,
         })
         .filter(|i| {
-            first_seen
-                .get(&i.id)
-                .is_some_and(|seen| elapsed(*seen, snapshot.taken_at) >= settle)
+            departed.collect_at_once(i)
+                || first_seen
+                    .get(&i.id)
+                    .is_some_and(|seen| elapsed(*seen, snapshot.taken_at) >= settle)
         })
         .collect()
+}
+
+/// How long a departed pod's UID is remembered: far longer than any list lag, while the set
+/// stays small (one entry per pod deleted in that time).
+const DEPARTED_KEPT: Duration = Duration::from_secs(3600);
+
+/// The pods this replica saw leave the node, and the instances it terminated for them.
+#[derive(Debug, Default)]
+pub struct Departed {
+    /// The node's pod UIDs at the last look.
+    known: HashSet<String>,
+    /// UIDs that left, and when.
+    uids: HashMap<String, Timestamp>,
+    /// Instances terminated for pods that left, and when their pod's memory was dropped.
+    terminated: HashMap<String, Timestamp>,
+}
+
+impl Departed {
+    /// Notes the UIDs that were on the node at the last look and are not now, and the
+    /// instances terminated for them; forgets what is older than `DEPARTED_KEPT`.
+    pub fn note(
+        &mut self,
+        now_uids: &HashSet<String>,
+        terminated: HashSet<String>,
+        now: Timestamp,
+    ) {
+        for uid in self.known.difference(now_uids) {
+            self.uids.entry(uid.clone()).or_insert(now);
+        }
+        for id in terminated {
+            self.terminated.entry(id).or_insert(now);
+        }
+        self.uids.retain(|_, at| elapsed(*at, now) < DEPARTED_KEPT);
+        self.terminated
+            .retain(|_, at| elapsed(*at, now) < DEPARTED_KEPT);
+        self.known.clone_from(now_uids);
+    }
+
+    /// Whether `instance` belongs to a pod that left, and was not terminated here.
+    fn collect_at_once(&self, instance: &Instance) -> bool {
+        instance
+            .tags
+            .pod_uid
+            .as_deref()
+            .is_some_and(|uid| self.uids.contains_key(uid))
+            && !self.terminated.contains_key(&instance.id)
+    }
 }
 
 /// Whether the cluster's pods must be listed again for the settled instances of other nodes:
@@ -130,6 +183,8 @@ pub struct Collector {
     reported_foreign: HashSet<String>,
     /// The cluster's pod UIDs and when they were listed.
     cluster_uids: Option<(Timestamp, HashSet<String>)>,
+    /// Pods this replica saw leave the node.
+    departed: Departed,
 }
 
 impl Collector {
@@ -149,6 +204,17 @@ impl Collector {
         });
     }
 
+    /// Notes the pods that left the node since the last look (`pod_uids` is the node's pods
+    /// now), and the instances this leader terminated for them.
+    pub fn departed(
+        &mut self,
+        pod_uids: &HashSet<String>,
+        terminated: HashSet<String>,
+        now: Timestamp,
+    ) {
+        self.departed.note(pod_uids, terminated, now);
+    }
+
     /// Terminates what the list shows to be garbage: this node's orphans, and other nodes'
     /// instances whose pod exists nowhere in the cluster; never one this list did not show
     /// (`carried` forward from the last one).
@@ -161,8 +227,14 @@ impl Collector {
         elsewhere: Vec<Instance>,
     ) {
         let settle = shared.settings.create_settle;
-        let mut collect: Vec<&Instance> =
-            orphans(snapshot, pod_uids, &self.first_seen, settle, carried);
+        let mut collect: Vec<&Instance> = orphans(
+            snapshot,
+            pod_uids,
+            &self.first_seen,
+            settle,
+            carried,
+            &self.departed,
+        );
         let elsewhere_snapshot = Snapshot {
             taken_at: snapshot.taken_at,
             instances: elsewhere,
@@ -174,6 +246,7 @@ impl Collector {
             &self.first_seen,
             settle,
             &HashSet::new(),
+            &Departed::default(),
         );
         if cluster_list_due(
             self.cluster_uids.as_ref(),
@@ -330,6 +403,7 @@ mod tests {
             &seen,
             Duration::from_secs(30),
             &HashSet::new(),
+            &Departed::default(),
         )
         .into_iter()
         .map(|i| i.id.as_str())
@@ -337,7 +411,73 @@ mod tests {
         assert_eq!(found, ["orphan"]);
         // Carried forward from the last list (this one omitted it): not collected now.
         let carried: HashSet<String> = ["orphan".to_owned()].into();
-        assert!(orphans(&snapshot, &uids, &seen, Duration::from_secs(30), &carried).is_empty());
+        let none = Departed::default();
+        assert!(
+            orphans(
+                &snapshot,
+                &uids,
+                &seen,
+                Duration::from_secs(30),
+                &carried,
+                &none
+            )
+            .is_empty()
+        );
+        // A pod this replica saw leave: its instance goes at once, however new to the list,
+        // unless this leader terminated it already (the list lags behind that DELETE).
+        let mut departed = Departed::default();
+        let all: HashSet<String> = ["u-alive", "u-gone", "u-gone2", "u-ended"]
+            .iter()
+            .map(|u| (*u).to_owned())
+            .collect();
+        departed.note(&all, HashSet::new(), t0);
+        departed.note(&uids, ["ended".to_owned()].into(), t1);
+        let mut with_ended = snapshot.clone();
+        with_ended
+            .instances
+            .push(instance("ended", "c1", "vr", Some("u-ended")));
+        let found: Vec<_> = orphans(
+            &with_ended,
+            &uids,
+            &seen,
+            Duration::from_secs(30),
+            &HashSet::new(),
+            &departed,
+        )
+        .into_iter()
+        .map(|i| i.id.as_str())
+        .collect();
+        assert_eq!(found, ["orphan", "young"]);
+    }
+
+    #[test]
+    fn departures_are_the_uids_that_left_and_are_kept_an_hour() {
+        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let later: Timestamp = "2026-01-01T00:59:00Z".parse().unwrap();
+        let past: Timestamp = "2026-01-01T01:00:01Z".parse().unwrap();
+        let mut departed = Departed::default();
+        let uids = |list: &[&str]| list.iter().map(|u| (*u).to_owned()).collect::<HashSet<_>>();
+        let keys = |d: &Departed| {
+            let mut keys: Vec<String> = d.uids.keys().cloned().collect();
+            keys.sort();
+            keys
+        };
+        departed.note(&uids(&["a", "b"]), HashSet::new(), t0);
+        assert!(
+            departed.uids.is_empty(),
+            "the first look has nothing that left"
+        );
+        departed.note(&uids(&["b", "c"]), HashSet::new(), t0);
+        assert_eq!(keys(&departed), ["a"]);
+        departed.note(&uids(&["c"]), HashSet::new(), later);
+        assert_eq!(
+            departed.uids.get("a"),
+            Some(&t0),
+            "first departure time kept"
+        );
+        assert_eq!(keys(&departed), ["a", "b"]);
+        departed.note(&uids(&["c"]), HashSet::new(), past);
+        assert_eq!(keys(&departed), ["b"]);
     }
 
     #[test]

@@ -245,7 +245,8 @@ pub async fn run<P: Provider>(
                 .filter_map(|pod| pod.metadata.uid.clone())
                 .collect();
             // Memory of pods that are gone (a finished pod's kept log lives until then).
-            shared.forget_all_but(&uids);
+            let terminated = shared.forget_all_but(&uids);
+            collector.departed(&uids, terminated, snapshot.taken_at);
             collector
                 .collect(&shared, &uids, &snapshot, &carried, elsewhere)
                 .await;

@@ -8,12 +8,14 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use runpod_contract::ENDED;
 use serde_json::json;
+use tracing::debug;
 
-use super::decide::{Note, ends};
+use super::decide::ends::Unlisted;
+use super::decide::{Note, ends, gates};
 use super::{ReconcileError, SHORT, pods_in, write};
 use crate::controller::clock::elapsed;
 use crate::controller::context::Shared;
-use crate::controller::pods::status::{RecordedEnd, View};
+use crate::controller::pods::status::{self, RecordedEnd, View, annotation};
 use crate::provider::{Ends, Instance, InstanceState, Provider};
 
 /// Ends a pod: terminate the instance, confirm, and only then write the terminal phase (a
@@ -55,11 +57,11 @@ pub(super) async fn delete<P: Provider>(
     pod: &Pod,
     uid: &str,
     live: &[&Instance],
+    confirmed_at: Option<Timestamp>,
     ctx: &Shared<P>,
 ) -> Result<Action, ReconcileError> {
     let grace = ends::grace_period(pod);
     let now = Timestamp::now();
-    let remembered = ctx.remember(uid, |m| m.instance.clone());
     let mut pending = false;
     let mut billing_due = false;
     for instance in live {
@@ -91,14 +93,38 @@ pub(super) async fn delete<P: Provider>(
     if billing_due {
         ctx.ends_due.notify_one();
     }
-    // Created by us but not listed yet: terminate by id.
-    if let Some((id, _)) = remembered
-        && !live.iter().any(|i| i.id == id)
-        && !ctx.remember(uid, |m| m.terminated.contains(&id))
-    {
-        ctx.provider.terminate(&id, Ends::GpuBilling).await?;
-        ctx.remember(uid, |m| m.terminated.insert(id.clone()));
-        ctx.metrics.terminated(ctx.provider.name());
+    let (memory_id, marked_at, nothing_created, terminated) = ctx.remember(uid, |m| {
+        (
+            m.instance.as_ref().map(|(id, _)| id.clone()),
+            m.create_marked_at,
+            m.nothing_created,
+            m.terminated.clone(),
+        )
+    });
+    let recorded = (!status::is_terminal(pod))
+        .then(|| annotation(pod, ctx.provider.id_annotation()))
+        .flatten();
+    let marker = gates::create_marker(pod, marked_at, nothing_created);
+    let facts = ends::UnlistedFacts {
+        known: memory_id.as_deref().or(recorded),
+        listed: live,
+        terminated: &terminated,
+        create_unsettled: gates::unsettled(marker, confirmed_at, ctx.settings.create_settle),
+    };
+    match ends::unlisted(&facts) {
+        Unlisted::TerminateById(id) => {
+            ctx.provider.terminate(&id, Ends::GpuBilling).await?;
+            ctx.remember(uid, |m| m.terminated.insert(id.clone()));
+            ctx.metrics.terminated(ctx.provider.name());
+        }
+        Unlisted::WaitForList => {
+            debug!(
+                pod_uid = uid,
+                "a create's outcome is unknown: the deleted pod waits for lists that may show its instance"
+            );
+            pending = true;
+        }
+        Unlisted::Nothing => {}
     }
     if pending {
         return Ok(Action::requeue(SHORT));

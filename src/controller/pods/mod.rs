@@ -99,7 +99,9 @@ pub async fn reconcile<P: Provider>(
         settings.create_settle,
         ctx.provider.id_annotation(),
     ) {
-        Step::Delete { live } => finish::delete(&pod, &uid, &live, &ctx).await,
+        Step::Delete { live } => {
+            finish::delete(&pod, &uid, &live, snapshot.confirmed_at, &ctx).await
+        }
         Step::Ended { live } => {
             for instance in &live {
                 finish::terminate(&ctx, &pod, &uid, instance, "the pod has finished").await?;

@@ -133,14 +133,7 @@ async fn gate<P: Provider>(
                 m.replacing_since,
             )
         });
-    // The create marker is the later of the pod's and this leader's own record (the pod
-    // cache may lag behind a marker just written).
-    let marker = annotation(pod, CREATE_REQUESTED)
-        .map(|m| m.parse::<Timestamp>().unwrap_or(Timestamp::UNIX_EPOCH))
-        .into_iter()
-        .chain(marked_at)
-        .max()
-        .filter(|_| !nothing_created);
+    let marker = gates::create_marker(pod, marked_at, nothing_created);
     let facts = CreateFacts {
         now: Timestamp::now(),
         marker,

@@ -5,14 +5,16 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use runpod_contract::CREATE_REQUESTED;
 
 use super::{Next, Note, Outcome};
 use crate::controller::clock::elapsed;
 use crate::controller::context::Settings;
 use crate::controller::eligibility::Refusal;
 use crate::controller::pods::SHORT;
-use crate::controller::pods::status::View;
+use crate::controller::pods::status::{View, annotation};
 use crate::provider::CloudName;
 
 /// What the create gate looks at, read by the shell from the pod, the list and its memory.
@@ -32,16 +34,40 @@ pub struct CreateFacts {
     pub unavailable: bool,
 }
 
+/// The latest record of a create sent for `pod`: the later of its `runpod.io/create-requested`
+/// annotation and this leader's own (`marked_at`: the pod cache may lag behind a marker just
+/// written); none when this leader knows its last provision made nothing.
+pub fn create_marker(
+    pod: &Pod,
+    marked_at: Option<Timestamp>,
+    nothing_created: bool,
+) -> Option<Timestamp> {
+    annotation(pod, CREATE_REQUESTED)
+        .map(|m| m.parse::<Timestamp>().unwrap_or(Timestamp::UNIX_EPOCH))
+        .into_iter()
+        .chain(marked_at)
+        .max()
+        .filter(|_| !nothing_created)
+}
+
 /// A create was sent and its outcome is unknown here: only two complete lists in a row, both
 /// taken long enough after it, may show that nothing exists.
 pub fn absence_unsettled(facts: &CreateFacts, create_settle: Duration) -> bool {
-    facts.marker.is_some_and(|marker| {
+    unsettled(facts.marker, facts.confirmed_at, create_settle)
+}
+
+/// Whether a create recorded at `marker` may have made an instance that lists confirmed at
+/// `confirmed_at` (the older of the last two complete lists) cannot show yet.
+pub fn unsettled(
+    marker: Option<Timestamp>,
+    confirmed_at: Option<Timestamp>,
+    create_settle: Duration,
+) -> bool {
+    marker.is_some_and(|marker| {
         let settled_by = marker
             .checked_add(SignedDuration::try_from(create_settle).unwrap_or_default())
             .unwrap_or(marker);
-        facts
-            .confirmed_at
-            .is_none_or(|confirmed| confirmed < settled_by)
+        confirmed_at.is_none_or(|confirmed| confirmed < settled_by)
     })
 }
 
@@ -300,5 +326,42 @@ pub(super) mod tests {
             describe(&config_error("configmap x not found".into())),
             "CreateContainerConfigError / waiting CreateContainerConfigError / 10s"
         );
+    }
+
+    #[test]
+    fn the_create_marker_is_the_later_record_unless_nothing_was_made() {
+        let mut pod = Pod::default();
+        assert_eq!(create_marker(&pod, None, false), None);
+        assert_eq!(
+            create_marker(&pod, Some(at("00:00:05")), false),
+            Some(at("00:00:05"))
+        );
+        pod.metadata.annotations =
+            Some([(CREATE_REQUESTED.to_owned(), at("00:00:09").to_string())].into());
+        assert_eq!(
+            create_marker(&pod, Some(at("00:00:05")), false),
+            Some(at("00:00:09"))
+        );
+        assert_eq!(
+            create_marker(&pod, Some(at("00:00:12")), false),
+            Some(at("00:00:12"))
+        );
+        assert_eq!(create_marker(&pod, Some(at("00:00:12")), true), None);
+        // An unreadable record still counts as a create sent (long ago).
+        pod.metadata.annotations = Some([(CREATE_REQUESTED.to_owned(), "junk".to_owned())].into());
+        assert_eq!(
+            create_marker(&pod, None, false),
+            Some(Timestamp::UNIX_EPOCH)
+        );
+    }
+
+    #[test]
+    fn a_create_settles_once_lists_taken_after_it_had_time_to_show_it() {
+        let settle = Duration::from_secs(30);
+        let marker = Some(at("00:00:00"));
+        assert!(!unsettled(None, None, settle));
+        assert!(unsettled(marker, None, settle));
+        assert!(unsettled(marker, Some(at("00:00:29")), settle));
+        assert!(!unsettled(marker, Some(at("00:00:30")), settle));
     }
 }

@@ -1,6 +1,7 @@
 //! Which calls end a deleted pod's GPU billing, and when its grace period is over: the rules
 //! `cloud::billing` sends by and `pods::finish::delete` waits by.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -61,6 +62,50 @@ pub fn due<'a>(
             (instance, call)
         })
         .collect()
+}
+
+/// What a deleted pod still needs for an instance the list does not show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unlisted {
+    /// Nothing: the pod may go once its listed instances are done.
+    Nothing,
+    /// An instance known by id (made or adopted by this leader, or recorded on the pod) that
+    /// the list does not show: one DELETE by id ends it (an instance already gone counts as
+    /// done).
+    TerminateById(String),
+    /// A create was sent and its answer is unknown (lost, or sent by a leader that died), so
+    /// an instance may exist that the lists do not show yet. The pod waits for lists that
+    /// settle it: whatever they show is stopped at once by this deletion, where a removed pod
+    /// would leave it billing until garbage collection finds it.
+    WaitForList,
+}
+
+/// What `unlisted` decides from.
+#[derive(Debug, Clone, Copy)]
+pub struct UnlistedFacts<'a> {
+    /// The instance this leader knows for the pod, else the one the pod records (none for a
+    /// pod that ended: its instance was terminated before its phase was written).
+    pub known: Option<&'a str>,
+    /// The pod's instances in the list, not yet terminated.
+    pub listed: &'a [&'a Instance],
+    pub terminated: &'a HashSet<String>,
+    /// A create may have made an instance the lists cannot show yet
+    /// (`gates::unsettled`).
+    pub create_unsettled: bool,
+}
+
+/// The deletion's call for what the list does not show.
+pub fn unlisted(facts: &UnlistedFacts<'_>) -> Unlisted {
+    if let Some(id) = facts.known
+        && !facts.terminated.contains(id)
+        && !facts.listed.iter().any(|instance| instance.id == id)
+    {
+        return Unlisted::TerminateById(id.to_owned());
+    }
+    if facts.listed.is_empty() && facts.create_unsettled {
+        return Unlisted::WaitForList;
+    }
+    Unlisted::Nothing
 }
 
 #[cfg(test)]

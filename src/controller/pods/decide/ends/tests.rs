@@ -85,3 +85,64 @@ fn the_grace_period_defaults_to_thirty_seconds() {
     assert_eq!(grace_period(&deleted(Some(5))), Duration::from_secs(5));
     assert_eq!(grace_period(&deleted(Some(-1))), Duration::ZERO);
 }
+
+#[test]
+fn an_instance_the_list_does_not_show_is_ended_or_waited_for() {
+    let listed_instance = in_state("a", InstanceState::Running);
+    let listed = [&listed_instance];
+    let none: [&Instance; 0] = [];
+    let gone: HashSet<String> = ["x".to_owned()].into();
+    let facts = |known, listed, create_unsettled| UnlistedFacts {
+        known,
+        listed,
+        terminated: &gone,
+        create_unsettled,
+    };
+    let cases = [
+        // A known instance the list lags behind: its DELETE goes by id, not after the pod.
+        (
+            "known, unlisted",
+            facts(Some("b"), &none, false),
+            Unlisted::TerminateById("b".into()),
+        ),
+        (
+            "known, others listed",
+            facts(Some("b"), &listed, true),
+            Unlisted::TerminateById("b".into()),
+        ),
+        (
+            "known and listed",
+            facts(Some("a"), &listed, true),
+            Unlisted::Nothing,
+        ),
+        (
+            "known and terminated",
+            facts(Some("x"), &none, false),
+            Unlisted::Nothing,
+        ),
+        // A create whose answer was lost: the pod waits for lists that may show it.
+        (
+            "lost answer",
+            facts(None, &none, true),
+            Unlisted::WaitForList,
+        ),
+        (
+            "terminated, then a create",
+            facts(Some("x"), &none, true),
+            Unlisted::WaitForList,
+        ),
+        (
+            "settled absence",
+            facts(None, &none, false),
+            Unlisted::Nothing,
+        ),
+        (
+            "listed, create unsettled",
+            facts(None, &listed, true),
+            Unlisted::Nothing,
+        ),
+    ];
+    for (case, facts, expected) in cases {
+        assert_eq!(unlisted(&facts), expected, "{case}");
+    }
+}

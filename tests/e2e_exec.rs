@@ -9,9 +9,11 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
@@ -310,6 +312,10 @@ async fn scenarios(
         "{said:?}"
     );
 
+    // Probes run in the pod over SSH (issue 45): readiness gates Ready, a failing liveness
+    // probe restarts the container, with the kubelet's Events.
+    probes(client, &pods).await.context("probes")?;
+
     // SIGKILL and restart: the next exec works with the same key (read from the Secret).
     controller.restart()?;
     wait::until("exec after a controller restart", WAIT, || async {
@@ -385,4 +391,176 @@ fn port_forward(cp: &ControlPlane) -> anyhow::Result<()> {
         let _ = pipe.read_to_string(&mut stderr);
     }
     result.with_context(|| format!("kubectl port-forward stderr: {stderr}"))
+}
+
+/// An HTTP server "inside the pod" (the simulator's loopback) whose answer per path the test
+/// sets, counting the requests and keeping their User-Agent.
+#[derive(Clone, Default)]
+struct HealthServer {
+    answers: Arc<Mutex<HashMap<String, u16>>>,
+    hits: Arc<Mutex<HashMap<String, u32>>>,
+    agents: Arc<Mutex<Vec<String>>>,
+}
+
+impl HealthServer {
+    fn start(&self) -> anyhow::Result<u16> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let server = self.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let server = server.clone();
+                std::thread::spawn(move || server.answer(stream));
+            }
+        });
+        Ok(port)
+    }
+
+    fn answer(&self, stream: TcpStream) {
+        let Ok(mut writer) = stream.try_clone() else {
+            return;
+        };
+        let mut reader = BufReader::new(stream);
+        let mut request = String::new();
+        if reader.read_line(&mut request).is_err() {
+            return;
+        }
+        let path = request.split_whitespace().nth(1).unwrap_or("/").to_owned();
+        let mut line = String::new();
+        while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+            if let Some(agent) = line.to_ascii_lowercase().strip_prefix("user-agent:") {
+                self.agents.lock().unwrap().push(agent.trim().to_owned());
+            }
+            line.clear();
+        }
+        *self.hits.lock().unwrap().entry(path.clone()).or_default() += 1;
+        let status = self
+            .answers
+            .lock()
+            .unwrap()
+            .get(&path)
+            .copied()
+            .unwrap_or(404);
+        let _ = write!(
+            writer,
+            "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        );
+    }
+
+    fn set(&self, path: &str, status: u16) {
+        self.answers.lock().unwrap().insert(path.to_owned(), status);
+    }
+
+    fn hits(&self, path: &str) -> u32 {
+        self.hits.lock().unwrap().get(path).copied().unwrap_or(0)
+    }
+}
+
+fn container_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|list| list.first())
+        .is_some_and(|c| c.ready)
+}
+
+fn restart_count(pod: &Pod) -> i32 {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|list| list.first())
+        .map_or(0, |c| c.restart_count)
+}
+
+/// A long-running pod (its command replaced the image's start script) with HTTP readiness and
+/// liveness probes on a server "inside the pod": not Ready while `/ready` fails, Ready once it
+/// answers, restarted once `/healthz` fails its threshold.
+async fn probes(client: &kube::Client, pods: &Api<Pod>) -> anyhow::Result<()> {
+    let health = HealthServer::default();
+    let port = health.start()?;
+    health.set("/ready", 503);
+    health.set("/healthz", 200);
+    let mut probed = gpu_pod("probed", "e2e/server:1", "Always");
+    probed.metadata.annotations =
+        Some([("runpod.io/burst-mode".to_owned(), "always".to_owned())].into());
+    let container = &mut probed.spec.as_mut().context("spec")?.containers[0];
+    container.readiness_probe = Some(serde_json::from_value(json!({
+        "httpGet": {"path": "/ready", "port": port}, "periodSeconds": 1, "failureThreshold": 1
+    }))?);
+    container.liveness_probe = Some(serde_json::from_value(json!({
+        "httpGet": {"path": "/healthz", "port": port}, "periodSeconds": 1, "failureThreshold": 2
+    }))?);
+    pods.create(&PostParams::default(), &probed).await?;
+    // Running, its readiness probe asked again and again, and never Ready while it fails.
+    wait::until("the readiness probe asked while Running", WAIT, || async {
+        let pod = pods.get("probed").await?;
+        let running = support::pods::phase(&pod) == Some("Running");
+        Ok((running && health.hits("/ready") >= 3).then_some(()))
+    })
+    .await?;
+    let pod = pods.get("probed").await?;
+    ensure!(
+        !container_ready(&pod) && !support::pods::ready(&pod),
+        "Ready while its readiness probe fails: {:?}",
+        pod.status
+    );
+    ensure!(
+        health
+            .agents
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|a| a.starts_with("kube-probe/")),
+        "probe User-Agent: {:?}",
+        health.agents.lock().unwrap()
+    );
+    // The path answers: Ready.
+    health.set("/ready", 200);
+    wait::until("Ready once the readiness probe passes", WAIT, || async {
+        let pod = pods.get("probed").await?;
+        Ok((container_ready(&pod) && support::pods::ready(&pod)).then_some(()))
+    })
+    .await?;
+    ensure!(
+        restart_count(&pods.get("probed").await?) == 0,
+        "restarted early"
+    );
+    // The liveness path fails: the container is restarted, and the Events say why.
+    health.set("/healthz", 500);
+    wait::until(
+        "restarted after its liveness probe failed",
+        WAIT,
+        || async { Ok((restart_count(&pods.get("probed").await?) >= 1).then_some(())) },
+    )
+    .await?;
+    health.set("/healthz", 200);
+    // The restarted container is probed again (its sshd may present new host keys), and is
+    // Ready once its readiness probe passes again.
+    let hits = health.hits("/ready");
+    wait::until("Ready again after the restart", WAIT, || async {
+        let pod = pods.get("probed").await?;
+        let again = health.hits("/ready") > hits && container_ready(&pod);
+        Ok((again && restart_count(&pod) >= 1).then_some(()))
+    })
+    .await?;
+    let said = support::pods::events(client, NS, "probed").await?;
+    ensure!(
+        !said
+            .iter()
+            .any(|(reason, message)| reason == "PodFieldsNotHonoured" && message.contains("Probe")),
+        "probes that run are said not to: {said:?}"
+    );
+    let has = |reason: &str, text: &str| {
+        said.iter()
+            .any(|(r, message)| r == reason && message.contains(text))
+    };
+    ensure!(
+        has(
+            "Unhealthy",
+            "Liveness probe failed: HTTP probe failed with statuscode: 500"
+        ) && has("Killing", "failed liveness probe, will be restarted"),
+        "Events: {said:?}"
+    );
+    pods.delete("probed", &Default::default()).await?;
+    Ok(())
 }

@@ -313,10 +313,11 @@ pub fn unapplied_security_context_message(pod: &PodView, cloud: &str) -> Option<
 /// `ulimit` would break CUDA's address space, so none is set). Paths as `kubectl explain`
 /// names them.
 ///
-/// `exec_post_start`: the cloud runs `exec` hooks: `postStart` for a container that sets its
-/// command or args (RunPod's completion wrapper runs it), `preStop` over the node's SSH
-/// connection before the stop; such hooks are then honoured.
-pub fn unhonoured(pod: &PodView, exec_post_start: bool) -> Vec<String> {
+/// `in_container`: the cloud runs things inside the container (RunPod with the node's SSH
+/// connection): probes (`exec`, `tcpSocket`, plain-HTTP `httpGet`), `exec` hooks (`postStart`
+/// for a container that sets its command or args: RunPod's completion wrapper runs it;
+/// `preStop` before the stop); those are then honoured.
+pub fn unhonoured(pod: &PodView, in_container: bool) -> Vec<String> {
     let Some(spec) = pod.spec.as_ref() else {
         return Vec::new();
     };
@@ -331,7 +332,7 @@ pub fn unhonoured(pod: &PodView, exec_post_start: bool) -> Vec<String> {
             ("livenessProbe", &container.liveness_probe),
             ("readinessProbe", &container.readiness_probe),
         ] {
-            if set(value) {
+            if set(value) && !(in_container && value.as_ref().is_some_and(probe_runs)) {
                 unhonoured.push(at(field));
             }
         }
@@ -340,9 +341,8 @@ pub fn unhonoured(pod: &PodView, exec_post_start: bool) -> Vec<String> {
         if let Some(hooks) = container.lifecycle.as_ref().and_then(|l| l.as_object()) {
             for (hook, value) in hooks {
                 let exec = value.get("exec").is_some_and(|exec| !exec.is_null());
-                let runs = exec_post_start
-                    && exec
-                    && (hook == "preStop" || (hook == "postStart" && wrapped));
+                let runs =
+                    in_container && exec && (hook == "preStop" || (hook == "postStart" && wrapped));
                 if !value.is_null() && !runs {
                     unhonoured.push(at(&format!("lifecycle.{hook}")));
                 }
@@ -361,10 +361,21 @@ pub fn unhonoured(pod: &PodView, exec_post_start: bool) -> Vec<String> {
     unhonoured
 }
 
+/// Whether the controller's prober runs this probe: an `exec`, a `tcpSocket`, or an `httpGet`
+/// over plain HTTP (no HTTPS, no gRPC).
+fn probe_runs(probe: &serde_json::Value) -> bool {
+    let has = |field: &str| probe.get(field).is_some_and(|value| !value.is_null());
+    let https = probe
+        .pointer("/httpGet/scheme")
+        .and_then(serde_json::Value::as_str)
+        .is_some_and(|scheme| !scheme.eq_ignore_ascii_case("HTTP"));
+    has("exec") || has("tcpSocket") || (has("httpGet") && !https)
+}
+
 /// [`unhonoured`] as the admission warning and the controller's Event say it; `None` when the
 /// pod sets none of them.
-pub fn unhonoured_message(pod: &PodView, cloud: &str, exec_post_start: bool) -> Option<String> {
-    let unhonoured = unhonoured(pod, exec_post_start);
+pub fn unhonoured_message(pod: &PodView, cloud: &str, in_container: bool) -> Option<String> {
+    let unhonoured = unhonoured(pod, in_container);
     (!unhonoured.is_empty()).then(|| {
         format!(
             "{cloud} does not run or enforce {}: probes are not run (Ready follows the \

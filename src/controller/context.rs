@@ -175,6 +175,20 @@ impl<P> Shared<P> {
         reason: &str,
         message: String,
     ) {
+        self.event_as(about, warning, (reason, reason), message)
+            .await;
+    }
+
+    /// [`Shared::event`] with an action of its own: Events of one reason and action on one
+    /// object are aggregated into a series that keeps the first message, so a reason said of
+    /// several things (the kubelet's `Unhealthy` of each probe) needs one action per thing.
+    pub async fn event_as(
+        &self,
+        about: &ObjectReference,
+        warning: bool,
+        (reason, action): (&str, &str),
+        message: String,
+    ) {
         let uid = about.uid.clone().unwrap_or_default();
         let key = format!("{reason}\u{0}{message}");
         if !self.remember(&uid, |m| m.events.insert(key)) {
@@ -188,7 +202,7 @@ impl<P> Shared<P> {
             },
             reason: reason.to_owned(),
             note: Some(truncate(&message, 1000)),
-            action: reason.to_owned(),
+            action: action.to_owned(),
             secondary: None,
         };
         if let Err(error) = self.recorder.publish(&event, about).await {

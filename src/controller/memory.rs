@@ -53,6 +53,8 @@ pub struct PodMemory {
     pub looked_up: Option<(Timestamp, Instance)>,
     /// When this leader began replacing an instance that vanished (the provisioning clock).
     pub replacing_since: Option<Timestamp>,
+    /// What the pod's probes say of its container (`None`: no prober runs for it).
+    pub probed: Option<crate::controller::probes::state::Probed>,
     /// Whether this pod may get an instance, as last judged.
     pub refusal: Option<Judged>,
 }

@@ -19,6 +19,7 @@ pub mod node;
 pub mod offload;
 pub mod ops;
 pub mod pods;
+pub mod probes;
 pub mod shell;
 pub mod usage;
 
@@ -235,6 +236,7 @@ async fn lead<P: Provider>(
         tick_tx,
     ));
     tasks.spawn(cloud::billing::run(shared.clone(), store.clone()));
+    tasks.spawn(probes::run(shared.clone(), store.clone()));
     tasks.spawn(budget::sync::run(shared.clone(), store.clone()));
     tasks.spawn(kubelet_api::serve(
         kubelet_listener,

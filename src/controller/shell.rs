@@ -72,12 +72,18 @@ pub fn recorded_keys(pod: &Pod, instance: &str, cache: &HostKeys) -> Option<Vec<
 /// Writes the instance's host keys onto the pod (best effort: the cache serves this process
 /// meanwhile, and another replica reads the log again).
 async fn record_keys(client: &kube::Client, pod: &Pod, instance: &str, keys: &[String]) {
+    let value = runpod_contract::format_host_keys(instance, keys);
+    write_keys(client, pod, serde_json::Value::String(value)).await;
+}
+
+/// Sets the pod's host-key annotation to `value` (`null` removes it).
+async fn write_keys(client: &kube::Client, pod: &Pod, value: serde_json::Value) {
     let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
         return;
     };
     let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), namespace);
     let patch = serde_json::json!({"metadata": {"annotations": {
-        runpod_contract::SSH_HOST_KEYS: runpod_contract::format_host_keys(instance, keys)
+        runpod_contract::SSH_HOST_KEYS: value
     }}});
     if let Err(error) = pods
         .patch(
@@ -88,6 +94,18 @@ async fn record_keys(client: &kube::Client, pod: &Pod, instance: &str, keys: &[S
         .await
     {
         tracing::warn!(%namespace, pod = %name, %error, "recording the pod's SSH host keys failed");
+    }
+}
+
+/// Forgets the host keys of `instance`, whose container restarted: a restarted container may
+/// print new ones (RunPod wipes the container disk the wrapper's sshd keeps them on), which are
+/// read again from its log at the next connection.
+pub async fn forget_host_keys<P: Provider>(shared: &Shared<P>, pod: &Pod, instance: &str) {
+    if let ExecAccess::Ready { host_keys, .. } = &shared.settings.exec {
+        host_keys.retain(|id| id != instance);
+    }
+    if recorded_keys(pod, instance, &HostKeys::default()).is_some() {
+        write_keys(&shared.client, pod, serde_json::Value::Null).await;
     }
 }
 

@@ -508,6 +508,12 @@ pub trait Provider: Send + Sync + 'static {
     /// stopped, gone, or refused).
     fn stop(&self, id: &str) -> impl Future<Output = Result<bool, ProviderError>> + Send;
 
+    /// Restarts the container in place (a failed liveness or startup probe). `true` when the
+    /// cloud accepted; `false` when it would not (not running, or no such call on this cloud).
+    fn restart(&self, _id: &str) -> impl Future<Output = Result<bool, ProviderError>> + Send {
+        async { Ok(false) }
+    }
+
     /// Terminates and releases the instance; an instance already gone counts as done. `ends`
     /// says whether this ends GPU billing, which puts it ahead of other calls when they queue.
     fn terminate(

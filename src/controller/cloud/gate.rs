@@ -189,6 +189,10 @@ impl<P: Provider> Provider for Gated<P> {
         self.inner.shell_access()
     }
 
+    fn runs_post_start_hooks(&self) -> bool {
+        self.inner.runs_post_start_hooks()
+    }
+
     fn accept_shell_key(&self, public_key: String) {
         self.inner.accept_shell_key(public_key);
     }
@@ -225,6 +229,11 @@ impl<P: Provider> Provider for Gated<P> {
     async fn stop(&self, id: &str) -> Result<bool, ProviderError> {
         self.gate.check_fence()?;
         self.inner.stop(id).await
+    }
+
+    async fn restart(&self, id: &str) -> Result<bool, ProviderError> {
+        self.gate.check_fence()?;
+        self.inner.restart(id).await
     }
 
     async fn terminate(&self, id: &str, ends: Ends) -> Result<(), ProviderError> {

@@ -267,6 +267,9 @@ pub(super) async fn track<P: Provider>(
         }
         previous == Some(true)
     });
+    if restarted {
+        crate::controller::shell::forget_host_keys(ctx, pod, &instance.id).await;
+    }
     let restarts = ctx.remember(uid, |m| m.restarts);
 
     let replacing_since = ctx.remember(uid, |m| {
@@ -302,6 +305,12 @@ pub(super) async fn track<P: Provider>(
                     instance,
                     restarts,
                     cloud: ctx.provider.cloud(),
+                    probed: ctx.remember(uid, |m| m.probed).or_else(|| {
+                        crate::controller::probes::before_any(
+                            pod,
+                            crate::controller::probes::runs_here(ctx),
+                        )
+                    }),
                 },
             )
             .await?;

@@ -250,8 +250,17 @@ impl Provider for RunPodProvider {
             .and_then(|hooks| hooks.post_start.as_ref())
             .and_then(|hook| hook.exec.as_ref())
             .and_then(|exec| exec.command.as_deref());
+        // Probes and a preStop hook run over SSH: a pod that runs forever then starts sshd too.
+        let shell = container.startup_probe.is_some()
+            || container.liveness_probe.is_some()
+            || container.readiness_probe.is_some()
+            || container
+                .lifecycle
+                .as_ref()
+                .and_then(|hooks| hooks.pre_stop.as_ref())
+                .is_some_and(|hook| hook.exec.is_some());
         if let Some(args) =
-            wrapper::wrapped_args(&words, completion(pod), setup.as_ref(), post_start)
+            wrapper::wrapped_args(&words, completion(pod), setup.as_ref(), post_start, shell)
                 .map_err(|e| ProvisionError::Rejected(format!("command/args: {e}")))?
         {
             base.args = Some(args);
@@ -293,6 +302,15 @@ impl Provider for RunPodProvider {
         match self.client.pod_action(id, PodAction::Stop).await {
             Ok(_) => Ok(true),
             // Already stopped, gone, or refused (a locked pod): nothing stopped by this call.
+            Err(ApiError::Conflict { .. } | ApiError::NotFound { .. }) => Ok(false),
+            Err(error) => Err(provider_error(error)),
+        }
+    }
+
+    async fn restart(&self, id: &str) -> Result<bool, ProviderError> {
+        match self.client.pod_action(id, PodAction::Restart).await {
+            Ok(_) => Ok(true),
+            // Not running (409), or gone: nothing to restart.
             Err(ApiError::Conflict { .. } | ApiError::NotFound { .. }) => Ok(false),
             Err(error) => Err(provider_error(error)),
         }

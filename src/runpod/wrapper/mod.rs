@@ -75,7 +75,11 @@ runpod_kubelet_finish() {
 if [ -f "$marker" ] && read -r code <"$marker"; then
   runpod_kubelet_finish "$code"
 fi
-runpod_kubelet_host_key() {
+"#;
+
+/// Starts the image's sshd for the node's key (see [`PRELUDE`]): pods that end, and pods that
+/// run forever whose probes or `preStop` hook run over SSH.
+const SSHD: &str = r#"runpod_kubelet_host_key() {
   set -- $(ssh-keygen -E sha256 -lf "$1" 2>/dev/null)
   case "${2:-}" in SHA256:*) echo "runpod-kubelet: ssh-host-key=$2" ;; esac
 }
@@ -182,7 +186,7 @@ done
 runpod_kubelet_finish "$code""#;
 
 /// Run until it ends, its `postStart` hook beside it, and end with its code (restartPolicy
-/// Always with a hook: the cloud restarts the container, as without one).
+/// Always with a hook or a shell: the cloud restarts the container, as without one).
 const FOREVER_HOOKED: &str = r#"runpod_kubelet_main "$@"
 exit "$rc""#;
 
@@ -337,13 +341,17 @@ impl Setup {
 /// wrapped (nothing to set up and no command to wrap, or it runs forever anyway). With a
 /// `setup`, the files are written first; a pod that needs files but has no command cannot be
 /// wrapped, which is an error (the image's own CMD is unknown here).
+///
+/// `shell`: a pod that runs forever starts the image's sshd for the node's key too (its probes
+/// or `preStop` hook run over SSH); pods that end always do.
 pub fn wrapped_args(
     words: &[String],
     completion: Completion,
     setup: Option<&Setup>,
     post_start: Option<&[String]>,
+    shell: bool,
 ) -> Result<Option<String>, String> {
-    wrapped_args_hooked(words, completion, setup, post_start, EXIT_MARKER)
+    wrapped_args_hooked(words, completion, setup, post_start, shell, EXIT_MARKER)
 }
 
 /// [`wrapped_args`] without a hook, with the exit marker at `marker` (tests use a directory of
@@ -355,7 +363,7 @@ fn wrapped_args_at(
     setup: Option<&Setup>,
     marker: &str,
 ) -> Result<Option<String>, String> {
-    wrapped_args_hooked(words, completion, setup, None, marker)
+    wrapped_args_hooked(words, completion, setup, None, false, marker)
 }
 
 /// [`wrapped_args`] with the exit marker at `marker`.
@@ -364,9 +372,11 @@ fn wrapped_args_hooked(
     completion: Completion,
     setup: Option<&Setup>,
     post_start: Option<&[String]>,
+    shell: bool,
     marker: &str,
 ) -> Result<Option<String>, String> {
     let post_start = post_start.filter(|hook| !hook.is_empty());
+    let forever_wrapped = post_start.is_some() || shell;
     // Always assigned: an env var of the same name must never run as a hook.
     let hook = match post_start {
         Some(hook) => {
@@ -379,9 +389,9 @@ fn wrapped_args_hooked(
         }
         None => "post_start=\n".to_owned(),
     };
-    let body = match (completion, post_start) {
-        (Completion::Forever, None) => "exec \"$@\"",
-        (Completion::Forever, Some(_)) => FOREVER_HOOKED,
+    let body = match (completion, forever_wrapped) {
+        (Completion::Forever, false) => "exec \"$@\"",
+        (Completion::Forever, true) => FOREVER_HOOKED,
         (Completion::RunOnce, _) => RUN_ONCE,
         (Completion::UntilSuccess, _) => UNTIL_SUCCESS,
     };
@@ -396,16 +406,17 @@ fn wrapped_args_hooked(
             ),
         };
     }
-    let prelude = match (completion, post_start) {
-        (Completion::Forever, None) => String::new(),
-        (Completion::Forever, Some(_)) => format!("{hook}{RUNNING}"),
-        (Completion::RunOnce | Completion::UntilSuccess, _) => {
+    let prelude = match completion {
+        Completion::Forever if !forever_wrapped => String::new(),
+        Completion::Forever if shell => format!("{hook}{SSHD}{RUNNING}"),
+        Completion::Forever => format!("{hook}{RUNNING}"),
+        Completion::RunOnce | Completion::UntilSuccess => {
             let marker = shlex::try_quote(marker).map_err(|e| format!("marker {marker:?}: {e}"))?;
-            format!("marker={marker}\n{hook}{PRELUDE}{RUNNING}")
+            format!("marker={marker}\n{hook}{PRELUDE}{SSHD}{RUNNING}")
         }
     };
     let script = match (setup, completion) {
-        (None, Completion::Forever) if post_start.is_none() => return Ok(None),
+        (None, Completion::Forever) if !forever_wrapped => return Ok(None),
         (None, _) => format!("{prelude}{body}"),
         (Some(setup), _) => format!("{prelude}{}{body}", setup.script),
     };

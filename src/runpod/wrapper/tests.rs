@@ -8,7 +8,7 @@ fn words(list: &[&str]) -> Vec<String> {
 #[test]
 fn wrapped_args_split_back_into_the_script_and_the_exact_words() {
     let original = words(&["python", "train.py", "--name", "it's a \"test\" $HOME"]);
-    let args = wrapped_args(&original, Completion::RunOnce, None, None)
+    let args = wrapped_args(&original, Completion::RunOnce, None, None, false)
         .unwrap()
         .unwrap();
     let split = shlex::split(&args).unwrap();
@@ -329,13 +329,44 @@ fn a_marker_that_cannot_be_written_only_loses_the_replay() {
     }
 }
 
+/// A pod that runs forever with probes or a `preStop` hook starts the node's sshd (they run
+/// over SSH), then runs its command and ends with its code (RunPod restarts it).
+#[test]
+fn a_forever_pod_with_a_shell_starts_sshd_and_ends_with_its_command() {
+    let args = wrapped_args(
+        &words(&["sh", "-c", "echo serving; exit 7"]),
+        Completion::Forever,
+        None,
+        None,
+        true,
+    )
+    .unwrap()
+    .expect("wrapped");
+    assert!(args.contains("runpod_kubelet_sshd"), "{args}");
+    assert!(
+        !args.contains("marker="),
+        "no exit marker: it never ends by itself"
+    );
+    let argv = shlex::split(&args).unwrap();
+    let output = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .env_remove("PUBLIC_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "serving\n");
+    assert_eq!(output.status.code(), Some(7));
+}
+
 #[test]
 fn forever_and_commandless_pods_are_not_wrapped() {
     assert_eq!(
-        wrapped_args(&words(&["serve"]), Completion::Forever, None, None),
+        wrapped_args(&words(&["serve"]), Completion::Forever, None, None, false),
         Ok(None)
     );
-    assert_eq!(wrapped_args(&[], Completion::RunOnce, None, None), Ok(None));
+    assert_eq!(
+        wrapped_args(&[], Completion::RunOnce, None, None, false),
+        Ok(None)
+    );
 }
 
 #[test]
@@ -453,7 +484,7 @@ fn a_failed_setup_is_reported_as_exit_code_126_without_running_the_command() {
 #[test]
 fn files_without_a_command_cannot_be_wrapped() {
     let setup = Setup::new(&[], &["/scratch".to_owned()]).unwrap().unwrap();
-    let error = wrapped_args(&[], Completion::Forever, Some(&setup), None).unwrap_err();
+    let error = wrapped_args(&[], Completion::Forever, Some(&setup), None, false).unwrap_err();
     assert!(error.contains("set `command`"), "{error}");
     assert_eq!(Setup::new(&[], &[]), Ok(None));
 }
@@ -682,9 +713,16 @@ fn hooked_in(
     hook: &[&str],
 ) -> Vec<String> {
     let marker = dir.join("exit-code").display().to_string();
-    let args = wrapped_args_hooked(&words(list), completion, None, Some(&words(hook)), &marker)
-        .unwrap()
-        .unwrap();
+    let args = wrapped_args_hooked(
+        &words(list),
+        completion,
+        None,
+        Some(&words(hook)),
+        false,
+        &marker,
+    )
+    .unwrap()
+    .unwrap();
     shlex::split(&args).unwrap()
 }
 

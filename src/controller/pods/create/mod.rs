@@ -307,7 +307,12 @@ async fn created<P: Provider>(
             noun: ctx.provider.instance_noun(),
             title: ctx.provider.cloud().title,
             shell_opened,
-            post_start_hooks: ctx.provider.runs_post_start_hooks(),
+            // Hooks and probes run in the container over the node's SSH connection.
+            in_container: ctx.provider.runs_post_start_hooks()
+                && matches!(
+                    ctx.settings.exec,
+                    crate::controller::node::exec_key::ExecAccess::Ready { .. }
+                ),
             endpoint: &|port| ctx.provider.endpoint(&instance.id, port),
         },
         ctx.settings.reconcile_interval,

@@ -121,8 +121,9 @@ pub struct Created<'a> {
     pub title: &'a str,
     /// What the create opened for the node's shell access, when it did.
     pub shell_opened: Option<&'a str>,
-    /// The cloud runs `postStart` `exec` hooks of containers that set a command.
-    pub post_start_hooks: bool,
+    /// The cloud runs things in the container: `exec` hooks (`postStart` of containers that
+    /// set a command) and probes, over the node's SSH connection.
+    pub in_container: bool,
     /// How the internet reaches a port of the instance.
     pub endpoint: &'a dyn Fn(&runpod_contract::PortSpec) -> String,
 }
@@ -205,7 +206,7 @@ pub fn created_notes(created: &Created<'_>) -> Vec<Note> {
                 runpod_contract::checks::unhonoured_message(
                     view,
                     created.title,
-                    created.post_start_hooks,
+                    created.in_container,
                 ),
             ),
         ];
@@ -471,7 +472,7 @@ mod tests {
             noun: "Cloud pod",
             title: "Cloud",
             shell_opened: Some("22/tcp for exec"),
-            post_start_hooks: false,
+            in_container: false,
             endpoint: &|port| format!("<{port}>"),
         };
         let notes = created_notes(&created);

@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Patch;
 
+use crate::controller::probes::state::Probed;
 use crate::provider::{CloudName, Instance, InstanceState};
 
 /// The value of one of the pod's annotations.
@@ -45,6 +46,8 @@ pub enum View<'a> {
         instance: &'a Instance,
         restarts: i32,
         cloud: CloudName,
+        /// What the pod's probes say (`None`: no prober runs for it; the ports decide).
+        probed: Option<Probed>,
     },
     /// The container ended with this code (`None`: unknown).
     Ended {
@@ -118,7 +121,17 @@ pub fn desired(pod: &Pod, view: &View<'_>, host_ip: &str, now: Timestamp) -> Pod
         image_id: String::new(),
         ready,
         restart_count: restarts,
-        started: Some(state.running.is_some()),
+        // A container with a startup probe has started once that probe succeeded.
+        started: Some(
+            state.running.is_some()
+                && match view {
+                    View::Instance {
+                        probed: Some(probed),
+                        ..
+                    } => probed.started,
+                    _ => true,
+                },
+        ),
         state: Some(state),
         container_id: container_id.or_else(|| {
             current
@@ -197,6 +210,7 @@ fn shown(view: &View<'_>, seen_running_at: Option<Timestamp>, now: Timestamp) ->
             instance,
             restarts,
             cloud,
+            probed,
         } => {
             let id = Some(cloud.container_id(&instance.id));
             match instance.state {
@@ -210,7 +224,8 @@ fn shown(view: &View<'_>, seen_running_at: Option<Timestamp>, now: Timestamp) ->
                         }),
                         ..Default::default()
                     },
-                    instance.ports_ready(),
+                    instance.ports_ready()
+                        && probed.and_then(|probed| probed.ready).unwrap_or(true),
                     *restarts,
                     id,
                     None,

@@ -1,4 +1,5 @@
 use super::*;
+use crate::controller::probes::state::Probed;
 use crate::provider::CloudName;
 use crate::provider::{Endpoint, Tags};
 use serde_json::json;
@@ -49,6 +50,7 @@ fn running_is_ready_only_once_tcp_ports_are_mapped() {
             cloud: CloudName::RUNPOD,
             instance: &unmapped,
             restarts: 0,
+            probed: None,
         },
         "10.0.0.1",
         now(),
@@ -62,6 +64,7 @@ fn running_is_ready_only_once_tcp_ports_are_mapped() {
             cloud: CloudName::RUNPOD,
             instance: &mapped,
             restarts: 0,
+            probed: None,
         },
         "10.0.0.1",
         now(),
@@ -80,6 +83,65 @@ fn running_is_ready_only_once_tcp_ports_are_mapped() {
 }
 
 #[test]
+fn a_readiness_probe_gates_ready_and_a_startup_probe_gates_started() {
+    let pod = pod();
+    let mapped = instance(InstanceState::Running, true);
+    let with = |probed| {
+        desired(
+            &pod,
+            &View::Instance {
+                cloud: CloudName::RUNPOD,
+                instance: &mapped,
+                restarts: 0,
+                probed: Some(probed),
+            },
+            "10.0.0.1",
+            now(),
+        )
+    };
+    let ready_condition = |status: &k8s_openapi::api::core::v1::PodStatus| {
+        status
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap()
+            .status
+            .clone()
+    };
+    let failing = with(Probed {
+        ready: Some(false),
+        started: false,
+    });
+    let container = &failing.container_statuses.as_ref().unwrap()[0];
+    assert!(
+        !container.ready,
+        "ports mapped, but the readiness probe has not passed"
+    );
+    assert_eq!(
+        container.started,
+        Some(false),
+        "the startup probe has not passed"
+    );
+    assert_eq!(ready_condition(&failing), "False");
+    let passing = with(Probed {
+        ready: Some(true),
+        started: true,
+    });
+    let container = &passing.container_statuses.as_ref().unwrap()[0];
+    assert!(container.ready);
+    assert_eq!(container.started, Some(true));
+    assert_eq!(ready_condition(&passing), "True");
+    // No readiness probe: the ports decide.
+    let unprobed = with(Probed {
+        ready: None,
+        started: true,
+    });
+    assert!(unprobed.container_statuses.as_ref().unwrap()[0].ready);
+}
+
+#[test]
 fn provisioning_is_pending_and_exit_codes_decide_the_phase() {
     let pod = pod();
     let starting = instance(InstanceState::Starting, false);
@@ -89,6 +151,7 @@ fn provisioning_is_pending_and_exit_codes_decide_the_phase() {
             cloud: CloudName::RUNPOD,
             instance: &starting,
             restarts: 0,
+            probed: None,
         },
         "h",
         now(),
@@ -137,6 +200,7 @@ fn an_unchanged_state_needs_no_write() {
         cloud: CloudName::RUNPOD,
         instance: &running,
         restarts: 0,
+        probed: None,
     };
     let first = desired(&pod, &view, "h", now());
     assert_eq!(
@@ -171,6 +235,7 @@ fn a_status_as_the_apiserver_returns_it_needs_no_write() {
             cloud: CloudName::RUNPOD,
             instance: &running,
             restarts: 0,
+            probed: None,
         };
         let written = desired(&pod, &view, "h", now());
         // What the apiserver sends back: an unset `lastState` as `{}`, what is unset
@@ -195,6 +260,7 @@ fn a_running_pod_without_a_start_time_keeps_the_first_one_seen() {
         cloud: CloudName::RUNPOD,
         instance: &running,
         restarts: 0,
+        probed: None,
     };
     pod.status = Some(desired(&pod, &view, "h", now()));
     let later: Timestamp = "2026-01-01T00:20:00Z".parse().unwrap();
@@ -209,6 +275,7 @@ fn members_the_controller_owns_are_cleared_when_unset() {
         cloud: CloudName::RUNPOD,
         instance: &running,
         restarts: 0,
+        probed: None,
     };
     let mut written = desired(&pod, &view, "h", now());
     written.reason = Some("NodeLost".into());
@@ -266,6 +333,7 @@ fn running_view(instance: &Instance) -> View<'_> {
         cloud: CloudName::RUNPOD,
         instance,
         restarts: 0,
+        probed: None,
     }
 }
 

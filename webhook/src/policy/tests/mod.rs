@@ -1235,34 +1235,42 @@ fn a_security_context_the_cloud_does_not_apply_is_warned_about_by_field() {
     assert!(checks::unapplied_security_context(&typed(&odd)).is_empty());
 }
 
-/// Probes, hooks and memory/CPU limits are not honoured on a cloud yet: never silently.
+/// Probes, hooks and memory/CPU limits a cloud does not honour are warned about, never
+/// ignored silently.
 #[test]
 fn probes_hooks_and_limits_the_cloud_does_not_honour_are_warned_about_by_field() {
     let mut pod = gpu_pod();
     let main = &mut pod["spec"]["containers"][0];
     main["readinessProbe"] = json!({"httpGet": {"path": "/ready", "port": 8080}});
     main["livenessProbe"] = json!({"tcpSocket": {"port": 8080}});
+    main["startupProbe"] = json!({"httpGet": {"path": "/up", "port": 8443, "scheme": "HTTPS"}});
     main["lifecycle"] = json!({"postStart": {"exec": {"command": ["touch", "/tmp/up"]}},
                                "preStop": {"httpGet": {"port": 8080, "path": "/drain"}}});
     main["resources"]["limits"]["memory"] = json!("100Mi");
     assert_eq!(
         checks::unhonoured(&typed(&pod), true),
         [
-            "containers[main].livenessProbe",
-            "containers[main].readinessProbe",
+            "containers[main].startupProbe",
             "containers[main].lifecycle.postStart",
             "containers[main].lifecycle.preStop",
             "containers[main].resources.limits.memory",
         ],
-        "a container without a command has no wrapper to run its hook; httpGet hooks do not run"
+        "a container without a command has no wrapper to run its hook; httpGet hooks and \
+         HTTPS probes do not run; HTTP and TCP probes run over SSH"
     );
+    let unrun = checks::unhonoured(&typed(&pod), false);
+    for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        assert!(
+            unrun.contains(&format!("containers[main].{probe}")),
+            "without a shell in the container no probe runs: {unrun:?}"
+        );
+    }
     let mut wrapped = pod.clone();
     wrapped["spec"]["containers"][0]["command"] = json!(["python", "serve.py"]);
     assert_eq!(
         checks::unhonoured(&typed(&wrapped), true),
         [
-            "containers[main].livenessProbe",
-            "containers[main].readinessProbe",
+            "containers[main].startupProbe",
             "containers[main].lifecycle.preStop",
             "containers[main].resources.limits.memory",
         ],

@@ -474,7 +474,8 @@ fn restart_count(pod: &Pod) -> i32 {
 
 /// A long-running pod (its command replaced the image's start script) with HTTP readiness and
 /// liveness probes on a server "inside the pod": not Ready while `/ready` fails, Ready once it
-/// answers, restarted once `/healthz` fails its threshold.
+/// answers, restarted once `/healthz` fails its threshold; its `httpGet` preStop hook is sent
+/// once when it is deleted.
 async fn probes(client: &kube::Client, pods: &Api<Pod>) -> anyhow::Result<()> {
     let health = HealthServer::default();
     let port = health.start()?;
@@ -490,6 +491,10 @@ async fn probes(client: &kube::Client, pods: &Api<Pod>) -> anyhow::Result<()> {
     container.liveness_probe = Some(serde_json::from_value(json!({
         "httpGet": {"path": "/healthz", "port": port}, "periodSeconds": 1, "failureThreshold": 2
     }))?);
+    container.lifecycle = Some(serde_json::from_value(json!({
+        "preStop": {"httpGet": {"path": "/stop", "port": port}}
+    }))?);
+    health.set("/stop", 200);
     pods.create(&PostParams::default(), &probed).await?;
     // Running, its readiness probe asked again and again, and never Ready while it fails.
     wait::until("the readiness probe asked while Running", WAIT, || async {
@@ -561,6 +566,13 @@ async fn probes(client: &kube::Client, pods: &Api<Pod>) -> anyhow::Result<()> {
         ) && has("Killing", "failed liveness probe, will be restarted"),
         "Events: {said:?}"
     );
+    // An httpGet preStop hook reaches the container's loopback before the stop.
     pods.delete("probed", &Default::default()).await?;
+    support::pods::gone(pods, "probed").await?;
+    ensure!(
+        health.hits("/stop") == 1,
+        "preStop /stop hits: {}",
+        health.hits("/stop")
+    );
     Ok(())
 }

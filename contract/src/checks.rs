@@ -314,9 +314,10 @@ pub fn unapplied_security_context_message(pod: &PodView, cloud: &str) -> Option<
 /// names them.
 ///
 /// `in_container`: the cloud runs things inside the container (RunPod with the node's SSH
-/// connection): probes (`exec`, `tcpSocket`, plain-HTTP `httpGet`), `exec` hooks (`postStart`
-/// for a container that sets its command or args: RunPod's completion wrapper runs it;
-/// `preStop` before the stop); those are then honoured.
+/// connection): probes (`exec`, `tcpSocket`, plain-HTTP `httpGet`), the `preStop` hook (`exec`
+/// or plain-HTTP `httpGet`, before the stop) and an `exec` `postStart` hook of a container
+/// that sets its command or args (RunPod's completion wrapper runs it); those are then
+/// honoured.
 pub fn unhonoured(pod: &PodView, in_container: bool) -> Vec<String> {
     let Some(spec) = pod.spec.as_ref() else {
         return Vec::new();
@@ -341,8 +342,14 @@ pub fn unhonoured(pod: &PodView, in_container: bool) -> Vec<String> {
         if let Some(hooks) = container.lifecycle.as_ref().and_then(|l| l.as_object()) {
             for (hook, value) in hooks {
                 let exec = value.get("exec").is_some_and(|exec| !exec.is_null());
-                let runs =
-                    in_container && exec && (hook == "preStop" || (hook == "postStart" && wrapped));
+                let runs = in_container
+                    && match hook.as_str() {
+                        // Over SSH: a command, or an HTTP GET to the container's loopback.
+                        "preStop" => exec || (!value["httpGet"].is_null() && probe_runs(value)),
+                        // By the wrapper, beside the command.
+                        "postStart" => exec && wrapped,
+                        _ => false,
+                    };
                 if !value.is_null() && !runs {
                     unhonoured.push(at(&format!("lifecycle.{hook}")));
                 }

@@ -1,7 +1,8 @@
-//! A container's `preStop` `exec` hook, run as the kubelet runs it: in the container, before
-//! the stop that sends its command TERM, within the pod's grace period. It runs over the
-//! node's SSH connection to the pod (the path `kubectl exec` takes), so only on clouds that
-//! offer a shell; the admission warning says where it cannot run.
+//! A container's `preStop` hook (`exec` or `httpGet`), run as the kubelet runs it: in the
+//! container, before the stop that sends its command TERM, within the pod's grace period. It
+//! runs over the node's SSH connection to the pod (the path `kubectl exec` takes, an `httpGet`
+//! to the container's loopback as `port-forward` reaches it), so only on clouds that offer a
+//! shell; the admission warning says where it cannot run.
 
 use std::time::Duration;
 
@@ -13,24 +14,29 @@ use super::decide::Note;
 use super::decide::ends::grace_period;
 use crate::controller::context::Shared;
 use crate::controller::kubelet_api::exec::ssh;
+use crate::controller::probes::{
+    self,
+    spec::{self, Check},
+};
 use crate::controller::shell;
 use crate::provider::{Provider, ShellAccess};
 
-/// The `preStop` `exec` command of the pod's container, if it has one.
-pub fn pre_stop_command(pod: &Pod) -> Option<&[String]> {
-    pod.spec
-        .as_ref()?
-        .containers
-        .first()?
-        .lifecycle
-        .as_ref()?
-        .pre_stop
-        .as_ref()?
+/// The pod container's `preStop` hook as it runs: a command (`exec`) or an HTTP GET to the
+/// container's loopback (`httpGet`), if it has one; `Err` says why it cannot run (HTTPS, a
+/// port the container does not name).
+pub fn pre_stop_check(pod: &Pod) -> Option<Result<Check, String>> {
+    let container = pod.spec.as_ref()?.containers.first()?;
+    let hook = container.lifecycle.as_ref()?.pre_stop.as_ref()?;
+    if let Some(command) = hook
         .exec
-        .as_ref()?
-        .command
-        .as_deref()
+        .as_ref()
+        .and_then(|exec| exec.command.clone())
         .filter(|command| !command.is_empty())
+    {
+        return Some(Ok(Check::Exec(command)));
+    }
+    let http = hook.http_get.as_ref()?;
+    Some(spec::http_check(http, container, "preStop hook"))
 }
 
 /// What is left of the pod's grace period: the kubelet counts the hook inside it, and the
@@ -62,7 +68,7 @@ pub async fn pre_stop<P: Provider>(shared: &Shared<P>, pod: &Pod, uid: &str) -> 
         began: None,
         note: None,
     };
-    let Some(command) = pre_stop_command(pod) else {
+    let Some(check) = pre_stop_check(pod) else {
         return none;
     };
     if !matches!(shared.provider.shell_access(), ShellAccess::Offered { .. }) {
@@ -78,7 +84,7 @@ pub async fn pre_stop<P: Provider>(shared: &Shared<P>, pod: &Pod, uid: &str) -> 
     }
     PreStop {
         began: Some(began),
-        note: hook(shared, pod, uid, command, left).await,
+        note: hook(shared, pod, uid, check, left).await,
     }
 }
 
@@ -87,22 +93,23 @@ async fn hook<P: Provider>(
     shared: &Shared<P>,
     pod: &Pod,
     uid: &str,
-    command: &[String],
+    check: Result<Check, String>,
     left: Duration,
 ) -> Option<Note> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let name = pod.metadata.name.as_deref().unwrap_or_default();
-    let ran = tokio::time::timeout(
-        left,
-        run(shared, pod, (namespace, name), uid, command, left),
-    );
+    let ran = async {
+        let check = check?;
+        tokio::time::timeout(left, run(shared, pod, (namespace, name), uid, &check, left))
+            .await
+            .map_err(|_| format!("it did not end within the grace period ({left:?} were left)"))?
+    };
     let why = match ran.await {
-        Ok(Ok(())) => {
+        Ok(()) => {
             debug!(pod = %format!("{namespace}/{name}"), "the preStop hook ran");
             return None;
         }
-        Ok(Err(why)) => why,
-        Err(_) => format!("it did not end within the grace period ({left:?} were left)"),
+        Err(why) => why,
     };
     warn!(pod = %format!("{namespace}/{name}"), %why, "the preStop hook did not run");
     Some(Note::warning(
@@ -111,13 +118,13 @@ async fn hook<P: Provider>(
     ))
 }
 
-/// Reaches the pod's sshd and runs `command`; why not, if it did not run or failed.
+/// Reaches the pod's sshd and runs `check`; why not, if it did not run or failed.
 async fn run<P: Provider>(
     shared: &Shared<P>,
     pod: &Pod,
     (namespace, name): (&str, &str),
     uid: &str,
-    command: &[String],
+    check: &Check,
     limit: Duration,
 ) -> Result<(), String> {
     let reach = shell::reach(shared, pod, namespace, name)
@@ -126,19 +133,9 @@ async fn run<P: Provider>(
     let session = ssh::connect(&reach.target, uid, &reach.key, &reach.expected)
         .await
         .map_err(|error| error.to_string())?;
-    let joined = shlex::try_join(command.iter().map(String::as_str))
-        .map_err(|error| format!("the command cannot be quoted: {error}"))?;
-    let ran = session.output_within(&joined, limit).await;
+    let ran = probes::run::check(&session, check, limit).await;
     session.disconnect().await;
-    match ran.map_err(|error| error.to_string())? {
-        (0, _) => Ok(()),
-        (code, output) => {
-            let output = String::from_utf8_lossy(&output);
-            let tail: String = output.trim().chars().rev().take(300).collect();
-            let tail: String = tail.chars().rev().collect();
-            Err(format!("command {joined:?} exited with {code}: {tail}"))
-        }
-    }
+    ran
 }
 
 #[cfg(test)]
@@ -171,7 +168,7 @@ mod tests {
     }
 
     #[test]
-    fn only_an_exec_pre_stop_of_the_container_is_run() {
+    fn an_exec_or_http_pre_stop_of_the_container_is_run() {
         let pod = |lifecycle: serde_json::Value| -> Pod {
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": "p"},
@@ -182,14 +179,29 @@ mod tests {
         let exec =
             pod(serde_json::json!({"preStop": {"exec": {"command": ["sh", "-c", "sleep 1"]}}}));
         assert_eq!(
-            pre_stop_command(&exec),
-            Some(&["sh".to_owned(), "-c".to_owned(), "sleep 1".to_owned()][..])
+            pre_stop_check(&exec),
+            Some(Ok(Check::Exec(vec![
+                "sh".into(),
+                "-c".into(),
+                "sleep 1".into()
+            ])))
         );
         let http =
             pod(serde_json::json!({"preStop": {"httpGet": {"port": 8080, "path": "/stop"}}}));
-        assert_eq!(pre_stop_command(&http), None);
+        assert_eq!(
+            pre_stop_check(&http),
+            Some(Ok(Check::Http {
+                port: 8080,
+                path: "/stop".into(),
+                host: None,
+                headers: Vec::new()
+            }))
+        );
+        let https =
+            pod(serde_json::json!({"preStop": {"httpGet": {"port": 8443, "scheme": "HTTPS"}}}));
+        assert!(matches!(pre_stop_check(&https), Some(Err(why)) if why.contains("HTTPS")));
         let empty = pod(serde_json::json!({"preStop": {"exec": {"command": []}}}));
-        assert_eq!(pre_stop_command(&empty), None);
-        assert_eq!(pre_stop_command(&pod(serde_json::json!({}))), None);
+        assert_eq!(pre_stop_check(&empty), None);
+        assert_eq!(pre_stop_check(&pod(serde_json::json!({}))), None);
     }
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::api::core::v1::{Container, HTTPGetAction, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// Which probe: they differ in what a failure does.
@@ -93,43 +93,10 @@ fn spec(kind: Kind, probe: &Probe, container: &Container) -> Result<Spec, String
         }
         Check::Exec(command)
     } else if let Some(http) = &probe.http_get {
-        if http
-            .scheme
-            .as_deref()
-            .is_some_and(|scheme| !scheme.eq_ignore_ascii_case("HTTP"))
-        {
-            return Err(format!(
-                "the {name} probe uses HTTPS, which is not run on a cloud (only HTTP)"
-            ));
-        }
-        let mut host = http.host.clone().filter(|host| !host.is_empty());
-        let mut headers = Vec::new();
-        for header in http.http_headers.iter().flatten() {
-            if header.name.eq_ignore_ascii_case("host") {
-                host = Some(header.value.clone());
-            } else {
-                headers.push((header.name.clone(), header.value.clone()));
-            }
-        }
-        let path = http
-            .path
-            .clone()
-            .filter(|p| !p.is_empty())
-            .unwrap_or("/".into());
-        let path = if path.starts_with('/') {
-            path
-        } else {
-            format!("/{path}")
-        };
-        Check::Http {
-            port: port(&http.port, container, &name)?,
-            path,
-            host,
-            headers,
-        }
+        http_check(http, container, &format!("{name} probe"))?
     } else if let Some(tcp) = &probe.tcp_socket {
         Check::Tcp {
-            port: port(&tcp.port, container, &name)?,
+            port: port(&tcp.port, container, &format!("{name} probe"))?,
         }
     } else {
         return Err(format!(
@@ -153,8 +120,51 @@ fn spec(kind: Kind, probe: &Probe, container: &Container) -> Result<Spec, String
     })
 }
 
-/// A probe's port: a number, or the name of one of the container's ports.
-fn port(value: &IntOrString, container: &Container, probe: &str) -> Result<u16, String> {
+/// An `httpGet` action (of a probe or a hook, `what`) as the prober sends it: plain HTTP only,
+/// a `Host` header taking the place of `host`, the path absolute.
+pub fn http_check(
+    http: &HTTPGetAction,
+    container: &Container,
+    what: &str,
+) -> Result<Check, String> {
+    if http
+        .scheme
+        .as_deref()
+        .is_some_and(|scheme| !scheme.eq_ignore_ascii_case("HTTP"))
+    {
+        return Err(format!(
+            "the {what} uses HTTPS, which is not run on a cloud (only HTTP)"
+        ));
+    }
+    let mut host = http.host.clone().filter(|host| !host.is_empty());
+    let mut headers = Vec::new();
+    for header in http.http_headers.iter().flatten() {
+        if header.name.eq_ignore_ascii_case("host") {
+            host = Some(header.value.clone());
+        } else {
+            headers.push((header.name.clone(), header.value.clone()));
+        }
+    }
+    let path = http
+        .path
+        .clone()
+        .filter(|p| !p.is_empty())
+        .unwrap_or("/".into());
+    let path = if path.starts_with('/') {
+        path
+    } else {
+        format!("/{path}")
+    };
+    Ok(Check::Http {
+        port: port(&http.port, container, what)?,
+        path,
+        host,
+        headers,
+    })
+}
+
+/// A probe's or hook's port: a number, or the name of one of the container's ports.
+fn port(value: &IntOrString, container: &Container, what: &str) -> Result<u16, String> {
     let number = match value {
         IntOrString::Int(number) => i64::from(*number),
         IntOrString::String(name) => match name.parse::<i64>() {
@@ -166,14 +176,14 @@ fn port(value: &IntOrString, container: &Container, probe: &str) -> Result<u16, 
                 .find(|port| port.name.as_deref() == Some(name.as_str()))
                 .map(|port| i64::from(port.container_port))
                 .ok_or_else(|| {
-                    format!("the {probe} probe's port {name:?} is not a port of the container")
+                    format!("the {what}'s port {name:?} is not a port of the container")
                 })?,
         },
     };
     u16::try_from(number)
         .ok()
         .filter(|port| *port > 0)
-        .ok_or_else(|| format!("the {probe} probe's port {number} is out of range"))
+        .ok_or_else(|| format!("the {what}'s port {number} is out of range"))
 }
 
 #[cfg(test)]

@@ -258,7 +258,7 @@ impl Provider for RunPodProvider {
                 .lifecycle
                 .as_ref()
                 .and_then(|hooks| hooks.pre_stop.as_ref())
-                .is_some_and(|hook| hook.exec.is_some());
+                .is_some_and(|hook| hook.exec.is_some() || hook.http_get.is_some());
         if let Some(args) =
             wrapper::wrapped_args(&words, completion(pod), setup.as_ref(), post_start, shell)
                 .map_err(|e| ProvisionError::Rejected(format!("command/args: {e}")))?

@@ -1252,11 +1252,10 @@ fn probes_hooks_and_limits_the_cloud_does_not_honour_are_warned_about_by_field()
         [
             "containers[main].startupProbe",
             "containers[main].lifecycle.postStart",
-            "containers[main].lifecycle.preStop",
             "containers[main].resources.limits.memory",
         ],
-        "a container without a command has no wrapper to run its hook; httpGet hooks and \
-         HTTPS probes do not run; HTTP and TCP probes run over SSH"
+        "a container without a command has no wrapper to run its hook; HTTPS probes do not \
+         run; HTTP and TCP probes and an HTTP preStop run over SSH"
     );
     let unrun = checks::unhonoured(&typed(&pod), false);
     for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
@@ -1271,10 +1270,17 @@ fn probes_hooks_and_limits_the_cloud_does_not_honour_are_warned_about_by_field()
         checks::unhonoured(&typed(&wrapped), true),
         [
             "containers[main].startupProbe",
-            "containers[main].lifecycle.preStop",
             "containers[main].resources.limits.memory",
         ],
         "RunPod's wrapper runs an exec postStart"
+    );
+    let mut https_pre_stop = wrapped.clone();
+    https_pre_stop["spec"]["containers"][0]["lifecycle"]["preStop"] =
+        json!({"httpGet": {"port": 8443, "scheme": "HTTPS"}});
+    assert!(
+        checks::unhonoured(&typed(&https_pre_stop), true)
+            .contains(&"containers[main].lifecycle.preStop".to_owned()),
+        "an HTTPS preStop does not run"
     );
     let mut exec_pre_stop = wrapped.clone();
     exec_pre_stop["spec"]["containers"][0]["lifecycle"]["preStop"] =

@@ -175,13 +175,20 @@ impl<P> Shared<P> {
         reason: &str,
         message: String,
     ) {
+        let uid = about.uid.clone().unwrap_or_default();
+        let key = format!("{reason}\u{0}{message}");
+        if !self.remember(&uid, |m| m.events.insert(key)) {
+            return;
+        }
         self.event_as(about, warning, (reason, reason), message)
             .await;
     }
 
-    /// [`Shared::event`] with an action of its own: Events of one reason and action on one
-    /// object are aggregated into a series that keeps the first message, so a reason said of
-    /// several things (the kubelet's `Unhealthy` of each probe) needs one action per thing.
+    /// Publishes an Event every time it is said, with an action of its own, as the kubelet says
+    /// what recurs (a failing probe): the recorder aggregates the Events of one reason and
+    /// action on one object into a series (keeping the first message), so a reason said of
+    /// several things (`Unhealthy` of each probe) needs one action per thing. Nothing is kept
+    /// per message.
     pub async fn event_as(
         &self,
         about: &ObjectReference,
@@ -189,11 +196,6 @@ impl<P> Shared<P> {
         (reason, action): (&str, &str),
         message: String,
     ) {
-        let uid = about.uid.clone().unwrap_or_default();
-        let key = format!("{reason}\u{0}{message}");
-        if !self.remember(&uid, |m| m.events.insert(key)) {
-            return;
-        }
         let event = Event {
             type_: if warning {
                 EventType::Warning

@@ -104,7 +104,7 @@ pub(super) async fn delete<P: Provider>(
     let recorded = (!status::is_terminal(pod))
         .then(|| annotation(pod, ctx.provider.id_annotation()))
         .flatten();
-    let marker = gates::create_marker(pod, marked_at, nothing_created);
+    let marker = gates::create_marker(pod, marked_at, nothing_created, now);
     let facts = ends::UnlistedFacts {
         known: memory_id.as_deref().or(recorded),
         listed: live,
@@ -113,9 +113,25 @@ pub(super) async fn delete<P: Provider>(
     };
     match ends::unlisted(&facts) {
         Unlisted::TerminateById(id) => {
-            ctx.provider.terminate(&id, Ends::GpuBilling).await?;
+            // An id this leader made or adopted is ours. One read from the pod's annotation
+            // (which a user can edit) is asked for first, and ended only when the cloud says it
+            // is this pod's (its tag) and alive.
+            // An unanswerable id (a user's junk) must not hold the pod: an instance of this
+            // pod that the lookup missed is garbage-collected at the first list that shows it.
+            let looked_up = if memory_id.as_deref() == Some(id.as_str()) {
+                None
+            } else {
+                ctx.provider.lookup(&id).await.unwrap_or_else(|error| {
+                    debug!(pod_uid = uid, instance = %id, %error, "the pod's recorded instance could not be looked up");
+                    None
+                })
+            };
+            let ours = ends::ours_to_end(&id, memory_id.as_deref(), uid, looked_up.as_ref());
+            if ours {
+                ctx.provider.terminate(&id, Ends::GpuBilling).await?;
+                ctx.metrics.terminated(ctx.provider.name());
+            }
             ctx.remember(uid, |m| m.terminated.insert(id.clone()));
-            ctx.metrics.terminated(ctx.provider.name());
         }
         Unlisted::WaitForList => {
             debug!(

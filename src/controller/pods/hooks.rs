@@ -135,7 +135,7 @@ async fn run<P: Provider>(
         .map_err(|error| error.to_string())?;
     let ran = probes::run::check(&session, check, limit).await;
     session.disconnect().await;
-    ran
+    ran.map_err(|failure| failure.message().to_owned())
 }
 
 #[cfg(test)]

@@ -23,17 +23,35 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use self::run::Failure;
 use self::spec::{Kind, Spec};
 use self::state::{Probed, Probing, Verdict, next_run};
-use crate::controller::context::Shared;
+use crate::controller::context::{Shared, Snapshot};
 use crate::controller::kubelet_api::exec::ssh::{self, Session};
 use crate::controller::node::exec_key::ExecAccess;
 use crate::controller::pods::status::is_terminal;
 use crate::controller::shell;
-use crate::provider::{InstanceState, Provider, ShellAccess};
+use crate::provider::{Instance, InstanceState, Provider, ShellAccess};
 
 /// How often the pods are looked at for probers to start or end.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// How many connections in a row may fail before the pod is said to be unreachable by its
+/// probes (its sshd may take a few seconds to start).
+const UNREACHED_BEFORE_FALLBACK: u32 = 10;
+
+/// After the prober restarted a container, how long it waits for the restart to show (the
+/// uptime going back) before it probes again: it must not probe the old container.
+const RESTART_HOLD: Duration = Duration::from_secs(120);
+
+/// A prober task, ended when dropped (with the leader's tasks, or when its pod stops running).
+struct Running(JoinHandle<()>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// Starts a prober for each running burst pod with probes, and ends it when the pod stops
 /// running, is deleted or ends. Nothing runs where the node has no shell into its pods.
@@ -41,7 +59,7 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
     if !runs_here(&shared) {
         return;
     }
-    let mut probers: HashMap<String, JoinHandle<()>> = HashMap::new();
+    let mut probers: HashMap<String, Running> = HashMap::new();
     let mut look = tokio::time::interval(LOOK_EVERY);
     look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -57,25 +75,41 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
             let probed = has_probes(&pod)
                 && pod.metadata.deletion_timestamp.is_none()
                 && !is_terminal(&pod)
-                && snapshot
-                    .for_pod(&uid)
-                    .any(|instance| instance.state == InstanceState::Running);
+                && running_instance(&shared, &snapshot, &uid).is_some();
             if !probed {
                 continue;
             }
             wanted.insert(uid.clone());
-            probers
-                .entry(uid.clone())
-                .or_insert_with(|| tokio::spawn(probe_pod(shared.clone(), pods.clone(), uid)));
+            probers.entry(uid.clone()).or_insert_with(|| {
+                Running(tokio::spawn(probe_pod(shared.clone(), pods.clone(), uid)))
+            });
         }
         probers.retain(|uid, prober| {
-            let keep = wanted.contains(uid) && !prober.is_finished();
+            let keep = wanted.contains(uid) && !prober.0.is_finished();
             if !keep {
-                prober.abort();
+                // What it said was of a container that is gone: the next one starts unprobed.
+                shared.remember(uid, |m| m.probed = None);
             }
             keep
         });
     }
+}
+
+/// The pod's running instance: the one this leader tracks, else the oldest listed running,
+/// never one it terminated.
+fn running_instance<P>(shared: &Shared<P>, snapshot: &Snapshot, uid: &str) -> Option<Instance> {
+    let (tracked, terminated) = shared.remember(uid, |m| {
+        (
+            m.instance.as_ref().map(|(id, _)| id.clone()),
+            m.terminated.clone(),
+        )
+    });
+    let mut running: Vec<&Instance> = snapshot
+        .for_pod(uid)
+        .filter(|i| i.state == InstanceState::Running && !terminated.contains(&i.id))
+        .collect();
+    running.sort_by_key(|i| (Some(&i.id) != tracked.as_ref(), i.created_at));
+    running.first().map(|i| (*i).clone())
 }
 
 /// Whether probes run on this node: its cloud offers a shell and the node has its key.
@@ -85,12 +119,13 @@ pub fn runs_here<P: Provider>(shared: &Shared<P>) -> bool {
 }
 
 /// What the status shows of a probed pod before its prober has said anything: not ready (a
-/// readiness probe must pass first) and not started (likewise a startup probe); `None` for a
-/// pod without probes, or where none run.
+/// readiness or startup probe must pass first) and not started (likewise a startup probe);
+/// `None` for a pod without probes, or where none run.
 pub fn before_any(pod: &Pod, probes_run: bool) -> Option<Probed> {
     let container = pod.spec.as_ref()?.containers.first()?;
+    let gated = container.readiness_probe.is_some() || container.startup_probe.is_some();
     (probes_run && has_probes(pod)).then(|| Probed {
-        ready: container.readiness_probe.is_some().then_some(false),
+        ready: gated.then_some(false),
         started: container.startup_probe.is_none(),
     })
 }
@@ -119,24 +154,13 @@ async fn probe_pod<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>, uid: S
     let Some(container) = pod.spec.as_ref().and_then(|spec| spec.containers.first()) else {
         return;
     };
-    let specs = match spec::specs(container) {
-        Ok(specs) => specs,
-        Err(why) => {
-            let message = format!("{why}; Ready follows the container's ports");
-            shared
-                .event(&pod.object_ref(&()), true, "ProbeNotRun", message)
-                .await;
-            shared.remember(&uid, |m| {
-                m.probed = Some(Probed {
-                    ready: None,
-                    started: true,
-                });
-            });
-            // Parked until the pod stops running (a finished prober would be started again).
-            std::future::pending::<()>().await;
-            return;
-        }
-    };
+    let (specs, unrunnable) = spec::specs(container);
+    for why in unrunnable {
+        let message = format!("{why}; it is not run");
+        shared
+            .event(&pod.object_ref(&()), true, "ProbeNotRun", message)
+            .await;
+    }
     let mut prober = Prober {
         has_startup: specs.iter().any(|s| s.kind == Kind::Startup),
         has_readiness: specs.iter().any(|s| s.kind == Kind::Readiness),
@@ -144,8 +168,14 @@ async fn probe_pod<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>, uid: S
         since: Instant::now(),
         last_run: HashMap::new(),
         restarts_seen: shared.remember(&uid, |m| m.restarts),
+        held: None,
+        unreached: 0,
     };
     prober.publish(&shared, &uid);
+    if specs.is_empty() {
+        // Parked until the pod stops running (a finished prober would be started again).
+        std::future::pending::<()>().await;
+    }
     let mut session: Option<Session> = None;
     loop {
         let restarts = shared.remember(&uid, |m| m.restarts);
@@ -154,6 +184,13 @@ async fn probe_pod<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>, uid: S
             prober.start_over(restarts);
             session = None;
             prober.publish(&shared, &uid);
+        }
+        if prober
+            .held
+            .is_some_and(|since| since.elapsed() < RESTART_HOLD)
+        {
+            tokio::time::sleep(LOOK_EVERY).await;
+            continue;
         }
         let Some(pod) = find(&pods, &uid) else {
             return;
@@ -183,20 +220,25 @@ async fn probe_pod<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>, uid: S
             _ => match connect(&shared, &pod, &uid).await {
                 Ok(open) => open,
                 Err(why) => {
-                    // Not the container's failure: nothing is counted, and it is tried again.
-                    debug!(pod_uid = %uid, %why, "the prober cannot reach the pod");
+                    prober.unreachable(&shared, &pod, &uid, &why).await;
                     tokio::time::sleep(LOOK_EVERY).await;
                     continue;
                 }
             },
         };
         let answer = run::check(&live, &due.check, due.timeout).await;
+        if let Err(Failure::Unreached(why)) = &answer {
+            // The link, not the container: nothing is counted, and the connection is made anew.
+            prober.unreachable(&shared, &pod, &uid, why).await;
+            continue;
+        }
         session = Some(live);
+        prober.reached(&shared, &uid);
         let verdict = prober.probing.observe(due, answer.is_ok());
-        if let Err(why) = &answer
+        if let Err(failure) = &answer
             && verdict != Verdict::Nothing
         {
-            let message = format!("{} probe failed: {why}", due.kind.title());
+            let message = format!("{} probe failed: {}", due.kind.title(), failure.message());
             let action = format!("{}Probe", due.kind.title());
             shared
                 .event_as(&pod.object_ref(&()), true, ("Unhealthy", &action), message)
@@ -206,6 +248,7 @@ async fn probe_pod<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>, uid: S
             restart(&shared, &pod, &uid, due.kind, &container.name).await;
             let restarts = shared.remember(&uid, |m| m.restarts);
             prober.start_over(restarts);
+            prober.held = Some(Instant::now());
             session = None;
         }
         prober.publish(&shared, &uid);
@@ -221,6 +264,10 @@ struct Prober {
     since: Instant,
     last_run: HashMap<Kind, Instant>,
     restarts_seen: i32,
+    /// Since when probing waits for a restart this prober asked for to show.
+    held: Option<Instant>,
+    /// Connections that failed in a row.
+    unreached: u32,
 }
 
 impl Prober {
@@ -234,15 +281,56 @@ impl Prober {
         self.last_run.clear();
         self.since = Instant::now();
         self.restarts_seen = restarts;
+        self.held = None;
     }
 
-    /// What the probes say now, where the status reads it.
+    /// What the probes say now, where the status reads it; while the pod cannot be reached,
+    /// the ports decide (as where probes do not run), rather than a pod that never becomes
+    /// Ready.
     fn publish<P>(&self, shared: &Shared<P>, uid: &str) {
-        let probed = Probed {
-            ready: self.probing.ready(self.has_readiness, self.has_startup),
-            started: self.probing.started(self.has_startup),
+        let probed = if self.unreached >= UNREACHED_BEFORE_FALLBACK {
+            Probed {
+                ready: None,
+                started: true,
+            }
+        } else {
+            Probed {
+                ready: self.probing.ready(self.has_readiness, self.has_startup),
+                started: self.probing.started(self.has_startup),
+            }
         };
         shared.remember(uid, |m| m.probed = Some(probed));
+    }
+
+    /// A connection failed: after enough in a row, the pod is said to be unreachable by its
+    /// probes (an image without sshd) and the ports decide its readiness.
+    async fn unreachable<P: Provider>(
+        &mut self,
+        shared: &Shared<P>,
+        pod: &Pod,
+        uid: &str,
+        why: &str,
+    ) {
+        debug!(pod_uid = %uid, %why, "the prober cannot reach the pod");
+        self.unreached = self.unreached.saturating_add(1);
+        if self.unreached == UNREACHED_BEFORE_FALLBACK {
+            let message = format!(
+                "the probes cannot reach the container over SSH ({why}); until they can, \
+                 Ready follows the container's ports and nothing is restarted"
+            );
+            shared
+                .event(&pod.object_ref(&()), true, "ProbeNotRun", message)
+                .await;
+            self.publish(shared, uid);
+        }
+    }
+
+    fn reached<P>(&mut self, shared: &Shared<P>, uid: &str) {
+        if self.unreached >= UNREACHED_BEFORE_FALLBACK {
+            self.unreached = 0;
+            self.publish(shared, uid);
+        }
+        self.unreached = 0;
     }
 }
 
@@ -269,10 +357,7 @@ async fn restart<P: Provider>(
     let Some(snapshot) = shared.latest() else {
         return;
     };
-    let Some(instance) = snapshot
-        .for_pod(uid)
-        .find(|instance| instance.state == InstanceState::Running)
-    else {
+    let Some(instance) = running_instance(shared, &snapshot, uid) else {
         return;
     };
     let never = pod
@@ -287,7 +372,7 @@ async fn restart<P: Provider>(
         format!("Container {container} failed {probe} probe, will be restarted")
     };
     shared
-        .event(&pod.object_ref(&()), false, "Killing", message)
+        .event_as(&pod.object_ref(&()), false, ("Killing", "Killing"), message)
         .await;
     let done = if never {
         shared.provider.stop(&instance.id).await

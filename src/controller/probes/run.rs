@@ -1,6 +1,7 @@
-//! Running one probe inside the pod, over the node's SSH connection to it: a command, an HTTP
-//! GET or a TCP connection to the pod's loopback (the path `kubectl port-forward` takes).
-//! The answer is success, or the failure as the kubelet words it.
+//! Running one probe or hook inside the pod, over the node's SSH connection to it: a command,
+//! an HTTP GET or a TCP connection to the pod's loopback (the path `kubectl port-forward`
+//! takes). The answer is success, the failure as the kubelet words it, or that the pod could
+//! not be reached (which says nothing of the container).
 
 use std::time::Duration;
 
@@ -9,68 +10,99 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 
 use super::spec::Check;
+use crate::controller::kubelet_api::exec::portforward::Connection;
 use crate::controller::kubelet_api::exec::ssh::Session;
 
 /// The User-Agent the kubelet's HTTP probes send.
 const USER_AGENT: &str = "kube-probe/1.20";
 
-/// Runs `check` within `timeout`; `Err` is the failure's message.
-pub async fn check(session: &Session, check: &Check, timeout: Duration) -> Result<(), String> {
+/// How long opening a channel to the container's port may take: the cloud's link, not the
+/// container, is slow when it takes longer, and the probe's own timeout starts after it.
+const OPEN_WITHIN: Duration = Duration::from_secs(5);
+
+/// Why a check did not pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The container answered wrong, or not in time: the kubelet's message.
+    Failed(String),
+    /// The pod could not be reached (the SSH connection is down or silent): no result.
+    Unreached(String),
+}
+
+impl Failure {
+    pub fn message(&self) -> &str {
+        match self {
+            Failure::Failed(message) | Failure::Unreached(message) => message,
+        }
+    }
+}
+
+/// Runs `check`, the container's part within `timeout`.
+pub async fn check(session: &Session, check: &Check, timeout: Duration) -> Result<(), Failure> {
     match check {
         Check::Exec(command) => exec(session, command, timeout).await,
-        Check::Tcp { port } => match tokio::time::timeout(timeout, session.forward(*port)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(error)) => Err(format!("dial tcp 127.0.0.1:{port}: {error}")),
-            Err(_) => Err(format!("dial tcp 127.0.0.1:{port}: i/o timeout")),
-        },
+        Check::Tcp { port } => open(session, *port).await.map(drop),
         Check::Http {
             port,
             path,
             host,
             headers,
         } => {
-            let get = http(session, *port, path, host.as_deref(), headers);
+            let stream = open(session, *port).await?;
+            let get = http(stream, *port, path, host.as_deref(), headers);
             match tokio::time::timeout(timeout, get).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(format!(
+                Ok(outcome) => outcome.map_err(Failure::Failed),
+                Err(_) => Err(Failure::Failed(format!(
                     "Get \"http://127.0.0.1:{port}{path}\": context deadline exceeded"
-                )),
+                ))),
             }
         }
     }
 }
 
-async fn exec(session: &Session, command: &[String], timeout: Duration) -> Result<(), String> {
+/// A stream to the container's `port`: refused is the container's failure; no answer, or a
+/// connection that closed, is the link's.
+async fn open(session: &Session, port: u16) -> Result<Box<dyn Connection>, Failure> {
+    match tokio::time::timeout(OPEN_WITHIN, session.forward(port)).await {
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(error)) if !session.is_closed() => Err(Failure::Failed(format!(
+            "dial tcp 127.0.0.1:{port}: connect: connection refused ({error})"
+        ))),
+        Ok(Err(error)) => Err(Failure::Unreached(error.to_string())),
+        Err(_) => Err(Failure::Unreached(format!(
+            "opening port {port} took longer than {OPEN_WITHIN:?}"
+        ))),
+    }
+}
+
+async fn exec(session: &Session, command: &[String], timeout: Duration) -> Result<(), Failure> {
     let joined = shlex::try_join(command.iter().map(String::as_str))
-        .map_err(|error| format!("the command cannot be quoted: {error}"))?;
+        .map_err(|error| Failure::Failed(format!("the command cannot be quoted: {error}")))?;
     match session.output_within(&joined, timeout).await {
         Ok((0, _)) => Ok(()),
         Ok((code, output)) => {
             let output = String::from_utf8_lossy(&output);
             let tail: String = output.trim().chars().rev().take(300).collect();
             let tail: String = tail.chars().rev().collect();
-            Err(if tail.is_empty() {
+            Err(Failure::Failed(if tail.is_empty() {
                 format!("command {joined:?} exited with {code}")
             } else {
                 tail
-            })
+            }))
         }
-        Err(error) => Err(format!("command {joined:?}: {error}")),
+        Err(error) if session.is_closed() => Err(Failure::Unreached(error.to_string())),
+        Err(error) => Err(Failure::Failed(format!("command {joined:?}: {error}"))),
     }
 }
 
 async fn http(
-    session: &Session,
+    stream: Box<dyn Connection>,
     port: u16,
     path: &str,
     host: Option<&str>,
     headers: &[(String, String)],
 ) -> Result<(), String> {
     let url = format!("http://127.0.0.1:{port}{path}");
-    let stream = session
-        .forward(port)
-        .await
-        .map_err(|error| format!("Get \"{url}\": dial tcp 127.0.0.1:{port}: {error}"))?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|error| format!("Get \"{url}\": {error}"))?;

@@ -56,21 +56,25 @@ pub struct Spec {
     pub failure_threshold: u32,
 }
 
-/// The probes of `container` the prober can run, in the order startup, liveness, readiness;
-/// `Err` names one it cannot (an HTTPS or gRPC probe, a port name the container does not
-/// declare, no handler).
-pub fn specs(container: &Container) -> Result<Vec<Spec>, String> {
+/// The probes of `container` the prober can run, in the order startup, liveness, readiness,
+/// and why each other one cannot run (an HTTPS or gRPC probe, a port name the container does
+/// not declare, no handler): those are left out, the others still run.
+pub fn specs(container: &Container) -> (Vec<Spec>, Vec<String>) {
     let probes = [
         (Kind::Startup, container.startup_probe.as_ref()),
         (Kind::Liveness, container.liveness_probe.as_ref()),
         (Kind::Readiness, container.readiness_probe.as_ref()),
     ];
     let mut specs = Vec::new();
+    let mut unrunnable = Vec::new();
     for (kind, probe) in probes {
         let Some(probe) = probe else { continue };
-        specs.push(spec(kind, probe, container)?);
+        match spec(kind, probe, container) {
+            Ok(spec) => specs.push(spec),
+            Err(why) => unrunnable.push(why),
+        }
     }
-    Ok(specs)
+    (specs, unrunnable)
 }
 
 fn seconds(value: Option<i32>, default: u64, least: u64) -> Duration {
@@ -206,7 +210,8 @@ mod tests {
             "readinessProbe": {"exec": {"command": ["cat", "/tmp/ready"]},
                                "successThreshold": 2, "timeoutSeconds": 5, "initialDelaySeconds": 3}
         }));
-        let specs = specs(&c).unwrap();
+        let (specs, unrunnable) = specs(&c);
+        assert!(unrunnable.is_empty(), "{unrunnable:?}");
         assert_eq!(specs.len(), 3);
         assert_eq!(specs[0].kind, Kind::Startup);
         assert_eq!(specs[0].check, Check::Tcp { port: 8080 });
@@ -255,11 +260,15 @@ mod tests {
             ),
         ];
         for (probe, expected) in cases {
-            let c = container(serde_json::json!({"name": "main", "readinessProbe": probe}));
-            let error = specs(&c).unwrap_err();
-            assert!(error.contains(expected), "{error}");
+            let c = container(serde_json::json!({"name": "main", "readinessProbe": probe,
+                "livenessProbe": {"exec": {"command": ["true"]}}}));
+            let (runnable, unrunnable) = specs(&c);
+            assert_eq!(unrunnable.len(), 1, "{unrunnable:?}");
+            assert!(unrunnable[0].contains(expected), "{unrunnable:?}");
+            assert_eq!(runnable.len(), 1, "the liveness probe still runs");
+            assert_eq!(runnable[0].kind, Kind::Liveness);
         }
         let none = container(serde_json::json!({"name": "main"}));
-        assert!(specs(&none).unwrap().is_empty());
+        assert_eq!(specs(&none), (Vec::new(), Vec::new()));
     }
 }

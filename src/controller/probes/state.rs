@@ -55,11 +55,14 @@ impl Probing {
         !has_startup || self.result(Kind::Startup) == Some(true)
     }
 
-    /// Whether the container is ready: no readiness probe (`None`), else its result (not ready
-    /// until it first succeeds, and never before the container started).
+    /// Whether the container is ready: never before it started (its startup probe passed),
+    /// then its readiness probe's result (not ready until it first succeeds); `None` without
+    /// either probe (the ports decide).
     pub fn ready(&self, has_readiness: bool, has_startup: bool) -> Option<bool> {
-        has_readiness
-            .then(|| self.started(has_startup) && self.result(Kind::Readiness) == Some(true))
+        (has_readiness || has_startup).then(|| {
+            self.started(has_startup)
+                && (!has_readiness || self.result(Kind::Readiness) == Some(true))
+        })
     }
 
     fn result(&self, kind: Kind) -> Option<bool> {
@@ -180,8 +183,18 @@ mod tests {
         assert!(!probing.runs(Kind::Readiness, true));
         assert!(!probing.started(true));
         assert_eq!(probing.ready(true, true), Some(false));
+        assert_eq!(
+            probing.ready(false, true),
+            Some(false),
+            "not ready before it started"
+        );
         probing.observe(&startup, true);
         assert!(probing.started(true));
+        assert_eq!(
+            probing.ready(false, true),
+            Some(true),
+            "started, no readiness probe"
+        );
         assert!(
             !probing.runs(Kind::Startup, true),
             "it runs until it succeeds, then no more"

@@ -133,9 +133,10 @@ async fn gate<P: Provider>(
                 m.replacing_since,
             )
         });
-    let marker = gates::create_marker(pod, marked_at, nothing_created);
+    let now = Timestamp::now();
+    let marker = gates::create_marker(pod, marked_at, nothing_created, now);
     let facts = CreateFacts {
-        now: Timestamp::now(),
+        now,
         marker,
         confirmed_at: snapshot.confirmed_at,
         clock_start: replacing_since.or_else(|| bound_at(pod)),

@@ -37,16 +37,21 @@ pub struct CreateFacts {
 /// The latest record of a create sent for `pod`: the later of its `runpod.io/create-requested`
 /// annotation and this leader's own (`marked_at`: the pod cache may lag behind a marker just
 /// written); none when this leader knows its last provision made nothing.
+///
+/// Never later than `now`: a record from the future (a user's edit, a skewed clock) would keep
+/// every create, and a deleted pod's removal, waiting forever.
 pub fn create_marker(
     pod: &Pod,
     marked_at: Option<Timestamp>,
     nothing_created: bool,
+    now: Timestamp,
 ) -> Option<Timestamp> {
     annotation(pod, CREATE_REQUESTED)
         .map(|m| m.parse::<Timestamp>().unwrap_or(Timestamp::UNIX_EPOCH))
         .into_iter()
         .chain(marked_at)
         .max()
+        .map(|marker| marker.min(now))
         .filter(|_| !nothing_created)
 }
 
@@ -331,6 +336,8 @@ pub(super) mod tests {
     #[test]
     fn the_create_marker_is_the_later_record_unless_nothing_was_made() {
         let mut pod = Pod::default();
+        let now = at("00:10:00");
+        let create_marker = |pod: &Pod, marked, nothing| create_marker(pod, marked, nothing, now);
         assert_eq!(create_marker(&pod, None, false), None);
         assert_eq!(
             create_marker(&pod, Some(at("00:00:05")), false),
@@ -353,6 +360,15 @@ pub(super) mod tests {
             create_marker(&pod, None, false),
             Some(Timestamp::UNIX_EPOCH)
         );
+        // A record from the future counts as now.
+        pod.metadata.annotations = Some(
+            [(
+                CREATE_REQUESTED.to_owned(),
+                "2099-01-01T00:00:00Z".to_owned(),
+            )]
+            .into(),
+        );
+        assert_eq!(create_marker(&pod, None, false), Some(now));
     }
 
     #[test]

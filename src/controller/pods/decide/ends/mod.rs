@@ -108,5 +108,22 @@ pub fn unlisted(facts: &UnlistedFacts<'_>) -> Unlisted {
     Unlisted::Nothing
 }
 
+/// Whether the instance `id` may be terminated for the deleted pod `uid`: one this leader made
+/// or adopted (`remembered`), or, for an id read from the pod's annotation (a user can edit it),
+/// one the cloud says (`looked_up`) is alive and tagged with this pod.
+pub fn ours_to_end(
+    id: &str,
+    remembered: Option<&str>,
+    uid: &str,
+    looked_up: Option<&Instance>,
+) -> bool {
+    remembered == Some(id)
+        || looked_up.is_some_and(|instance| {
+            instance.id == id
+                && instance.tags.pod_uid.as_deref() == Some(uid)
+                && instance.state.is_live()
+        })
+}
+
 #[cfg(test)]
 mod tests;

@@ -146,3 +146,30 @@ fn an_instance_the_list_does_not_show_is_ended_or_waited_for() {
         assert_eq!(unlisted(&facts), expected, "{case}");
     }
 }
+
+#[test]
+fn an_annotated_id_is_ended_only_when_the_cloud_says_it_is_this_pods() {
+    let mine = in_state("i1", InstanceState::Running);
+    let other = Instance {
+        tags: crate::provider::Tags {
+            pod_uid: Some("someone-else".into()),
+            ..mine.tags.clone()
+        },
+        ..in_state("i2", InstanceState::Running)
+    };
+    let gone = in_state("i3", InstanceState::Terminated);
+    assert!(
+        ours_to_end("i9", Some("i9"), "u1", None),
+        "made by this leader"
+    );
+    assert!(ours_to_end("i1", None, "u1", Some(&mine)));
+    assert!(
+        !ours_to_end("i2", None, "u1", Some(&other)),
+        "another pod's instance"
+    );
+    assert!(!ours_to_end("i3", None, "u1", Some(&gone)), "already gone");
+    assert!(
+        !ours_to_end("i4", None, "u1", None),
+        "the cloud does not know it"
+    );
+}

@@ -98,7 +98,7 @@ async fn write_keys(client: &kube::Client, pod: &Pod, value: serde_json::Value) 
 }
 
 /// Forgets the host keys of `instance`, whose container restarted: a restarted container may
-/// print new ones (RunPod wipes the container disk the wrapper's sshd keeps them on), which are
+/// print new ones (a cloud may wipe the container disk its sshd keeps them on), which are
 /// read again from its log at the next connection.
 pub async fn forget_host_keys<P: Provider>(shared: &Shared<P>, pod: &Pod, instance: &str) {
     if let ExecAccess::Ready { host_keys, .. } = &shared.settings.exec {

@@ -3,7 +3,7 @@
 //! node's SSH connection to the pod (the path of `kubectl exec` and `port-forward`): an `exec`
 //! probe runs its command in the container, `httpGet` and `tcpSocket` reach the container's
 //! loopback. Readiness gates Ready (through the pod's memory, which the status reads); a
-//! liveness or startup probe that fails its threshold restarts the container (RunPod's
+//! liveness or startup probe that fails its threshold restarts the container (the provider's
 //! `restart`; a `restartPolicy: Never` pod's container is stopped instead, and the pod ends),
 //! with the kubelet's Events `Unhealthy` and `Killing`. Clouds without a shell run none: the
 //! admission warning and the `PodFieldsNotHonoured` Event say so.
@@ -195,24 +195,12 @@ async fn probe_pod<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>, uid: S
         let Some(pod) = find(&pods, &uid) else {
             return;
         };
-        let now = Instant::now();
-        let waits: Vec<(Duration, &Spec)> = specs
-            .iter()
-            .filter(|s| prober.probing.runs(s.kind, prober.has_startup))
-            .map(|s| (prober.wait(s, now), s))
-            .collect();
-        let Some(due) = waits
-            .iter()
-            .find(|(wait, _)| wait.is_zero())
-            .map(|(_, s)| *s)
-        else {
-            let wait = waits
-                .iter()
-                .map(|(wait, _)| *wait)
-                .min()
-                .unwrap_or(LOOK_EVERY);
-            tokio::time::sleep(wait.min(LOOK_EVERY)).await;
-            continue;
+        let due = match prober.next_due(&specs) {
+            Ok(due) => due,
+            Err(wait) => {
+                tokio::time::sleep(wait).await;
+                continue;
+            }
         };
         prober.last_run.insert(due.kind, Instant::now());
         let live = match session.take() {
@@ -238,11 +226,7 @@ async fn probe_pod<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>, uid: S
         if let Err(failure) = &answer
             && verdict != Verdict::Nothing
         {
-            let message = format!("{} probe failed: {}", due.kind.title(), failure.message());
-            let action = format!("{}Probe", due.kind.title());
-            shared
-                .event_as(&pod.object_ref(&()), true, ("Unhealthy", &action), message)
-                .await;
+            unhealthy(&shared, &pod, due.kind, failure).await;
         }
         if verdict == Verdict::Restart {
             restart(&shared, &pod, &uid, due.kind, &container.name).await;
@@ -253,6 +237,16 @@ async fn probe_pod<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>, uid: S
         }
         prober.publish(&shared, &uid);
     }
+}
+
+/// The kubelet's `Unhealthy` Event for a failure that counts, with one action per probe (the
+/// recorder would merge every probe's into one series otherwise).
+async fn unhealthy<P: Provider>(shared: &Shared<P>, pod: &Pod, kind: Kind, failure: &Failure) {
+    let message = format!("{} probe failed: {}", kind.title(), failure.message());
+    let action = format!("{}Probe", kind.title());
+    shared
+        .event_as(&pod.object_ref(&()), true, ("Unhealthy", &action), message)
+        .await;
 }
 
 /// One pod's probing state.
@@ -274,6 +268,25 @@ impl Prober {
     fn wait(&self, spec: &Spec, now: Instant) -> Duration {
         let last = self.last_run.get(&spec.kind).map(|at| now - *at);
         next_run(spec, now - self.since, last)
+    }
+
+    /// The probe due now, else how long to sleep before looking again (at most a second).
+    fn next_due<'a>(&self, specs: &'a [Spec]) -> Result<&'a Spec, Duration> {
+        let now = Instant::now();
+        let waits: Vec<(Duration, &Spec)> = specs
+            .iter()
+            .filter(|s| self.probing.runs(s.kind, self.has_startup))
+            .map(|s| (self.wait(s, now), s))
+            .collect();
+        match waits.iter().find(|(wait, _)| wait.is_zero()) {
+            Some((_, due)) => Ok(due),
+            None => Err(waits
+                .iter()
+                .map(|(wait, _)| *wait)
+                .min()
+                .unwrap_or(LOOK_EVERY)
+                .min(LOOK_EVERY)),
+        }
     }
 
     fn start_over(&mut self, restarts: i32) {

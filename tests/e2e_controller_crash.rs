@@ -1,12 +1,16 @@
 //! The crash test: the controller is killed with SIGKILL at random moments (seeded; the seed is
-//! printed, `CRASH_SEED=N` replays it) across more than 50 pod lifecycles, while the simulator
-//! answers creates with 5xx after really creating, answers 429, lags its list and answers
-//! slowly. The controller is restarted after each kill. Once the faults stop and everything has
-//! converged, the ledger must show, for every Kubernetes pod, at most one RunPod pod ever created
-//! (zero duplicates, not even short-lived ones) and no RunPod pod alive for a deleted or
-//! finished pod; every batch pod must have Succeeded with its exit code. First, deterministically:
-//! a pod deleted while its create's answer was lost and the controller down has its instance's
-//! GPU billing ended before the pod object goes.
+//! printed, `CRASH_SEED=N` replays it) across more than 50 pod lifecycles (`CRASH_LIFECYCLES=N`
+//! for a longer soak), while the simulator answers creates with 5xx after really creating,
+//! answers 429, lags its list, omits every pod from some lists, goes down whole for a while and
+//! answers slowly, in storms of 20 s with calms of 10 s between. The controller is restarted
+//! after each kill. Once the faults stop and everything has converged, the ledger must show,
+//! for every Kubernetes pod, at most one RunPod pod ever created (zero duplicates, not even
+//! short-lived ones) and no RunPod pod alive for a deleted or finished pod; every batch pod must
+//! have Succeeded with its exit code. First, deterministically: a pod deleted while its create's
+//! answer was lost and the controller down has its instance's GPU billing ended before the pod
+//! object goes; a create sent late, then SIGKILL, is found; a lost create followed by two empty
+//! lists after the restart is not sent again. Last, `controller drain` with the controller dead
+//! and a lost create hidden by empty lists leaves nothing billing.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -18,19 +22,21 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use support::control_plane::{ControlPlane, ExtraFlags};
-use support::controller::{ControllerProcess, SimulatorProcess};
-use support::pods::{bound_gpu_pod, exit_code, live, namespace, node_ready, phase, uid};
+use support::controller::{ControllerProcess, SimulatorProcess, run_command};
+use support::pods::{NODE, bound_gpu_pod, exit_code, live, namespace, node_ready, phase, uid};
 use support::wait;
 use tokio::sync::Mutex;
 
 const CLUSTER: &str = "e2e-crash";
 const NS: &str = "crash";
+/// Pod lifecycles in the CI-sized run; `CRASH_LIFECYCLES=N` runs a longer soak.
 const LIFECYCLES: usize = 60;
 const CONCURRENT: usize = 8;
 /// How long a deleted pod's GPU may bill beyond its grace period, whatever happened to its
@@ -91,7 +97,17 @@ async fn run(control_plane: &ControlPlane) -> anyhow::Result<()> {
         &simulator,
         &["--cluster-id", CLUSTER, "--create-settle", "30s"],
     )?));
-    let outcome = crash_run(&client, &simulator, &controller, seed).await;
+    let mut outcome = crash_run(&client, &simulator, &controller, seed).await;
+    if outcome.is_ok() {
+        outcome =
+            drained_while_unknown(&client, &simulator, &controller, &control_plane.kubeconfig)
+                .await
+                .context("drained after a lost create, with the controller dead");
+    }
+    // `CRASH_LOG=FILE` keeps every run's whole log for a look at what happened.
+    if let Ok(path) = std::env::var("CRASH_LOG") {
+        std::fs::write(&path, controller.lock().await.log())?;
+    }
     if outcome.is_err() {
         eprintln!(
             "--- controller log tail (seed {seed}) ---\n{}",
@@ -120,6 +136,9 @@ async fn crash_run(
     let late = late_create_then_kill(client, simulator, controller)
         .await
         .context("a create sent late, then SIGKILL")?;
+    let restarted = restarted_into_empty_lists(client, simulator, controller)
+        .await
+        .context("a lost create, SIGKILL, and two empty lists after the restart")?;
     let stop = Arc::new(AtomicBool::new(false));
     let kills = Arc::new(AtomicU32::new(0));
     let killer = tokio::spawn(killer(
@@ -132,8 +151,12 @@ async fn crash_run(
 
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut tasks = tokio::task::JoinSet::new();
-    let mut done: Vec<Lifecycle> = vec![unknown, late];
-    for index in 0..LIFECYCLES {
+    let mut done: Vec<Lifecycle> = vec![unknown, late, restarted];
+    let lifecycles = std::env::var("CRASH_LIFECYCLES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(LIFECYCLES);
+    for index in 0..lifecycles {
         while tasks.len() >= CONCURRENT {
             done.push(tasks.join_next().await.context("no task")???);
         }
@@ -160,7 +183,7 @@ async fn crash_run(
     }
     stop.store(true, Ordering::SeqCst);
     killer.await?;
-    injector.await?;
+    let injected = injector.await?;
     simulator.clear_faults().await?;
     {
         let mut controller = controller.lock().await;
@@ -169,7 +192,7 @@ async fn crash_run(
         }
     }
     println!(
-        "e2e_controller_crash: {} lifecycles, {} SIGKILLs",
+        "e2e_controller_crash: {} lifecycles, {} SIGKILLs, {injected} fault rules injected",
         done.len(),
         kills.load(Ordering::SeqCst)
     );
@@ -178,6 +201,136 @@ async fn crash_run(
         "too few kills to mean anything"
     );
     converge_and_check(client, simulator, &done).await
+}
+
+/// The pod's create, answered with a 500 after RunPod created it; the controller is killed
+/// once the ledger shows the create, before any list could show it. Returns the pod's uid.
+async fn lost_create_then_kill(
+    pods: &Api<Pod>,
+    simulator: &SimulatorProcess,
+    controller: &Mutex<ControllerProcess>,
+    name: &str,
+) -> anyhow::Result<String> {
+    simulator
+        .inject(&json!({"when": {"operation": "createPod"},
+                        "effect": {"kind": "create_then_fail", "status": 500}, "times": 1}))
+        .await?;
+    let created = pods
+        .create(
+            &PostParams::default(),
+            &bound_gpu_pod(name, "e2e/server:1", "Always"),
+        )
+        .await?;
+    let uid = uid(&created);
+    wait::until("the create whose answer is lost", POD_WAIT, || async {
+        let ledger = simulator.ledger().await?;
+        Ok(ledger
+            .iter()
+            .any(|e| e["env"]["RUNPOD_KUBELET_POD_UID"] == uid.as_str())
+            .then_some(()))
+    })
+    .await?;
+    controller.lock().await.kill();
+    Ok(uid)
+}
+
+/// The double bill the random run found: a create's answer lost, the controller killed, and
+/// the first two lists after its restart (past the settle time) empty. Two lists that omit
+/// every pod prove nothing: the pod must run on its one RunPod pod, never a second.
+async fn restarted_into_empty_lists(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+    controller: &Mutex<ControllerProcess>,
+) -> anyhow::Result<Lifecycle> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let name = "restarted".to_owned();
+    let uid = lost_create_then_kill(&pods, simulator, controller, &name).await?;
+    // Past the settle time (5 s), so the empty lists alone would decide.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    simulator
+        .inject(&json!({"when": {"operation": "listPods"}, "effect": {"kind": "empty_list"}, "times": 2}))
+        .await?;
+    controller.lock().await.restart()?;
+    runs_on_one_instance(&pods, simulator, name, &uid, "the pod whose create was lost").await
+}
+
+/// Waits until the pod runs, lets some more lists pass, and checks that one RunPod pod was
+/// ever created for it; then deletes it.
+async fn runs_on_one_instance(
+    pods: &Api<Pod>,
+    simulator: &SimulatorProcess,
+    name: String,
+    uid: &str,
+    what: &str,
+) -> anyhow::Result<Lifecycle> {
+    wait::until(&format!("{what} Running"), POD_WAIT, || async {
+        let pod = pods.get(&name).await?;
+        Ok((phase(&pod) == Some("Running")).then_some(()))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let entries: Vec<_> = simulator
+        .ledger()
+        .await?
+        .into_iter()
+        .filter(|e| e["env"]["RUNPOD_KUBELET_POD_UID"] == uid)
+        .map(|e| e["id"].clone())
+        .collect();
+    ensure!(entries.len() == 1, "RunPod pods for {what}: {entries:?}");
+    pods.delete(&name, &DeleteParams::default()).await?;
+    Ok(Lifecycle {
+        name,
+        uid: uid.to_owned(),
+        kind: Kind::DeletedRunning,
+        deleted: Some((Timestamp::now(), 30)),
+    })
+}
+
+/// Uninstalling after a crash: a create's answer lost, the controller dead for good (its node
+/// Lease gone), and `controller drain` run while the first lists omit every pod. Drain must
+/// find and terminate the instance: nothing of this cluster may bill after it succeeds.
+async fn drained_while_unknown(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+    controller: &Mutex<ControllerProcess>,
+    kubeconfig: &std::path::Path,
+) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let uid = lost_create_then_kill(&pods, simulator, controller, "drained").await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    leases.delete(NODE, &DeleteParams::default()).await?;
+    // Past the settle time (5 s): only the count of lists stands between drain and a leak.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    // Drain's first look (the key check) and two more lists show nothing.
+    simulator
+        .inject(&json!({"when": {"operation": "listPods"}, "effect": {"kind": "empty_list"}, "times": 3}))
+        .await?;
+    let drain = [
+        "controller",
+        "drain",
+        "--nodename",
+        NODE,
+        "--cluster-id",
+        CLUSTER,
+        "--create-settle",
+        "5s",
+        "--timeout",
+        "90s",
+    ];
+    let (status, log) = run_command(kubeconfig, simulator, &drain)?;
+    ensure!(status.success(), "drain failed ({status:?}):\n{log}");
+    let alive: Vec<_> = simulator
+        .ledger()
+        .await?
+        .into_iter()
+        .filter(|e| e["env"]["RUNPOD_KUBELET_CLUSTER"] == CLUSTER && live(e))
+        .map(|e| (e["id"].clone(), e["env"]["RUNPOD_KUBELET_POD_UID"].clone()))
+        .collect();
+    ensure!(
+        alive.is_empty(),
+        "still billing after drain succeeded (the lost create was pod {uid}): {alive:?}"
+    );
+    Ok(())
 }
 
 /// A pod deleted while nobody knows its instance: the create's answer was lost (a 500 after
@@ -191,27 +344,8 @@ async fn deleted_while_unknown(
     controller: &Mutex<ControllerProcess>,
 ) -> anyhow::Result<Lifecycle> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    simulator
-        .inject(&json!({"when": {"operation": "createPod"},
-                        "effect": {"kind": "create_then_fail", "status": 500}, "times": 1}))
-        .await?;
     let name = "unknown".to_owned();
-    let created = pods
-        .create(
-            &PostParams::default(),
-            &bound_gpu_pod(&name, "e2e/server:1", "Always"),
-        )
-        .await?;
-    let uid = uid(&created);
-    wait::until("the create whose answer is lost", POD_WAIT, || async {
-        let ledger = simulator.ledger().await?;
-        Ok(ledger
-            .iter()
-            .any(|e| e["env"]["RUNPOD_KUBELET_POD_UID"] == uid.as_str())
-            .then_some(()))
-    })
-    .await?;
-    controller.lock().await.kill();
+    let uid = lost_create_then_kill(&pods, simulator, controller, &name).await?;
     pods.delete(&name, &DeleteParams::default()).await?;
     let deleted = Some((Timestamp::now(), 30));
     simulator
@@ -287,31 +421,7 @@ async fn late_create_then_kill(
         );
     }
     controller.lock().await.restart()?;
-    wait::until("late pod Running", POD_WAIT, || async {
-        let pod = pods.get(&name).await?;
-        Ok((phase(&pod) == Some("Running")).then_some(()))
-    })
-    .await?;
-    // Some more lists after the restart.
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let entries: Vec<_> = simulator
-        .ledger()
-        .await?
-        .into_iter()
-        .filter(|e| e["env"]["RUNPOD_KUBELET_POD_UID"] == uid.as_str())
-        .map(|e| e["id"].clone())
-        .collect();
-    ensure!(
-        entries.len() == 1,
-        "RunPod pods for the late create: {entries:?}"
-    );
-    pods.delete(&name, &DeleteParams::default()).await?;
-    Ok(Lifecycle {
-        name,
-        uid,
-        kind: Kind::DeletedRunning,
-        deleted: Some((Timestamp::now(), 30)),
-    })
+    runs_on_one_instance(&pods, simulator, name, &uid, "the late create").await
 }
 
 /// One pod's life, as the test drives it.
@@ -376,7 +486,20 @@ async fn lifecycle(
     })
 }
 
-/// Kills the controller with SIGKILL at random moments and starts it again.
+/// Storms and calms: kills and new faults come in storms of `STORM`, each followed by a calm of
+/// `CALM` in which the controller can make progress (a controller killed every few seconds
+/// while the cloud fails a third of its calls forever is not one that must finish pods, only
+/// one that must never double-bill or leak).
+const STORM: Duration = Duration::from_secs(20);
+const CALM: Duration = Duration::from_secs(10);
+
+/// Whether `since` (the start of the random run) is in a storm now.
+fn stormy(since: tokio::time::Instant) -> bool {
+    let period = (STORM + CALM).as_millis();
+    since.elapsed().as_millis() % period < STORM.as_millis()
+}
+
+/// Kills the controller with SIGKILL at random moments of the storms and starts it again.
 async fn killer(
     controller: Arc<Mutex<ControllerProcess>>,
     stop: Arc<AtomicBool>,
@@ -384,10 +507,14 @@ async fn killer(
     seed: u64,
 ) {
     let mut rng = fastrand::Rng::with_seed(seed);
+    let since = tokio::time::Instant::now();
     while !stop.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(rng.u64(1000..5000))).await;
         if stop.load(Ordering::SeqCst) {
             break;
+        }
+        if !stormy(since) {
+            continue;
         }
         let mut process = controller.lock().await;
         process.kill();
@@ -399,9 +526,11 @@ async fn killer(
     }
 }
 
-/// Keeps RunPod misbehaving: creates that fail after creating, 429s, slow answers.
-async fn injector(simulator: Arc<SimulatorProcess>, stop: Arc<AtomicBool>, seed: u64) {
+/// Keeps RunPod misbehaving: creates that fail after creating, 429s, slow answers, lists that
+/// omit every pod, whole-API outages.
+async fn injector(simulator: Arc<SimulatorProcess>, stop: Arc<AtomicBool>, seed: u64) -> u32 {
     let mut rng = fastrand::Rng::with_seed(seed);
+    let mut injected = 0;
     let faults = [
         json!({"when": {"operation": "createPod"}, "effect": {"kind": "create_then_fail", "status": 500}, "times": 1}),
         json!({"when": {"operation": "createPod"}, "effect": {"kind": "create_then_fail", "status": 502}, "times": 1}),
@@ -412,14 +541,32 @@ async fn injector(simulator: Arc<SimulatorProcess>, stop: Arc<AtomicBool>, seed:
         json!({"when": {"operation": "createPod"}, "effect": {"kind": "delay", "millis": 2000}, "times": 1}),
         json!({"when": {"operation": "deletePod"}, "effect": {"kind": "status", "status": 503}, "times": 1}),
         json!({"effect": {"kind": "delay", "millis": 800}, "times": 5}),
+        // Lists that omit every pod, a whole-API outage, a burst of 429s.
+        json!({"when": {"operation": "listPods"}, "effect": {"kind": "empty_list"}, "times": 2}),
+        json!({"effect": {"kind": "status", "status": 503}, "times": 12}),
+        json!({"effect": {"kind": "status", "status": 429, "retry_after": 1}, "times": 8}),
     ];
+    let since = tokio::time::Instant::now();
+    let mut cleared = false;
     while !stop.load(Ordering::SeqCst) {
+        if !stormy(since) {
+            // A calm is calm: what the storm left queued (an outage's remaining 503s) goes.
+            if !cleared && let Err(error) = simulator.clear_faults().await {
+                eprintln!("clearing the faults failed: {error:#}");
+            }
+            cleared = true;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        cleared = false;
         let fault = &faults[rng.usize(..faults.len())];
-        if let Err(error) = simulator.inject(fault).await {
-            eprintln!("injecting a fault failed: {error:#}");
+        match simulator.inject(fault).await {
+            Ok(()) => injected += 1,
+            Err(error) => eprintln!("injecting a fault failed: {error:#}"),
         }
         tokio::time::sleep(Duration::from_millis(rng.u64(500..2500))).await;
     }
+    injected
 }
 
 /// Waits until every pod has converged, then checks the ledger.

@@ -258,6 +258,7 @@ async fn lead<P: Provider>(
                 timeout: settings.drain_timeout,
                 poll_interval: Duration::from_secs(2),
                 ack_wait: Duration::from_secs(60),
+                create_settle: settings.create_settle,
                 adoption_namespace: settings.adoption_namespace.clone(),
             },
         ));

@@ -215,6 +215,8 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ include "runpod-kubelet.nodeArgs" . }}
 - --timeout
 - {{ .root.Values.controller.drain.timeout | quote }}
+- --create-settle
+- {{ .root.Values.controller.createSettle | quote }}
 {{- if .root.Values.controller.drain.finalizer }}
 - --owner-deployment
 - {{ printf "%s/%s" .root.Release.Namespace .node.name | quote }}

@@ -78,6 +78,11 @@ pub struct DrainArgs {
     /// Give up (exit non-zero, naming what still bills) after this long.
     #[arg(long, default_value = "5m", value_parser = positive_duration, env = "RUNPOD_KUBELET_TIMEOUT")]
     pub timeout: Duration,
+    /// As the controller's: a create whose answer was lost may be missing from lists this long,
+    /// so lists count as showing nothing only from this long after the latest create recorded
+    /// on the node's pods.
+    #[arg(long, default_value = "30s", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_CREATE_SETTLE")]
+    pub create_settle: Duration,
     /// The kubeconfig (same as KUBECONFIG; the Go kubelet's flag).
     #[arg(long, env = "RUNPOD_KUBELET_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,

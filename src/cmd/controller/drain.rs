@@ -26,6 +26,7 @@ pub(super) async fn run(args: DrainArgs) -> anyhow::Result<()> {
         timeout: args.timeout,
         poll_interval: Duration::from_secs(2),
         ack_wait: Duration::from_secs(60),
+        create_settle: args.create_settle,
         adoption_namespace: args::adoption_namespace(args.adoption_namespace.as_deref()),
     };
     let owner = Owner {

@@ -3,7 +3,7 @@
 //! pod are garbage-collected (only once the pod cache has synced; never untagged instances or
 //! another cluster's or node's).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,31 +37,57 @@ pub fn ours<'a>(
     })
 }
 
-/// Instances missing from one list are carried forward from the previous one, once: a list that
-/// comes back empty or partial (a glitch, a lagging replica of RunPod's database) must not make
-/// a running pod look gone. Only an instance missing from two lists in a row is dropped.
-/// Returns the instances to publish and the ids carried this time.
+/// Complete lists that must all omit an instance before it counts as gone or never made: one
+/// or two lists that come back empty or partial (a glitch, a lagging replica of RunPod's
+/// database, just after a restart) prove nothing. Counted in lists, not time, so failed lists
+/// in an outage never shorten it.
+pub const LISTS_TO_CONFIRM: u32 = 3;
+
+/// Instances missing from a list are carried forward from the previous one until
+/// [`LISTS_TO_CONFIRM`] lists in a row have omitted them: a list that comes back empty or
+/// partial must not make a running pod look gone, nor a created one look never made.
+/// `missing_from` holds, for each instance carried last time, how many lists in a row have
+/// omitted it. Returns the instances to publish and the same count for those carried now.
 pub fn carry_forward(
     previous: &[Instance],
     listed: Vec<Instance>,
-    carried_last_time: &HashSet<String>,
-) -> (Vec<Instance>, HashSet<String>) {
-    let listed_ids: HashSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
-    let missing: Vec<Instance> = previous
+    missing_from: &HashMap<String, u32>,
+) -> (Vec<Instance>, HashMap<String, u32>) {
+    let listed_ids: HashSet<String> = listed.iter().map(|i| i.id.clone()).collect();
+    let mut carried = HashMap::new();
+    let mut instances = listed;
+    for instance in previous
         .iter()
         .filter(|i| i.state.is_live())
-        .filter(|i| !listed_ids.contains(i.id.as_str()))
-        .filter(|i| !carried_last_time.contains(&i.id))
+        .filter(|i| !listed_ids.contains(&i.id))
+    {
+        let lists = missing_from.get(&instance.id).copied().unwrap_or(0) + 1;
+        if lists >= LISTS_TO_CONFIRM {
+            continue;
+        }
+        carried.insert(instance.id.clone(), lists);
         // Its utilization is the last list's, not a live report: never shown again.
-        .map(|i| Instance {
+        instances.push(Instance {
             usage: None,
-            ..i.clone()
-        })
-        .collect();
-    let carried = missing.iter().map(|i| i.id.clone()).collect();
-    let mut instances = listed;
-    instances.extend(missing);
+            ..instance.clone()
+        });
+    }
     (instances, carried)
+}
+
+/// Records the list asked for at `taken_at` and returns the snapshot's `confirmed_at`: the
+/// time of the oldest of the last [`LISTS_TO_CONFIRM`] complete lists of this process, `None`
+/// before there are that many. An instance absent from a snapshot was absent from every one of
+/// those lists (instances are carried until that many omit them), so a create recorded, plus
+/// its settle time, before that time is proven to have made nothing.
+pub fn confirmed_at(taken: &mut VecDeque<Timestamp>, taken_at: Timestamp) -> Option<Timestamp> {
+    taken.push_back(taken_at);
+    while taken.len() > LISTS_TO_CONFIRM as usize {
+        taken.pop_front();
+    }
+    (taken.len() == LISTS_TO_CONFIRM as usize)
+        .then(|| taken.front().copied())
+        .flatten()
 }
 
 /// What a failed list says about the cloud's API: a refused key or account at once, an
@@ -166,8 +192,8 @@ pub async fn run<P: Provider>(
     // Whether any list of this process succeeded: a key refused before is a wrong key.
     let mut key_worked = false;
     let mut previous: Vec<Instance> = Vec::new();
-    let mut previous_taken_at: Option<Timestamp> = None;
-    let mut carried: HashSet<String> = HashSet::new();
+    let mut taken: VecDeque<Timestamp> = VecDeque::new();
+    let mut missing_from: HashMap<String, u32> = HashMap::new();
     let mut collector = Collector::default();
     let mut usage = UsageWatch::default();
     let mut interval = tokio::time::interval(settings.reconcile_interval);
@@ -216,17 +242,18 @@ pub async fn run<P: Provider>(
         collector.report_foreign(&shared, &instances).await;
         let elsewhere: Vec<Instance> = gc::other_nodes(&instances, &settings).cloned().collect();
         let listed: Vec<Instance> = ours(&instances, &settings).cloned().collect();
-        let (instances, carried_now) = carry_forward(&previous, listed, &carried);
+        let (instances, carried_now) = carry_forward(&previous, listed, &missing_from);
         if !carried_now.is_empty() {
-            debug!(missing = ?carried_now, "instances missing from this list kept for one more list");
+            debug!(missing = ?carried_now, "instances missing from this list kept until more lists omit them");
         }
-        carried = carried_now;
+        missing_from = carried_now;
+        let carried: HashSet<String> = missing_from.keys().cloned().collect();
         previous.clone_from(&instances);
         // The list is as of when it was asked for, not when it arrived.
         let snapshot = Arc::new(Snapshot {
             taken_at: started,
             instances,
-            confirmed_at: previous_taken_at.replace(started),
+            confirmed_at: confirmed_at(&mut taken, started),
         });
         record(&snapshot, &metrics, provider.name());
         collector.see(&snapshot, &elsewhere);
@@ -310,28 +337,62 @@ mod tests {
     }
 
     #[test]
-    fn an_instance_must_be_missing_from_two_lists_in_a_row_to_be_gone() {
+    fn an_instance_must_be_missing_from_three_lists_in_a_row_to_be_gone() {
         let a = instance("a", "c1", "n1", Some("u1"));
         let b = instance("b", "c1", "n1", Some("u2"));
+        let ids = |list: &[Instance]| {
+            let mut ids: Vec<String> = list.iter().map(|i| i.id.clone()).collect();
+            ids.sort();
+            ids
+        };
         // Both listed.
-        let (now, carried) = carry_forward(&[], vec![a.clone(), b.clone()], &HashSet::new());
+        let (now, carried) = carry_forward(&[], vec![a.clone(), b.clone()], &HashMap::new());
         assert_eq!(now.len(), 2);
         assert!(carried.is_empty());
-        // An empty list: both kept once.
+        // Two empty lists: both kept, counted.
         let (now, carried) = carry_forward(&now, Vec::new(), &carried);
-        let ids: HashSet<&str> = now.iter().map(|i| i.id.as_str()).collect();
-        assert_eq!(ids, HashSet::from(["a", "b"]));
-        assert_eq!(carried.len(), 2);
-        // Still missing: gone. `a` came back.
-        let ids = |list: &[Instance]| list.iter().map(|i| i.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&now), ["a", "b"]);
+        let (now, carried) = carry_forward(&now, Vec::new(), &carried);
+        assert_eq!(ids(&now), ["a", "b"]);
+        assert_eq!(carried.get("a"), Some(&2));
+        assert!(
+            now.iter().all(|i| i.usage.is_none()),
+            "carried usage is not live"
+        );
+        // `a` came back; `b` is missing from a third list: gone.
         let (now, carried) = carry_forward(&now, vec![a.clone()], &carried);
         assert_eq!(ids(&now), ["a"]);
         assert!(carried.is_empty());
+        // `a`'s count starts again after it was listed.
+        let (now, carried) = carry_forward(&now, Vec::new(), &carried);
+        assert_eq!(ids(&now), ["a"]);
+        assert_eq!(carried.get("a"), Some(&1));
         // Terminated instances are not carried.
         let mut done = b.clone();
         done.state = InstanceState::Terminated;
-        let (now, _) = carry_forward(&[a.clone(), done], vec![a], &HashSet::new());
+        let (now, _) = carry_forward(&[a.clone(), done], vec![a], &HashMap::new());
         assert_eq!(ids(&now), ["a"]);
+    }
+
+    #[test]
+    fn absence_is_confirmed_from_the_oldest_of_the_last_three_lists() {
+        let at = |secs: i64| Timestamp::from_second(1_800_000_000 + secs).unwrap();
+        let mut taken = VecDeque::new();
+        assert_eq!(
+            confirmed_at(&mut taken, at(0)),
+            None,
+            "one list proves nothing"
+        );
+        assert_eq!(
+            confirmed_at(&mut taken, at(1)),
+            None,
+            "nor two (a restart's glitch)"
+        );
+        assert_eq!(confirmed_at(&mut taken, at(2)), Some(at(0)));
+        // A gap (failed lists in an outage) does not count as lists.
+        assert_eq!(confirmed_at(&mut taken, at(60)), Some(at(1)));
+        assert_eq!(confirmed_at(&mut taken, at(61)), Some(at(2)));
+        assert_eq!(taken.len(), 3, "older lists are dropped");
     }
 
     #[test]

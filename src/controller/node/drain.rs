@@ -7,7 +7,9 @@
 //!    its `runpod.io/drain-acknowledged: <token>`: the leader's create gate is closed and no
 //!    create is under way (see `gate`);
 //! 2. every live cloud instance tagged with this cluster id and node is terminated, and the list
-//!    is read again until two lists in a row show none (a late create is caught and terminated);
+//!    is read again until three lists in a row show none, all taken at least the create settle
+//!    time after the latest create recorded on the node's pods (a create whose answer was lost
+//!    may be missing from lists that long: it is caught and terminated);
 //! 3. the Kubernetes pods bound to the node are removed (a controller restarted after this
 //!    finds nothing to create), then the node itself (with a UID precondition).
 //!
@@ -22,12 +24,15 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
-use runpod_contract::{DRAIN_ACK_ANNOTATION, DRAINING_ANNOTATION, PROVIDER_TAINT_KEY};
+use runpod_contract::{
+    CREATE_REQUESTED, DRAIN_ACK_ANNOTATION, DRAINING_ANNOTATION, PROVIDER_TAINT_KEY,
+};
 use serde_json::json;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::controller::clock::elapsed;
+use crate::controller::cloud::poller::LISTS_TO_CONFIRM;
 use crate::controller::node::lease::{LEASE_DURATION, NODE_LEASE_NAMESPACE};
 use crate::provider::{Instance, Provider, ProviderError};
 
@@ -41,6 +46,10 @@ pub struct DrainConfig {
     pub poll_interval: Duration,
     /// How long a live controller gets to acknowledge the marker.
     pub ack_wait: Duration,
+    /// How long a created instance may be missing from lists (the controller's
+    /// `--create-settle`): lists count as showing nothing only from that long after the
+    /// latest create recorded on the node's pods.
+    pub create_settle: Duration,
     /// Where `runpod-kubelet adopt` recorded the instances it took over: they are drained too.
     pub adoption_namespace: String,
 }
@@ -107,6 +116,21 @@ pub fn controller_alive(lease: Option<&Lease>, now: Timestamp) -> bool {
         .is_some_and(|renewed| elapsed(renewed.0, now) < LEASE_DURATION)
 }
 
+/// From when a list that shows nothing of ours counts: `settle` after the latest create
+/// recorded (`runpod.io/create-requested`) on `pods`, the node's pods; `None` when none is. A
+/// record from the future counts as `now` (a user's edit cannot hold the drain forever); an
+/// unreadable one as long ago, as the create gate reads it.
+pub fn clear_lists_count_from(pods: &[Pod], now: Timestamp, settle: Duration) -> Option<Timestamp> {
+    pods.iter()
+        .filter_map(|pod| pod.metadata.annotations.as_ref()?.get(CREATE_REQUESTED))
+        .map(|marker| marker.parse::<Timestamp>().unwrap_or(Timestamp::UNIX_EPOCH))
+        .max()
+        .map(|marker| {
+            let settle = k8s_openapi::jiff::SignedDuration::try_from(settle).unwrap_or_default();
+            marker.min(now).checked_add(settle).unwrap_or(now)
+        })
+}
+
 fn describe(left: &[&Instance]) -> String {
     left.iter()
         .map(|i| {
@@ -152,9 +176,17 @@ pub async fn drain<P: Provider>(
         mark(&client, &nodes, node, config, deadline).await?;
     }
 
-    // Terminate until two lists in a row show nothing of ours alive.
+    // Terminate until lists in a row show nothing of ours alive, all taken late enough to show
+    // every create recorded so far (none is sent any more: the leader acknowledged, or none
+    // is alive).
+    let counts_from = clear_lists_count_from(
+        &bound_pods(&client, &config.node_name).await?,
+        Timestamp::now(),
+        config.create_settle.max(provider.read_lag()),
+    );
     let mut clear_lists = 0;
     loop {
+        let asked = Timestamp::now();
         match provider.list().await {
             Ok(mut instances) => {
                 // Adopted instances carry no tags of ours: the record says they are this node's.
@@ -174,8 +206,10 @@ pub async fn drain<P: Provider>(
                 let live: Vec<&Instance> =
                     ours_live(&instances, &config.cluster_id, &config.node_name).collect();
                 if live.is_empty() {
-                    clear_lists += 1;
-                    if clear_lists >= 2 {
+                    if counts_from.is_none_or(|from| asked >= from) {
+                        clear_lists += 1;
+                    }
+                    if clear_lists >= LISTS_TO_CONFIRM {
                         break;
                     }
                 } else {
@@ -361,13 +395,18 @@ async fn may_bill(client: &kube::Client, node_name: &str) -> String {
 
 /// Removes the pods bound to the node at once (grace 0): their cloud instances are gone, and
 /// a controller restarted later must find nothing to create.
-async fn remove_pods(client: &kube::Client, node_name: &str) -> Result<usize, kube::Error> {
+/// The pods bound to the node.
+async fn bound_pods(client: &kube::Client, node_name: &str) -> Result<Vec<Pod>, kube::Error> {
     let pods: Api<Pod> = Api::all(client.clone());
     let bound = pods
         .list(&ListParams::default().fields(&format!("spec.nodeName={node_name}")))
         .await?;
+    Ok(bound.items)
+}
+
+async fn remove_pods(client: &kube::Client, node_name: &str) -> Result<usize, kube::Error> {
     let mut removed = 0;
-    for pod in bound.items {
+    for pod in bound_pods(client, node_name).await? {
         let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
             continue;
         };
@@ -426,6 +465,43 @@ mod tests {
             message: None,
             usage: None,
         }
+    }
+
+    #[test]
+    fn clear_lists_count_only_once_the_latest_recorded_create_has_settled() {
+        let at = |secs: i64| Timestamp::from_second(1_800_000_000 + secs).unwrap();
+        let pod = |marker: Option<&str>| {
+            let mut pod = Pod::default();
+            if let Some(marker) = marker {
+                pod.metadata.annotations = Some(BTreeMap::from([(
+                    CREATE_REQUESTED.to_string(),
+                    marker.to_string(),
+                )]));
+            }
+            pod
+        };
+        let settle = Duration::from_secs(30);
+        assert_eq!(clear_lists_count_from(&[pod(None)], at(100), settle), None);
+        let pods = [
+            pod(Some(&at(10).to_string())),
+            pod(Some(&at(50).to_string())),
+            pod(None),
+        ];
+        assert_eq!(
+            clear_lists_count_from(&pods, at(100), settle),
+            Some(at(80)),
+            "the latest create plus the settle time"
+        );
+        // A record from the future counts as now; an unreadable one as long ago.
+        let forged = [pod(Some(&at(10_000).to_string()))];
+        assert_eq!(
+            clear_lists_count_from(&forged, at(100), settle),
+            Some(at(130))
+        );
+        let unreadable = [pod(Some("yesterday"))];
+        assert!(
+            clear_lists_count_from(&unreadable, at(100), settle).is_some_and(|from| from < at(0))
+        );
     }
 
     #[test]

@@ -4,7 +4,6 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::Resource as _;
 use kube::runtime::controller::Action;
 use tracing::{info, warn};
 
@@ -177,33 +176,17 @@ fn is_for(instance: &Instance, uid: &str, settings: &Settings) -> bool {
         && instance.tags.node_name.as_deref() == Some(settings.node_name.as_str())
 }
 
-/// The pod's instance is gone (RunPod answered 404 for its id) while the pod was not finished:
-/// it was terminated outside the controller (RunPod's console, a lost host). A pod with
-/// `restartPolicy: Always` gets a new instance, as a kubelet restarts its container; any other
-/// pod fails and is never created again.
+/// The pod's instance is gone (the cloud answered 404 for its id) while the pod was not
+/// finished: replaced or failed as [`decide::vanished`] says.
 async fn vanished<P: Provider>(
     pod: &Pod,
     uid: &str,
     id: &str,
     ctx: &Shared<P>,
 ) -> Result<Action, ReconcileError> {
-    let message = format!(
-        "{} {id} no longer exists (terminated outside runpod-kubelet)",
-        ctx.provider.instance_noun()
-    );
-    let always = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.restart_policy.as_deref())
-        .is_none_or(|policy| policy == "Always");
-    if always && id != "(unknown)" {
-        ctx.event(
-            &pod.object_ref(&()),
-            true,
-            "RunPodPodGone",
-            format!("{message}; creating a new one (restartPolicy Always)"),
-        )
-        .await;
+    let decided = decide::vanished(pod, id, ctx.provider.cloud());
+    let action = write::apply(ctx, pod, decided.outcome).await?;
+    if decided.replace {
         ctx.remember(uid, |m| {
             m.terminated.insert(id.to_owned());
             m.instance = None;
@@ -212,21 +195,10 @@ async fn vanished<P: Provider>(
             m.restarts += 1;
             m.replacing_since = Some(Timestamp::now());
         });
-        return Ok(Action::requeue(SHORT));
+    } else {
+        ctx.remember(uid, |m| m.instance = None);
     }
-    ctx.event(&pod.object_ref(&()), true, "RunPodPodGone", message.clone())
-        .await;
-    write::status(
-        ctx,
-        pod,
-        &View::Failed {
-            reason: "RunPodPodGone",
-            message,
-        },
-    )
-    .await?;
-    ctx.remember(uid, |m| m.instance = None);
-    Ok(Action::await_change())
+    Ok(action)
 }
 
 /// Tracks an existing instance: annotations, placement check, status, completion.
@@ -293,8 +265,7 @@ pub(super) async fn track<P: Provider>(
             finish::finish(ctx, pod, uid, instance, view).await
         }
         TrackStep::Fail { reason, message } => {
-            ctx.event(&pod.object_ref(&()), true, reason, message.clone())
-                .await;
+            write::notes(ctx, pod, vec![Note::warning(reason, message.clone())]).await;
             finish::finish(ctx, pod, uid, instance, View::Failed { reason, message }).await
         }
         TrackStep::Status => {
@@ -353,17 +324,8 @@ async fn verify_placement<P: Provider>(
     };
     match constraints.violation(instance) {
         Some(violation) => {
-            ctx.event(
-                &pod.object_ref(&()),
-                true,
-                "PlacementRejected",
-                format!(
-                    "{} {} {violation}; terminating it and trying the next offer",
-                    ctx.provider.instance_noun(),
-                    instance.id
-                ),
-            )
-            .await;
+            let note = decide::placement_rejected(ctx.provider.cloud(), &instance.id, &violation);
+            write::notes(ctx, pod, vec![note]).await;
             finish::terminate(ctx, pod, uid, instance, "placement outside the constraints").await?;
             ctx.remember(uid, |m| {
                 if let Some(gpu) = &instance.gpu_type {

@@ -24,7 +24,7 @@ pub struct CreateFacts {
     /// The latest record of a create sent for this pod, unless this leader knows it made
     /// nothing.
     pub marker: Option<Timestamp>,
-    /// When the older of the two last complete lists was taken.
+    /// When the oldest of the last complete lists that all must omit an instance was taken.
     pub confirmed_at: Option<Timestamp>,
     /// The provisioning clock: binding, or when a vanished instance is being replaced.
     pub clock_start: Option<Timestamp>,
@@ -55,14 +55,15 @@ pub fn create_marker(
         .filter(|_| !nothing_created)
 }
 
-/// A create was sent and its outcome is unknown here: only two complete lists in a row, both
-/// taken long enough after it, may show that nothing exists.
+/// A create was sent and its outcome is unknown here: only complete lists in a row
+/// (`cloud::poller::LISTS_TO_CONFIRM`), all taken long enough after it, may show that nothing
+/// exists.
 pub fn absence_unsettled(facts: &CreateFacts, create_settle: Duration) -> bool {
     unsettled(facts.marker, facts.confirmed_at, create_settle)
 }
 
 /// Whether a create recorded at `marker` may have made an instance that lists confirmed at
-/// `confirmed_at` (the older of the last two complete lists) cannot show yet.
+/// `confirmed_at` (the oldest of the last complete lists that all must omit it) cannot show yet.
 pub fn unsettled(
     marker: Option<Timestamp>,
     confirmed_at: Option<Timestamp>,

@@ -237,6 +237,68 @@ pub fn provisioning_clock(pod: &Pod, replacing_since: Option<Timestamp>) -> Opti
     replacing_since.or_else(|| never_ran.then(|| bound_at(pod)).flatten())
 }
 
+/// What an instance that vanished (the cloud answered 404 for its id, `id`; `(unknown)` when
+/// none was recorded) means for a pod that was not finished: it was terminated outside the
+/// controller (the cloud's console, a lost host). `replace`: the pod has `restartPolicy:
+/// Always` and gets a new instance, as a kubelet restarts its container; any other pod fails
+/// and is never created again.
+#[derive(Debug, Clone)]
+pub struct Vanished {
+    pub replace: bool,
+    pub outcome: Outcome,
+}
+
+pub fn vanished(pod: &Pod, id: &str, cloud: CloudName) -> Vanished {
+    let message = format!(
+        "{} {id} no longer exists (terminated outside runpod-kubelet)",
+        cloud.instance
+    );
+    let always = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.as_deref())
+        .is_none_or(|policy| policy == "Always");
+    if always && id != "(unknown)" {
+        let note = Note::warning(
+            "RunPodPodGone",
+            format!("{message}; creating a new one (restartPolicy Always)"),
+        );
+        return Vanished {
+            replace: true,
+            outcome: Outcome {
+                events: vec![note],
+                describes: None,
+                status: None,
+                next: Next::Requeue(super::SHORT),
+            },
+        };
+    }
+    Vanished {
+        replace: false,
+        outcome: Outcome {
+            events: vec![Note::warning("RunPodPodGone", message.clone())],
+            describes: None,
+            status: Some(View::Failed {
+                reason: "RunPodPodGone",
+                message,
+            }),
+            next: Next::AwaitChange,
+        },
+    }
+}
+
+/// The Event when a listed instance's placement breaks the pod's constraints (RunPod treats
+/// datacenters as a preference only): it is terminated and the next offer tried.
+pub fn placement_rejected(cloud: CloudName, id: &str, violation: &str) -> Note {
+    Note::warning(
+        "PlacementRejected",
+        format!(
+            "{} {id} {violation}; terminating it and trying the next offer",
+            cloud.instance
+        ),
+    )
+}
+
 /// The meaning of `instance` for `pod` now. `restarted`: the container's uptime went back;
 /// `waiting_since`: the [`provisioning_clock`].
 pub fn track_step(

@@ -381,3 +381,52 @@ fn the_oldest_instance_is_kept_unless_one_is_known() {
     let (keep, _) = split_duplicates(vec![&new, &old], Some("new"));
     assert_eq!(keep.unwrap().id, "new");
 }
+
+#[test]
+fn a_vanished_instance_is_replaced_for_always_and_fails_any_other_pod() {
+    let always = pod(json!({"spec.restartPolicy": "Always"}));
+    let replaced = vanished(&always, "abc", CloudName::RUNPOD);
+    assert!(replaced.replace);
+    assert!(replaced.outcome.status.is_none());
+    assert_eq!(
+        replaced.outcome.next,
+        Next::Requeue(crate::controller::pods::SHORT)
+    );
+    assert_eq!(replaced.outcome.events[0].reason, "RunPodPodGone");
+    assert!(
+        replaced.outcome.events[0]
+            .message
+            .contains("abc no longer exists")
+    );
+    assert!(
+        replaced.outcome.events[0]
+            .message
+            .contains("creating a new one")
+    );
+
+    // Never, or an id nobody recorded: failed for good.
+    for (pod, id) in [(pod(json!({})), "abc"), (always, "(unknown)")] {
+        let failed = vanished(&pod, id, CloudName::RUNPOD);
+        assert!(!failed.replace, "{id}");
+        assert_eq!(failed.outcome.next, Next::AwaitChange);
+        assert!(matches!(
+            failed.outcome.status,
+            Some(View::Failed {
+                reason: "RunPodPodGone",
+                ..
+            })
+        ));
+        assert!(failed.outcome.events[0].warning);
+    }
+}
+
+#[test]
+fn a_rejected_placement_names_the_instance_and_the_violation() {
+    let note = placement_rejected(CloudName::RUNPOD, "abc", "is in US-CA-1, not allowed");
+    assert!(note.warning);
+    assert_eq!(note.reason, "PlacementRejected");
+    assert!(
+        note.message
+            .contains("abc is in US-CA-1, not allowed; terminating it")
+    );
+}

@@ -251,7 +251,14 @@ async fn restarted_into_empty_lists(
         .inject(&json!({"when": {"operation": "listPods"}, "effect": {"kind": "empty_list"}, "times": 2}))
         .await?;
     controller.lock().await.restart()?;
-    runs_on_one_instance(&pods, simulator, name, &uid, "the pod whose create was lost").await
+    runs_on_one_instance(
+        &pods,
+        simulator,
+        name,
+        &uid,
+        "the pod whose create was lost",
+    )
+    .await
 }
 
 /// Waits until the pod runs, lets some more lists pass, and checks that one RunPod pod was
@@ -299,11 +306,11 @@ async fn drained_while_unknown(
     let uid = lost_create_then_kill(&pods, simulator, controller, "drained").await?;
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
     leases.delete(NODE, &DeleteParams::default()).await?;
-    // Past the settle time (5 s): only the count of lists stands between drain and a leak.
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    // Drain's first look (the key check) and two more lists show nothing.
+    // Drain's first look (the key check) and its next four lists (about 6 s) show nothing:
+    // enough for three empty lists in a row, but not for the settle time drain must wait
+    // since the node's pods record a create.
     simulator
-        .inject(&json!({"when": {"operation": "listPods"}, "effect": {"kind": "empty_list"}, "times": 3}))
+        .inject(&json!({"when": {"operation": "listPods"}, "effect": {"kind": "empty_list"}, "times": 5}))
         .await?;
     let drain = [
         "controller",
@@ -313,7 +320,7 @@ async fn drained_while_unknown(
         "--cluster-id",
         CLUSTER,
         "--create-settle",
-        "5s",
+        "15s",
         "--timeout",
         "90s",
     ];

@@ -366,6 +366,9 @@ async fn drain_with_the_leader_running(
         CLUSTER,
         "--timeout",
         "90s",
+        // As the controllers': drain waits this long for creates they may have sent.
+        "--create-settle",
+        "3s",
     ];
     let (status, log) = run_command(&control_plane.kubeconfig, simulator, &drain)?;
     ensure!(status.success(), "drain failed ({status:?}):\n{log}");

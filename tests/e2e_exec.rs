@@ -342,21 +342,7 @@ async fn scenarios(
 }
 
 fn port_forward(cp: &ControlPlane) -> anyhow::Result<()> {
-    let server = TcpListener::bind("127.0.0.1:0")?;
-    let pod_port = server.local_addr()?.port();
-    std::thread::spawn(move || {
-        for stream in server.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut stream = stream;
-                let mut buf = [0u8; 1024];
-                while let Ok(n) = stream.read(&mut buf) {
-                    if n == 0 || stream.write_all(&buf[..n].to_ascii_uppercase()).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
+    let pod_port = support::net::upper_echo()?;
     let local = support::webhook::free_port()?.port();
     let mut forward = Command::new("kubectl")
         .args(["-n", NS, "port-forward", "--address", "127.0.0.1"])

@@ -28,6 +28,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::control_plane::{ControlPlane, ExtraFlags};
 use support::controller::{ControllerProcess, SimulatorProcess};
+use support::net::{echo, upper_echo};
 use support::pods::{gpu_pod, namespace, running};
 use support::wait;
 use support::webhook::WebhookProcess;
@@ -350,37 +351,6 @@ async fn scenarios(
     .await?;
     ensure!(again.ip() == LEADER, "the slice moved to {again}");
     Ok(())
-}
-
-/// A server standing for the pod's container port (the pod's loopback, in the simulator): it
-/// answers each read in upper case.
-fn upper_echo() -> anyhow::Result<u16> {
-    let server = TcpListener::bind("127.0.0.1:0")?;
-    let port = server.local_addr()?.port();
-    std::thread::spawn(move || {
-        for stream in server.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut stream = stream;
-                let mut buf = [0u8; 1024];
-                while let Ok(n) = stream.read(&mut buf) {
-                    if n == 0 || stream.write_all(&buf[..n].to_ascii_uppercase()).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    Ok(port)
-}
-
-/// Sends `text` to `address` and reads the answer.
-fn echo(address: SocketAddr, text: &str) -> anyhow::Result<String> {
-    let mut conn = TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
-    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-    conn.write_all(text.as_bytes())?;
-    let mut buf = [0u8; 256];
-    let n = conn.read(&mut buf)?;
-    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
 /// The Service `web`'s EndpointSlice of this project, read from the apiserver, once it is ready

@@ -59,7 +59,7 @@ pub struct Settings {
 pub struct Snapshot {
     pub taken_at: Timestamp,
     pub instances: Vec<Instance>,
-    /// When the oldest of the last `cloud::poller::LISTS_TO_CONFIRM` complete lists was asked
+    /// When the oldest of the last `provider::LISTS_TO_CONFIRM` complete lists was asked
     /// for: instances missing from lists are carried forward until that many omit them, so an
     /// instance absent here was absent from every list since then. A decision that nothing
     /// exists needs this time, not `taken_at`, to be past its settle time.

@@ -434,6 +434,13 @@ pub enum ShellAccess {
     Declined(&'static str),
 }
 
+/// Complete lists of a cloud's instances that must all omit an instance before it counts as
+/// gone or never made: one or two lists that come back empty or partial (a glitch, a lagging
+/// replica of the cloud's database, just after a restart) prove nothing. Counted in lists, not
+/// time, so failed lists in an outage never shorten it. The controller's lists and `controller
+/// drain` both hold to it.
+pub const LISTS_TO_CONFIRM: u32 = 3;
+
 /// A GPU cloud, as the virtual kubelet needs it.
 pub trait Provider: Send + Sync + 'static {
     /// Which cloud this is, for names in messages and metrics.

@@ -8,6 +8,7 @@ pub mod control_plane;
 pub mod controller;
 pub mod harness;
 pub mod kubelet_client;
+pub mod net;
 pub mod nodes;
 pub mod pod_runner;
 pub mod pods;

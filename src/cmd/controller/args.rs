@@ -79,8 +79,8 @@ pub struct DrainArgs {
     #[arg(long, default_value = "5m", value_parser = positive_duration, env = "RUNPOD_KUBELET_TIMEOUT")]
     pub timeout: Duration,
     /// As the controller's: a create whose answer was lost may be missing from lists this long,
-    /// so lists count as showing nothing only from this long after the latest create recorded
-    /// on the node's pods.
+    /// so when the node's pods record any create, lists count as showing nothing only from this
+    /// long after the drain began (on Vast.ai at least `--vastai-read-lag`).
     #[arg(long, default_value = "30s", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_CREATE_SETTLE")]
     pub create_settle: Duration,
     /// The kubeconfig (same as KUBECONFIG; the Go kubelet's flag).
@@ -176,7 +176,8 @@ pub struct ControllerArgs {
     #[arg(long, default_value = "15m", value_parser = positive_duration, env = "RUNPOD_KUBELET_PROVISION_TIMEOUT")]
     pub provision_timeout: Duration,
     /// After a create with an unknown outcome, how long RunPod's list must have had to show
-    /// the pod before another create is allowed.
+    /// the pod before another create is allowed: three lists in a row, the first taken at
+    /// least this long after the create, must all omit it.
     #[arg(long, default_value = "30s", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_CREATE_SETTLE")]
     pub create_settle: Duration,
     /// Port of the kubelet API (logs).

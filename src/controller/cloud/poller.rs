@@ -18,7 +18,7 @@ use crate::controller::context::{Settings, Shared, Snapshot};
 use crate::controller::metrics::{ControllerMetrics, StateLabel};
 use crate::controller::node::health::ApiHealth;
 use crate::controller::usage::watch::UsageWatch;
-use crate::provider::{Instance, InstanceState, Provider, ProviderError};
+use crate::provider::{Instance, InstanceState, LISTS_TO_CONFIRM, Provider, ProviderError};
 
 /// The longest a list may take (the client retries inside it).
 const LIST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -36,12 +36,6 @@ pub fn ours<'a>(
             && i.tags.node_name.as_deref() == Some(settings.node_name.as_str())
     })
 }
-
-/// Complete lists that must all omit an instance before it counts as gone or never made: one
-/// or two lists that come back empty or partial (a glitch, a lagging replica of RunPod's
-/// database, just after a restart) prove nothing. Counted in lists, not time, so failed lists
-/// in an outage never shorten it.
-pub const LISTS_TO_CONFIRM: u32 = 3;
 
 /// Instances missing from a list are carried forward from the previous one until
 /// [`LISTS_TO_CONFIRM`] lists in a row have omitted them: a list that comes back empty or

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, HTTPGetAction, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use runpod_contract::checks::{Handler, handler_runs};
 
 /// Which probe: they differ in what a failure does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -90,6 +91,18 @@ fn count(value: Option<i32>, default: u32) -> u32 {
 
 fn spec(kind: Kind, probe: &Probe, container: &Container) -> Result<Spec, String> {
     let name = kind.title().to_lowercase();
+    let handler = if probe.exec.is_some() {
+        Handler::Exec
+    } else if let Some(http) = &probe.http_get {
+        Handler::HttpGet {
+            scheme: http.scheme.as_deref(),
+        }
+    } else if probe.tcp_socket.is_some() {
+        Handler::TcpSocket
+    } else {
+        Handler::Other
+    };
+    handler_runs(handler).map_err(|why| format!("the {name} probe {why}"))?;
     let check = if let Some(exec) = &probe.exec {
         let command = exec.command.clone().unwrap_or_default();
         if command.is_empty() {
@@ -103,9 +116,7 @@ fn spec(kind: Kind, probe: &Probe, container: &Container) -> Result<Spec, String
             port: port(&tcp.port, container, &format!("{name} probe"))?,
         }
     } else {
-        return Err(format!(
-            "the {name} probe has no exec, httpGet or tcpSocket handler that can run on a cloud"
-        ));
+        return Err(format!("the {name} probe has no handler"));
     };
     // Readiness and startup may need several successes; liveness and startup exactly one, as
     // the API server insists.
@@ -131,15 +142,10 @@ pub fn http_check(
     container: &Container,
     what: &str,
 ) -> Result<Check, String> {
-    if http
-        .scheme
-        .as_deref()
-        .is_some_and(|scheme| !scheme.eq_ignore_ascii_case("HTTP"))
-    {
-        return Err(format!(
-            "the {what} uses HTTPS, which is not run on a cloud (only HTTP)"
-        ));
-    }
+    handler_runs(Handler::HttpGet {
+        scheme: http.scheme.as_deref(),
+    })
+    .map_err(|why| format!("the {what} {why}"))?;
     let mut host = http.host.clone().filter(|host| !host.is_empty());
     let mut headers = Vec::new();
     for header in http.http_headers.iter().flatten() {

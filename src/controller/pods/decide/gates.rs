@@ -56,7 +56,7 @@ pub fn create_marker(
 }
 
 /// A create was sent and its outcome is unknown here: only complete lists in a row
-/// (`cloud::poller::LISTS_TO_CONFIRM`), all taken long enough after it, may show that nothing
+/// (`provider::LISTS_TO_CONFIRM`), all taken long enough after it, may show that nothing
 /// exists.
 pub fn absence_unsettled(facts: &CreateFacts, create_settle: Duration) -> bool {
     unsettled(facts.marker, facts.confirmed_at, create_settle)

@@ -7,14 +7,16 @@
 //!    its `runpod.io/drain-acknowledged: <token>`: the leader's create gate is closed and no
 //!    create is under way (see `gate`);
 //! 2. every live cloud instance tagged with this cluster id and node is terminated, and the list
-//!    is read again until three lists in a row show none, all taken at least the create settle
-//!    time after the latest create recorded on the node's pods (a create whose answer was lost
-//!    may be missing from lists that long: it is caught and terminated);
+//!    is read again until three lists in a row show none (`clear`), all taken at least the
+//!    create settle time after the drain began when the node's pods record any create (a create
+//!    whose answer was lost may be missing from lists that long: it is caught and terminated);
 //! 3. the Kubernetes pods bound to the node are removed (a controller restarted after this
 //!    finds nothing to create), then the node itself (with a UID precondition).
 //!
 //! Untagged instances and other clusters' or nodes' are never touched. A second run finds
 //! nothing to do and succeeds.
+
+pub mod clear;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -24,17 +26,15 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
-use runpod_contract::{
-    CREATE_REQUESTED, DRAIN_ACK_ANNOTATION, DRAINING_ANNOTATION, PROVIDER_TAINT_KEY,
-};
+use runpod_contract::{DRAIN_ACK_ANNOTATION, DRAINING_ANNOTATION, PROVIDER_TAINT_KEY};
 use serde_json::json;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::controller::clock::elapsed;
-use crate::controller::cloud::poller::LISTS_TO_CONFIRM;
 use crate::controller::node::lease::{LEASE_DURATION, NODE_LEASE_NAMESPACE};
 use crate::provider::{Instance, Provider, ProviderError};
+use clear::ClearLists;
 
 /// What to drain and how long to try.
 #[derive(Debug, Clone)]
@@ -116,21 +116,6 @@ pub fn controller_alive(lease: Option<&Lease>, now: Timestamp) -> bool {
         .is_some_and(|renewed| elapsed(renewed.0, now) < LEASE_DURATION)
 }
 
-/// From when a list that shows nothing of ours counts: `settle` after the latest create
-/// recorded (`runpod.io/create-requested`) on `pods`, the node's pods; `None` when none is. A
-/// record from the future counts as `now` (a user's edit cannot hold the drain forever); an
-/// unreadable one as long ago, as the create gate reads it.
-pub fn clear_lists_count_from(pods: &[Pod], now: Timestamp, settle: Duration) -> Option<Timestamp> {
-    pods.iter()
-        .filter_map(|pod| pod.metadata.annotations.as_ref()?.get(CREATE_REQUESTED))
-        .map(|marker| marker.parse::<Timestamp>().unwrap_or(Timestamp::UNIX_EPOCH))
-        .max()
-        .map(|marker| {
-            let settle = k8s_openapi::jiff::SignedDuration::try_from(settle).unwrap_or_default();
-            marker.min(now).checked_add(settle).unwrap_or(now)
-        })
-}
-
 fn describe(left: &[&Instance]) -> String {
     left.iter()
         .map(|i| {
@@ -176,15 +161,15 @@ pub async fn drain<P: Provider>(
         mark(&client, &nodes, node, config, deadline).await?;
     }
 
-    // Terminate until lists in a row show nothing of ours alive, all taken late enough to show
-    // every create recorded so far (none is sent any more: the leader acknowledged, or none
-    // is alive).
-    let counts_from = clear_lists_count_from(
-        &bound_pods(&client, &config.node_name).await?,
-        Timestamp::now(),
-        config.create_settle.max(provider.read_lag()),
-    );
-    let mut clear_lists = 0;
+    // Terminate until lists in a row show nothing of ours alive, all asked late enough to show
+    // any create sent before the leader acknowledged (or died): the settle time from now on
+    // when the node's pods record any create.
+    let settle = config.create_settle.max(provider.read_lag());
+    let mut lists = ClearLists::default();
+    let mut records = clear::create_records(&bound_pods(&client, &config.node_name).await?);
+    if !records.is_empty() {
+        lists.hold(Timestamp::now(), settle);
+    }
     loop {
         let asked = Timestamp::now();
         match provider.list().await {
@@ -205,15 +190,21 @@ pub async fn drain<P: Provider>(
                 }
                 let live: Vec<&Instance> =
                     ours_live(&instances, &config.cluster_id, &config.node_name).collect();
+                if lists.seen(asked, live.is_empty()) {
+                    break;
+                }
                 if live.is_empty() {
-                    if counts_from.is_none_or(|from| asked >= from) {
-                        clear_lists += 1;
-                    }
-                    if clear_lists >= LISTS_TO_CONFIRM {
-                        break;
+                    if let Some(until) = lists.waiting_until(Timestamp::now())
+                        && Instant::now() >= deadline
+                    {
+                        return Err(DrainError::TimedOut {
+                            timeout: config.timeout,
+                            left: format!(
+                                "none listed, but a create recorded on the node's pods may not show in lists before {until}"
+                            ),
+                        });
                     }
                 } else {
-                    clear_lists = 0;
                     if Instant::now() >= deadline {
                         return Err(DrainError::TimedOut {
                             timeout: config.timeout,
@@ -227,7 +218,7 @@ pub async fn drain<P: Provider>(
                 return Err(refused(provider, &client, &config.node_name, &message).await);
             }
             Err(error) => {
-                clear_lists = 0;
+                lists.failed();
                 if Instant::now() >= deadline {
                     return Err(DrainError::TimedOut {
                         timeout: config.timeout,
@@ -241,6 +232,15 @@ pub async fn drain<P: Provider>(
             }
         }
         tokio::time::sleep(config.poll_interval).await;
+        // A create recorded since (by a leader that did not acknowledge) holds the drain again.
+        let now_records = clear::create_records(&bound_pods(&client, &config.node_name).await?);
+        if now_records
+            .iter()
+            .any(|(uid, marker)| records.get(uid) != Some(marker))
+        {
+            lists.hold(Timestamp::now(), settle);
+        }
+        records = now_records;
     }
 
     if node.is_none() || our_node.is_some() {
@@ -335,7 +335,7 @@ async fn mark(
         }
         if Instant::now() >= ack_deadline {
             warn!(
-                "the controller did not acknowledge the drain; terminating anyway and re-checking until two lists show nothing"
+                "the controller did not acknowledge the drain; terminating anyway, and holding on while it records creates"
             );
             return Ok(());
         }
@@ -465,43 +465,6 @@ mod tests {
             message: None,
             usage: None,
         }
-    }
-
-    #[test]
-    fn clear_lists_count_only_once_the_latest_recorded_create_has_settled() {
-        let at = |secs: i64| Timestamp::from_second(1_800_000_000 + secs).unwrap();
-        let pod = |marker: Option<&str>| {
-            let mut pod = Pod::default();
-            if let Some(marker) = marker {
-                pod.metadata.annotations = Some(BTreeMap::from([(
-                    CREATE_REQUESTED.to_string(),
-                    marker.to_string(),
-                )]));
-            }
-            pod
-        };
-        let settle = Duration::from_secs(30);
-        assert_eq!(clear_lists_count_from(&[pod(None)], at(100), settle), None);
-        let pods = [
-            pod(Some(&at(10).to_string())),
-            pod(Some(&at(50).to_string())),
-            pod(None),
-        ];
-        assert_eq!(
-            clear_lists_count_from(&pods, at(100), settle),
-            Some(at(80)),
-            "the latest create plus the settle time"
-        );
-        // A record from the future counts as now; an unreadable one as long ago.
-        let forged = [pod(Some(&at(10_000).to_string()))];
-        assert_eq!(
-            clear_lists_count_from(&forged, at(100), settle),
-            Some(at(130))
-        );
-        let unreadable = [pod(Some("yesterday"))];
-        assert!(
-            clear_lists_count_from(&unreadable, at(100), settle).is_some_and(|from| from < at(0))
-        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The individual admission rules: effective annotations, their validation, what RunPod can run,
-//! cluster policy (datacenters, price cap), GPU count and port detection.
+//! cluster policy (datacenters, price cap), GPU count and port detection; the container fields a
+//! cloud does not apply or run are in `fields`.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +10,13 @@ use crate as contract;
 use crate::config::{OwningJob, PolicyConfig};
 use crate::pod::{ContainerView, PodView, VolumeView};
 use crate::{CloudType, PortSpec};
+
+mod fields;
+
+pub use fields::{
+    Handler, handler_runs, unapplied_security_context, unapplied_security_context_message,
+    unhonoured, unhonoured_message,
+};
 
 /// An effective annotation value and where it came from.
 #[derive(Debug, Clone, Copy)]
@@ -250,149 +258,6 @@ fn unsupported_volume_kind(volume: &VolumeView) -> Option<String> {
             .clone()
             .unwrap_or_else(|| "unknown".to_owned()),
     )
-}
-
-/// The `securityContext` fields a pod sets that a cloud instance does not apply: the container
-/// runs as its image's user, with a writable root filesystem and the cloud's own capabilities
-/// and seccomp profile. A value that asks for nothing beyond that (`privileged: false`,
-/// `readOnlyRootFilesystem: false`, `runAsNonRoot: false`, `allowPrivilegeEscalation: true`) is
-/// honoured as it is and not listed. Paths as `kubectl explain` names them.
-pub fn unapplied_security_context(pod: &PodView) -> Vec<String> {
-    let Some(spec) = pod.spec.as_ref() else {
-        return Vec::new();
-    };
-    let mut unapplied = Vec::new();
-    let mut read = |prefix: String, context: Option<&serde_json::Value>| {
-        let Some(fields) = context.and_then(serde_json::Value::as_object) else {
-            return;
-        };
-        for (field, value) in fields {
-            let honoured = match (field.as_str(), value) {
-                (_, serde_json::Value::Null) => true,
-                ("privileged" | "readOnlyRootFilesystem" | "runAsNonRoot", value) => {
-                    value.as_bool() == Some(false)
-                }
-                ("allowPrivilegeEscalation", value) => value.as_bool() == Some(true),
-                (_, serde_json::Value::Array(items)) => items.is_empty(),
-                (_, serde_json::Value::Object(items)) => items.is_empty(),
-                _ => false,
-            };
-            if !honoured {
-                unapplied.push(format!("{prefix}securityContext.{field}"));
-            }
-        }
-    };
-    read(String::new(), spec.security_context.as_ref());
-    for container in &spec.containers {
-        read(
-            format!("containers[{}].", container.name),
-            container.security_context.as_ref(),
-        );
-    }
-    unapplied
-}
-
-/// [`unapplied_security_context`] as the admission warning and the controller's Event say it;
-/// `None` when everything the pod sets is honoured.
-pub fn unapplied_security_context_message(pod: &PodView, cloud: &str) -> Option<String> {
-    let unapplied = unapplied_security_context(pod);
-    (!unapplied.is_empty()).then(|| {
-        format!(
-            "{cloud} does not apply {}: the container runs as its image's user (root unless the \
-             image sets USER), with a writable root filesystem and {cloud}'s default \
-             capabilities; keep such pods local with {}: never",
-            unapplied.join(", "),
-            contract::BURST_MODE
-        )
-    })
-}
-
-/// The container fields a burst pod sets that no cloud container honours yet: probes (Ready
-/// follows the container's start, and nothing restarts it on a failed probe), lifecycle hooks
-/// (never run, but for the `exec_post_start` case below), and memory or CPU limits (not enforced inside the cloud's container: a
-/// `ulimit` would break CUDA's address space, so none is set). Paths as `kubectl explain`
-/// names them.
-///
-/// `in_container`: the cloud runs things inside the container (RunPod with the node's SSH
-/// connection): probes (`exec`, `tcpSocket`, plain-HTTP `httpGet`), the `preStop` hook (`exec`
-/// or plain-HTTP `httpGet`, before the stop) and an `exec` `postStart` hook of a container
-/// that sets its command or args (RunPod's completion wrapper runs it); those are then
-/// honoured.
-pub fn unhonoured(pod: &PodView, in_container: bool) -> Vec<String> {
-    let Some(spec) = pod.spec.as_ref() else {
-        return Vec::new();
-    };
-    let mut unhonoured = Vec::new();
-    for container in &spec.containers {
-        let at = |field: &str| format!("containers[{}].{field}", container.name);
-        let set = |value: &Option<serde_json::Value>| {
-            value.as_ref().is_some_and(|value| !value.is_null())
-        };
-        for (field, value) in [
-            ("startupProbe", &container.startup_probe),
-            ("livenessProbe", &container.liveness_probe),
-            ("readinessProbe", &container.readiness_probe),
-        ] {
-            if set(value) && !(in_container && value.as_ref().is_some_and(probe_runs)) {
-                unhonoured.push(at(field));
-            }
-        }
-        let given = |words: &Option<Vec<String>>| words.as_ref().is_some_and(|w| !w.is_empty());
-        let wrapped = given(&container.command) || given(&container.args);
-        if let Some(hooks) = container.lifecycle.as_ref().and_then(|l| l.as_object()) {
-            for (hook, value) in hooks {
-                let exec = value.get("exec").is_some_and(|exec| !exec.is_null());
-                let runs = in_container
-                    && match hook.as_str() {
-                        // Over SSH: a command, or an HTTP GET to the container's loopback.
-                        "preStop" => exec || (!value["httpGet"].is_null() && probe_runs(value)),
-                        // By the wrapper, beside the command.
-                        "postStart" => exec && wrapped,
-                        _ => false,
-                    };
-                if !value.is_null() && !runs {
-                    unhonoured.push(at(&format!("lifecycle.{hook}")));
-                }
-            }
-        }
-        let limits = container.resources.as_ref().and_then(|r| r.limits.as_ref());
-        for (resource, value) in [
-            ("memory", limits.and_then(|l| l.memory.as_ref())),
-            ("cpu", limits.and_then(|l| l.cpu.as_ref())),
-        ] {
-            if value.is_some_and(|value| !value.is_null()) {
-                unhonoured.push(at(&format!("resources.limits.{resource}")));
-            }
-        }
-    }
-    unhonoured
-}
-
-/// Whether the controller's prober runs this probe: an `exec`, a `tcpSocket`, or an `httpGet`
-/// over plain HTTP (no HTTPS, no gRPC).
-fn probe_runs(probe: &serde_json::Value) -> bool {
-    let has = |field: &str| probe.get(field).is_some_and(|value| !value.is_null());
-    let https = probe
-        .pointer("/httpGet/scheme")
-        .and_then(serde_json::Value::as_str)
-        .is_some_and(|scheme| !scheme.eq_ignore_ascii_case("HTTP"));
-    has("exec") || has("tcpSocket") || (has("httpGet") && !https)
-}
-
-/// [`unhonoured`] as the admission warning and the controller's Event say it; `None` when the
-/// pod sets none of them.
-pub fn unhonoured_message(pod: &PodView, cloud: &str, in_container: bool) -> Option<String> {
-    let unhonoured = unhonoured(pod, in_container);
-    (!unhonoured.is_empty()).then(|| {
-        format!(
-            "{cloud} does not run or enforce {}: probes are not run (Ready follows the \
-             container's start, and a failing probe restarts nothing), those lifecycle hooks \
-             are not run, and memory and CPU limits are not enforced inside the container; keep pods \
-             that rely on them local with {}: never",
-            unhonoured.join(", "),
-            contract::BURST_MODE
-        )
-    })
 }
 
 /// Well-formed values this cluster does not allow: datacenters outside the allowed list, a price

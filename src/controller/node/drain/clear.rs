@@ -1,0 +1,143 @@
+//! When `controller drain` may believe that nothing of ours is left: the pure rule, kept apart
+//! from the lists and writes that feed it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use runpod_contract::CREATE_REQUESTED;
+
+use crate::provider::LISTS_TO_CONFIRM;
+
+/// The create records (`runpod.io/create-requested`, whatever their value) on the node's
+/// pods, by pod uid: a new or changed one means a create may have been sent since last looked.
+pub fn create_records(pods: &[Pod]) -> BTreeMap<String, String> {
+    pods.iter()
+        .filter_map(|pod| {
+            let marker = pod.metadata.annotations.as_ref()?.get(CREATE_REQUESTED)?;
+            Some((pod.metadata.uid.clone()?, marker.clone()))
+        })
+        .collect()
+}
+
+/// Lists in a row that showed nothing of ours alive, counted only from when every create that
+/// may have been sent can show in lists. Times are the drain's own clock, never a marker's (a
+/// controller's clock behind the drain's would shorten the wait; a junk marker would end it).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ClearLists {
+    counts_from: Option<Timestamp>,
+    clear: u32,
+}
+
+impl ClearLists {
+    /// A create may have been sent up to `now` (a record was seen on the node's pods, or a new
+    /// one appeared): lists count only from `settle` later, and the count starts again.
+    pub fn hold(&mut self, now: Timestamp, settle: Duration) {
+        let from = now
+            .checked_add(SignedDuration::try_from(settle).unwrap_or(SignedDuration::MAX))
+            .unwrap_or(now);
+        if self.counts_from.is_none_or(|current| from > current) {
+            self.counts_from = Some(from);
+            self.clear = 0;
+        }
+    }
+
+    /// A list asked at `asked` showed nothing of ours alive (`empty`) or something. Returns
+    /// whether the drain may stop: [`LISTS_TO_CONFIRM`] lists in a row showed nothing, all
+    /// asked once every create could show.
+    pub fn seen(&mut self, asked: Timestamp, empty: bool) -> bool {
+        if !empty {
+            self.clear = 0;
+            return false;
+        }
+        if self.counts_from.is_none_or(|from| asked >= from) {
+            self.clear += 1;
+        }
+        self.clear >= LISTS_TO_CONFIRM
+    }
+
+    /// A failed list breaks the row.
+    pub fn failed(&mut self) {
+        self.clear = 0;
+    }
+
+    /// Until when lists cannot count yet, if they cannot at `now`.
+    pub fn waiting_until(&self, now: Timestamp) -> Option<Timestamp> {
+        self.counts_from.filter(|from| *from > now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    #[test]
+    fn three_empty_lists_in_a_row_end_it_without_a_create_on_record() {
+        let mut lists = ClearLists::default();
+        assert!(!lists.seen(at(0), true));
+        assert!(!lists.seen(at(2), true), "two empty lists prove nothing");
+        assert!(lists.seen(at(4), true));
+        // Something listed, or a failed list, breaks the row.
+        let mut lists = ClearLists::default();
+        assert!(!lists.seen(at(0), true));
+        assert!(!lists.seen(at(2), true));
+        assert!(!lists.seen(at(4), false));
+        assert!(!lists.seen(at(6), true));
+        lists.failed();
+        assert!(!lists.seen(at(8), true));
+        assert!(!lists.seen(at(10), true));
+        assert!(lists.seen(at(12), true));
+    }
+
+    #[test]
+    fn with_a_create_on_record_lists_count_only_from_the_settle_time_on() {
+        let mut lists = ClearLists::default();
+        lists.hold(at(0), Duration::from_secs(30));
+        for secs in [0, 2, 4, 28] {
+            assert!(!lists.seen(at(secs), true), "at {secs} s");
+        }
+        assert_eq!(lists.waiting_until(at(28)), Some(at(30)));
+        assert!(!lists.seen(at(30), true));
+        assert!(!lists.seen(at(32), true));
+        // A new record (an unacknowledged controller created again) holds it further and
+        // starts the count again.
+        lists.hold(at(33), Duration::from_secs(30));
+        assert!(!lists.seen(at(34), true));
+        assert_eq!(lists.waiting_until(at(34)), Some(at(63)));
+        assert!(!lists.seen(at(63), true));
+        assert!(!lists.seen(at(65), true));
+        assert!(lists.seen(at(67), true));
+        assert_eq!(lists.waiting_until(at(67)), None);
+        // An earlier hold never shortens a later one.
+        lists.hold(at(0), Duration::from_secs(1));
+        assert_eq!(lists.waiting_until(at(40)), Some(at(63)));
+    }
+
+    #[test]
+    fn create_records_are_read_by_pod_whatever_their_value() {
+        let pod = |uid: &str, marker: Option<&str>| {
+            let mut pod = Pod::default();
+            pod.metadata.uid = Some(uid.into());
+            pod.metadata.annotations =
+                marker.map(|m| BTreeMap::from([(CREATE_REQUESTED.to_owned(), m.to_owned())]));
+            pod
+        };
+        let records = create_records(&[
+            pod("a", Some("2026-01-01T00:00:00Z")),
+            pod("b", None),
+            pod("c", Some("junk")),
+        ]);
+        assert_eq!(
+            records.into_iter().collect::<Vec<_>>(),
+            [
+                ("a".to_owned(), "2026-01-01T00:00:00Z".to_owned()),
+                ("c".to_owned(), "junk".to_owned())
+            ]
+        );
+    }
+}

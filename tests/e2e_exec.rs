@@ -402,10 +402,40 @@ impl HealthServer {
         Ok(port)
     }
 
-    fn answer(&self, stream: TcpStream) {
-        let Ok(mut writer) = stream.try_clone() else {
-            return;
-        };
+    /// The same server behind TLS (a self-signed certificate, as a container's HTTPS probe
+    /// port often has).
+    fn start_tls(&self) -> anyhow::Result<u16> {
+        use tokio_rustls::rustls;
+        let key = rcgen::generate_simple_self_signed(vec!["probed.local".to_owned()])?;
+        let private = rustls::pki_types::PrivateKeyDer::Pkcs8(
+            rustls::pki_types::PrivatePkcs8KeyDer::from(key.signing_key.serialize_der()),
+        );
+        let config = Arc::new(
+            rustls::ServerConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(vec![key.cert.der().clone()], private)?,
+        );
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let server = self.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let server = server.clone();
+                let Ok(connection) = rustls::ServerConnection::new(config.clone()) else {
+                    continue;
+                };
+                std::thread::spawn(move || {
+                    server.answer(rustls::StreamOwned::new(connection, stream));
+                });
+            }
+        });
+        Ok(port)
+    }
+
+    fn answer(&self, stream: impl Read + Write) {
         let mut reader = BufReader::new(stream);
         let mut request = String::new();
         if reader.read_line(&mut request).is_err() {
@@ -427,10 +457,12 @@ impl HealthServer {
             .get(&path)
             .copied()
             .unwrap_or(404);
+        let writer = reader.get_mut();
         let _ = write!(
             writer,
             "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
         );
+        let _ = writer.flush();
     }
 
     fn set(&self, path: &str, status: u16) {
@@ -459,8 +491,8 @@ fn restart_count(pod: &Pod) -> i32 {
 }
 
 /// A long-running pod (its command replaced the image's start script) with HTTP readiness and
-/// liveness probes on a server "inside the pod": not Ready while `/ready` fails, Ready once it
-/// answers, restarted once `/healthz` fails its threshold; its `httpGet` preStop hook is sent
+/// liveness probes and an HTTPS startup probe on a server "inside the pod": not Ready while
+/// `/ready` fails, Ready once it answers, restarted once `/healthz` fails its threshold; its `httpGet` preStop hook is sent
 /// once when it is deleted.
 async fn probes(client: &kube::Client, pods: &Api<Pod>) -> anyhow::Result<()> {
     let health = HealthServer::default();
@@ -480,6 +512,13 @@ async fn probes(client: &kube::Client, pods: &Api<Pod>) -> anyhow::Result<()> {
     container.lifecycle = Some(serde_json::from_value(json!({
         "preStop": {"httpGet": {"path": "/stop", "port": port}}
     }))?);
+    // A startup probe over HTTPS, on the same server behind TLS: it passes at once.
+    let tls_port = health.start_tls()?;
+    health.set("/started", 200);
+    container.startup_probe = Some(serde_json::from_value(json!({
+        "httpGet": {"path": "/started", "port": tls_port, "scheme": "HTTPS"},
+        "periodSeconds": 1
+    }))?);
     health.set("/stop", 200);
     pods.create(&PostParams::default(), &probed).await?;
     // Running, its readiness probe asked again and again, and never Ready while it fails.
@@ -489,6 +528,10 @@ async fn probes(client: &kube::Client, pods: &Api<Pod>) -> anyhow::Result<()> {
         Ok((running && health.hits("/ready") >= 3).then_some(()))
     })
     .await?;
+    ensure!(
+        health.hits("/started") >= 1,
+        "the HTTPS startup probe never reached the server through TLS"
+    );
     let pod = pods.get("probed").await?;
     ensure!(
         !container_ready(&pod) && !support::pods::ready(&pod),

@@ -67,8 +67,8 @@ pub fn unapplied_security_context_message(pod: &PodView, cloud: &str) -> Option<
 /// names them.
 ///
 /// `in_container`: the cloud runs things inside the container (RunPod with the node's SSH
-/// connection): probes (`exec`, `tcpSocket`, plain-HTTP `httpGet`), the `preStop` hook (`exec`
-/// or plain-HTTP `httpGet`, before the stop) and an `exec` `postStart` hook of a container
+/// connection): probes (`exec`, `tcpSocket`, HTTP or HTTPS `httpGet`), the `preStop` hook
+/// (`exec` or HTTP or HTTPS `httpGet`, before the stop) and an `exec` `postStart` hook of a container
 /// that sets its command or args (RunPod's completion wrapper runs it); those are then
 /// honoured.
 pub fn unhonoured(pod: &PodView, in_container: bool) -> Vec<String> {
@@ -154,17 +154,17 @@ impl<'a> Handler<'a> {
 }
 
 /// Whether the controller's prober runs a handler: an `exec`, a `tcpSocket`, or an `httpGet`
-/// over plain HTTP (no HTTPS, no gRPC); if not, why (to follow "the liveness probe "). The one
-/// rule for the admission warning and the prober.
+/// over HTTP or HTTPS (no gRPC, no other scheme); if not, why (to follow "the liveness probe
+/// "). The one rule for the admission warning and the prober.
 pub fn handler_runs(handler: Handler<'_>) -> Result<(), &'static str> {
     match handler {
         Handler::Exec | Handler::TcpSocket => Ok(()),
-        Handler::HttpGet { scheme } => match scheme {
-            Some(scheme) if !scheme.eq_ignore_ascii_case("HTTP") => {
-                Err("uses HTTPS, which is not run on a cloud (only HTTP)")
-            }
-            _ => Ok(()),
-        },
+        Handler::HttpGet {
+            scheme: Some(scheme),
+        } if !scheme.eq_ignore_ascii_case("HTTP") && !scheme.eq_ignore_ascii_case("HTTPS") => {
+            Err("uses a scheme other than HTTP or HTTPS, which is not run on a cloud")
+        }
+        Handler::HttpGet { .. } => Ok(()),
         Handler::Other => Err("has no exec, httpGet or tcpSocket handler that can run on a cloud"),
     }
 }
@@ -194,34 +194,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn exec_tcp_and_plain_http_handlers_run_https_and_grpc_do_not() {
+    fn exec_tcp_http_and_https_handlers_run_grpc_does_not() {
+        let http = |scheme| Handler::HttpGet { scheme };
         let cases = [
             (Handler::Exec, true),
             (Handler::TcpSocket, true),
-            (Handler::HttpGet { scheme: None }, true),
-            (
-                Handler::HttpGet {
-                    scheme: Some("http"),
-                },
-                true,
-            ),
-            (
-                Handler::HttpGet {
-                    scheme: Some("HTTPS"),
-                },
-                false,
-            ),
+            (http(None), true),
+            (http(Some("http")), true),
+            (http(Some("HTTPS")), true),
+            (http(Some("ftp")), false),
             (Handler::Other, false),
         ];
         for (handler, runs) in cases {
             assert_eq!(handler_runs(handler).is_ok(), runs, "{handler:?}");
         }
         assert!(
-            handler_runs(Handler::HttpGet {
-                scheme: Some("HTTPS")
-            })
-            .unwrap_err()
-            .contains("HTTPS")
+            handler_runs(http(Some("ftp")))
+                .unwrap_err()
+                .contains("HTTP or HTTPS")
         );
     }
 

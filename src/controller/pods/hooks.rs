@@ -191,6 +191,7 @@ mod tests {
         assert_eq!(
             pre_stop_check(&http),
             Some(Ok(Check::Http {
+                https: false,
                 port: 8080,
                 path: "/stop".into(),
                 host: None,

@@ -11,6 +11,7 @@
 pub mod run;
 pub mod spec;
 pub mod state;
+pub mod tls;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

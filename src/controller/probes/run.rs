@@ -1,5 +1,5 @@
 //! Running one probe or hook inside the pod, over the node's SSH connection to it: a command,
-//! an HTTP GET or a TCP connection to the pod's loopback (the path `kubectl port-forward`
+//! an HTTP(S) GET or a TCP connection to the pod's loopback (the path `kubectl port-forward`
 //! takes). The answer is success, the failure as the kubelet words it, or that the pod could
 //! not be reached (which says nothing of the container).
 
@@ -8,6 +8,7 @@ use std::time::Duration;
 use http_body_util::Empty;
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::spec::Check;
 use crate::controller::kubelet_api::exec::portforward::Connection;
@@ -43,17 +44,19 @@ pub async fn check(session: &Session, check: &Check, timeout: Duration) -> Resul
         Check::Exec(command) => exec(session, command, timeout).await,
         Check::Tcp { port } => open(session, *port).await.map(drop),
         Check::Http {
+            https,
             port,
             path,
             host,
             headers,
         } => {
             let stream = open(session, *port).await?;
-            let get = http(stream, *port, path, host.as_deref(), headers);
+            let get = http(stream, *https, *port, path, host.as_deref(), headers);
             match tokio::time::timeout(timeout, get).await {
                 Ok(outcome) => outcome.map_err(Failure::Failed),
                 Err(_) => Err(Failure::Failed(format!(
-                    "Get \"http://127.0.0.1:{port}{path}\": context deadline exceeded"
+                    "Get \"{}\": context deadline exceeded",
+                    url(*https, *port, path)
                 ))),
             }
         }
@@ -95,14 +98,47 @@ async fn exec(session: &Session, command: &[String], timeout: Duration) -> Resul
     }
 }
 
-async fn http(
-    stream: Box<dyn Connection>,
+fn url(https: bool, port: u16, path: &str) -> String {
+    let scheme = if https { "https" } else { "http" };
+    format!("{scheme}://127.0.0.1:{port}{path}")
+}
+
+/// The GET over `stream` (through TLS when `https`), as the kubelet's HTTP probe sends it.
+async fn http<S>(
+    stream: S,
+    https: bool,
     port: u16,
     path: &str,
     host: Option<&str>,
     headers: &[(String, String)],
-) -> Result<(), String> {
-    let url = format!("http://127.0.0.1:{port}{path}");
+) -> Result<(), String>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let url = url(https, port, path);
+    if https {
+        let config = super::tls::probe_config()?;
+        let stream = tokio_rustls::TlsConnector::from(config)
+            .connect(super::tls::server_name(host), stream)
+            .await
+            .map_err(|error| format!("Get \"{url}\": {error}"))?;
+        get(stream, &url, port, path, host, headers).await
+    } else {
+        get(stream, &url, port, path, host, headers).await
+    }
+}
+
+async fn get<S>(
+    stream: S,
+    url: &str,
+    port: u16,
+    path: &str,
+    host: Option<&str>,
+    headers: &[(String, String)],
+) -> Result<(), String>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|error| format!("Get \"{url}\": {error}"))?;
@@ -130,5 +166,105 @@ async fn http(
             "HTTP probe failed with statuscode: {}",
             status.as_u16()
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// A self-signed HTTPS server answering every request with `status`; returns its port and
+    /// the requests it read.
+    async fn https_server(status: u16) -> (u16, Arc<std::sync::Mutex<Vec<String>>>) {
+        let key = rcgen::generate_simple_self_signed(vec!["pod.local".to_owned()]).unwrap();
+        let certs = vec![key.cert.der().clone()];
+        let private =
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.signing_key.serialize_der()));
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, private)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let requests = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let Ok(mut tls) = acceptor.accept(stream).await else {
+                    continue;
+                };
+                let mut buf = vec![0u8; 4096];
+                let n = tls.read(&mut buf).await.unwrap_or(0);
+                requests
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                );
+                let _ = tls.write_all(answer.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            }
+        });
+        (port, seen)
+    }
+
+    #[tokio::test]
+    async fn an_https_probe_speaks_tls_and_takes_any_certificate() {
+        let (port, seen) = https_server(204).await;
+        let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let headers = [("X-Probe".to_owned(), "1".to_owned())];
+        http(stream, true, port, "/healthz", Some("pod.local"), &headers)
+            .await
+            .unwrap();
+        let requests = seen.lock().unwrap().clone();
+        assert!(
+            requests[0].starts_with("GET /healthz HTTP/1.1"),
+            "{requests:?}"
+        );
+        assert!(
+            requests[0].contains("user-agent: kube-probe/1.20"),
+            "{requests:?}"
+        );
+        assert!(requests[0].contains("x-probe: 1"), "{requests:?}");
+    }
+
+    #[tokio::test]
+    async fn an_https_probe_fails_on_an_error_status_and_on_plain_http() {
+        let (port, _) = https_server(503).await;
+        let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let error = http(stream, true, port, "/", None, &[]).await.unwrap_err();
+        assert_eq!(error, "HTTP probe failed with statuscode: 503");
+        // A plain-HTTP GET to a TLS port is no success.
+        let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        assert!(http(stream, false, port, "/", None, &[]).await.is_err());
+    }
+
+    #[test]
+    fn the_server_name_is_the_host_when_it_is_a_dns_name() {
+        use rustls::pki_types::ServerName;
+        assert_eq!(
+            super::super::tls::server_name(Some("pod.local:8443")),
+            ServerName::try_from("pod.local").unwrap()
+        );
+        assert!(matches!(
+            super::super::tls::server_name(None),
+            ServerName::IpAddress(_)
+        ));
+        assert!(matches!(
+            super::super::tls::server_name(Some("10.0.0.1")),
+            ServerName::IpAddress(_)
+        ));
     }
 }

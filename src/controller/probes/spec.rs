@@ -34,8 +34,10 @@ impl Kind {
 pub enum Check {
     /// A command; exit code 0 is success.
     Exec(Vec<String>),
-    /// An HTTP GET to the container's loopback; 200 to 399 is success.
+    /// An HTTP GET to the container's loopback; 200 to 399 is success. `https`: over TLS,
+    /// the certificate not checked (as the kubelet does).
     Http {
+        https: bool,
         port: u16,
         path: String,
         host: Option<String>,
@@ -58,7 +60,7 @@ pub struct Spec {
 }
 
 /// The probes of `container` the prober can run, in the order startup, liveness, readiness,
-/// and why each other one cannot run (an HTTPS or gRPC probe, a port name the container does
+/// and why each other one cannot run (a gRPC probe, a port name the container does
 /// not declare, no handler): those are left out, the others still run.
 pub fn specs(container: &Container) -> (Vec<Spec>, Vec<String>) {
     let probes = [
@@ -135,7 +137,7 @@ fn spec(kind: Kind, probe: &Probe, container: &Container) -> Result<Spec, String
     })
 }
 
-/// An `httpGet` action (of a probe or a hook, `what`) as the prober sends it: plain HTTP only,
+/// An `httpGet` action (of a probe or a hook, `what`) as the prober sends it: HTTP or HTTPS,
 /// a `Host` header taking the place of `host`, the path absolute.
 pub fn http_check(
     http: &HTTPGetAction,
@@ -166,6 +168,10 @@ pub fn http_check(
         format!("/{path}")
     };
     Ok(Check::Http {
+        https: http
+            .scheme
+            .as_deref()
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("HTTPS")),
         port: port(&http.port, container, what)?,
         path,
         host,
@@ -226,6 +232,7 @@ mod tests {
         assert_eq!(
             specs[1].check,
             Check::Http {
+                https: false,
                 port: 8080,
                 path: "/healthz".into(),
                 host: Some("example".into()),
@@ -245,11 +252,26 @@ mod tests {
     }
 
     #[test]
+    fn an_https_probe_runs_over_tls() {
+        let container: Container = serde_json::from_value(serde_json::json!({
+            "name": "c",
+            "livenessProbe": {"httpGet": {"port": 8443, "scheme": "HTTPS", "path": "/live"}}
+        }))
+        .unwrap();
+        let (specs, unrunnable) = specs(&container);
+        assert!(unrunnable.is_empty(), "{unrunnable:?}");
+        assert!(matches!(
+            &specs[0].check,
+            Check::Http { https: true, port: 8443, path, .. } if path == "/live"
+        ));
+    }
+
+    #[test]
     fn a_probe_that_cannot_run_is_named() {
         let cases = [
             (
-                serde_json::json!({"httpGet": {"port": 443, "scheme": "HTTPS"}}),
-                "HTTPS",
+                serde_json::json!({"httpGet": {"port": 443, "scheme": "FTP"}}),
+                "other than HTTP or HTTPS",
             ),
             (
                 serde_json::json!({"tcpSocket": {"port": "grpc"}}),

@@ -22,8 +22,8 @@ use crate::controller::shell;
 use crate::provider::{Provider, ShellAccess};
 
 /// The pod container's `preStop` hook as it runs: a command (`exec`) or an HTTP GET to the
-/// container's loopback (`httpGet`), if it has one; `Err` says why it cannot run (HTTPS, a
-/// port the container does not name).
+/// container's loopback (`httpGet`, HTTP or HTTPS), if it has one; `Err` says why it cannot
+/// run (another scheme, a port the container does not name).
 pub fn pre_stop_check(pod: &Pod) -> Option<Result<Check, String>> {
     let container = pod.spec.as_ref()?.containers.first()?;
     let hook = container.lifecycle.as_ref()?.pre_stop.as_ref()?;
@@ -192,6 +192,7 @@ mod tests {
             pre_stop_check(&http),
             Some(Ok(Check::Http {
                 https: false,
+                server_name: None,
                 port: 8080,
                 path: "/stop".into(),
                 host: None,
@@ -200,7 +201,17 @@ mod tests {
         );
         let https =
             pod(serde_json::json!({"preStop": {"httpGet": {"port": 8443, "scheme": "HTTPS"}}}));
-        assert!(matches!(pre_stop_check(&https), Some(Err(why)) if why.contains("HTTPS")));
+        assert!(matches!(
+            pre_stop_check(&https),
+            Some(Ok(Check::Http {
+                https: true,
+                port: 8443,
+                ..
+            }))
+        ));
+        let grpc =
+            pod(serde_json::json!({"preStop": {"httpGet": {"port": 8443, "scheme": "FTP"}}}));
+        assert!(matches!(pre_stop_check(&grpc), Some(Err(why)) if why.contains("HTTP or HTTPS")));
         let empty = pod(serde_json::json!({"preStop": {"exec": {"command": []}}}));
         assert_eq!(pre_stop_check(&empty), None);
         assert_eq!(pre_stop_check(&pod(serde_json::json!({}))), None);

@@ -45,13 +45,15 @@ pub async fn check(session: &Session, check: &Check, timeout: Duration) -> Resul
         Check::Tcp { port } => open(session, *port).await.map(drop),
         Check::Http {
             https,
+            server_name,
             port,
             path,
             host,
             headers,
         } => {
             let stream = open(session, *port).await?;
-            let get = http(stream, *https, *port, path, host.as_deref(), headers);
+            let tls = https.then_some(server_name.as_deref());
+            let get = http(stream, tls, *port, path, host.as_deref(), headers);
             match tokio::time::timeout(timeout, get).await {
                 Ok(outcome) => outcome.map_err(Failure::Failed),
                 Err(_) => Err(Failure::Failed(format!(
@@ -103,10 +105,11 @@ fn url(https: bool, port: u16, path: &str) -> String {
     format!("{scheme}://127.0.0.1:{port}{path}")
 }
 
-/// The GET over `stream` (through TLS when `https`), as the kubelet's HTTP probe sends it.
+/// The GET over `stream` (through TLS when `tls` is set, saying its server name if any), as
+/// the kubelet's HTTP probe sends it.
 async fn http<S>(
     stream: S,
-    https: bool,
+    tls: Option<Option<&str>>,
     port: u16,
     path: &str,
     host: Option<&str>,
@@ -115,11 +118,11 @@ async fn http<S>(
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let url = url(https, port, path);
-    if https {
+    let url = url(tls.is_some(), port, path);
+    if let Some(server_name) = tls {
         let config = super::tls::probe_config()?;
         let stream = tokio_rustls::TlsConnector::from(config)
-            .connect(super::tls::server_name(host), stream)
+            .connect(super::tls::server_name(server_name), stream)
             .await
             .map_err(|error| format!("Get \"{url}\": {error}"))?;
         get(stream, &url, port, path, host, headers).await
@@ -225,9 +228,16 @@ mod tests {
         let (port, seen) = https_server(204).await;
         let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
         let headers = [("X-Probe".to_owned(), "1".to_owned())];
-        http(stream, true, port, "/healthz", Some("pod.local"), &headers)
-            .await
-            .unwrap();
+        http(
+            stream,
+            Some(Some("pod.local")),
+            port,
+            "/healthz",
+            Some("example"),
+            &headers,
+        )
+        .await
+        .unwrap();
         let requests = seen.lock().unwrap().clone();
         assert!(
             requests[0].starts_with("GET /healthz HTTP/1.1"),
@@ -238,17 +248,20 @@ mod tests {
             "{requests:?}"
         );
         assert!(requests[0].contains("x-probe: 1"), "{requests:?}");
+        assert!(requests[0].contains("host: example"), "{requests:?}");
     }
 
     #[tokio::test]
     async fn an_https_probe_fails_on_an_error_status_and_on_plain_http() {
         let (port, _) = https_server(503).await;
         let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        let error = http(stream, true, port, "/", None, &[]).await.unwrap_err();
+        let error = http(stream, Some(None), port, "/", None, &[])
+            .await
+            .unwrap_err();
         assert_eq!(error, "HTTP probe failed with statuscode: 503");
         // A plain-HTTP GET to a TLS port is no success.
         let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        assert!(http(stream, false, port, "/", None, &[]).await.is_err());
+        assert!(http(stream, None, port, "/", None, &[]).await.is_err());
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub enum Check {
     /// the certificate not checked (as the kubelet does).
     Http {
         https: bool,
+        /// The name said in TLS (SNI): `httpGet.host` only, as the kubelet dials that host; a
+        /// `Host` header does not change it.
+        server_name: Option<String>,
         port: u16,
         path: String,
         host: Option<String>,
@@ -148,7 +151,8 @@ pub fn http_check(
         scheme: http.scheme.as_deref(),
     })
     .map_err(|why| format!("the {what} {why}"))?;
-    let mut host = http.host.clone().filter(|host| !host.is_empty());
+    let server_name = http.host.clone().filter(|host| !host.is_empty());
+    let mut host = server_name.clone();
     let mut headers = Vec::new();
     for header in http.http_headers.iter().flatten() {
         if header.name.eq_ignore_ascii_case("host") {
@@ -172,6 +176,7 @@ pub fn http_check(
             .scheme
             .as_deref()
             .is_some_and(|scheme| scheme.eq_ignore_ascii_case("HTTPS")),
+        server_name,
         port: port(&http.port, container, what)?,
         path,
         host,
@@ -233,6 +238,7 @@ mod tests {
             specs[1].check,
             Check::Http {
                 https: false,
+                server_name: None,
                 port: 8080,
                 path: "/healthz".into(),
                 host: Some("example".into()),

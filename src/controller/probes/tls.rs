@@ -67,8 +67,8 @@ pub fn probe_config() -> Result<Arc<ClientConfig>, String> {
         .clone()
 }
 
-/// The name the TLS client says (SNI): the probe's `Host` when it is a DNS name, else none
-/// (an IP address, as the kubelet dials 127.0.0.1 inside the pod).
+/// The name the TLS client says (SNI): the probe's `httpGet.host` when it is a DNS name, else
+/// none (an IP address, as the kubelet dials the pod's IP).
 pub fn server_name(host: Option<&str>) -> ServerName<'static> {
     host.map(|host| host.rsplit_once(':').map_or(host, |(name, _)| name))
         .and_then(|name| ServerName::try_from(name.to_owned()).ok())

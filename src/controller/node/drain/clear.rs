@@ -2,10 +2,9 @@
 //! from the lists and writes that feed it.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use runpod_contract::CREATE_REQUESTED;
 
 use crate::provider::LISTS_TO_CONFIRM;
@@ -22,20 +21,23 @@ pub fn create_records(pods: &[Pod]) -> BTreeMap<String, String> {
 }
 
 /// Lists in a row that showed nothing of ours alive, counted only from when every create that
-/// may have been sent can show in lists. Times are the drain's own clock, never a marker's (a
-/// controller's clock behind the drain's would shorten the wait; a junk marker would end it).
+/// may have been sent can show in lists. Times are the drain's own monotonic clock, never a
+/// marker's (a controller's clock behind the drain's would shorten the wait; a junk marker would
+/// end it) nor the wall clock (a step forward would).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ClearLists {
-    counts_from: Option<Timestamp>,
+    counts_from: Option<Instant>,
     clear: u32,
 }
 
 impl ClearLists {
     /// A create may have been sent up to `now` (a record was seen on the node's pods, or a new
     /// one appeared): lists count only from `settle` later, and the count starts again.
-    pub fn hold(&mut self, now: Timestamp, settle: Duration) {
+    pub fn hold(&mut self, now: Instant, settle: Duration) {
+        // A settle time too long to add waits as long as can be said, never not at all.
         let from = now
-            .checked_add(SignedDuration::try_from(settle).unwrap_or(SignedDuration::MAX))
+            .checked_add(settle)
+            .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 86_400)))
             .unwrap_or(now);
         if self.counts_from.is_none_or(|current| from > current) {
             self.counts_from = Some(from);
@@ -46,7 +48,7 @@ impl ClearLists {
     /// A list asked at `asked` showed nothing of ours alive (`empty`) or something. Returns
     /// whether the drain may stop: [`LISTS_TO_CONFIRM`] lists in a row showed nothing, all
     /// asked once every create could show.
-    pub fn seen(&mut self, asked: Timestamp, empty: bool) -> bool {
+    pub fn seen(&mut self, asked: Instant, empty: bool) -> bool {
         if !empty {
             self.clear = 0;
             return false;
@@ -62,9 +64,16 @@ impl ClearLists {
         self.clear = 0;
     }
 
-    /// Until when lists cannot count yet, if they cannot at `now`.
-    pub fn waiting_until(&self, now: Timestamp) -> Option<Timestamp> {
-        self.counts_from.filter(|from| *from > now)
+    /// How much longer lists cannot count, if they cannot at `now`.
+    pub fn waiting(&self, now: Instant) -> Option<Duration> {
+        self.counts_from
+            .filter(|from| *from > now)
+            .map(|from| from.duration_since(now))
+    }
+
+    /// Lists in a row that showed nothing and counted, so far.
+    pub fn clear(&self) -> u32 {
+        self.clear
     }
 }
 
@@ -72,8 +81,9 @@ impl ClearLists {
 mod tests {
     use super::*;
 
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    fn at(secs: u64) -> Instant {
+        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *START.get_or_init(Instant::now) + Duration::from_secs(secs)
     }
 
     #[test]
@@ -101,21 +111,27 @@ mod tests {
         for secs in [0, 2, 4, 28] {
             assert!(!lists.seen(at(secs), true), "at {secs} s");
         }
-        assert_eq!(lists.waiting_until(at(28)), Some(at(30)));
+        assert_eq!(lists.waiting(at(28)), Some(Duration::from_secs(2)));
         assert!(!lists.seen(at(30), true));
         assert!(!lists.seen(at(32), true));
         // A new record (an unacknowledged controller created again) holds it further and
         // starts the count again.
         lists.hold(at(33), Duration::from_secs(30));
         assert!(!lists.seen(at(34), true));
-        assert_eq!(lists.waiting_until(at(34)), Some(at(63)));
+        assert_eq!(lists.waiting(at(34)), Some(Duration::from_secs(29)));
+        assert_eq!(lists.clear(), 0);
         assert!(!lists.seen(at(63), true));
         assert!(!lists.seen(at(65), true));
         assert!(lists.seen(at(67), true));
-        assert_eq!(lists.waiting_until(at(67)), None);
+        assert_eq!(lists.waiting(at(67)), None);
         // An earlier hold never shortens a later one.
         lists.hold(at(0), Duration::from_secs(1));
-        assert_eq!(lists.waiting_until(at(40)), Some(at(63)));
+        assert_eq!(lists.waiting(at(40)), Some(Duration::from_secs(23)));
+        // A settle time too long to add still holds.
+        let mut forever = ClearLists::default();
+        forever.hold(at(0), Duration::MAX);
+        assert!(!forever.seen(at(100), true));
+        assert!(forever.waiting(at(100)).is_some());
     }
 
     #[test]

@@ -33,7 +33,7 @@ use tracing::{info, warn};
 
 use crate::controller::clock::elapsed;
 use crate::controller::node::lease::{LEASE_DURATION, NODE_LEASE_NAMESPACE};
-use crate::provider::{Instance, Provider, ProviderError};
+use crate::provider::{Instance, LISTS_TO_CONFIRM, Provider, ProviderError};
 use clear::ClearLists;
 
 /// What to drain and how long to try.
@@ -168,11 +168,12 @@ pub async fn drain<P: Provider>(
     let mut lists = ClearLists::default();
     let mut records = clear::create_records(&bound_pods(&client, &config.node_name).await?);
     if !records.is_empty() {
-        lists.hold(Timestamp::now(), settle);
+        lists.hold(std::time::Instant::now(), settle);
     }
     loop {
-        let asked = Timestamp::now();
-        match provider.list().await {
+        let asked = std::time::Instant::now();
+        // What this pass leaves unsettled: said if the time is up.
+        let left = match provider.list().await {
             Ok(mut instances) => {
                 // Adopted instances carry no tags of ours: the record says they are this node's.
                 let record = crate::controller::adoption::load(
@@ -180,38 +181,39 @@ pub async fn drain<P: Provider>(
                     &config.adoption_namespace,
                     &config.node_name,
                 )
-                .await?;
-                let owner = crate::controller::adoption::Owner {
-                    cluster_id: &config.cluster_id,
-                    node_name: &config.node_name,
-                };
-                for instance in &mut instances {
-                    crate::controller::adoption::tag(instance, &record, owner);
-                }
-                let live: Vec<&Instance> =
-                    ours_live(&instances, &config.cluster_id, &config.node_name).collect();
-                if lists.seen(asked, live.is_empty()) {
-                    break;
-                }
-                if live.is_empty() {
-                    if let Some(until) = lists.waiting_until(Timestamp::now())
-                        && Instant::now() >= deadline
-                    {
-                        return Err(DrainError::TimedOut {
-                            timeout: config.timeout,
-                            left: format!(
-                                "none listed, but a create recorded on the node's pods may not show in lists before {until}"
-                            ),
-                        });
+                .await;
+                match record {
+                    Err(error) => {
+                        lists.failed();
+                        warn!(%error, "reading the adoption record failed; retrying");
+                        format!("unknown: reading the adoption record failed: {error}")
                     }
-                } else {
-                    if Instant::now() >= deadline {
-                        return Err(DrainError::TimedOut {
-                            timeout: config.timeout,
-                            left: describe(&live),
-                        });
+                    Ok(record) => {
+                        let owner = crate::controller::adoption::Owner {
+                            cluster_id: &config.cluster_id,
+                            node_name: &config.node_name,
+                        };
+                        for instance in &mut instances {
+                            crate::controller::adoption::tag(instance, &record, owner);
+                        }
+                        let live: Vec<&Instance> =
+                            ours_live(&instances, &config.cluster_id, &config.node_name).collect();
+                        if lists.seen(asked, live.is_empty()) {
+                            break;
+                        }
+                        if live.is_empty() {
+                            not_yet_clear(&lists)
+                        } else {
+                            if Instant::now() >= deadline {
+                                return Err(DrainError::TimedOut {
+                                    timeout: config.timeout,
+                                    left: describe(&live),
+                                });
+                            }
+                            terminate_all(provider, &live, &mut report).await;
+                            describe(&live)
+                        }
                     }
-                    terminate_all(provider, &live, &mut report).await;
                 }
             }
             Err(ProviderError::KeyRefused(message) | ProviderError::Account(message)) => {
@@ -219,28 +221,35 @@ pub async fn drain<P: Provider>(
             }
             Err(error) => {
                 lists.failed();
-                if Instant::now() >= deadline {
-                    return Err(DrainError::TimedOut {
-                        timeout: config.timeout,
-                        left: format!(
-                            "unknown: listing {}s failed: {error}",
-                            provider.instance_noun()
-                        ),
-                    });
-                }
                 warn!(%error, cloud = provider.name(), "listing instances failed; retrying");
+                format!(
+                    "unknown: listing {}s failed: {error}",
+                    provider.instance_noun()
+                )
             }
+        };
+        if Instant::now() >= deadline {
+            return Err(DrainError::TimedOut {
+                timeout: config.timeout,
+                left,
+            });
         }
         tokio::time::sleep(config.poll_interval).await;
         // A create recorded since (by a leader that did not acknowledge) holds the drain again.
-        let now_records = clear::create_records(&bound_pods(&client, &config.node_name).await?);
-        if now_records
-            .iter()
-            .any(|(uid, marker)| records.get(uid) != Some(marker))
-        {
-            lists.hold(Timestamp::now(), settle);
+        // A failed read is read again next time: one apiserver hiccup does not end the drain.
+        match bound_pods(&client, &config.node_name).await {
+            Ok(pods) => {
+                let now_records = clear::create_records(&pods);
+                if now_records
+                    .iter()
+                    .any(|(uid, marker)| records.get(uid) != Some(marker))
+                {
+                    lists.hold(std::time::Instant::now(), settle);
+                }
+                records = now_records;
+            }
+            Err(error) => warn!(%error, "reading the node's pods failed; retrying"),
         }
-        records = now_records;
     }
 
     if node.is_none() || our_node.is_some() {
@@ -250,6 +259,20 @@ pub async fn drain<P: Provider>(
         report.node_removed = delete_node(&nodes, &node).await?;
     }
     Ok(report)
+}
+
+/// Why lists that showed nothing do not end the drain yet.
+fn not_yet_clear(lists: &ClearLists) -> String {
+    match lists.waiting(std::time::Instant::now()) {
+        Some(wait) => format!(
+            "none listed, but a create recorded on the node's pods may not show in lists for {} s more",
+            wait.as_secs()
+        ),
+        None => format!(
+            "none listed, but only {} of {LISTS_TO_CONFIRM} lists in a row showed nothing so far",
+            lists.clear()
+        ),
+    }
 }
 
 /// One terminate for each live instance; a failure is tried again at the next list.

@@ -233,10 +233,10 @@ async fn lead<P: Provider>(
         store.clone(),
         snapshot_tx,
         health_tx,
-        tick_tx,
+        tick_tx.clone(),
     ));
     tasks.spawn(cloud::billing::run(shared.clone(), store.clone()));
-    tasks.spawn(probes::run(shared.clone(), store.clone()));
+    tasks.spawn(probes::run(shared.clone(), store.clone(), tick_tx));
     tasks.spawn(budget::sync::run(shared.clone(), store.clone()));
     tasks.spawn(kubelet_api::serve(
         kubelet_listener,

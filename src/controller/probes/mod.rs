@@ -20,6 +20,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
 use kube::runtime::reflector::Store;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -56,7 +57,10 @@ impl Drop for Running {
 
 /// Starts a prober for each running burst pod with probes, and ends it when the pod stops
 /// running, is deleted or ends. Nothing runs where the node has no shell into its pods.
-pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
+///
+/// `ticks` asks for every pod to be reconciled (the poller's list does the same): a change of
+/// what the probes say shows in the status at once, not at the next list.
+pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>, ticks: mpsc::Sender<()>) {
     if !runs_here(&shared) {
         return;
     }
@@ -82,7 +86,12 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
             }
             wanted.insert(uid.clone());
             probers.entry(uid.clone()).or_insert_with(|| {
-                Running(tokio::spawn(probe_pod(shared.clone(), pods.clone(), uid)))
+                Running(tokio::spawn(probe_pod(
+                    shared.clone(),
+                    pods.clone(),
+                    uid,
+                    ticks.clone(),
+                )))
             });
         }
         probers.retain(|uid, prober| {
@@ -148,7 +157,12 @@ fn find(pods: &Store<Pod>, uid: &str) -> Option<Arc<Pod>> {
 }
 
 /// One pod's prober: runs each due probe, counts, publishes what it means, restarts.
-async fn probe_pod<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>, uid: String) {
+async fn probe_pod<P: Provider>(
+    shared: Arc<Shared<P>>,
+    pods: Store<Pod>,
+    uid: String,
+    ticks: mpsc::Sender<()>,
+) {
     let Some(pod) = find(&pods, &uid) else {
         return;
     };
@@ -171,6 +185,7 @@ async fn probe_pod<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>, uid: S
         restarts_seen: shared.remember(&uid, |m| m.restarts),
         held: None,
         unreached: 0,
+        ticks,
     };
     prober.publish(&shared, &uid);
     if specs.is_empty() {
@@ -263,6 +278,8 @@ struct Prober {
     held: Option<Instant>,
     /// Connections that failed in a row.
     unreached: u32,
+    /// Asks for every pod to be reconciled, so a change shows in the status at once.
+    ticks: mpsc::Sender<()>,
 }
 
 impl Prober {
@@ -298,11 +315,10 @@ impl Prober {
         self.held = None;
     }
 
-    /// What the probes say now, where the status reads it; while the pod cannot be reached,
-    /// the ports decide (as where probes do not run), rather than a pod that never becomes
-    /// Ready.
-    fn publish<P>(&self, shared: &Shared<P>, uid: &str) {
-        let probed = if self.unreached >= UNREACHED_BEFORE_FALLBACK {
+    /// What the probes say now: while the pod cannot be reached, the ports decide (as where
+    /// probes do not run), rather than a pod that never becomes Ready.
+    fn verdict(&self) -> Probed {
+        if self.unreached >= UNREACHED_BEFORE_FALLBACK {
             Probed {
                 ready: None,
                 started: true,
@@ -312,8 +328,22 @@ impl Prober {
                 ready: self.probing.ready(self.has_readiness, self.has_startup),
                 started: self.probing.started(self.has_startup),
             }
-        };
-        shared.remember(uid, |m| m.probed = Some(probed));
+        }
+    }
+
+    /// The verdict, where the status reads it; a change asks for the status at once.
+    fn publish<P>(&self, shared: &Shared<P>, uid: &str) {
+        let probed = self.verdict();
+        let before = shared.remember(uid, |m| m.probed.replace(probed));
+        self.tell(before, probed);
+    }
+
+    /// Asks for every pod's reconcile when what the probes say changed (a full channel: one
+    /// is coming anyway).
+    fn tell(&self, before: Option<Probed>, now: Probed) {
+        if before != Some(now) {
+            let _ = self.ticks.try_send(());
+        }
     }
 
     /// A connection failed: after enough in a row, the pod is said to be unreachable by its
@@ -403,5 +433,46 @@ async fn restart<P: Provider>(
         Err(error) => {
             warn!(pod_uid = %uid, instance = %instance.id, %error, "restarting the container failed")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prober(ticks: mpsc::Sender<()>) -> Prober {
+        Prober {
+            has_startup: false,
+            has_readiness: true,
+            probing: Probing::default(),
+            since: Instant::now(),
+            last_run: HashMap::new(),
+            restarts_seen: 0,
+            held: None,
+            unreached: 0,
+            ticks,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_changed_verdict_asks_for_the_status_at_once_an_unchanged_one_does_not() {
+        let (tx, mut rx) = mpsc::channel(1);
+        let prober = prober(tx);
+        let unready = prober.verdict();
+        assert_eq!(unready.ready, Some(false), "no readiness result yet");
+        prober.tell(None, unready);
+        assert_eq!(rx.try_recv(), Ok(()), "the first verdict is a change");
+        prober.tell(Some(unready), unready);
+        assert!(rx.try_recv().is_err(), "the same verdict asks nothing");
+        let ready = Probed {
+            ready: Some(true),
+            ..unready
+        };
+        prober.tell(Some(unready), ready);
+        assert_eq!(rx.try_recv(), Ok(()), "ready now");
+        // A full channel (a reconcile already asked for) is not an error.
+        prober.tell(Some(ready), unready);
+        prober.tell(Some(unready), ready);
+        assert_eq!(rx.try_recv(), Ok(()));
     }
 }

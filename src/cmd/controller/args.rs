@@ -79,8 +79,9 @@ pub struct DrainArgs {
     #[arg(long, default_value = "5m", value_parser = positive_duration, env = "RUNPOD_KUBELET_TIMEOUT")]
     pub timeout: Duration,
     /// As the controller's: a create whose answer was lost may be missing from lists this long,
-    /// so when the node's pods record any create, lists count as showing nothing only from this
-    /// long after the drain began (on Vast.ai at least `--vastai-read-lag`).
+    /// so when the node's pods record a create whose instance no list shows, lists count as
+    /// showing nothing only from this long after the drain began (on Vast.ai at least
+    /// `--vastai-read-lag`).
     #[arg(long, default_value = "30s", value_parser = seconds_or_duration, env = "RUNPOD_KUBELET_CREATE_SETTLE")]
     pub create_settle: Duration,
     /// The kubeconfig (same as KUBECONFIG; the Go kubelet's flag).

@@ -1,13 +1,13 @@
 //! When `controller drain` may believe that nothing of ours is left: the pure rule, kept apart
 //! from the lists and writes that feed it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use runpod_contract::CREATE_REQUESTED;
 
-use crate::provider::LISTS_TO_CONFIRM;
+use crate::provider::{Instance, LISTS_TO_CONFIRM};
 
 /// The create records (`runpod.io/create-requested`, whatever their value) on the node's
 /// pods, by pod uid: a new or changed one means a create may have been sent since last looked.
@@ -18,6 +18,26 @@ pub fn create_records(pods: &[Pod]) -> BTreeMap<String, String> {
             Some((pod.metadata.uid.clone()?, marker.clone()))
         })
         .collect()
+}
+
+/// Whether a create on record (`records`, by pod uid) has no instance of this cluster and
+/// node in `listed`, in any state: only such a create may have made an instance the lists do
+/// not show yet. A pod whose instance is listed has its create's outcome known.
+pub fn unseen_creates(
+    records: &BTreeMap<String, String>,
+    listed: &[Instance],
+    cluster_id: &str,
+    node_name: &str,
+) -> bool {
+    let seen: HashSet<&str> = listed
+        .iter()
+        .filter(|i| {
+            i.tags.cluster_id.as_deref() == Some(cluster_id)
+                && i.tags.node_name.as_deref() == Some(node_name)
+        })
+        .filter_map(|i| i.tags.pod_uid.as_deref())
+        .collect();
+    records.keys().any(|uid| !seen.contains(uid.as_str()))
 }
 
 /// Lists in a row that showed nothing of ours alive, counted only from when every create that
@@ -155,5 +175,29 @@ mod tests {
                 ("c".to_owned(), "junk".to_owned())
             ]
         );
+    }
+
+    #[test]
+    fn only_a_create_whose_instance_is_not_listed_holds_the_drain() {
+        use crate::controller::fixtures::instance;
+        let records = BTreeMap::from([
+            ("u1".to_owned(), "2026-01-01T00:00:00Z".to_owned()),
+            ("u2".to_owned(), "junk".to_owned()),
+        ]);
+        let both = [
+            instance("a", "c1", "n1", Some("u1")),
+            instance("b", "c1", "n1", Some("u2")),
+        ];
+        assert!(!unseen_creates(&records, &both, "c1", "n1"));
+        assert!(unseen_creates(&records, &both[..1], "c1", "n1"));
+        // Another node's or cluster's instance with the uid tells nothing of ours.
+        let elsewhere = [
+            instance("a", "c1", "n2", Some("u1")),
+            instance("b", "c2", "n1", Some("u2")),
+        ];
+        assert!(unseen_creates(&records, &elsewhere, "c1", "n1"));
+        // A failed list (nothing listed) holds for every create on record; no record, no hold.
+        assert!(unseen_creates(&records, &[], "c1", "n1"));
+        assert!(!unseen_creates(&BTreeMap::new(), &[], "c1", "n1"));
     }
 }

@@ -8,8 +8,9 @@
 //!    create is under way (see `gate`);
 //! 2. every live cloud instance tagged with this cluster id and node is terminated, and the list
 //!    is read again until three lists in a row show none (`clear`), all taken at least the
-//!    create settle time after the drain began when the node's pods record any create (a create
-//!    whose answer was lost may be missing from lists that long: it is caught and terminated);
+//!    create settle time after the drain began when the node's pods record a create whose
+//!    instance no list shows (a create whose answer was lost may be missing from lists that
+//!    long: it is caught and terminated);
 //! 3. the Kubernetes pods bound to the node are removed (a controller restarted after this
 //!    finds nothing to create), then the node itself (with a UID precondition).
 //!
@@ -163,11 +164,20 @@ pub async fn drain<P: Provider>(
 
     // Terminate until lists in a row show nothing of ours alive, all asked late enough to show
     // any create sent before the leader acknowledged (or died): the settle time from now on
-    // when the node's pods record any create.
+    // when the node's pods record a create whose instance no list shows.
     let settle = config.create_settle.max(provider.read_lag());
     let mut lists = ClearLists::default();
     let mut records = clear::create_records(&bound_pods(&client, &config.node_name).await?);
-    if !records.is_empty() {
+    // Only a create whose instance no list shows yet may be one the lists will show late (a
+    // list that fails proves nothing: every recorded create counts then).
+    let listed = match provider.list().await {
+        Ok(instances) => instances,
+        Err(error) => {
+            warn!(%error, "listing instances failed; every create on record holds the drain");
+            Vec::new()
+        }
+    };
+    if clear::unseen_creates(&records, &listed, &config.cluster_id, &config.node_name) {
         lists.hold(std::time::Instant::now(), settle);
     }
     loop {

@@ -162,105 +162,7 @@ pub async fn drain<P: Provider>(
         mark(&client, &nodes, node, config, deadline).await?;
     }
 
-    // Terminate until lists in a row show nothing of ours alive, all asked late enough to show
-    // any create sent before the leader acknowledged (or died): the settle time from now on
-    // when the node's pods record a create whose instance no list shows.
-    let settle = config.create_settle.max(provider.read_lag());
-    let mut lists = ClearLists::default();
-    let mut records = clear::create_records(&bound_pods(&client, &config.node_name).await?);
-    // Only a create whose instance no list shows yet may be one the lists will show late (a
-    // list that fails proves nothing: every recorded create counts then).
-    let listed = match provider.list().await {
-        Ok(instances) => instances,
-        Err(error) => {
-            warn!(%error, "listing instances failed; every create on record holds the drain");
-            Vec::new()
-        }
-    };
-    if clear::unseen_creates(&records, &listed, &config.cluster_id, &config.node_name) {
-        lists.hold(std::time::Instant::now(), settle);
-    }
-    loop {
-        let asked = std::time::Instant::now();
-        // What this pass leaves unsettled: said if the time is up.
-        let left = match provider.list().await {
-            Ok(mut instances) => {
-                // Adopted instances carry no tags of ours: the record says they are this node's.
-                let record = crate::controller::adoption::load(
-                    &client,
-                    &config.adoption_namespace,
-                    &config.node_name,
-                )
-                .await;
-                match record {
-                    Err(error) => {
-                        lists.failed();
-                        warn!(%error, "reading the adoption record failed; retrying");
-                        format!("unknown: reading the adoption record failed: {error}")
-                    }
-                    Ok(record) => {
-                        let owner = crate::controller::adoption::Owner {
-                            cluster_id: &config.cluster_id,
-                            node_name: &config.node_name,
-                        };
-                        for instance in &mut instances {
-                            crate::controller::adoption::tag(instance, &record, owner);
-                        }
-                        let live: Vec<&Instance> =
-                            ours_live(&instances, &config.cluster_id, &config.node_name).collect();
-                        if lists.seen(asked, live.is_empty()) {
-                            break;
-                        }
-                        if live.is_empty() {
-                            not_yet_clear(&lists)
-                        } else {
-                            if Instant::now() >= deadline {
-                                return Err(DrainError::TimedOut {
-                                    timeout: config.timeout,
-                                    left: describe(&live),
-                                });
-                            }
-                            terminate_all(provider, &live, &mut report).await;
-                            describe(&live)
-                        }
-                    }
-                }
-            }
-            Err(ProviderError::KeyRefused(message) | ProviderError::Account(message)) => {
-                return Err(refused(provider, &client, &config.node_name, &message).await);
-            }
-            Err(error) => {
-                lists.failed();
-                warn!(%error, cloud = provider.name(), "listing instances failed; retrying");
-                format!(
-                    "unknown: listing {}s failed: {error}",
-                    provider.instance_noun()
-                )
-            }
-        };
-        if Instant::now() >= deadline {
-            return Err(DrainError::TimedOut {
-                timeout: config.timeout,
-                left,
-            });
-        }
-        tokio::time::sleep(config.poll_interval).await;
-        // A create recorded since (by a leader that did not acknowledge) holds the drain again.
-        // A failed read is read again next time: one apiserver hiccup does not end the drain.
-        match bound_pods(&client, &config.node_name).await {
-            Ok(pods) => {
-                let now_records = clear::create_records(&pods);
-                if now_records
-                    .iter()
-                    .any(|(uid, marker)| records.get(uid) != Some(marker))
-                {
-                    lists.hold(std::time::Instant::now(), settle);
-                }
-                records = now_records;
-            }
-            Err(error) => warn!(%error, "reading the node's pods failed; retrying"),
-        }
-    }
+    until_clear(&client, provider, config, deadline, &mut report).await?;
 
     if node.is_none() || our_node.is_some() {
         report.pods_removed = remove_pods(&client, &config.node_name).await?;
@@ -283,6 +185,132 @@ fn not_yet_clear(lists: &ClearLists) -> String {
             lists.clear()
         ),
     }
+}
+
+/// Terminates until lists in a row show nothing of ours alive ([`ClearLists`]), or the time
+/// is up.
+async fn until_clear<P: Provider>(
+    client: &kube::Client,
+    provider: &P,
+    config: &DrainConfig,
+    deadline: Instant,
+    report: &mut DrainReport,
+) -> Result<(), DrainError> {
+    // Terminate until lists in a row show nothing of ours alive, all asked late enough to show
+    // any create sent before the leader acknowledged (or died): the settle time from now on
+    // when the node's pods record a create whose instance no list shows.
+    let settle = config.create_settle.max(provider.read_lag());
+    let mut lists = ClearLists::default();
+    let mut records = clear::create_records(&bound_pods(client, &config.node_name).await?);
+    // Only a create whose instance no list shows yet may be one the lists will show late (a
+    // list that fails proves nothing: every recorded create counts then).
+    let listed = match provider.list().await {
+        Ok(instances) => instances,
+        Err(error) => {
+            warn!(%error, "listing instances failed; every create on record holds the drain");
+            Vec::new()
+        }
+    };
+    if clear::unseen_creates(&records, &listed, &config.cluster_id, &config.node_name) {
+        lists.hold(std::time::Instant::now(), settle);
+    }
+    loop {
+        let Some(left) = pass(client, provider, config, deadline, &mut lists, report).await? else {
+            return Ok(());
+        };
+        if Instant::now() >= deadline {
+            return Err(DrainError::TimedOut {
+                timeout: config.timeout,
+                left,
+            });
+        }
+        tokio::time::sleep(config.poll_interval).await;
+        // A create recorded since (by a leader that did not acknowledge) holds the drain again.
+        // A failed read is read again next time: one apiserver hiccup does not end the drain.
+        match bound_pods(client, &config.node_name).await {
+            Ok(pods) => {
+                let now_records = clear::create_records(&pods);
+                if now_records
+                    .iter()
+                    .any(|(uid, marker)| records.get(uid) != Some(marker))
+                {
+                    lists.hold(std::time::Instant::now(), settle);
+                }
+                records = now_records;
+            }
+            Err(error) => warn!(%error, "reading the node's pods failed; retrying"),
+        }
+    }
+}
+
+/// One pass: a list, and the terminates it calls for. `None` once the lists say nothing is
+/// left; else what this pass leaves unsettled, said if the time is up.
+async fn pass<P: Provider>(
+    client: &kube::Client,
+    provider: &P,
+    config: &DrainConfig,
+    deadline: Instant,
+    lists: &mut ClearLists,
+    report: &mut DrainReport,
+) -> Result<Option<String>, DrainError> {
+    let asked = std::time::Instant::now();
+    // What this pass leaves unsettled: said if the time is up.
+    let left = match provider.list().await {
+        Ok(mut instances) => {
+            // Adopted instances carry no tags of ours: the record says they are this node's.
+            let record = crate::controller::adoption::load(
+                client,
+                &config.adoption_namespace,
+                &config.node_name,
+            )
+            .await;
+            match record {
+                Err(error) => {
+                    lists.failed();
+                    warn!(%error, "reading the adoption record failed; retrying");
+                    format!("unknown: reading the adoption record failed: {error}")
+                }
+                Ok(record) => {
+                    let owner = crate::controller::adoption::Owner {
+                        cluster_id: &config.cluster_id,
+                        node_name: &config.node_name,
+                    };
+                    for instance in &mut instances {
+                        crate::controller::adoption::tag(instance, &record, owner);
+                    }
+                    let live: Vec<&Instance> =
+                        ours_live(&instances, &config.cluster_id, &config.node_name).collect();
+                    if lists.seen(asked, live.is_empty()) {
+                        return Ok(None);
+                    }
+                    if live.is_empty() {
+                        not_yet_clear(lists)
+                    } else {
+                        if Instant::now() >= deadline {
+                            return Err(DrainError::TimedOut {
+                                timeout: config.timeout,
+                                left: describe(&live),
+                            });
+                        }
+                        terminate_all(provider, &live, report).await;
+                        describe(&live)
+                    }
+                }
+            }
+        }
+        Err(ProviderError::KeyRefused(message) | ProviderError::Account(message)) => {
+            return Err(refused(provider, client, &config.node_name, &message).await);
+        }
+        Err(error) => {
+            lists.failed();
+            warn!(%error, cloud = provider.name(), "listing instances failed; retrying");
+            format!(
+                "unknown: listing {}s failed: {error}",
+                provider.instance_noun()
+            )
+        }
+    };
+    Ok(Some(left))
 }
 
 /// One terminate for each live instance; a failure is tried again at the next list.

@@ -287,8 +287,8 @@ pub fn vanished(pod: &Pod, id: &str, cloud: CloudName) -> Vanished {
     }
 }
 
-/// The Event when a listed instance's placement breaks the pod's constraints (RunPod treats
-/// datacenters as a preference only): it is terminated and the next offer tried.
+/// The Event when a listed instance's placement breaks the pod's constraints (a cloud may
+/// treat datacenters as a preference only): it is terminated and the next offer tried.
 pub fn placement_rejected(cloud: CloudName, id: &str, violation: &str) -> Note {
     Note::warning(
         "PlacementRejected",

@@ -86,6 +86,8 @@ fn request(label: &Label) -> CreateRequest {
         entrypoint: None,
         args: Some(vec!["serve".into(), "--port=8080".into()]),
         registry: Some(RegistryLogin::new("me", "tok3n", "ghcr.io").unwrap()),
+        interruptible: None,
+        price: None,
     }
 }
 

@@ -37,7 +37,7 @@ pub const OFFLOAD: &str = "runpod.io/offload";
 pub const MAX_PENDING_TIME: &str = "runpod.io/max-pending-time";
 
 /// Annotations a user may set on a pod or its owning Job; pod first, then Job.
-pub const USER_ANNOTATIONS: [&str; 20] = [
+pub const USER_ANNOTATIONS: [&str; 22] = [
     REQUIRED_GPU_MEMORY,
     GPU_TYPES,
     MAX_PRICE,
@@ -58,6 +58,8 @@ pub const USER_ANNOTATIONS: [&str; 20] = [
     crate::vastai::REGION,
     crate::vastai::MEMORY,
     crate::vastai::DISK,
+    crate::interruptible::INTERRUPTIBLE,
+    crate::interruptible::BID_PER_HOUR,
 ];
 
 pub const POD_ID: &str = "runpod.io/pod-id";

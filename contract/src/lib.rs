@@ -9,6 +9,7 @@ pub mod checks;
 pub mod config;
 pub mod env;
 pub mod gpus;
+pub mod interruptible;
 pub mod names;
 pub mod network;
 pub mod pod;

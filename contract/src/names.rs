@@ -124,6 +124,15 @@ pub const NAMES: &[Name] = &[
         meaning: "the most the namespace's burst pods may cost together, every node and cloud",
     },
     Name {
+        name: interruptible::INTERRUPTIBLE,
+        kind: Kind::Label,
+        on: "namespace",
+        written_by: Writer::Operator,
+        read_by: "webhook (writes it on pods that say nothing)",
+        values: "`true`, `false`",
+        meaning: "the namespace's pods may run on Vast.ai interruptible bids",
+    },
+    Name {
         name: PORTS,
         kind: Kind::Label,
         on: "namespace",
@@ -211,6 +220,17 @@ pub const NAMES: &[Name] = &[
         vastai::PRICE_MAX,
         "positive",
         "most USD per hour for the whole Vast.ai instance, storage included",
+    ),
+    user(
+        interruptible::INTERRUPTIBLE,
+        "`true`, `false`, or a bid ceiling in USD/h; only where the pod may go to Vast.ai",
+        "the pod may run on a Vast.ai interruptible bid (cheaper; outbid, it fails with \
+         `DisruptionTarget`)",
+    ),
+    user(
+        interruptible::BID_PER_HOUR,
+        "positive; opts the pod in",
+        "the most the pod bids, USD per hour for the instance's compute",
     ),
     user(
         vastai::REGION,

@@ -299,6 +299,8 @@ mod tests {
             message: None,
             usage: None,
             ssh: None,
+            machine: None,
+            disruption: None,
         }
     }
 

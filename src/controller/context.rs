@@ -93,6 +93,8 @@ pub struct Shared<P> {
     pub adopted: Mutex<std::collections::BTreeMap<String, String>>,
     /// Budget reservations under way and whether the ledgers were rebuilt (`budget`).
     pub budget: crate::controller::budget::state::BudgetState,
+    /// Machines that lost an instance lately, avoided by the next placement of its pod.
+    pub lost_machines: Mutex<crate::controller::memory::LostMachines>,
 }
 
 impl<P> Shared<P> {
@@ -123,6 +125,7 @@ impl<P> Shared<P> {
             ends_due: tokio::sync::Notify::new(),
             adopted: Mutex::default(),
             budget: crate::controller::budget::state::BudgetState::default(),
+            lost_machines: Mutex::default(),
         }
     }
 

@@ -8,6 +8,8 @@ use crate::provider::{Instance, InstanceState, Tags};
 pub fn instance(id: &str, cluster: &str, node: &str, uid: Option<&str>) -> Instance {
     Instance {
         ssh: None,
+        machine: None,
+        disruption: None,
         id: id.into(),
         name: id.into(),
         tags: Tags {

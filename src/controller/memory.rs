@@ -58,3 +58,104 @@ pub struct PodMemory {
     /// Whether this pod may get an instance, as last judged.
     pub refusal: Option<Judged>,
 }
+
+/// Machines where an instance was lost lately, by the pod's UID and its owner's (a Job's next
+/// pod avoids them too), each until its time is up. Not kept across restarts: forgetting costs
+/// at most one placement on a machine that lost an instance before, never money or safety.
+#[derive(Debug, Default)]
+pub struct LostMachines {
+    entries: Vec<LostMachine>,
+}
+
+#[derive(Debug, Clone)]
+struct LostMachine {
+    key: String,
+    machine: String,
+    until: Timestamp,
+}
+
+impl LostMachines {
+    /// `machine` lost an instance of the pod with these keys (its UID, its owner's) at `now`.
+    pub fn lost(&mut self, keys: &[String], machine: &str, now: Timestamp) {
+        let until = now
+            .checked_add(runpod_contract::interruptible::AVOID_MACHINE_FOR)
+            .unwrap_or(now);
+        self.entries.retain(|entry| entry.until > now);
+        for key in keys {
+            self.entries
+                .retain(|e| !(e.key == *key && e.machine == machine));
+            self.entries.push(LostMachine {
+                key: key.clone(),
+                machine: machine.to_owned(),
+                until,
+            });
+        }
+    }
+
+    /// The machines a pod with these keys avoids at `now`, each once, in the order lost.
+    pub fn avoided(&self, keys: &[String], now: Timestamp) -> Vec<String> {
+        let mut machines: Vec<String> = Vec::new();
+        for entry in &self.entries {
+            if entry.until > now && keys.contains(&entry.key) && !machines.contains(&entry.machine)
+            {
+                machines.push(entry.machine.clone());
+            }
+        }
+        machines
+    }
+}
+
+/// The keys a pod's lost machines are kept under: its UID, and its controlling owner's (a
+/// Job's replacement pod is a new pod).
+pub fn lost_machine_keys(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<String> {
+    let mut keys: Vec<String> = pod.metadata.uid.iter().cloned().collect();
+    keys.extend(
+        pod.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .filter(|owner| owner.controller == Some(true))
+            .map(|owner| owner.uid.clone()),
+    );
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_machine_is_avoided_by_its_pod_and_its_owners_next_pod_for_a_while() {
+        let now: Timestamp = "2026-11-29T10:00:00Z".parse().unwrap();
+        let mut lost = LostMachines::default();
+        lost.lost(&["pod-1".into(), "job-1".into()], "4711", now);
+        lost.lost(&["pod-9".into()], "99", now);
+        assert_eq!(lost.avoided(&["pod-1".into()], now), vec!["4711"]);
+        assert_eq!(
+            lost.avoided(&["pod-2".into(), "job-1".into()], now),
+            vec!["4711"]
+        );
+        assert!(lost.avoided(&["pod-3".into()], now).is_empty());
+        let later = now
+            .checked_add(runpod_contract::interruptible::AVOID_MACHINE_FOR)
+            .unwrap();
+        assert!(
+            lost.avoided(&["job-1".into()], later).is_empty(),
+            "after 30 minutes"
+        );
+        lost.lost(&["job-1".into()], "4712", later);
+        assert_eq!(lost.entries.len(), 1, "expired entries are dropped");
+    }
+
+    #[test]
+    fn keys_are_the_pod_and_its_controlling_owner() {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "u1", "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "j1", "controller": true},
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "c", "uid": "c1"}
+            ]}
+        }))
+        .unwrap();
+        assert_eq!(lost_machine_keys(&pod), vec!["u1", "j1"]);
+    }
+}

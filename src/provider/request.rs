@@ -19,6 +19,9 @@ pub struct ProvisionRequest<'a> {
     /// The login of the pod's `imagePullSecrets` for its container's image registry, if one
     /// names it (resolved by the controller), for clouds that pull with it.
     pub pull_credential: Option<&'a PullCredential>,
+    /// Machines not to place the pod on (where its or its owner's instance was lost lately),
+    /// for clouds that let the buyer choose the machine.
+    pub avoided_machines: &'a [String],
 }
 
 impl<'a> ProvisionRequest<'a> {

@@ -140,6 +140,9 @@ pub struct Pod {
     pub created_at: Option<String>,
     #[serde(default)]
     pub started_at: Option<String>,
+    /// The host machine (RunPod cannot be told to avoid one; shown in Events).
+    #[serde(default)]
+    pub machine_id: Option<String>,
     /// Read tolerantly: a malformed `ssh` costs exec, not the list.
     #[serde(default, deserialize_with = "or_default")]
     pub ssh: Option<Ssh>,

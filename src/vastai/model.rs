@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use runpod_contract::interruptible::Interruptible;
 use runpod_contract::{PortProtocol, PortSpec};
 
 /// One search row: the fields the client decides on. Unknown fields are ignored; missing
@@ -56,6 +57,9 @@ pub struct Offer {
     /// Seconds of rental left.
     #[serde(default)]
     pub duration: Option<f64>,
+    /// The lowest bid that rents the machine as an interruptible instance, USD/h.
+    #[serde(default)]
+    pub min_bid: Option<f64>,
 }
 
 impl Offer {
@@ -142,12 +146,31 @@ pub struct CreateRequest {
     /// Replaces the image's CMD.
     pub args: Option<Vec<String>>,
     pub registry: Option<RegistryLogin>,
+    /// Set: an interruptible pod, bid per offer within its ceiling (see
+    /// [`CreateRequest::priced_for`]).
+    pub interruptible: Option<Interruptible>,
+    /// The bid sent (`price`, USD/h); `None`: on-demand.
+    pub price: Option<f64>,
 }
 
 /// The smallest disk Vast.ai accepts.
 pub const MIN_DISK_GB: u32 = 8;
 
 impl CreateRequest {
+    /// The request for `offer`: on-demand as it is, or an interruptible pod's bid a little over
+    /// the offer's minimum within the pod's ceiling; `None` when that offer cannot be had on a
+    /// bid this pod allows (no minimum shown, or one over the ceiling).
+    pub fn priced_for(&self, offer: &Offer) -> Option<CreateRequest> {
+        let Some(asked) = self.interruptible else {
+            return Some(self.clone());
+        };
+        let price = runpod_contract::interruptible::bid_for(offer.min_bid?, asked.max_bid)?;
+        Some(CreateRequest {
+            price: Some(price),
+            ..self.clone()
+        })
+    }
+
     /// The JSON body of `PUT /api/v0/asks/{id}/`.
     pub fn body(&self) -> serde_json::Value {
         let mut env: serde_json::Map<String, serde_json::Value> = self
@@ -172,6 +195,7 @@ impl CreateRequest {
             onstart: self.entrypoint.as_deref(),
             args: self.args.as_deref(),
             image_login: self.registry.as_ref().map(RegistryLogin::flag),
+            price: self.price,
             cancel_unavail: true,
         };
         serde_json::to_value(body).unwrap_or_default()
@@ -190,6 +214,7 @@ impl fmt::Debug for CreateRequest {
             .field("entrypoint", &self.entrypoint)
             .field("args", &self.args.as_ref().map(Vec::len))
             .field("registry", &self.registry)
+            .field("price", &self.price)
             .finish()
     }
 }
@@ -208,6 +233,9 @@ struct CreateBody<'a> {
     args: Option<&'a [String]>,
     #[serde(skip_serializing_if = "Option::is_none")]
     image_login: Option<String>,
+    /// The bid of an interruptible instance; absent: on-demand.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    price: Option<f64>,
     cancel_unavail: bool,
 }
 
@@ -274,6 +302,12 @@ pub struct PortBinding {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct Instance {
     pub id: u64,
+    /// The host machine.
+    #[serde(default)]
+    pub machine_id: Option<u64>,
+    /// An interruptible instance (rented on a bid).
+    #[serde(default)]
+    pub is_bid: Option<bool>,
     #[serde(default)]
     pub label: Option<String>,
     #[serde(default)]
@@ -396,6 +430,8 @@ mod tests {
             entrypoint: Some("bash".into()),
             args: Some(vec!["-c".into(), "echo hi".into()]),
             registry: Some(RegistryLogin::new("me", "tok3n", "ghcr.io").unwrap()),
+            interruptible: None,
+            price: None,
         }
     }
 
@@ -418,6 +454,37 @@ mod tests {
         );
         assert!(RegistryLogin::new("me", "to ken", "ghcr.io").is_err());
         assert!(RegistryLogin::new("", "t", "ghcr.io").is_err());
+    }
+
+    #[test]
+    fn an_interruptible_request_bids_per_offer_within_its_ceiling() {
+        let offer: Offer =
+            serde_json::from_value(json!({"id": 5, "dph_total": 0.25, "min_bid": 0.2})).unwrap();
+        let on_demand = request().priced_for(&offer).unwrap();
+        assert_eq!(on_demand.price, None);
+        assert!(on_demand.body().get("price").is_none());
+        let bidding = CreateRequest {
+            interruptible: Some(Interruptible { max_bid: None }),
+            ..request()
+        };
+        let priced = bidding.priced_for(&offer).unwrap();
+        assert_eq!(priced.price, Some(0.22));
+        assert_eq!(priced.body()["price"], json!(0.22));
+        let capped = CreateRequest {
+            interruptible: Some(Interruptible {
+                max_bid: Some(0.19),
+            }),
+            ..request()
+        };
+        assert!(
+            capped.priced_for(&offer).is_none(),
+            "ceiling under the minimum"
+        );
+        let unpriced: Offer = serde_json::from_value(json!({"id": 6})).unwrap();
+        assert!(
+            bidding.priced_for(&unpriced).is_none(),
+            "no minimum bid shown"
+        );
     }
 
     #[test]

@@ -114,7 +114,11 @@ impl VastClient {
         }
         let mut attempts = Vec::new();
         for offer in offers {
-            let result = self.create_once(offer.id, request).await;
+            // An interruptible pod bids per offer; an offer it cannot bid on is skipped.
+            let Some(priced) = request.priced_for(offer) else {
+                continue;
+            };
+            let result = self.create_once(offer.id, &priced).await;
             match after_create(&result) {
                 Next::Done(instance_id) => {
                     return Ok(Bought::Created {

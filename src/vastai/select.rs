@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use runpod_contract::interruptible::Interruptible;
 use runpod_contract::provider::Cloud;
 use runpod_contract::vastai::{Requirements, VastPolicy};
 
@@ -50,6 +51,10 @@ pub struct OfferQuery {
     pub min_cpu_ram_gb: Option<f64>,
     /// CPU cores the machine must give (the pod's CPU request).
     pub min_cpu_cores: Option<f64>,
+    /// Set: interruptible offers (`type: bid`), each bid on within the pod's ceiling.
+    pub interruptible: Option<Interruptible>,
+    /// Machines not to use (where this pod's or its owner's instance was lost lately).
+    pub avoided_machines: Vec<u64>,
 }
 
 impl Default for OfferQuery {
@@ -68,6 +73,8 @@ impl Default for OfferQuery {
             limit: 10,
             min_cpu_ram_gb: None,
             min_cpu_cores: None,
+            interruptible: None,
+            avoided_machines: Vec::new(),
         }
     }
 }
@@ -86,6 +93,7 @@ impl OfferQuery {
             datacenter_only: policy.datacenter_only,
             min_reliability: policy.min_reliability,
             disk_gb: wanted.disk_gb.unwrap_or(default_disk_gb),
+            interruptible: wanted.interruptible,
             ..OfferQuery::default()
         }
     }
@@ -135,7 +143,8 @@ impl OfferQuery {
         searches
     }
 
-    /// The body of `POST /api/v0/bundles/`: on-demand offers, cheapest first.
+    /// The body of `POST /api/v0/bundles/`: on-demand offers (interruptible ones for a pod that
+    /// opted in, priced at their minimum bid), cheapest first.
     pub fn body(&self) -> Value {
         let mut body = json!({
             "reliability2": {"gte": self.min_reliability},
@@ -143,7 +152,7 @@ impl OfferQuery {
             "rented": {"eq": false},
             "external": {"eq": false},
             "disk_space": {"gte": self.disk()},
-            "type": "on-demand",
+            "type": if self.interruptible.is_some() { "bid" } else { "on-demand" },
             "order": [["dph_total", "asc"]],
             "limit": self.limit.max(1),
             "allocated_storage": self.disk(),
@@ -183,6 +192,9 @@ impl OfferQuery {
         }
         if let Some(cores) = self.min_cpu_cores {
             set("cpu_cores_effective", json!({"gte": cores}));
+        }
+        if !self.avoided_machines.is_empty() {
+            set("machine_id", json!({"notin": self.avoided_machines}));
         }
         body
     }
@@ -293,6 +305,23 @@ impl OfferQuery {
         {
             return Some(format!("offer {id}: rental ends too soon"));
         }
+        // A filter a server ignored must not put the pod back where it was just lost.
+        if offer
+            .machine_id
+            .is_some_and(|machine| self.avoided_machines.contains(&machine))
+        {
+            return Some(format!("offer {id}: a machine this pod lost lately"));
+        }
+        if let Some(asked) = self.interruptible
+            && offer
+                .min_bid
+                .and_then(|min| runpod_contract::interruptible::bid_for(min, asked.max_bid))
+                .is_none()
+        {
+            return Some(format!(
+                "offer {id}: its minimum bid is over the pod's bid ceiling (or unknown)"
+            ));
+        }
         None
     }
 }
@@ -316,7 +345,46 @@ mod tests {
             limit: 5,
             min_cpu_ram_gb: None,
             min_cpu_cores: None,
+            interruptible: None,
+            avoided_machines: Vec::new(),
         }
+    }
+
+    #[test]
+    fn an_interruptible_pod_searches_bids_and_skips_lost_machines() {
+        let bidding = OfferQuery {
+            interruptible: Some(runpod_contract::interruptible::Interruptible {
+                max_bid: Some(0.3),
+            }),
+            avoided_machines: vec![4711],
+            ..query()
+        };
+        let body = bidding.body();
+        assert_eq!(body["type"], "bid");
+        assert_eq!(body["machine_id"], json!({"notin": [4711]}));
+        assert_eq!(query().body()["type"], "on-demand");
+        assert!(query().body().get("machine_id").is_none());
+        let fine = Offer {
+            min_bid: Some(0.2),
+            machine_id: Some(1),
+            ..offer()
+        };
+        assert_eq!(bidding.rejects(&fine), None);
+        let lost_here = Offer {
+            machine_id: Some(4711),
+            ..fine.clone()
+        };
+        assert!(bidding.rejects(&lost_here).unwrap().contains("lost lately"));
+        let over = Offer {
+            min_bid: Some(0.35),
+            ..fine.clone()
+        };
+        assert!(bidding.rejects(&over).unwrap().contains("bid ceiling"));
+        let unpriced = Offer {
+            min_bid: None,
+            ..fine
+        };
+        assert!(bidding.rejects(&unpriced).is_some());
     }
 
     /// The pod's memory and CPU requests choose machines that have them.

@@ -87,6 +87,8 @@ pub fn create_request(
         args,
         // Registry credentials come from the pod's imagePullSecrets, read by the caller.
         registry: None,
+        interruptible: None,
+        price: None,
     })
 }
 

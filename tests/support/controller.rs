@@ -98,6 +98,17 @@ impl SimulatorProcess {
         Ok(())
     }
 
+    /// POSTs `body` to a control path of the simulator (`/_sim/...`), which must answer 2xx.
+    pub async fn post(&self, path: &str, body: &serde_json::Value) -> anyhow::Result<()> {
+        reqwest::Client::new()
+            .post(format!("{}{path}", self.url))
+            .json(body)
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+
     /// Removes every fault rule.
     pub async fn clear_faults(&self) -> anyhow::Result<()> {
         reqwest::Client::new()

@@ -139,6 +139,10 @@ pub fn validate_annotations(effective: &Effective<'_>) -> Vec<String> {
             problems.push(format!("annotation {key}{}: {problem}", sourced.origin()));
         }
     }
+    // Read together: one may contradict the other.
+    if let Err(problem) = contract::interruptible::interruptible(&effective.values()) {
+        problems.push(format!("annotation {problem}"));
+    }
     problems
 }
 

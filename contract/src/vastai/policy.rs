@@ -127,6 +127,8 @@ pub struct Requirements {
     /// Where it may run; empty = anywhere.
     pub countries: Vec<String>,
     pub disk_gb: Option<u32>,
+    /// Set: the pod may run on an interruptible bid (at most its ceiling, when it names one).
+    pub interruptible: Option<crate::interruptible::Interruptible>,
 }
 
 /// The host countries a pod may use: its `vast.ai/region` within the cluster's allowed
@@ -244,6 +246,21 @@ pub fn requirements(
         _ => {}
     }
     let countries = countries(get(super::REGION), policy, &mut problems);
+    let interruptible =
+        crate::interruptible::interruptible(annotations).unwrap_or_else(|problem| {
+            problems.push(problem);
+            None
+        });
+    // The bid is the compute's price; the instance's cap counts its storage too.
+    if let (Some(ceiling), Some(cap)) = (
+        interruptible.and_then(|asked| asked.max_bid),
+        max_price_per_hour,
+    ) && ceiling > cap + 1e-9
+    {
+        problems.push(format!(
+            "a bid ceiling of {ceiling} USD/h is above the pod's price cap of {cap} USD/h"
+        ));
+    }
     if !problems.is_empty() {
         return Err(problems);
     }
@@ -254,6 +271,7 @@ pub fn requirements(
         max_price_per_hour,
         countries,
         disk_gb: disk,
+        interruptible,
     })
 }
 

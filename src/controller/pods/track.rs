@@ -201,6 +201,47 @@ async fn vanished<P: Provider>(
     Ok(action)
 }
 
+/// The cloud took the pod's instance away: its machine is avoided for a while, the instance
+/// is destroyed (a stopped Vast.ai instance bills storage), and the pod fails with
+/// `DisruptionTarget` or, `restartPolicy: Always`, gets a new instance.
+async fn disrupted<P: Provider>(
+    pod: &Pod,
+    uid: &str,
+    instance: &Instance,
+    disruption: crate::provider::Disruption,
+    ctx: &Shared<P>,
+) -> Result<Action, ReconcileError> {
+    let now = Timestamp::now();
+    let lost = decide::lost(pod, instance, disruption, ctx.provider.cloud(), now);
+    if let Some(machine) = instance.machine.as_deref() {
+        ctx.lost_machines
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .lost(
+                &crate::controller::memory::lost_machine_keys(pod),
+                machine,
+                now,
+            );
+    }
+    write::notes(ctx, pod, vec![lost.note]).await;
+    if !lost.replace {
+        let view = View::Failed {
+            reason: lost.reason,
+            message: lost.message,
+        };
+        return finish::finish(ctx, pod, uid, instance, view).await;
+    }
+    finish::terminate(ctx, pod, uid, instance, "the cloud took it away").await?;
+    ctx.remember(uid, |m| {
+        m.instance = None;
+        m.looked_up = None;
+        m.nothing_created = true;
+        m.restarts += 1;
+        m.replacing_since = Some(now);
+    });
+    Ok(Action::requeue(SHORT))
+}
+
 /// Tracks an existing instance: annotations, placement check, status, completion.
 pub(super) async fn track<P: Provider>(
     pod: &Pod,
@@ -268,6 +309,7 @@ pub(super) async fn track<P: Provider>(
             write::notes(ctx, pod, vec![Note::warning(reason, message.clone())]).await;
             finish::finish(ctx, pod, uid, instance, View::Failed { reason, message }).await
         }
+        TrackStep::Disrupted(disruption) => disrupted(pod, uid, instance, disruption, ctx).await,
         TrackStep::Status => {
             write::status(
                 ctx,
@@ -453,6 +495,8 @@ mod tests {
     fn instance(id: &str) -> Instance {
         Instance {
             ssh: None,
+            machine: None,
+            disruption: None,
             id: id.into(),
             name: "n".into(),
             tags: Tags::default(),

@@ -258,6 +258,8 @@ mod tests {
     fn instance(id: &str, uid: &str, state: InstanceState, usage: Option<Usage>) -> Instance {
         Instance {
             ssh: None,
+            machine: None,
+            disruption: None,
             id: id.into(),
             name: id.into(),
             tags: Tags {

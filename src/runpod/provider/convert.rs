@@ -146,6 +146,9 @@ pub fn to_instance(pod: &model::Pod) -> Instance {
         usage: (state == InstanceState::Running)
             .then(|| pod.runtime.as_ref().and_then(usage))
             .flatten(),
+        machine: pod.machine_id.clone().filter(|id| !id.is_empty()),
+        // A RunPod pod lost to the cloud is one that vanished (no state says so).
+        disruption: None,
     }
 }
 

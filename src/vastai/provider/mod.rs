@@ -13,9 +13,9 @@ use serde_json::json;
 use tracing::{debug, warn};
 
 use crate::provider::{
-    CloudName, Constraints, Endpoint, Ends, FinalLog, GpuUsage, Instance, InstanceState,
-    LogEntries, LogOptions, PriceSheet, Provider, ProviderError, ProvisionError, ProvisionRequest,
-    Provisioned, ShellAccess, Tags, Usage,
+    CloudName, Constraints, Disruption, Endpoint, Ends, FinalLog, GpuUsage, Instance,
+    InstanceState, LogEntries, LogOptions, PriceSheet, Provider, ProviderError, ProvisionError,
+    ProvisionRequest, Provisioned, ShellAccess, Tags, Usage,
 };
 use logs::{async_stream, entries, lines_of};
 
@@ -123,6 +123,8 @@ impl VastaiProvider {
             Ok(Some(found)) => to_instance(&found),
             _ => Instance {
                 ssh: None,
+                machine: None,
+                disruption: None,
                 id: id.to_string(),
                 name: label.to_string(),
                 tags: tags(Some(label)),
@@ -194,6 +196,15 @@ pub fn to_instance(instance: &model::Instance) -> Instance {
         .filter(|s| s.is_finite() && *s > 0.0)
         .and_then(|s| Timestamp::from_millisecond((s * 1000.0) as i64).ok());
     let message = match state {
+        InstanceState::Error if disruption_of(instance) == Some(Disruption::Outbid) => {
+            Some(format!(
+                "Vast.ai instance {} was outbid: a higher bid took machine {}",
+                instance.id,
+                instance
+                    .machine_id
+                    .map_or("(unknown)".to_owned(), |m| m.to_string())
+            ))
+        }
         InstanceState::Error => Some(format!(
             "Vast.ai instance {} is {}{}; it never runs again",
             instance.id,
@@ -209,6 +220,8 @@ pub fn to_instance(instance: &model::Instance) -> Instance {
     };
     Instance {
         ssh: None,
+        machine: instance.machine_id.map(|machine| machine.to_string()),
+        disruption: disruption_of(instance),
         id: instance.id.to_string(),
         name: instance.label.clone().unwrap_or_default(),
         tags: tags(label.as_ref()),
@@ -233,6 +246,27 @@ pub fn to_instance(instance: &model::Instance) -> Instance {
         usage: (state == InstanceState::Running)
             .then(|| usage(instance))
             .flatten(),
+    }
+}
+
+/// Whether Vast.ai took the instance away: a bid stopped while it still intends to run was
+/// outbid; a stopped or frozen instance we never stopped (credit, contract end), or a host
+/// that is `offline` or silent (`unknown`), was lost. An image that fails is the pod's own
+/// doing, not a disruption.
+pub fn disruption_of(instance: &model::Instance) -> Option<Disruption> {
+    use model::InstanceState as Vast;
+    if instance.cur_state.as_deref() == Some("unloaded") {
+        return None;
+    }
+    match instance.state() {
+        Vast::Stopped
+            if instance.is_bid == Some(true)
+                && instance.intended_status.as_deref() != Some("stopped") =>
+        {
+            Some(Disruption::Outbid)
+        }
+        Vast::Stopped | Vast::Frozen | Vast::Unknown | Vast::Offline => Some(Disruption::Lost),
+        _ => None,
     }
 }
 
@@ -376,10 +410,16 @@ impl Provider for VastaiProvider {
             min_cpu_ram_gb: runpod_contract::quantity::pod_requested(pod, "memory")
                 .map(|bytes| bytes / 1e9),
             min_cpu_cores: runpod_contract::quantity::pod_requested(pod, "cpu"),
+            avoided_machines: request
+                .avoided_machines
+                .iter()
+                .filter_map(|machine| machine.parse().ok())
+                .collect(),
             ..OfferQuery::for_pod(&wanted, &self.policy, DEFAULT_DISK_GB)
         };
         let mut create = translate::create_request(pod, &env, &label, query.disk_gb)
             .map_err(|e| ProvisionError::Rejected(e.to_string()))?;
+        create.interruptible = wanted.interruptible;
         if let Some(login) = request.pull_credential {
             create.registry = Some(
                 RegistryLogin::new(&login.username, &login.password, &login.registry).map_err(
@@ -430,12 +470,15 @@ impl Provider for VastaiProvider {
                 .iter()
                 .find(|offer| offer.id == *offer_id)
                 .map(|offer| {
+                    let price = match create.priced_for(offer).and_then(|c| c.price) {
+                        Some(bid) => format!("an interruptible bid of {bid:.3} USD/h"),
+                        None => format!("{:.3} USD/h", offer.dph_total),
+                    };
                     format!(
-                        "Vast.ai offer {} ({} x{} at {:.3} USD/h in {})",
+                        "Vast.ai offer {} ({} x{} at {price} in {})",
                         offer.id,
                         offer.gpu_name,
                         offer.num_gpus,
-                        offer.dph_total,
                         offer.country().unwrap_or_else(|| "?".to_owned())
                     )
                 })

@@ -166,3 +166,62 @@ fn annotated(pairs: &[(&str, &str)]) -> Pod {
     }))
     .unwrap_or_default()
 }
+
+#[test]
+fn only_what_vastai_took_away_is_a_disruption() {
+    let read = |value: serde_json::Value| disruption_of(&vast(value));
+    assert_eq!(
+        read(
+            json!({"id": 1, "actual_status": "stopped", "intended_status": "running", "is_bid": true})
+        ),
+        Some(Disruption::Outbid)
+    );
+    assert_eq!(
+        read(
+            json!({"id": 1, "actual_status": "stopped", "intended_status": "running", "is_bid": false})
+        ),
+        Some(Disruption::Lost),
+        "an on-demand instance stopped by Vast.ai (credit, contract end)"
+    );
+    for status in ["offline", "unknown", "frozen"] {
+        assert_eq!(
+            read(json!({"id": 1, "actual_status": status})),
+            Some(Disruption::Lost),
+            "{status}"
+        );
+    }
+    for status in ["running", "loading", "exited", "created"] {
+        assert_eq!(
+            read(json!({"id": 1, "actual_status": status})),
+            None,
+            "{status}"
+        );
+    }
+    assert_eq!(
+        read(
+            json!({"id": 1, "actual_status": "created", "status_msg": "OCI runtime create failed"})
+        ),
+        None,
+        "a broken image is the pod's own failure"
+    );
+    assert_eq!(
+        read(json!({"id": 1, "actual_status": "stopped", "cur_state": "unloaded", "is_bid": true})),
+        None,
+        "destroyed"
+    );
+    let outbid = to_instance(&vast(json!({
+        "id": 9, "machine_id": 4711, "actual_status": "stopped", "intended_status": "running",
+        "is_bid": true, "dph_total": 0.21
+    })));
+    assert_eq!(outbid.disruption, Some(Disruption::Outbid));
+    assert_eq!(outbid.machine.as_deref(), Some("4711"));
+    assert!(
+        outbid
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("outbid"),
+        "{:?}",
+        outbid.message
+    );
+}

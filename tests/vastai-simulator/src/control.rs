@@ -4,7 +4,9 @@
 //! - `GET /_sim/ledger` → every instance ever created, with its bill;
 //! - `POST /_sim/faults` with a [`Fault`] → 204 (400 when invalid);
 //! - `DELETE /_sim/faults` → 204;
-//! - `POST /_sim/instances/{id}/status` with `{"status":"offline"}` → 204 (404 if not live).
+//! - `POST /_sim/instances/{id}/status` with `{"status":"offline"}` → 204 (404 if not live);
+//! - `POST /_sim/instances/{id}/outbid` → 204 (404 if not live, 409 if not a bid): a higher bid
+//!   took the machine; the instance reads `stopped` while it intends to run, storage billing.
 
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -43,6 +45,35 @@ pub(crate) fn handle(
         (&Method::DELETE, "faults") => {
             shared.with_world(|world| world.faults.clear());
             StatusCode::NO_CONTENT.into_response()
+        }
+        (&Method::POST, other) if other.ends_with("/outbid") => {
+            let Some(id) = other
+                .strip_prefix("instances/")
+                .and_then(|r| r.strip_suffix("/outbid"))
+                .and_then(|id| id.parse::<u64>().ok())
+            else {
+                return Some(StatusCode::NOT_FOUND.into_response());
+            };
+            let found = shared.with_world(|world| {
+                world
+                    .instances
+                    .get_mut(&id)
+                    .filter(|instance| instance.destroyed.is_none())
+                    .map(|instance| {
+                        let bid = instance.order.bid.is_some();
+                        instance.outbid |= bid;
+                        bid
+                    })
+            });
+            match found {
+                Some(true) => StatusCode::NO_CONTENT.into_response(),
+                Some(false) => (
+                    StatusCode::CONFLICT,
+                    format!("instance {id} is on-demand: only a bid can be outbid"),
+                )
+                    .into_response(),
+                None => StatusCode::NOT_FOUND.into_response(),
+            }
         }
         (&Method::POST, other) => {
             let Some(id) = other

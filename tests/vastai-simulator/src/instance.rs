@@ -73,6 +73,8 @@ pub(crate) struct Order {
     /// `true`: created `stopped` (target_state, or an unstartable machine without
     /// `cancel_unavail`).
     pub stopped: bool,
+    /// The bid (`price`, USD/h) of an interruptible instance; `None`: on-demand.
+    pub bid: Option<f64>,
 }
 
 /// One instance, alive or destroyed.
@@ -92,6 +94,9 @@ pub(crate) struct Instance {
     pub destroyed: Option<Instant>,
     pub destroyed_epoch: Option<f64>,
     pub create_status: u16,
+    /// Outbid (the control API's `outbid`): stopped while it still intends to run, as Vast.ai
+    /// shows a bid that lost its machine; storage keeps billing.
+    pub outbid: bool,
     pub gpu_cost: f64,
     pub storage_billed: f64,
     pub last_billed: Instant,
@@ -108,6 +113,9 @@ impl Instance {
                 other => other.as_str().to_owned(),
             };
             return (forced, message);
+        }
+        if self.outbid {
+            return (Status::Stopped, "outbid".to_owned());
         }
         if self.order.stopped {
             return (Status::Stopped, "stopped".to_owned());
@@ -138,9 +146,14 @@ impl Instance {
         self.offer.storage_cost * self.order.disk / MONTH_HOURS
     }
 
+    /// Compute USD/h: the bid of an interruptible instance, the offer's price otherwise.
+    pub fn dph_base(&self) -> f64 {
+        self.order.bid.unwrap_or(self.offer.dph_base)
+    }
+
     /// `dph_total`: compute plus storage.
     pub fn dph_total(&self) -> f64 {
-        self.offer.dph_base + self.storage_per_hour()
+        self.dph_base() + self.storage_per_hour()
     }
 
     /// Bills the time since the last call: storage from create to destroy (stopped included,
@@ -156,7 +169,7 @@ impl Instance {
             self.storage_billed += self.storage_per_hour() * hours;
         }
         if status == Status::Running {
-            self.gpu_cost += self.offer.dph_base * hours;
+            self.gpu_cost += self.dph_base() * hours;
         }
         self.last_billed = end;
     }
@@ -219,7 +232,7 @@ impl Instance {
             "ports": ports,
             "start_date": self.created_epoch,
             "end_date": self.created_epoch + self.offer.duration,
-            "dph_base": self.offer.dph_base,
+            "dph_base": self.dph_base(),
             "dph_total": self.dph_total(),
             "storage_cost": self.offer.storage_cost,
             "storage_total_cost": self.storage_per_hour(),
@@ -232,7 +245,7 @@ impl Instance {
             "geolocation": self.offer.geolocation,
             "verification": self.offer.verification,
             "reliability2": self.offer.reliability,
-            "is_bid": false,
+            "is_bid": self.order.bid.is_some(),
             // The live report, while running: fractions and MB.
             "cpu_util": running.then(|| self.utilization("SIM_CPU_UTIL", 3)),
             "gpu_util": running.then(|| self.utilization("SIM_GPU_UTIL", 50)),
@@ -279,6 +292,7 @@ pub(crate) mod tests {
                 args: None,
                 image_login: false,
                 stopped,
+                bid: None,
             },
             created: now,
             created_epoch: 1.0e9,
@@ -289,6 +303,7 @@ pub(crate) mod tests {
             destroyed: None,
             destroyed_epoch: None,
             create_status: 200,
+            outbid: false,
             gpu_cost: 0.0,
             storage_billed: 0.0,
             last_billed: now,

@@ -24,6 +24,15 @@ pub struct LedgerEntry {
     /// A registry login was sent (its value is never recorded).
     pub image_login: bool,
     pub gpu_name: String,
+    /// The host machine it runs on.
+    #[serde(default)]
+    pub machine_id: u64,
+    /// The bid of an interruptible instance (USD/h); `None`: on-demand.
+    #[serde(default)]
+    pub bid: Option<f64>,
+    /// A higher bid took its machine.
+    #[serde(default)]
+    pub outbid: bool,
     pub num_gpus: u32,
     pub geolocation: String,
     /// USD/h while running, storage included.
@@ -82,6 +91,9 @@ mod tests {
             args: None,
             image_login: false,
             gpu_name: "RTX 4090".into(),
+            machine_id: 1,
+            bid: None,
+            outbid: false,
             num_gpus: 1,
             geolocation: "Texas, US".into(),
             dph_total: 0.4,

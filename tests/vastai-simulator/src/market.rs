@@ -13,14 +13,15 @@ use crate::reply::Reply;
 use crate::scenario::OfferSpec;
 use crate::state::{Shared, World};
 
+/// The lowest bid that rents `offer` as an interruptible instance (USD/h).
+pub(crate) fn min_bid(offer: &OfferSpec) -> f64 {
+    offer.dph_base * 0.6
+}
+
 /// A search row for `offer` with `allocated_storage` GB priced in.
 pub(crate) fn row(offer: &OfferSpec, allocated_storage: f64, bid: bool) -> Map<String, Value> {
     let storage = offer.storage_cost * allocated_storage / MONTH_HOURS;
-    let base = if bid {
-        offer.dph_base * 0.6
-    } else {
-        offer.dph_base
-    };
+    let base = if bid { min_bid(offer) } else { offer.dph_base };
     let value = json!({
         "id": offer.id,
         "ask_contract_id": offer.id,
@@ -43,7 +44,7 @@ pub(crate) fn row(offer: &OfferSpec, allocated_storage: f64, bid: bool) -> Map<S
         "inet_down": offer.inet_down,
         "inet_up_cost": 0.002,
         "inet_down_cost": 0.002,
-        "min_bid": offer.dph_base * 0.6,
+        "min_bid": min_bid(offer),
         "is_bid": bid,
         "reliability": offer.reliability,
         "reliability2": offer.reliability,
@@ -214,14 +215,15 @@ pub(crate) fn parse_create(body: &Value) -> Result<CreateBody, String> {
             true
         }
     };
-    if let Some(price) = object.get("price")
-        && !price.is_null()
-        && !price.as_f64().is_some_and(|p| (0.001..=128.0).contains(&p))
-    {
-        return Err(format!(
-            "invalid_price: {price} is not between 0.001 and 128"
-        ));
-    }
+    let bid = match object.get("price") {
+        None | Some(Value::Null) => None,
+        Some(price) => Some(
+            price
+                .as_f64()
+                .filter(|p| (0.001..=128.0).contains(p))
+                .ok_or_else(|| format!("invalid_price: {price} is not between 0.001 and 128"))?,
+        ),
+    };
     let cancel_unavail = match object.get("cancel_unavail") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(flag)) => *flag,
@@ -244,6 +246,7 @@ pub(crate) fn parse_create(body: &Value) -> Result<CreateBody, String> {
             args,
             image_login,
             stopped,
+            bid,
         },
         cancel_unavail,
     })
@@ -347,6 +350,15 @@ pub(crate) fn create(
         return plain(Reply::no_such_ask(404, ask_id));
     }
     let mut order = parsed.order;
+    // A bid under the machine's minimum does not rent it.
+    if let Some(bid) = order.bid
+        && bid + 1e-9 < min_bid(&offer)
+    {
+        return plain(Reply::invalid(format!(
+            "invalid_price: a bid of {bid} is under this offer's minimum bid of {:.4}",
+            min_bid(&offer)
+        )));
+    }
     if !offer.startable {
         if parsed.cancel_unavail {
             return plain(Reply::no_such_ask(410, ask_id));
@@ -383,6 +395,7 @@ pub(crate) fn create(
             destroyed: None,
             destroyed_epoch: None,
             create_status: status,
+            outbid: false,
             gpu_cost: 0.0,
             storage_billed: 0.0,
             last_billed: now,

@@ -604,3 +604,75 @@ async fn the_control_api_serves_the_ledger_faults_and_forced_states() {
     assert_eq!(cleared.status(), StatusCode::NO_CONTENT);
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn bids_rent_at_their_price_and_can_be_outbid() {
+    let (sim, client) = start(fast()).await;
+    let (_, found) = call(
+        &client,
+        &sim,
+        Method::POST,
+        "/api/v0/bundles/",
+        Some(json!({"type": "bid", "id": {"eq": 1001}, "allocated_storage": 20})),
+    )
+    .await;
+    let offer = &found["offers"][0];
+    let min_bid = offer["min_bid"].as_f64().unwrap();
+    assert_eq!(offer["is_bid"], true);
+    // Under the minimum: refused, nothing rented.
+    let mut low = create_body("rpk:c:n:bid");
+    low["price"] = json!(min_bid / 2.0);
+    let (status, body) = call(&client, &sim, Method::PUT, "/api/v0/asks/1001/", Some(low)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["msg"].as_str().unwrap().contains("minimum bid"),
+        "{body}"
+    );
+    let mut bid = create_body("rpk:c:n:bid");
+    bid["price"] = json!(min_bid * 1.1);
+    let (status, body) = call(&client, &sim, Method::PUT, "/api/v0/asks/1001/", Some(bid)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let id = body["new_contract"].as_u64().unwrap();
+    let running = wait_for(&client, &sim, id, "running").await;
+    assert_eq!(running["is_bid"], true);
+    assert!((running["dph_base"].as_f64().unwrap() - min_bid * 1.1).abs() < 1e-9);
+    let control = |path: String| client.post(format!("{}/_sim/{path}", sim.base_url()));
+    let outbid = control(format!("instances/{id}/outbid"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(outbid.status(), StatusCode::NO_CONTENT);
+    let stopped = wait_for(&client, &sim, id, "stopped").await;
+    assert_eq!(
+        stopped["intended_status"], "running",
+        "it still means to run"
+    );
+    let ledger = sim.ledger();
+    let entry = ledger.iter().find(|e| e.id == id).unwrap();
+    assert!(
+        entry.outbid && entry.bid.is_some() && entry.is_live(),
+        "{entry:?}"
+    );
+    assert!(entry.machine_id > 0);
+    // An on-demand instance cannot be outbid; unknown ids are 404.
+    let (_, body) = call(
+        &client,
+        &sim,
+        Method::PUT,
+        "/api/v0/asks/1002/",
+        Some(create_body("rpk:c:n:od")),
+    )
+    .await;
+    let on_demand = body["new_contract"].as_u64().unwrap();
+    let refused = control(format!("instances/{on_demand}/outbid"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::CONFLICT);
+    let missing = control("instances/999999/outbid".into())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    sim.shutdown().await;
+}

@@ -507,6 +507,8 @@ mod tests {
     ) -> Instance {
         Instance {
             ssh: None,
+            machine: None,
+            disruption: None,
             id: id.into(),
             name: id.into(),
             tags: Tags {

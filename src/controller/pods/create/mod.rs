@@ -266,11 +266,20 @@ async fn send<P: Provider>(
                 Vec::new()
             }
         };
+    let avoided = ctx
+        .lost_machines
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .avoided(
+            &crate::controller::memory::lost_machine_keys(pod),
+            Timestamp::now(),
+        );
     let request = ProvisionRequest {
         pod: for_cloud,
         env: &inputs.env,
         volumes: &inputs.volumes,
         excluded_gpu_types: excluded,
+        avoided_machines: &avoided,
         pull_credential: provisioned::container_image(pod)
             .and_then(|image| pull_secrets::credential_for(image, &pull_credentials)),
     };

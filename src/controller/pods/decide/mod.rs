@@ -9,9 +9,12 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
+pub mod disruption;
 pub mod ends;
 pub mod gates;
 pub mod provisioned;
+
+pub use disruption::{Lost, Vanished, lost, vanished};
 
 use super::{annotation, bound_at};
 use crate::controller::clock::elapsed;
@@ -225,6 +228,8 @@ pub enum TrackStep {
         reason: &'static str,
         message: String,
     },
+    /// The cloud took the instance away (outbid, host lost): a disruption, not a failure.
+    Disrupted(crate::provider::Disruption),
     /// Nothing ends: write the status.
     Status,
 }
@@ -235,56 +240,6 @@ pub enum TrackStep {
 pub fn provisioning_clock(pod: &Pod, replacing_since: Option<Timestamp>) -> Option<Timestamp> {
     let never_ran = pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running");
     replacing_since.or_else(|| never_ran.then(|| bound_at(pod)).flatten())
-}
-
-/// What an instance that vanished (the cloud answered 404 for its id, `id`; `(unknown)` when
-/// none was recorded) means for a pod that was not finished: it was terminated outside the
-/// controller (the cloud's console, a lost host). `replace`: the pod has `restartPolicy:
-/// Always` and gets a new instance, as a kubelet restarts its container; any other pod fails
-/// and is never created again.
-#[derive(Debug, Clone)]
-pub struct Vanished {
-    pub replace: bool,
-    pub outcome: Outcome,
-}
-
-pub fn vanished(pod: &Pod, id: &str, cloud: CloudName) -> Vanished {
-    let message = format!(
-        "{} {id} no longer exists (terminated outside runpod-kubelet)",
-        cloud.instance
-    );
-    let always = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.restart_policy.as_deref())
-        .is_none_or(|policy| policy == "Always");
-    if always && id != "(unknown)" {
-        let note = Note::warning(
-            "RunPodPodGone",
-            format!("{message}; creating a new one (restartPolicy Always)"),
-        );
-        return Vanished {
-            replace: true,
-            outcome: Outcome {
-                events: vec![note],
-                describes: None,
-                status: None,
-                next: Next::Requeue(super::SHORT),
-            },
-        };
-    }
-    Vanished {
-        replace: false,
-        outcome: Outcome {
-            events: vec![Note::warning("RunPodPodGone", message.clone())],
-            describes: None,
-            status: Some(View::Failed {
-                reason: "RunPodPodGone",
-                message,
-            }),
-            next: Next::AwaitChange,
-        },
-    }
 }
 
 /// The Event when a listed instance's placement breaks the pod's constraints (a cloud may
@@ -325,6 +280,9 @@ pub fn track_step(
     let restart_policy = spec
         .and_then(|s| s.restart_policy.as_deref())
         .unwrap_or("Always");
+    if let Some(disruption) = instance.disruption {
+        return TrackStep::Disrupted(disruption);
+    }
     match instance.state {
         InstanceState::Exited => TrackStep::Exited { restarted: false },
         InstanceState::Error => TrackStep::Fail {

@@ -14,6 +14,8 @@ fn at(text: &str) -> Timestamp {
 fn instance(id: &str, uid: &str, state: InstanceState, created: &str) -> Instance {
     Instance {
         ssh: None,
+        machine: None,
+        disruption: None,
         id: id.into(),
         name: "n".into(),
         tags: Tags {
@@ -239,7 +241,12 @@ fn what_an_instance_means_for_its_pod() {
         TrackStep::Fail { reason, .. } => reason.to_owned(),
         TrackStep::Exited { restarted } => format!("exited restarted={restarted}"),
         TrackStep::Status => "status".to_owned(),
+        TrackStep::Disrupted(disruption) => format!("disrupted {}", disruption.reason()),
     };
+    let mut outbid = state(InstanceState::Error);
+    outbid.disruption = Some(crate::provider::Disruption::Outbid);
+    let mut host_lost = state(InstanceState::Error);
+    host_lost.disruption = Some(crate::provider::Disruption::Lost);
     let cases: Vec<(&str, &Pod, Instance, bool, &str)> = vec![
         (
             "running",
@@ -261,6 +268,20 @@ fn what_an_instance_means_for_its_pod() {
             state(InstanceState::Error),
             false,
             "RunPodError",
+        ),
+        (
+            "outbid: the cloud's doing, not an error",
+            &bound_long_ago,
+            outbid,
+            false,
+            "disrupted Outbid",
+        ),
+        (
+            "the host lost",
+            &always,
+            host_lost,
+            false,
+            "disrupted CloudInstanceLost",
         ),
         (
             "restarted, Never",
@@ -392,7 +413,7 @@ fn a_vanished_instance_is_replaced_for_always_and_fails_any_other_pod() {
         replaced.outcome.next,
         Next::Requeue(crate::controller::pods::SHORT)
     );
-    assert_eq!(replaced.outcome.events[0].reason, "RunPodPodGone");
+    assert_eq!(replaced.outcome.events[0].reason, "CloudInstanceLost");
     assert!(
         replaced.outcome.events[0]
             .message
@@ -412,7 +433,7 @@ fn a_vanished_instance_is_replaced_for_always_and_fails_any_other_pod() {
         assert!(matches!(
             failed.outcome.status,
             Some(View::Failed {
-                reason: "RunPodPodGone",
+                reason: "CloudInstanceLost",
                 ..
             })
         ));

@@ -166,7 +166,22 @@ pub fn desired(pod: &Pod, view: &View<'_>, host_ip: &str, now: Timestamp) -> Pod
         ),
         _ => (Vec::new(), None),
     };
-    let conditions = conditions(pod, &current, ready, now);
+    let mut conditions = conditions(pod, &current, ready, now);
+    // The cloud took the instance away: said as Kubernetes says a disruption, so a Job's
+    // `podFailurePolicy` can tell it from the program's failure.
+    if let View::Failed { reason, message } = view
+        && runpod_contract::interruptible::is_disruption(reason)
+    {
+        conditions.retain(|c| c.type_ != runpod_contract::interruptible::DISRUPTION_TARGET);
+        conditions.push(condition(
+            &current,
+            runpod_contract::interruptible::DISRUPTION_TARGET,
+            true,
+            Some(reason),
+            Some(message.clone()),
+            now,
+        ));
+    }
     let start_time = current.start_time.clone().or(Some(Time(now)));
     PodStatus {
         phase: Some(phase.to_owned()),
@@ -501,7 +516,12 @@ pub fn patch(pod: &Pod, desired: &PodStatus) -> Patch<serde_json::Value> {
         .conditions
         .iter()
         .flatten()
-        .filter(|c| OWNED_CONDITIONS.contains(&c.type_.as_str()))
+        // `DisruptionTarget` is written once, with the terminal phase, when the cloud took the
+        // instance away.
+        .filter(|c| {
+            OWNED_CONDITIONS.contains(&c.type_.as_str())
+                || c.type_ == runpod_contract::interruptible::DISRUPTION_TARGET
+        })
         .map(|c| {
             json!({
                 "type": c.type_,

@@ -15,6 +15,8 @@ fn pod() -> Pod {
 fn instance(state: InstanceState, tcp_published: bool) -> Instance {
     Instance {
         ssh: None,
+        machine: None,
+        disruption: None,
         id: "abc".into(),
         name: "n".into(),
         tags: Tags::default(),
@@ -701,4 +703,57 @@ fn a_pod_that_never_starts_shows_every_container_with_the_reason() {
     );
     assert_eq!(running.container_statuses.map(|l| l.len()), Some(1));
     assert!(running.init_container_statuses.is_none());
+}
+
+#[test]
+fn a_pod_the_cloud_took_away_fails_with_disruption_target_and_others_do_not() {
+    let failed = |reason: &'static str| {
+        desired(
+            &pod(),
+            &View::Failed {
+                reason,
+                message: format!("{reason} happened"),
+            },
+            "10.0.0.1",
+            now(),
+        )
+    };
+    for reason in ["Outbid", "CloudInstanceLost"] {
+        let status = failed(reason);
+        assert_eq!(status.phase.as_deref(), Some("Failed"), "{reason}");
+        let condition = find(&status, "DisruptionTarget");
+        assert_eq!(condition.status, "True");
+        assert_eq!(condition.reason.as_deref(), Some(reason));
+        assert_eq!(
+            condition.message.as_deref(),
+            Some(format!("{reason} happened").as_str())
+        );
+        // The shape a Job's podFailurePolicy `onPodConditions` matches.
+        let value = serde_json::to_value(condition).unwrap();
+        assert_eq!(value["type"], "DisruptionTarget");
+        assert_eq!(value["status"], "True");
+        // And the write carries it (the patch sends only the conditions the controller writes).
+        let Patch::Strategic(body) = patch(&pod(), &status) else {
+            panic!("not a strategic merge patch");
+        };
+        assert!(
+            body["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["type"] == "DisruptionTarget" && c["reason"] == reason),
+            "{body}"
+        );
+    }
+    for reason in ["RunPodError", "ProvisioningTimeout", "DeadlineExceeded"] {
+        let status = failed(reason);
+        assert!(
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .all(|c| c.type_ != "DisruptionTarget"),
+            "{reason} is the pod's own failure"
+        );
+    }
 }

@@ -20,6 +20,9 @@ pub const OUTBID: &str = "Outbid";
 /// The condition's reason when the cloud lost or removed the instance (host gone, removed
 /// outside runpod-kubelet, stopped by the cloud).
 pub const CLOUD_INSTANCE_LOST: &str = "CloudInstanceLost";
+/// The price class under which a Vast.ai node publishes what a bid costs (beside its
+/// on-demand prices, which have no class): only a pod that opted in is compared at it.
+pub const BID_CLASS: &str = "INTERRUPTIBLE";
 /// How long the machine of a lost instance is avoided for the next placement of its pod (and of
 /// the pods its owner makes next).
 pub const AVOID_MACHINE_FOR: Duration = Duration::from_secs(30 * 60);

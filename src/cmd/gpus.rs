@@ -96,6 +96,7 @@ async fn catalogue(args: GpusArgs) -> anyhow::Result<()> {
             sheet.merge(runpod_kubelet::vastai::prices::price_sheet(
                 &offers,
                 query.disk_gb,
+                query.interruptible.is_some(),
             ));
         }
         unknown.insert(Cloud::VastAi, sheet.unknown_gpus);

@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 
 use runpod_contract::gpus::{self, GpuPrices};
+use runpod_contract::interruptible::{BID_CLASS, bid_for};
 use runpod_contract::provider::Cloud;
 
 use super::model::Offer;
@@ -15,7 +16,9 @@ use crate::provider::PriceSheet;
 const MONTH_HOURS: f64 = 720.0;
 
 /// The price sheet of the offers a search returned, with `disk_gb` priced into their totals.
-pub fn price_sheet(offers: &[Offer], disk_gb: u32) -> PriceSheet {
+/// `bids`: a bid search's rows, published as what a bid costs (a tenth over the minimum) under
+/// [`BID_CLASS`].
+pub fn price_sheet(offers: &[Offer], disk_gb: u32, bids: bool) -> PriceSheet {
     let mut observations = Vec::new();
     let mut unknown = BTreeSet::new();
     let mut storage: Option<f64> = None;
@@ -45,13 +48,20 @@ pub fn price_sheet(offers: &[Offer], disk_gb: u32) -> PriceSheet {
         if let Some(per_gb_hour) = disk {
             storage = Some(storage.map_or(per_gb_hour, |s| s.min(per_gb_hour)));
         }
-        let base = offer
-            .dph_base
-            .unwrap_or_else(|| offer.dph_total - disk.unwrap_or(0.0) * f64::from(disk_gb));
+        let base = if bids {
+            match offer.min_bid.and_then(|min| bid_for(min, None)) {
+                Some(bid) => bid,
+                None => continue,
+            }
+        } else {
+            offer
+                .dph_base
+                .unwrap_or_else(|| offer.dph_total - disk.unwrap_or(0.0) * f64::from(disk_gb))
+        };
         observations.push((
             model.name,
             offer.num_gpus,
-            None,
+            bids.then_some(BID_CLASS),
             base / f64::from(offer.num_gpus),
         ));
     }
@@ -87,6 +97,7 @@ mod tests {
                 offer("RTX 4060 Ti", 1, 8_188.0, 0.05),
             ],
             20,
+            false,
         );
         let text = sheet.prices.format();
         assert!(text.contains("H100x1=1.9"), "{text}");
@@ -108,7 +119,21 @@ mod tests {
         let mut total_only = offer("L4", 1, 23_034.0, 0.0);
         total_only.dph_base = None;
         total_only.dph_total = 0.3 + 0.0002 * 20.0;
-        let sheet = price_sheet(&[total_only], 20);
+        let sheet = price_sheet(&[total_only], 20, false);
         assert_eq!(sheet.prices.format(), "storage=0.0002,L4x1=0.3");
+    }
+
+    #[test]
+    fn a_bid_search_publishes_what_a_bid_costs_under_its_class() {
+        let mut cheap = offer("RTX 4090", 1, 24_564.0, 0.2);
+        cheap.min_bid = Some(0.2);
+        let mut unpriced = offer("H100 SXM", 1, 81_559.0, 1.0);
+        unpriced.min_bid = None;
+        let sheet = price_sheet(&[cheap.clone(), unpriced], 20, true);
+        let text = sheet.prices.format();
+        assert!(text.contains("RTX4090x1:INTERRUPTIBLE=0.22"), "{text}");
+        assert!(!text.contains("H100"), "no minimum bid, no price: {text}");
+        let on_demand = price_sheet(&[cheap], 20, false).prices.format();
+        assert!(!on_demand.contains("INTERRUPTIBLE"), "{on_demand}");
     }
 }

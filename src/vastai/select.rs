@@ -139,7 +139,13 @@ impl OfferQuery {
             .map(|bounds| tier(bounds[0], bounds[1]))
             .filter(|query| !query.gpu_names.is_empty())
             .collect();
+        // What a bid costs, for pods that opted in (any GPU, as the last search).
+        let bids = OfferQuery {
+            interruptible: Some(Interruptible { max_bid: None }),
+            ..base.clone()
+        };
         searches.push(base);
+        searches.push(bids);
         searches
     }
 
@@ -492,7 +498,7 @@ mod tests {
         let policy =
             VastPolicy::from_flags(&["Europe".into()], &[], false, true, 0.98, Some(0.5)).unwrap();
         let searches = OfferQuery::price_searches(&policy);
-        assert_eq!(searches.len(), 5, "{searches:?}");
+        assert_eq!(searches.len(), 6, "{searches:?}");
         let tier_of = |name: &str| {
             searches
                 .iter()
@@ -518,8 +524,17 @@ mod tests {
             );
         }
         assert!(
-            searches[4].gpu_names.is_empty(),
-            "the last one sees every GPU"
+            searches[4].gpu_names.is_empty() && searches[4].interruptible.is_none(),
+            "the on-demand one that sees every GPU"
+        );
+        assert!(
+            searches[5].gpu_names.is_empty() && searches[5].body()["type"] == "bid",
+            "bids last, every GPU"
+        );
+        assert!(
+            searches[..5]
+                .iter()
+                .all(|q| q.body()["type"] == "on-demand")
         );
     }
 

@@ -33,7 +33,7 @@ pub fn sides(
                 fits: prices
                     .get(cloud)
                     .filter(|published| !published.is_empty())
-                    .map(|published| published.cheapest_fit(&need, cap)),
+                    .map(|published| cheapest_fit(published, &need, cap)),
                 cap,
             }
         })
@@ -73,7 +73,21 @@ pub fn fits_on(
         Cloud::RunPod => runpod_need(effective, gpus, config),
         Cloud::VastAi => vastai_need(effective, gpus, config),
     };
-    prices.cheapest_fit(&need, cap)
+    cheapest_fit(prices, &need, cap)
+}
+
+/// The cheapest fit at the need's price class; an interruptible pod whose node has published
+/// no bid price yet is judged at the on-demand price (it would never pay more).
+fn cheapest_fit(prices: &GpuPrices, need: &Need, cap: Option<f64>) -> crate::gpus::Fits {
+    let fits = prices.cheapest_fit(need, cap);
+    if need.class.as_deref() == Some(crate::interruptible::BID_CLASS) && fits.cheapest.is_none() {
+        let on_demand = Need {
+            class: None,
+            ..need.clone()
+        };
+        return prices.cheapest_fit(&on_demand, cap);
+    }
+    fits
 }
 
 /// What RunPod would place: `runpod.io/gpu-types`, `-required-gpu-memory`, the cloud class
@@ -119,7 +133,10 @@ fn vastai_need(
                 gpu_types: wanted.gpu_names,
                 min_memory_gb: wanted.min_gpu_memory_gb,
                 gpu_count: wanted.gpu_count,
-                class: None,
+                // Bid prices are compared only for a pod that opted in.
+                class: wanted
+                    .interruptible
+                    .map(|_| crate::interruptible::BID_CLASS.to_owned()),
                 disk_gb: wanted.disk_gb.unwrap_or(VASTAI_DEFAULT_DISK_GB),
             },
             wanted.max_price_per_hour,
@@ -174,4 +191,41 @@ pub fn runpod_annotations(effective: &checks::Effective<'_>) -> Vec<(&'static st
         written.push((contract::REQUIRED_GPU_MEMORY, memory.to_string()));
     }
     written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn only_a_pod_that_opted_in_is_priced_at_a_bid() {
+        let config = PolicyConfig::default();
+        let both = GpuPrices::parse("RTX4090x1=0.4,RTX4090x1:INTERRUPTIBLE=0.22");
+        let price = |pairs: &[(&str, &str)], prices: &GpuPrices| {
+            price_on(Cloud::VastAi, &annotations(pairs), 1, &config, prices)
+                .0
+                .map(|fit| fit.per_hour)
+        };
+        assert_eq!(price(&[], &both), Some(0.4), "on-demand");
+        assert_eq!(
+            price(&[(crate::interruptible::INTERRUPTIBLE, "true")], &both),
+            Some(0.22)
+        );
+        // No bid price published yet: judged at the on-demand price, never at none.
+        let on_demand_only = GpuPrices::parse("RTX4090x1=0.4");
+        assert_eq!(
+            price(
+                &[(crate::interruptible::INTERRUPTIBLE, "true")],
+                &on_demand_only
+            ),
+            Some(0.4)
+        );
+    }
 }

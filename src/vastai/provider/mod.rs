@@ -91,7 +91,11 @@ impl VastaiProvider {
                 Ok(offers) => {
                     let sheet = PriceSheet {
                         fetched_at: Some(Timestamp::now().as_second()),
-                        ..crate::vastai::prices::price_sheet(&offers, query.disk_gb)
+                        ..crate::vastai::prices::price_sheet(
+                            &offers,
+                            query.disk_gb,
+                            query.interruptible.is_some(),
+                        )
                     };
                     let mut tiers = self.prices.lock().unwrap_or_else(PoisonError::into_inner);
                     if tiers.len() <= tier {

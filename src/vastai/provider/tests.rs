@@ -120,13 +120,13 @@ fn prices_are_per_gpu() {
             "num_gpus": num_gpus, "dph_total": dph_total}))
         .unwrap()
     };
-    let sheet = crate::vastai::prices::price_sheet(&[offer(2, 0.6), offer(1, 0.4)], 20);
+    let sheet = crate::vastai::prices::price_sheet(&[offer(2, 0.6), offer(1, 0.4)], 20, false);
     assert_eq!(
         sheet.prices.lowest_per_class("ANY"),
         [("ANY".to_owned(), 0.3)]
     );
     assert!(
-        crate::vastai::prices::price_sheet(&[], 20)
+        crate::vastai::prices::price_sheet(&[], 20, false)
             .prices
             .is_empty()
     );

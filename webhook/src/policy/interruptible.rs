@@ -121,23 +121,37 @@ pub(super) fn judge(
             provider::PROVIDER
         )));
     }
-    let on_demand = prices
-        .get(&Cloud::VastAi)
-        .map(|published| {
-            runpod_contract::gpus::pod_price::fits_on(
-                Cloud::VastAi,
-                effective,
-                gpus,
-                config,
-                published,
-            )
-        })
-        .and_then(|fits| fits.cheapest)
-        .map(|fit| format!(", where on-demand starts at {:.3} USD/h", fit.per_hour))
+    // What the node publishes: a bid's price for this pod, and the on-demand one beside it.
+    let published = prices.get(&Cloud::VastAi);
+    let mut values = effective.values();
+    values.insert(INTERRUPTIBLE.to_owned(), "true".to_owned());
+    let cheapest = |values: &BTreeMap<String, String>| {
+        published
+            .and_then(|published| {
+                let effective = Effective::resolve(values, None);
+                runpod_contract::gpus::pod_price::fits_on(
+                    Cloud::VastAi,
+                    &effective,
+                    gpus,
+                    config,
+                    published,
+                )
+                .cheapest
+            })
+            .map(|fit| fit.per_hour)
+    };
+    let bid_from = cheapest(&values);
+    values.remove(INTERRUPTIBLE);
+    values.remove(interruptible::BID_PER_HOUR);
+    let on_demand = cheapest(&values)
+        .map(|price| format!(", where on-demand starts at {price:.3} USD/h"))
+        .unwrap_or_default();
+    let from = bid_from
+        .map(|price| format!(" from {price:.3} USD/h"))
         .unwrap_or_default();
     let bid = match asked.max_bid {
-        Some(ceiling) => format!("at most {ceiling} USD/h"),
-        None => "a tenth over each machine's minimum bid".to_owned(),
+        Some(ceiling) => format!("bids{from}, at most {ceiling} USD/h"),
+        None => format!("bids{from}, a tenth over each machine's minimum bid"),
     };
     Ok(Judged::Bid {
         warning: format!(
@@ -190,6 +204,10 @@ mod tests {
         };
         assert!(!write_flag);
         assert!(warning.contains("at most 0.3 USD/h"), "{warning}");
+        assert!(
+            !warning.contains("on-demand starts"),
+            "nothing published: {warning}"
+        );
         assert!(warning.contains("DisruptionTarget"), "{warning}");
         let Ok(Judged::Bid { write_flag, .. }) =
             judged(&[], &[(INTERRUPTIBLE, "true")], Cloud::VastAi, false)
@@ -232,5 +250,33 @@ mod tests {
         );
         let problem = judged(&[], &[(INTERRUPTIBLE, "yes")], Cloud::VastAi, false).unwrap_err();
         assert!(problem.contains("namespace label"), "{problem}");
+    }
+
+    #[test]
+    fn the_warning_shows_the_bid_beside_the_on_demand_price() {
+        let annotations: BTreeMap<String, String> =
+            [(INTERRUPTIBLE.to_owned(), "true".to_owned())].into();
+        let effective = Effective::resolve(&annotations, None);
+        let prices: BTreeMap<Cloud, GpuPrices> = [(
+            Cloud::VastAi,
+            GpuPrices::parse("RTX4090x1=0.4,RTX4090x1:INTERRUPTIBLE=0.22"),
+        )]
+        .into();
+        let Ok(Judged::Bid { warning, .. }) = judge(
+            &effective,
+            &BTreeMap::new(),
+            Cloud::VastAi,
+            false,
+            1,
+            &PolicyConfig::default(),
+            &prices,
+        ) else {
+            panic!("not a bid");
+        };
+        assert!(warning.contains("bids from 0.220 USD/h"), "{warning}");
+        assert!(
+            warning.contains("on-demand starts at 0.400 USD/h"),
+            "{warning}"
+        );
     }
 }

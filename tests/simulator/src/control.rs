@@ -3,6 +3,7 @@
 //!
 //! - `GET /_sim/healthz` → `{"status":"ok"}`
 //! - `GET /_sim/ledger` → `[LedgerEntry]` (timestamps RFC 3339)
+//! - `GET /_sim/volumes` → `[VolumeEntry]`: every network volume ever created, with its bill
 //! - `GET /_sim/exchanges` → `[Exchange]`
 //! - `POST /_sim/faults` with a `Fault` → 204; `DELETE /_sim/faults` → 204
 //! - `POST /_sim/pods/{id}/status` with `{"status":"EXITED"}` → the pod JSON, 404 if unknown
@@ -26,7 +27,7 @@ use crate::lifecycle::{self, Events};
 use crate::logs::LogSource;
 use crate::pods::PodStatus;
 use crate::reply::Reply;
-use crate::state::Shared;
+use crate::state::{Shared, World};
 
 pub(crate) fn router() -> Router<Arc<Shared>> {
     Router::new()
@@ -35,6 +36,7 @@ pub(crate) fn router() -> Router<Arc<Shared>> {
             get(|| async { Reply::json(200, json!({"status": "ok"})) }),
         )
         .route("/ledger", get(ledger_handler))
+        .route("/volumes", get(volumes_handler))
         .route("/exchanges", get(exchanges_handler))
         .route("/faults", post(add_fault).delete(clear_faults_handler))
         .route("/pods/{id}/status", post(status_handler))
@@ -82,6 +84,13 @@ fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Box<Response>> {
 
 async fn ledger_handler(State(shared): State<Arc<Shared>>) -> Response {
     match serde_json::to_value(ledger(&shared)) {
+        Ok(value) => Reply::json(200, value).into_response(),
+        Err(e) => Reply::problem(500, e.to_string()).into_response(),
+    }
+}
+
+async fn volumes_handler(State(shared): State<Arc<Shared>>) -> Response {
+    match serde_json::to_value(shared.with_world(World::volume_ledger)) {
         Ok(value) => Reply::json(200, value).into_response(),
         Err(e) => Reply::problem(500, e.to_string()).into_response(),
     }

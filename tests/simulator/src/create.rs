@@ -116,11 +116,14 @@ impl From<Reply> for Refusal {
 
 /// Checks the body and places the pod, without changing anything. `Ok` carries the `Capacity`
 /// faults that fired (data centres skipped before the chosen one).
+/// `volume_dc`: the data centre of the network volume the body mounts (checked by the caller),
+/// where the pod must run.
 pub(crate) fn plan(
     scenario: &Scenario,
     spec: &SpecValidator,
     faults: &FaultSet,
     body: &[u8],
+    volume_dc: Option<&str>,
 ) -> Result<(Plan, Vec<usize>), Refusal> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| Reply::problem(400, format!("request body is not valid JSON: {e}")))?;
@@ -181,10 +184,26 @@ pub(crate) fn plan(
         level.copied().unwrap_or(Availability::None)
     };
 
-    let candidates: Vec<String> = match req.data_center_ids.as_deref() {
+    let mut candidates: Vec<String> = match req.data_center_ids.as_deref() {
         Some(ids) if !ids.is_empty() => ids.to_vec(),
         _ => scenario.data_centers.iter().map(|d| d.id.clone()).collect(),
     };
+    // A network volume is in one data centre: the pod runs there, on Secure Cloud, or nowhere.
+    if let Some(volume_dc) = volume_dc {
+        if !candidates.iter().any(|dc| dc == volume_dc) {
+            return Err(Reply::problem(
+                400,
+                format!(
+                    "the network volume is in {volume_dc}, which dataCenterIds does not include"
+                ),
+            )
+            .into());
+        }
+        if cloud != "SECURE" {
+            return Err(Reply::problem(400, "network volumes need cloudType SECURE").into());
+        }
+        candidates = vec![volume_dc.to_owned()];
+    }
     let mut fired = Vec::new();
     let mut chosen = None;
     for id in candidates {

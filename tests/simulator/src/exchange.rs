@@ -29,11 +29,21 @@ pub enum Operation {
     ListDataCenters,
     #[serde(rename = "getDataCenter", alias = "GetDataCenter")]
     GetDataCenter,
+    #[serde(rename = "listNetworkVolumes")]
+    ListNetworkVolumes,
+    #[serde(rename = "createNetworkVolume")]
+    CreateNetworkVolume,
+    #[serde(rename = "getNetworkVolume")]
+    GetNetworkVolume,
+    #[serde(rename = "updateNetworkVolume")]
+    UpdateNetworkVolume,
+    #[serde(rename = "deleteNetworkVolume")]
+    DeleteNetworkVolume,
 }
 
 impl Operation {
     /// Every operation, in spec order.
-    pub const ALL: [Operation; 11] = [
+    pub const ALL: [Operation; 16] = [
         Operation::ListPods,
         Operation::CreatePod,
         Operation::GetPod,
@@ -45,6 +55,11 @@ impl Operation {
         Operation::GetGpuType,
         Operation::ListDataCenters,
         Operation::GetDataCenter,
+        Operation::ListNetworkVolumes,
+        Operation::CreateNetworkVolume,
+        Operation::GetNetworkVolume,
+        Operation::UpdateNetworkVolume,
+        Operation::DeleteNetworkVolume,
     ];
 
     /// The spec's `operationId`, e.g. `"createPod"`.
@@ -61,6 +76,11 @@ impl Operation {
             Operation::GetGpuType => "getGpuType",
             Operation::ListDataCenters => "listDataCenters",
             Operation::GetDataCenter => "getDataCenter",
+            Operation::ListNetworkVolumes => "listNetworkVolumes",
+            Operation::CreateNetworkVolume => "createNetworkVolume",
+            Operation::GetNetworkVolume => "getNetworkVolume",
+            Operation::UpdateNetworkVolume => "updateNetworkVolume",
+            Operation::DeleteNetworkVolume => "deleteNetworkVolume",
         }
     }
 

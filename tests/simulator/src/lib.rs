@@ -40,9 +40,11 @@ mod ssh;
 mod ssh_forward;
 mod state;
 mod timefmt;
+mod volumes;
 
 pub use exchange::{Exchange, Operation};
 pub use faults::{Effect, Fault, Match};
 pub use ledger::{LedgerEntry, duplicate_names, live_pods};
 pub use pods::{PodStatus, SIM_CPU_UTIL, SIM_GPU_MEM_UTIL, SIM_GPU_UTIL, SIM_MEM_UTIL};
 pub use server::{Simulator, SimulatorHandle};
+pub use volumes::VolumeEntry;

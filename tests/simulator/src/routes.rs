@@ -21,6 +21,7 @@ use crate::query::Query;
 use crate::ratelimit::Decision;
 use crate::reply::Reply;
 use crate::state::{Shared, World};
+use crate::volumes;
 
 /// Request bodies above this are refused with 413.
 const MAX_BODY: usize = 1 << 20;
@@ -58,6 +59,11 @@ enum Route {
     GetGpuType(String),
     ListDataCenters,
     GetDataCenter(String),
+    ListVolumes,
+    CreateVolume,
+    GetVolume(String),
+    UpdateVolume(String),
+    DeleteVolume(String),
     MethodNotAllowed(&'static str),
     NotFound,
 }
@@ -91,6 +97,17 @@ impl Route {
                     Route::MethodNotAllowed("GET")
                 }
             }
+            ["network-volumes"] => match *method {
+                Method::GET => Route::ListVolumes,
+                Method::POST => Route::CreateVolume,
+                _ => Route::MethodNotAllowed("GET, POST"),
+            },
+            ["network-volumes", volume] if !volume.is_empty() => match *method {
+                Method::GET => Route::GetVolume(id(volume)),
+                Method::PATCH => Route::UpdateVolume(id(volume)),
+                Method::DELETE => Route::DeleteVolume(id(volume)),
+                _ => Route::MethodNotAllowed("GET, PATCH, DELETE"),
+            },
             ["catalog", "gpus"] if get => Route::ListGpuTypes,
             ["catalog", "gpus", gpu] if get && !gpu.is_empty() => Route::GetGpuType(id(gpu)),
             ["catalog", "datacenters"] if get => Route::ListDataCenters,
@@ -116,6 +133,11 @@ impl Route {
             Route::GetGpuType(_) => Operation::GetGpuType,
             Route::ListDataCenters => Operation::ListDataCenters,
             Route::GetDataCenter(_) => Operation::GetDataCenter,
+            Route::ListVolumes => Operation::ListNetworkVolumes,
+            Route::CreateVolume => Operation::CreateNetworkVolume,
+            Route::GetVolume(_) => Operation::GetNetworkVolume,
+            Route::UpdateVolume(_) => Operation::UpdateNetworkVolume,
+            Route::DeleteVolume(_) => Operation::DeleteNetworkVolume,
             Route::MethodNotAllowed(_) | Route::NotFound => return None,
         })
     }
@@ -345,6 +367,15 @@ fn handle(
         Route::GetGpuType(id) => catalog::get_gpu(scenario, id, &query),
         Route::ListDataCenters => catalog::list_data_centers(scenario, &query),
         Route::GetDataCenter(id) => catalog::get_data_center(scenario, id, &query),
+        Route::ListVolumes => shared.with_world(|w| volumes::list(w)),
+        Route::CreateVolume => {
+            let data_centers: Vec<String> =
+                scenario.data_centers.iter().map(|d| d.id.clone()).collect();
+            shared.with_world(|w| volumes::create(w, &data_centers, body))
+        }
+        Route::GetVolume(id) => shared.with_world(|w| volumes::get(w, id)),
+        Route::UpdateVolume(id) => shared.with_world(|w| volumes::update(w, id, body)),
+        Route::DeleteVolume(id) => shared.with_world(|w| volumes::delete(w, id)),
         Route::MethodNotAllowed(allow) => {
             Reply::problem(405, "The requested method is not allowed for this path.")
                 .header("allow", *allow)
@@ -365,7 +396,21 @@ fn handle(
 fn handle_create(shared: &Arc<Shared>, body: &[u8]) -> (Reply, Duration) {
     let hints = CreateHints::from_body(body);
     shared.with_world(|world| {
-        let planned = create::plan(&shared.scenario, shared.spec, &world.faults, body);
+        let mounts = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|value| value.get("mounts").cloned())
+            .unwrap_or_default();
+        let volume_dc = match volumes::check_mount(world, &mounts) {
+            Ok(dc) => dc,
+            Err(reply) => return (reply, Duration::ZERO),
+        };
+        let planned = create::plan(
+            &shared.scenario,
+            shared.spec,
+            &world.faults,
+            body,
+            volume_dc.as_deref(),
+        );
         let data_center_id = planned
             .as_ref()
             .ok()

@@ -117,6 +117,11 @@ impl SimulatorHandle {
     }
 
     /// Every pod ever created, in creation order.
+    /// Every network volume ever created, with its bill so far.
+    pub fn volumes(&self) -> Vec<crate::volumes::VolumeEntry> {
+        self.shared.with_world(crate::state::World::volume_ledger)
+    }
+
     pub fn ledger(&self) -> Vec<LedgerEntry> {
         control::ledger(&self.shared)
     }

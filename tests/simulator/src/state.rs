@@ -58,6 +58,8 @@ pub(crate) struct World {
     pub rng: fastrand::Rng,
     /// Set when log followers should look again (a line was added, a pod terminated).
     dirty: bool,
+    /// Every network volume ever created (deleted ones stay, for the ledger).
+    pub volumes: Vec<crate::volumes::VolumeRecord>,
 }
 
 impl World {
@@ -72,6 +74,7 @@ impl World {
             logs: LogStore::default(),
             rng: fastrand::Rng::new(),
             dirty: false,
+            volumes: Vec::new(),
         }
     }
 

@@ -12,3 +12,4 @@ mod faults;
 mod ledger_and_scenario;
 mod lifecycle;
 mod logs;
+mod volumes;

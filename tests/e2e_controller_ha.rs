@@ -336,6 +336,7 @@ async fn drain_with_the_leader_running(
         env,
         args: None,
         registry: None,
+        mounts: None,
     };
     let untagged = runpod
         .create_pod_once(&foreign("untagged", BTreeMap::new()))

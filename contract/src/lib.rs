@@ -18,5 +18,6 @@ pub mod provider;
 pub mod quantity;
 pub mod teams;
 pub mod vastai;
+pub mod volumes;
 
 pub use annotations::*;

@@ -145,6 +145,8 @@ pub struct PortView {
 #[serde(rename_all = "camelCase")]
 pub struct MountView {
     #[serde(default)]
+    pub name: String,
+    #[serde(default)]
     pub mount_path: String,
 }
 
@@ -252,6 +254,15 @@ pub struct VolumeView {
     pub projected: Option<ProjectedView>,
     /// The first other source, by its key as the user wrote it (`hostPath`, `nfs`...).
     pub other_source: Option<String>,
+    /// The claim of a `persistentVolumeClaim` volume (judged by its StorageClass).
+    pub claim: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ClaimSource {
+    #[serde(default)]
+    claim_name: String,
 }
 
 /// A projected volume's sources.
@@ -353,6 +364,11 @@ impl<'de> Visitor<'de> for VolumeVisitor {
                         volume.projected = Some(projected);
                     }
                 }
+                VolumeKey::Claim => {
+                    if let Some(claim) = map.next_value::<Option<ClaimSource>>()? {
+                        volume.claim = Some(claim.claim_name);
+                    }
+                }
                 VolumeKey::Other(kind) => {
                     if map.next_value::<Option<IgnoredAny>>()?.is_some() {
                         volume.other_source.get_or_insert(kind);
@@ -368,6 +384,7 @@ enum VolumeKey {
     Name,
     Simple,
     Projected,
+    Claim,
     Other(String),
 }
 
@@ -391,6 +408,7 @@ impl Visitor<'_> for VolumeKeyVisitor {
             "name" => VolumeKey::Name,
             "configMap" | "secret" | "emptyDir" | "downwardAPI" => VolumeKey::Simple,
             "projected" => VolumeKey::Projected,
+            "persistentVolumeClaim" => VolumeKey::Claim,
             other => VolumeKey::Other(other.to_owned()),
         })
     }

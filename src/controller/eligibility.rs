@@ -289,10 +289,10 @@ mod tests {
                 Some(("CannotRunOnRunPod", true)),
             ),
             (
-                "a PVC in a ReplicaSet pod: kept Pending, no churn",
+                "an NFS volume in a ReplicaSet pod: kept Pending, no churn",
                 {
                     let mut p = pod(json!({"spec": {"volumes": [{"name": "v",
-                        "persistentVolumeClaim": {"claimName": "c"}}]}}));
+                        "nfs": {"server": "s", "path": "/"}}]}}));
                     p.metadata.owner_references =
                         pod(owned_by("ReplicaSet")).metadata.owner_references;
                     p

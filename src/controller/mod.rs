@@ -21,6 +21,7 @@ pub mod ops;
 pub mod pods;
 pub mod probes;
 pub mod shell;
+pub mod storage;
 pub mod usage;
 
 use std::sync::Arc;
@@ -247,6 +248,7 @@ async fn lead<P: Provider>(
     ));
     tasks.spawn(offload::run(shared.clone(), offload, fence.clone()));
     tasks.spawn(network::run(shared.clone(), store.clone()));
+    tasks.spawn(storage::run(shared.clone()));
     if let Some(owner) = settings.owner_deployment.clone() {
         tasks.spawn(node::removal::hold(
             client.clone(),

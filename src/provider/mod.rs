@@ -12,12 +12,14 @@ use k8s_openapi::jiff::Timestamp;
 mod instance;
 pub mod metrics;
 pub mod request;
+mod volumes;
 
 pub use instance::{
     Disruption, Endpoint, Ends, GpuUsage, Instance, InstanceOrigin, InstanceState, SshAddress,
     Tags, Usage,
 };
 pub use request::ProvisionRequest;
+pub use volumes::{NetworkVolume, VolumeMount, VolumeRequest};
 
 /// Env tags on every instance we create (the cloud's env or label), so instances can be
 /// matched back to the cluster, node and Kubernetes pod (and orphans found) without trusting
@@ -367,6 +369,51 @@ pub trait Provider: Send + Sync + 'static {
     /// Prices per GPU type from the provider's cached catalogue or last price search; empty
     /// until the first one.
     fn price_sheet(&self) -> PriceSheet;
+
+    /// Whether this cloud sells network volumes (PersistentVolumeClaims of this project's
+    /// StorageClass); the volume calls below answer only where it does.
+    fn network_volumes(&self) -> bool {
+        false
+    }
+
+    /// Where a claim's volume goes when its class names no datacenter.
+    fn default_volume_datacenter(&self) -> Option<String> {
+        None
+    }
+
+    /// Every network volume of the account.
+    fn list_volumes(
+        &self,
+    ) -> impl Future<Output = Result<Vec<NetworkVolume>, ProviderError>> + Send {
+        async { Err(no_volumes()) }
+    }
+
+    /// Creates one network volume, once: a lost answer is settled by listing by name.
+    fn create_volume(
+        &self,
+        _request: &VolumeRequest,
+    ) -> impl Future<Output = Result<NetworkVolume, ProviderError>> + Send {
+        async { Err(no_volumes()) }
+    }
+
+    /// Grows a volume to `size_gb` (never shrinks).
+    fn resize_volume(
+        &self,
+        _id: &str,
+        _size_gb: u32,
+    ) -> impl Future<Output = Result<NetworkVolume, ProviderError>> + Send {
+        async { Err(no_volumes()) }
+    }
+
+    /// Deletes a volume; `Ok(false)` when it was gone already. Refused while an instance
+    /// mounts it.
+    fn delete_volume(&self, _id: &str) -> impl Future<Output = Result<bool, ProviderError>> + Send {
+        async { Err(no_volumes()) }
+    }
+}
+
+fn no_volumes() -> ProviderError {
+    ProviderError::Unavailable("this cloud sells no network volumes".to_owned())
 }
 
 #[cfg(test)]

@@ -22,6 +22,9 @@ pub struct ProvisionRequest<'a> {
     /// Machines not to place the pod on (where its or its owner's instance was lost lately),
     /// for clouds that let the buyer choose the machine.
     pub avoided_machines: &'a [String],
+    /// The network volume the pod mounts (a claim of this project's StorageClass), which pins
+    /// it to the volume's datacenter.
+    pub network_volume: Option<&'a super::VolumeMount>,
 }
 
 impl<'a> ProvisionRequest<'a> {
@@ -68,6 +71,9 @@ pub struct Volumes {
     /// pod has them, and none needs them to run, so a cloud writes them where it writes files
     /// for this pod anyway and leaves them out where it cannot (never refusing a pod for them).
     pub service_account: Vec<MountedFile>,
+    /// PersistentVolumeClaims the container mounts: (claim name, mount path). The controller
+    /// turns one of this project's StorageClass into the instance's network volume.
+    pub claims: Vec<(String, String)>,
 }
 
 impl Volumes {

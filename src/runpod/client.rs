@@ -262,7 +262,7 @@ impl RunPodClient {
     }
 
     /// An idempotent request with retries for 429, 5xx and timeouts.
-    async fn send(
+    pub(crate) async fn send(
         &self,
         operation: &'static str,
         priority: Priority,
@@ -296,7 +296,7 @@ impl RunPodClient {
         }
     }
 
-    fn decode<T: DeserializeOwned>(answer: &Answer) -> Result<T, ApiError> {
+    pub(crate) fn decode<T: DeserializeOwned>(answer: &Answer) -> Result<T, ApiError> {
         serde_json::from_slice(&answer.body).map_err(|e| ApiError::Decode {
             status: answer.status.as_u16(),
             message: e.to_string(),

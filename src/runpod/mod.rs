@@ -16,4 +16,5 @@ pub mod placement;
 pub mod provider;
 pub mod select;
 pub mod translate;
+pub mod volumes;
 pub mod wrapper;

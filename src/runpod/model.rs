@@ -204,6 +204,9 @@ pub struct CreatePodRequest {
     pub args: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub registry: Option<String>,
+    /// `{"network": [{"volumeId", "path"}]}`: the one network volume the pod mounts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mounts: Option<serde_json::Value>,
 }
 
 /// Env for `Debug`: names with redacted values.
@@ -267,6 +270,7 @@ impl std::fmt::Debug for CreatePodRequest {
             .field("env", &RedactedEnv(&self.env))
             .field("args", &RedactedArgs(&self.args))
             .field("registry", &self.registry)
+            .field("mounts", &self.mounts)
             .finish()
     }
 }
@@ -381,6 +385,7 @@ mod tests {
             env: BTreeMap::from([("TOKEN".into(), secret.into())]),
             args: Some(args.clone()),
             registry: None,
+            mounts: None,
         };
         let update = UpdatePodRequest {
             args: Some(args.clone()),
@@ -415,6 +420,7 @@ mod tests {
             env: BTreeMap::new(),
             args: None,
             registry: None,
+            mounts: None,
         };
         let json = serde_json::to_value(&request).unwrap();
         assert_eq!(

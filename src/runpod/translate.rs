@@ -204,6 +204,7 @@ pub fn create_request(
         env,
         args,
         registry: annotation(REGISTRY_AUTH_ID),
+        mounts: None,
     })
 }
 

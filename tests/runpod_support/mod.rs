@@ -38,5 +38,6 @@ pub fn request_for(name: &str) -> impl Fn(&Candidate) -> CreatePodRequest + use<
         env: BTreeMap::from([("A".to_owned(), "1".to_owned())]),
         args: Some("python train.py".to_owned()),
         registry: None,
+        mounts: None,
     }
 }

@@ -66,9 +66,16 @@ async fn lookup_context<C: ClusterView>(
     } else {
         None
     };
+    let mut claim_provisioners = BTreeMap::new();
+    for claim in runpod_contract::checks::claims(&creation.pod) {
+        if let Some(provisioner) = cluster.claim_provisioner(&creation.namespace, claim).await {
+            claim_provisioners.insert(claim.to_owned(), provisioner);
+        }
+    }
     Ok(Context {
         namespace_labels,
         job,
+        claim_provisioners,
         cheapest_gpu_price: cluster.cheapest_gpu_prices(),
         gpu_prices: cluster.gpu_prices(),
         namespace_annotations,

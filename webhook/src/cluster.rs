@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -69,6 +70,15 @@ pub trait ClusterView: Send + Sync + 'static {
     /// Each virtual node of ours: its cloud and the namespaces it lists.
     fn served(&self) -> Vec<(Cloud, Served)> {
         Vec::new()
+    }
+    /// The provisioner of the StorageClass of claim `name` in `namespace`; `None` when the
+    /// claim or its class cannot be read.
+    fn claim_provisioner(
+        &self,
+        _namespace: &str,
+        _name: &str,
+    ) -> impl Future<Output = Option<String>> + Send {
+        async { None }
     }
     /// What a namespace spends now per its budget ledger, when it can be read (only feeds a
     /// warning, so it never blocks a review).
@@ -260,6 +270,22 @@ impl ClusterView for KubeCluster {
         by_cloud
     }
 
+    /// Read directly (rare: only pods that mount a claim), each with the lookups' timeout.
+    async fn claim_provisioner(&self, namespace: &str, name: &str) -> Option<String> {
+        let claims = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace);
+        let claim = direct_get(claims.get_opt(name), || format!("claim {namespace}/{name}"))
+            .await
+            .ok()
+            .flatten()?;
+        let class = claim.spec?.storage_class_name?;
+        let classes = Api::<StorageClass>::all(self.client.clone());
+        direct_get(classes.get_opt(&class), || format!("StorageClass {class}"))
+            .await
+            .ok()
+            .flatten()
+            .map(|class| class.provisioner)
+    }
+
     async fn namespace_annotations(&self, name: &str) -> BTreeMap<String, String> {
         if let Some(namespace) = self.namespaces.get(&ObjectRef::new(name)) {
             return namespace.metadata.annotations.clone().unwrap_or_default();
@@ -426,6 +452,8 @@ pub struct MemoryCluster {
     pub served: Vec<(Cloud, Served)>,
     /// Namespace name → what its ledger says it spends.
     pub spend: BTreeMap<String, f64>,
+    /// `namespace/claim` → its StorageClass's provisioner.
+    pub claim_provisioners: BTreeMap<String, String>,
 }
 
 impl ClusterView for MemoryCluster {
@@ -486,5 +514,11 @@ impl ClusterView for MemoryCluster {
 
     async fn namespace_spend(&self, namespace: &str) -> Option<f64> {
         self.spend.get(namespace).copied()
+    }
+
+    async fn claim_provisioner(&self, namespace: &str, name: &str) -> Option<String> {
+        self.claim_provisioners
+            .get(&format!("{namespace}/{name}"))
+            .cloned()
     }
 }

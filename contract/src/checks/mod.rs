@@ -174,7 +174,19 @@ pub fn unsupported_shape(pod: &PodView) -> Vec<String> {
             contract::BURST_MODE
         ));
     }
-    if let Some(problem) = spec.containers.first().and_then(mounts_without_command) {
+    // A network volume is mounted by the cloud, not written by the wrapper.
+    let claim_volumes: Vec<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| v.claim.is_some())
+        .map(|v| v.name.as_str())
+        .collect();
+    if let Some(problem) = spec
+        .containers
+        .first()
+        .and_then(|c| mounts_without_command(c, &claim_volumes))
+    {
         problems.push(problem);
     }
     for volume in spec.volumes.iter().flatten() {
@@ -187,6 +199,51 @@ pub fn unsupported_shape(pod: &PodView) -> Vec<String> {
         }
     }
     problems
+}
+
+/// The claims of the pod's `persistentVolumeClaim` volumes, in order.
+pub fn claims(pod: &PodView) -> Vec<&str> {
+    pod.spec
+        .iter()
+        .flat_map(|spec| spec.volumes.iter().flatten())
+        .filter_map(|volume| volume.claim.as_deref())
+        .collect()
+}
+
+/// What a pod's claims allow, given each claim's StorageClass provisioner (`None`: the claim
+/// or its class cannot be found): `Ok(true)` when it mounts one RunPod network volume,
+/// `Ok(false)` when it mounts no claim; `Err` lists why it cannot burst.
+pub fn network_volume_claims(
+    pod: &PodView,
+    provisioner_of: impl Fn(&str) -> Option<String>,
+) -> Result<bool, Vec<String>> {
+    let claims = claims(pod);
+    let mut problems = Vec::new();
+    for claim in &claims {
+        match provisioner_of(claim) {
+            Some(provisioner) if provisioner == crate::volumes::PROVISIONER => {}
+            Some(provisioner) => problems.push(format!(
+                "PersistentVolumeClaim {claim:?} is provisioned by {provisioner}, which a burst                  pod cannot mount; only claims of a StorageClass of {} (the chart's {}) can",
+                crate::volumes::PROVISIONER,
+                crate::volumes::CLASS_NAME
+            )),
+            None => problems.push(format!(
+                "PersistentVolumeClaim {claim:?} (or its StorageClass) does not exist; create it                  first, with StorageClass {}",
+                crate::volumes::CLASS_NAME
+            )),
+        }
+    }
+    if claims.len() > 1 {
+        problems.push(format!(
+            "it mounts {} PersistentVolumeClaims; a RunPod pod mounts at most one network volume",
+            claims.len()
+        ));
+    }
+    if problems.is_empty() {
+        Ok(!claims.is_empty())
+    } else {
+        Err(problems)
+    }
 }
 
 /// What Vast.ai cannot run beyond [`unsupported_shape`]: its instances get no files from the
@@ -224,13 +281,20 @@ fn mounted_paths(container: &ContainerView) -> Vec<&str> {
 
 /// The controller writes mounted files from a wrapper around the container's command; a
 /// container that only runs its image's CMD cannot be wrapped, so its files would be lost.
-fn mounts_without_command(container: &ContainerView) -> Option<String> {
+fn mounts_without_command(container: &ContainerView, claim_volumes: &[&str]) -> Option<String> {
     let has_command = container.command.as_ref().is_some_and(|c| !c.is_empty())
         || container.args.as_ref().is_some_and(|a| !a.is_empty());
     if has_command {
         return None;
     }
-    let mounts = mounted_paths(container);
+    let mounts: Vec<&str> = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| m.mount_path.trim_end_matches('/') != SERVICE_ACCOUNT_MOUNT)
+        .filter(|m| !claim_volumes.contains(&m.name.as_str()))
+        .map(|m| m.mount_path.as_str())
+        .collect();
     (!mounts.is_empty()).then(|| {
         format!(
             "it mounts volumes ({}) but sets no command; on RunPod those files are written by \
@@ -243,7 +307,8 @@ fn mounts_without_command(container: &ContainerView) -> Option<String> {
 }
 
 fn unsupported_volume_kind(volume: &VolumeView) -> Option<String> {
-    if volume.simple_source {
+    // A claim is judged by its StorageClass (`network_volume_claims`), which needs a lookup.
+    if volume.simple_source || volume.claim.is_some() {
         return None;
     }
     if let Some(projected) = &volume.projected {

@@ -13,8 +13,9 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use crate::provider::{
-    CloudName, Constraints, Ends, FinalLog, Instance, LogEntries, LogEntry, LogOptions, PriceSheet,
-    Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned, ShellAccess,
+    CloudName, Constraints, Ends, FinalLog, Instance, LogEntries, LogEntry, LogOptions,
+    NetworkVolume, PriceSheet, Provider, ProviderError, ProvisionError, ProvisionRequest,
+    Provisioned, ShellAccess, VolumeRequest,
 };
 use crate::runpod::catalogue_cache::CatalogueCache;
 use crate::runpod::client::RunPodClient;
@@ -28,6 +29,7 @@ use crate::runpod::translate::{self, Origin};
 use crate::runpod::wrapper::{self, FileToWrite, Setup};
 
 mod convert;
+mod volumes;
 
 pub use convert::to_instance;
 use convert::{
@@ -203,7 +205,17 @@ impl Provider for RunPodProvider {
             .map_err(|e| ProvisionError::Rejected(e.to_string()))?;
         let cached = self.catalogue().await?;
         let all = select::candidates(&cached.catalogue, &requirements, &self.limits);
-        let candidates = self.usable(all, request.excluded_gpu_types);
+        let mut candidates = self.usable(all, request.excluded_gpu_types);
+        // A network volume is in one datacenter, on Secure Cloud: the pod runs there or waits.
+        if let Some(mount) = request.network_volume {
+            candidates = volumes::pinned(candidates, &mount.datacenter);
+            if candidates.is_empty() {
+                return Err(ProvisionError::NoCandidates(format!(
+                    "no GPU type the pod may use has Secure Cloud stock in {}, where its network                      volume {} is",
+                    mount.datacenter, mount.volume_id
+                )));
+            }
+        }
         let Some(first) = candidates.first() else {
             return Err(ProvisionError::NoCandidates(
                 "no GPU type in the RunPod catalogue satisfies the pod's requirements now \
@@ -244,6 +256,7 @@ impl Provider for RunPodProvider {
         if let Some(setup) = &setup {
             base.env.extend(setup.env.clone());
         }
+        base.mounts = request.network_volume.map(volumes::mounts);
         let post_start = container
             .lifecycle
             .as_ref()
@@ -410,6 +423,42 @@ impl Provider for RunPodProvider {
                     .map_err(provider_error)
                 }),
         )
+    }
+
+    fn network_volumes(&self) -> bool {
+        true
+    }
+
+    /// The first of the installation's datacenters (`--datacenter-ids`).
+    fn default_volume_datacenter(&self) -> Option<String> {
+        self.limits.data_center_ids.first().cloned()
+    }
+
+    async fn list_volumes(&self) -> Result<Vec<NetworkVolume>, ProviderError> {
+        let listed = self.client.list_volumes().await.map_err(provider_error)?;
+        Ok(listed.into_iter().map(volumes::from_runpod).collect())
+    }
+
+    async fn create_volume(&self, request: &VolumeRequest) -> Result<NetworkVolume, ProviderError> {
+        let made = self
+            .client
+            .create_volume_once(&volumes::create_body(request))
+            .await
+            .map_err(provider_error)?;
+        Ok(volumes::from_runpod(made))
+    }
+
+    async fn resize_volume(&self, id: &str, size_gb: u32) -> Result<NetworkVolume, ProviderError> {
+        let grown = self
+            .client
+            .resize_volume(id, size_gb)
+            .await
+            .map_err(provider_error)?;
+        Ok(volumes::from_runpod(grown))
+    }
+
+    async fn delete_volume(&self, id: &str) -> Result<bool, ProviderError> {
+        self.client.delete_volume(id).await.map_err(provider_error)
     }
 
     fn price_sheet(&self) -> PriceSheet {

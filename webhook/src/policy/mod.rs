@@ -44,6 +44,8 @@ pub struct Context {
     pub served: Vec<(Cloud, runpod_contract::teams::Served)>,
     /// What the namespace spends now (its budget ledger), when known.
     pub namespace_spend: Option<f64>,
+    /// The pod's claims → their StorageClass's provisioner (absent: not found).
+    pub claim_provisioners: BTreeMap<String, String>,
 }
 
 /// The decision for one pod.
@@ -118,7 +120,7 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     // Pinned at creation: the scheduler would bind the pod to a free local GPU within
     // milliseconds, long before the offloader could move it.
     let offload = is_true(&effective, contract::OFFLOAD);
-    let placement = if offload { BurstMode::Always } else { mode };
+    let mut placement = if offload { BurstMode::Always } else { mode };
     if gpus == 0 && placement == BurstMode::Always {
         // RunPod's v2 CPU pods are not dependable (api-notes: creates answered 501), and the
         // controller runs GPU pods only: refused here rather than Pending forever.
@@ -267,6 +269,21 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
     let mut unsupported = checks::unsupported_shape(pod);
     if cloud == Cloud::VastAi {
         unsupported.extend(checks::vastai_unsupported_shape(pod));
+    }
+    let network_volume =
+        checks::network_volume_claims(pod, |claim| context.claim_provisioners.get(claim).cloned())
+            .unwrap_or_else(|problems| {
+                unsupported.extend(problems);
+                false
+            });
+    // Its PV is the virtual node's alone: a local node could never mount it.
+    if network_volume && unsupported.is_empty() && placement != BurstMode::Always {
+        placement = BurstMode::Always;
+        warnings.push(
+            "runpod-kubelet: this pod mounts a RunPod network volume, so it runs on RunPod \
+             and never falls back to a local node"
+                .to_owned(),
+        );
     }
     // Detected ports are not the user's value: too many of them make a pod RunPod cannot run,
     // judged per mode like the other shapes (an explicit annotation was validated above).

@@ -33,7 +33,9 @@ use crate::controller::node::health::ApiHealth;
 use crate::controller::pods::inputs::env::{self, ClusterEnvSource};
 use crate::controller::pods::inputs::{pull_secrets, volumes};
 use crate::provider::request::{ResolvedEnv, Volumes};
-use crate::provider::{Provider, ProvisionError, ProvisionRequest, Provisioned, ShellAccess};
+use crate::provider::{
+    Provider, ProvisionError, ProvisionRequest, Provisioned, ShellAccess, VolumeMount,
+};
 
 /// Where the create ends: a decision for the one executor to write, or just when to look again.
 enum End {
@@ -158,6 +160,8 @@ async fn gate<P: Provider>(
 struct Inputs {
     env: ResolvedEnv,
     volumes: Volumes,
+    /// The network volume of the claim the pod mounts.
+    network_volume: Option<VolumeMount>,
     notes: Vec<Note>,
 }
 
@@ -203,6 +207,22 @@ async fn inputs<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> Step<Inputs> {
             )))));
         }
     };
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let network_volume = match crate::controller::storage::claims::mount_for(
+        &ctx.client,
+        namespace,
+        &volumes.claims,
+        ctx.provider.network_volumes(),
+    )
+    .await
+    {
+        Ok(mount) => mount,
+        Err(error) => {
+            return Ok(Break(End::Write(Box::new(gates::config_error(
+                error.to_string(),
+            )))));
+        }
+    };
     let notes = provisioned::token_not_mounted(
         &volumes.skipped,
         ctx.provider.cloud().title,
@@ -213,6 +233,7 @@ async fn inputs<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> Step<Inputs> {
     Ok(Continue(Inputs {
         env,
         volumes,
+        network_volume,
         notes,
     }))
 }
@@ -280,6 +301,7 @@ async fn send<P: Provider>(
         volumes: &inputs.volumes,
         excluded_gpu_types: excluded,
         avoided_machines: &avoided,
+        network_volume: inputs.network_volume.as_ref(),
         pull_credential: provisioned::container_image(pod)
             .and_then(|image| pull_secrets::credential_for(image, &pull_credentials)),
     };

@@ -73,6 +73,12 @@ pub async fn resolve(
         let volume = volumes
             .get(mount.name.as_str())
             .ok_or_else(|| VolumeError::UnknownVolume(mount.name.clone()));
+        // A claim is no files: the controller mounts it as the instance's network volume.
+        if let Ok(Some(claim)) = volume.as_ref().map(|v| v.persistent_volume_claim.as_ref()) {
+            out.claims
+                .push((claim.claim_name.clone(), mount_path.to_owned()));
+            continue;
+        }
         let contents = match volume {
             Ok(volume) => volume_files(source, namespace, pod, container, volume)
                 .await
@@ -587,11 +593,19 @@ mod tests {
             json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]),
             json!([{"name": "data", "mountPath": "/data"}]),
         );
+        // A claim is no files: it is the instance's network volume, judged at create.
+        let claimed = run(&claim).await.unwrap();
+        assert_eq!(claimed.claims, [("data".to_owned(), "/data".to_owned())]);
+        assert!(claimed.files.is_empty() && claimed.directories.is_empty());
+        let host = pod(
+            json!([{"name": "h", "hostPath": {"path": "/x"}}]),
+            json!([{"name": "h", "mountPath": "/h"}]),
+        );
         assert_eq!(
-            run(&claim).await,
+            run(&host).await,
             Err(VolumeError::Unsupported {
-                volume: "data".into(),
-                kind: "persistentVolumeClaim".into()
+                volume: "h".into(),
+                kind: "hostPath".into()
             })
         );
         let escape = pod(

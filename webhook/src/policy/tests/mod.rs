@@ -31,6 +31,7 @@ fn labelled_namespace() -> Context {
         namespace_annotations: BTreeMap::new(),
         served: Vec::new(),
         namespace_spend: None,
+        claim_provisioners: BTreeMap::new(),
     }
 }
 
@@ -1618,6 +1619,7 @@ fn cheapest_prices_round_trip_through_the_node_annotation() {
     assert!(contract::parse_cheapest_prices("SECURE=-1,COMMUNITY=NaN,=").is_empty());
 }
 
+mod claims;
 mod match_condition;
 mod provider;
 mod teams;

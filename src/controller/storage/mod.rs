@@ -1,0 +1,251 @@
+//! PersistentVolumeClaims of this project's StorageClass become network volumes (RunPod's):
+//! the leader of the node a claim is for (the scheduler's `selected-node` of a
+//! `WaitForFirstConsumer` claim, or the class's `node`) creates the volume, once, and a PV
+//! pre-bound to the claim with affinity to its node. No CSI node plugin is needed: only the
+//! virtual node consumes these volumes, and its instances mount them at create.
+//!
+//! A volume is named from the claim's UID and found again by that name: before any create the
+//! volumes are listed, and a claim whose create was sent (its annotation) is not created again
+//! until the settle time has passed with no such volume listed, so a lost answer, a crash or a
+//! new leader never makes a second one.
+
+pub mod claims;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Resource};
+use runpod_contract::volumes::{
+    self as contract, ClassParams, PROVISIONER, SELECTED_NODE, VOLUME_CREATE_REQUESTED,
+};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use crate::controller::clock::elapsed;
+use crate::controller::context::Shared;
+use crate::provider::{NetworkVolume, Provider, VolumeRequest};
+
+/// Looks for claims to provision every `reconcile_interval` (at least every 2 s).
+pub async fn run<P: Provider>(shared: Arc<Shared<P>>) {
+    if !shared.provider.network_volumes() {
+        return;
+    }
+    let every = shared
+        .settings
+        .reconcile_interval
+        .max(Duration::from_secs(2));
+    loop {
+        if let Err(error) = once(&shared).await {
+            debug!(%error, "looking for claims to provision failed");
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// A class of ours: its parameters, reclaim policy and binding mode.
+struct Class {
+    params: ClassParams,
+    reclaim: String,
+    wait_for_consumer: bool,
+}
+
+async fn once<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
+    let classes: BTreeMap<String, Result<Class, String>> =
+        Api::<StorageClass>::all(ctx.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|class| class.provisioner == PROVISIONER)
+            .map(|class| {
+                let name = class.metadata.name.clone().unwrap_or_default();
+                let params = contract::class_params(&class.parameters.unwrap_or_default());
+                (
+                    name,
+                    params.map(|params| Class {
+                        params,
+                        reclaim: class.reclaim_policy.unwrap_or_else(|| "Delete".to_owned()),
+                        wait_for_consumer: class.volume_binding_mode.as_deref()
+                            == Some("WaitForFirstConsumer"),
+                    }),
+                )
+            })
+            .collect();
+    if classes.is_empty() {
+        return Ok(());
+    }
+    let pending: Vec<PersistentVolumeClaim> = Api::<PersistentVolumeClaim>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|pvc| pvc.spec.as_ref().is_some_and(|s| s.volume_name.is_none()))
+        .filter(|pvc| pvc.metadata.deletion_timestamp.is_none())
+        .collect();
+    let mut listed: Option<Vec<NetworkVolume>> = None;
+    for pvc in pending {
+        let Some(class_name) = pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone()) else {
+            continue;
+        };
+        let Some(class) = classes.get(&class_name) else {
+            continue;
+        };
+        let class = match class {
+            Ok(class) => class,
+            Err(problem) => {
+                say(ctx, &pvc, true, "ProvisioningFailed", problem.clone()).await;
+                continue;
+            }
+        };
+        if !for_this_node(&pvc, class, &ctx.settings.node_name) {
+            continue;
+        }
+        if listed.is_none() {
+            match ctx.provider.list_volumes().await {
+                Ok(volumes) => listed = Some(volumes),
+                Err(error) => {
+                    warn!(%error, "listing network volumes failed");
+                    return Ok(());
+                }
+            }
+        }
+        let volumes = listed.as_deref().unwrap_or_default();
+        if let Err(problem) = provision(ctx, &pvc, &class_name, class, volumes).await {
+            say(ctx, &pvc, true, "ProvisioningFailed", problem).await;
+        }
+    }
+    Ok(())
+}
+
+/// Whether this node provisions the claim: the scheduler chose it for the claim's first pod,
+/// or (bound at once, with a datacenter) the class names it.
+fn for_this_node(pvc: &PersistentVolumeClaim, class: &Class, node: &str) -> bool {
+    if class.wait_for_consumer {
+        return pvc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SELECTED_NODE))
+            .is_some_and(|selected| selected == node);
+    }
+    class.params.datacenter.is_some() && class.params.node.as_deref() == Some(node)
+}
+
+/// Finds or creates the claim's volume, then its PV.
+async fn provision<P: Provider>(
+    ctx: &Shared<P>,
+    pvc: &PersistentVolumeClaim,
+    class_name: &str,
+    class: &Class,
+    volumes: &[NetworkVolume],
+) -> Result<(), String> {
+    let uid = pvc.metadata.uid.clone().unwrap_or_default();
+    let namespace = pvc.metadata.namespace.clone().unwrap_or_default();
+    let claim = pvc.metadata.name.clone().unwrap_or_default();
+    let name = contract::volume_name(&ctx.settings.cluster_id, &uid);
+    let request = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .map(|q| q.0.clone())
+        .ok_or("the claim requests no storage")?;
+    let size_gb = contract::size_gb(&request)?;
+    let volume = match volumes.iter().find(|v| v.name == name) {
+        Some(found) => found.clone(),
+        None => {
+            let sent = pvc
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(VOLUME_CREATE_REQUESTED))
+                .and_then(|at| at.parse::<Timestamp>().ok());
+            // Sent before and not listed yet: the answer may have been lost; wait it out.
+            if sent.is_some_and(|at| elapsed(at, Timestamp::now()) < ctx.settings.create_settle) {
+                return Ok(());
+            }
+            let datacenter = class
+                .params
+                .datacenter
+                .clone()
+                .or_else(|| ctx.provider.default_volume_datacenter())
+                .ok_or("no datacenter for the volume: set the StorageClass parameter dataCenter")?;
+            let marker = json!({"metadata": {"annotations": {
+                VOLUME_CREATE_REQUESTED: Timestamp::now().to_string()
+            }}});
+            Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &namespace)
+                .patch(&claim, &PatchParams::default(), &Patch::Merge(&marker))
+                .await
+                .map_err(|e| format!("recording the volume's create on the claim: {e}"))?;
+            let made = ctx
+                .provider
+                .create_volume(&VolumeRequest {
+                    name: name.clone(),
+                    size_gb,
+                    datacenter,
+                    tier: class.params.tier.clone(),
+                })
+                .await
+                .map_err(|e| format!("creating network volume {name}: {e}"))?;
+            info!(volume = %made.id, claim = %claim, namespace = %namespace, "network volume created");
+            made
+        }
+    };
+    let access_modes = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.access_modes.clone())
+        .unwrap_or_else(|| vec!["ReadWriteOnce".to_owned()]);
+    let pv: PersistentVolume = serde_json::from_value(contract::persistent_volume(
+        &namespace,
+        &claim,
+        &uid,
+        class_name,
+        &access_modes,
+        &class.reclaim,
+        &volume.id,
+        &volume.datacenter,
+        volume.size_gb.max(size_gb),
+        &ctx.settings.node_name,
+    ))
+    .map_err(|e| e.to_string())?;
+    match Api::<PersistentVolume>::all(ctx.client.clone())
+        .create(&PostParams::default(), &pv)
+        .await
+    {
+        Ok(_) => {
+            say(
+                ctx,
+                pvc,
+                false,
+                "ProvisioningSucceeded",
+                format!(
+                    "RunPod network volume {} ({} GB in {}) is PersistentVolume pvc-{uid}",
+                    volume.id, volume.size_gb, volume.datacenter
+                ),
+            )
+            .await;
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(error) => Err(format!("creating PersistentVolume pvc-{uid}: {error}")),
+    }
+}
+
+/// An Event on the claim (each message once per leader).
+async fn say<P: Provider>(
+    ctx: &Shared<P>,
+    pvc: &PersistentVolumeClaim,
+    warning: bool,
+    reason: &str,
+    message: String,
+) {
+    let about: ObjectReference = pvc.object_ref(&());
+    ctx.event(&about, warning, reason, message).await;
+}

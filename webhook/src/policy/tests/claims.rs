@@ -1,0 +1,81 @@
+//! Pods that mount PersistentVolumeClaims: a claim of this project's StorageClass makes the pod
+//! a RunPod pod pinned to the virtual node (its PV is the virtual node's alone); any other
+//! claim, or more than one, keeps the pod local (fallback) or refuses it (always).
+
+use super::*;
+
+fn with_claims(claims: &[&str]) -> Value {
+    let volumes: Vec<Value> = claims
+        .iter()
+        .map(|c| json!({"name": c, "persistentVolumeClaim": {"claimName": c}}))
+        .collect();
+    let mounts: Vec<Value> = claims
+        .iter()
+        .map(|c| json!({"name": c, "mountPath": format!("/{c}")}))
+        .collect();
+    let mut pod = with(gpu_pod(), "/spec/volumes", Value::Array(volumes));
+    pod["spec"]["containers"][0]["volumeMounts"] = Value::Array(mounts);
+    pod["spec"]["containers"][0]["command"] = json!(["python", "train.py"]);
+    pod
+}
+
+fn context_with(claims: &[(&str, &str)]) -> Context {
+    let mut context = labelled_namespace();
+    context.claim_provisioners = claims
+        .iter()
+        .map(|(c, p)| ((*c).to_owned(), (*p).to_owned()))
+        .collect();
+    context
+}
+
+#[test]
+fn a_network_volume_claim_pins_the_pod_to_the_virtual_node_with_a_warning() {
+    let context = context_with(&[("data", runpod_contract::volumes::PROVISIONER)]);
+    let (verdict, patched) = admit(&with_claims(&["data"]), &context);
+    assert_bursts(&verdict);
+    let Verdict::Allow { warnings, .. } = &verdict else {
+        unreachable!()
+    };
+    assert!(
+        warnings.iter().any(|w| w.contains("never falls back")),
+        "{warnings:?}"
+    );
+    assert_eq!(
+        patched["spec"]["nodeSelector"]["type"], "virtual-kubelet",
+        "pinned, not preferred: {patched}"
+    );
+    assert_idempotent(&patched, &context);
+}
+
+#[test]
+fn other_claims_stay_local_or_are_refused() {
+    // Another class's claim: a fallback pod stays local, with the reason.
+    let context = context_with(&[("data", "ebs.csi.aws.com")]);
+    let (verdict, patched) = admit(&with_claims(&["data"]), &context);
+    let Verdict::Allow {
+        warnings,
+        untouched,
+        ..
+    } = &verdict
+    else {
+        panic!("{verdict:?}");
+    };
+    assert_eq!(*untouched, Some(Untouched::CannotBurst));
+    assert!(
+        warnings.iter().any(|w| w.contains("ebs.csi.aws.com")),
+        "{warnings:?}"
+    );
+    assert!(patched["spec"].get("tolerations").is_none());
+    // A claim that does not exist, under `always`: refused, naming it.
+    let always = annotate(with_claims(&["missing"]), contract::BURST_MODE, "always");
+    let (verdict, _) = admit(&always, &context_with(&[]));
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 422);
+    assert!(message.contains("\"missing\""), "{message}");
+    // Two network volumes: one is all a RunPod pod mounts.
+    let ours = runpod_contract::volumes::PROVISIONER;
+    let two = annotate(with_claims(&["a", "b"]), contract::BURST_MODE, "always");
+    let (verdict, _) = admit(&two, &context_with(&[("a", ours), ("b", ours)]));
+    let (_, message) = denial(&verdict);
+    assert!(message.contains("at most one"), "{message}");
+}

@@ -40,6 +40,7 @@ SLOW_FIRST = [
     "e2e_exec",
     "e2e_network",
     "e2e_interruptible",
+    "e2e_volumes",
     "e2e_certs",
     "runpod_quota",
     "chart",

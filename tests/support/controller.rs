@@ -98,6 +98,15 @@ impl SimulatorProcess {
         Ok(())
     }
 
+    /// Every network volume ever created (RunPod simulator), with its bill.
+    pub async fn volumes(&self) -> anyhow::Result<Vec<serde_json::Value>> {
+        Ok(reqwest::get(format!("{}/_sim/volumes", self.url))
+            .await?
+            .error_for_status()?
+            .json()
+            .await?)
+    }
+
     /// POSTs `body` to a control path of the simulator (`/_sim/...`), which must answer 2xx.
     pub async fn post(&self, path: &str, body: &serde_json::Value) -> anyhow::Result<()> {
         reqwest::Client::new()

@@ -21,8 +21,9 @@ use tracing::{info, warn};
 
 use crate::controller::leader::Fence;
 use crate::provider::{
-    CloudName, Constraints, Ends, FinalLog, Instance, LogEntries, LogOptions, PriceSheet, Provider,
-    ProviderError, ProvisionError, ProvisionRequest, Provisioned,
+    CloudName, Constraints, Ends, FinalLog, Instance, LogEntries, LogOptions, NetworkVolume,
+    PriceSheet, Provider, ProviderError, ProvisionError, ProvisionRequest, Provisioned,
+    VolumeRequest,
 };
 
 /// Whether creates are allowed, from the node as last seen.
@@ -266,6 +267,34 @@ impl<P: Provider> Provider for Gated<P> {
 
     fn price_sheet(&self) -> PriceSheet {
         self.inner.price_sheet()
+    }
+
+    fn network_volumes(&self) -> bool {
+        self.inner.network_volumes()
+    }
+
+    fn default_volume_datacenter(&self) -> Option<String> {
+        self.inner.default_volume_datacenter()
+    }
+
+    async fn list_volumes(&self) -> Result<Vec<NetworkVolume>, ProviderError> {
+        self.gate.check_fence()?;
+        self.inner.list_volumes().await
+    }
+
+    async fn create_volume(&self, request: &VolumeRequest) -> Result<NetworkVolume, ProviderError> {
+        self.gate.check_fence()?;
+        self.inner.create_volume(request).await
+    }
+
+    async fn resize_volume(&self, id: &str, size_gb: u32) -> Result<NetworkVolume, ProviderError> {
+        self.gate.check_fence()?;
+        self.inner.resize_volume(id, size_gb).await
+    }
+
+    async fn delete_volume(&self, id: &str) -> Result<bool, ProviderError> {
+        self.gate.check_fence()?;
+        self.inner.delete_volume(id).await
     }
 }
 

@@ -18,6 +18,9 @@ pub struct LedgerEntry {
     pub gpu_id: Option<String>,
     /// 0 for CPU pods.
     pub gpu_count: u32,
+    /// The create's `mounts` (`{}` when none).
+    #[serde(default)]
+    pub mounts: serde_json::Value,
     pub data_center_id: String,
     /// `SECURE` or `COMMUNITY`.
     pub cloud: String,
@@ -90,6 +93,7 @@ mod tests {
             gpu_id: None,
             gpu_count: 0,
             data_center_id: "EU-RO-1".into(),
+            mounts: serde_json::Value::Null,
             cloud: "SECURE".into(),
             env: BTreeMap::new(),
             args: String::new(),

@@ -167,6 +167,7 @@ impl PodRecord {
             gpu_id,
             gpu_count,
             data_center_id: self.data_center_id.clone(),
+            mounts: self.mounts.clone(),
             cloud: self.cloud.clone(),
             env: self.env.clone(),
             args: self.args.clone(),

@@ -1,0 +1,252 @@
+//! Persistent volumes on the real control plane (scheduler, PV controller), the webhook, the
+//! controller and the RunPod simulator. A claim of the `runpod-network` StorageClass
+//! (`WaitForFirstConsumer`) is provisioned when its first pod is scheduled: the scheduler picks
+//! the virtual node, the controller makes one RunPod network volume named from the claim's UID
+//! and a PV pre-bound to the claim with affinity to the node, the PV controller binds them, and
+//! the pod's create carries `mounts.network` and the volume's datacenter. A volume create whose
+//! answer is lost makes no second volume. A pod mounting a claim of another class is refused.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use anyhow::{Context, bail, ensure};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::{Value, json};
+use support::control_plane::{ControlPlane, ExtraFlags};
+use support::controller::{ControllerProcess, SimulatorProcess};
+use support::pods::annotation;
+use support::webhook::WebhookProcess;
+
+const NS: &str = "e2e-vol";
+const CLUSTER: &str = "e2e-vol-cluster";
+
+fn main() -> std::process::ExitCode {
+    support::harness::main(
+        "e2e_volumes claims_become_network_volumes",
+        &ExtraFlags::default(),
+        |cp| Box::pin(run(cp)),
+    )
+}
+
+async fn run(cp: &ControlPlane) -> anyhow::Result<()> {
+    let client = cp.client().await?;
+    let simulator = SimulatorProcess::start(
+        &json!({"provisioning_ms": 300, "starting_ms": 300, "ports_ms": 300, "list_lag_ms": 300}),
+    )?;
+    let webhook = WebhookProcess::start(&cp.kubeconfig, &[]).await?;
+    webhook.register(&client, &["kube-system"]).await?;
+    let controller = ControllerProcess::start(
+        &cp.kubeconfig,
+        &cp.ca_file(),
+        &simulator,
+        &["--cluster-id", CLUSTER],
+    )?;
+    let outcome = scenarios(&client, &simulator).await;
+    if outcome.is_err() {
+        eprintln!("--- controller log tail ---\n{}", controller.log_tail(80));
+        let pods = Api::<Pod>::namespaced(client.clone(), NS)
+            .list(&Default::default())
+            .await;
+        let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS)
+            .list(&Default::default())
+            .await;
+        eprintln!(
+            "--- pods ---\n{}\n--- claims ---\n{}",
+            pods.map(|l| serde_json::to_string_pretty(&l.items).unwrap_or_default())
+                .unwrap_or_default(),
+            claims
+                .map(|l| serde_json::to_string_pretty(&l.items).unwrap_or_default())
+                .unwrap_or_default()
+        );
+        for name in ["trainer", "data", "second", "checkpoints"] {
+            eprintln!(
+                "events of {name}: {:?}",
+                support::pods::events(&client, NS, name).await
+            );
+        }
+    }
+    outcome
+}
+
+async fn scenarios(client: &kube::Client, simulator: &SimulatorProcess) -> anyhow::Result<()> {
+    support::pods::node_ready_named(client, "virtual-runpod").await?;
+    support::pods::namespace(client, NS, true).await?;
+    Api::<StorageClass>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "runpod-network"},
+                "provisioner": "network-volume.runpod.io",
+                "volumeBindingMode": "WaitForFirstConsumer",
+                "reclaimPolicy": "Delete",
+                "allowVolumeExpansion": true
+            }))?,
+        )
+        .await?;
+    first_pod_provisions_its_claim(client, simulator)
+        .await
+        .context("a claim provisioned for its first pod")?;
+    a_lost_create_answer_makes_no_second_volume(client, simulator)
+        .await
+        .context("a lost create answer")?;
+    another_class_is_refused(client)
+        .await
+        .context("a claim of another class")?;
+    Ok(())
+}
+
+async fn claim(
+    client: &kube::Client,
+    name: &str,
+    class: &str,
+    size: &str,
+) -> anyhow::Result<String> {
+    let created = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": size}}}
+            }))?,
+        )
+        .await?;
+    created.metadata.uid.context("claim uid")
+}
+
+/// A GPU pod that mounts `claim` at `/data` (bursting as its namespace says: `fallback`).
+fn pod_with(name: &str, claim: &str) -> anyhow::Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"restartPolicy": "Never",
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+            "containers": [{"name": "main", "image": "e2e/server:1",
+                "command": ["python", "serve.py"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    }))?)
+}
+
+async fn first_pod_provisions_its_claim(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+) -> anyhow::Result<()> {
+    let uid = claim(client, "data", "runpod-network", "20Gi").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(&PostParams::default(), &pod_with("trainer", "data")?)
+        .await?;
+    let running = support::pods::running(&pods, "trainer").await?;
+    ensure!(
+        running.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("virtual-runpod"),
+        "not on the virtual node"
+    );
+    // One volume, named from the claim's UID, in the installation's first datacenter.
+    let volumes = simulator.volumes().await?;
+    ensure!(volumes.len() == 1, "volumes: {volumes:?}");
+    let volume = &volumes[0];
+    ensure!(
+        volume["name"] == format!("rpk-{CLUSTER}-{uid}")
+            && volume["data_center"] == "EU-RO-1"
+            && volume["size"] == 22,
+        "volume {volume}"
+    );
+    let volume_id = volume["id"].as_str().context("volume id")?.to_owned();
+    // The claim is bound to our PV, pinned to the virtual node.
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS)
+        .get("data")
+        .await?;
+    let pv_name = pvc
+        .spec
+        .and_then(|s| s.volume_name)
+        .context("claim not bound")?;
+    ensure!(pv_name == format!("pvc-{uid}"), "bound to {pv_name}");
+    let pv = Api::<PersistentVolume>::all(client.clone())
+        .get(&pv_name)
+        .await?;
+    let pv_json = serde_json::to_value(&pv)?;
+    ensure!(
+        pv_json["spec"]["csi"]["volumeHandle"] == volume_id.as_str()
+            && pv_json["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"]
+                [0]["values"][0]
+                == "virtual-runpod",
+        "PV {pv_json}"
+    );
+    // The instance mounts it, in its datacenter.
+    let pod_id = annotation(&running, "runpod.io/pod-id").context("RunPod id")?;
+    let ledger = simulator.ledger().await?;
+    let entry = ledger
+        .iter()
+        .find(|e| e["id"] == pod_id)
+        .context("the instance is not in the ledger")?;
+    ensure!(
+        entry["mounts"] == json!({"network": [{"volumeId": volume_id, "path": "/data"}]})
+            && entry["data_center_id"] == "EU-RO-1"
+            && entry["cloud"] == "SECURE",
+        "the instance: {entry}"
+    );
+    Ok(())
+}
+
+async fn a_lost_create_answer_makes_no_second_volume(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+) -> anyhow::Result<()> {
+    simulator
+        .inject(
+            &json!({"when": {"operation": "createNetworkVolume"}, "times": 1,
+                        "effect": {"kind": "create_then_fail", "status": 502}}),
+        )
+        .await?;
+    let uid = claim(client, "checkpoints", "runpod-network", "10G").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(&PostParams::default(), &pod_with("second", "checkpoints")?)
+        .await?;
+    support::pods::running(&pods, "second").await?;
+    let name = format!("rpk-{CLUSTER}-{uid}");
+    let volumes = simulator.volumes().await?;
+    let made: Vec<&Value> = volumes
+        .iter()
+        .filter(|v| v["name"] == name.as_str())
+        .collect();
+    ensure!(made.len() == 1, "volumes for the claim: {made:?}");
+    let said = support::pods::events(client, NS, "checkpoints").await?;
+    ensure!(
+        said.iter()
+            .any(|(reason, _)| reason == "ProvisioningFailed"),
+        "the lost answer was not said on the claim: {said:?}"
+    );
+    Ok(())
+}
+
+async fn another_class_is_refused(client: &kube::Client) -> anyhow::Result<()> {
+    Api::<StorageClass>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "local-disk"}, "provisioner": "example.com/local",
+                "volumeBindingMode": "WaitForFirstConsumer"
+            }))?,
+        )
+        .await?;
+    claim(client, "scratch", "local-disk", "10Gi").await?;
+    let mut pod = pod_with("local", "scratch")?;
+    pod.metadata.annotations =
+        Some([("runpod.io/burst-mode".to_owned(), "always".to_owned())].into());
+    match Api::<Pod>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &pod)
+        .await
+    {
+        Err(kube::Error::Api(response)) => ensure!(
+            response.message.contains("example.com/local"),
+            "refused, but: {}",
+            response.message
+        ),
+        Err(other) => bail!("refused for another reason: {other}"),
+        Ok(_) => bail!("a pod with another class's claim was sent to RunPod"),
+    }
+    Ok(())
+}

@@ -30,6 +30,9 @@ use crate::controller::clock::elapsed;
 use crate::controller::context::Shared;
 use crate::provider::{NetworkVolume, Provider, VolumeRequest};
 
+/// How often an installation without storage RBAC is asked again.
+const FORBIDDEN_RETRY: Duration = Duration::from_secs(300);
+
 /// Looks for claims to provision every `reconcile_interval` (at least every 2 s).
 pub async fn run<P: Provider>(shared: Arc<Shared<P>>) {
     if !shared.provider.network_volumes() {
@@ -39,9 +42,23 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>) {
         .settings
         .reconcile_interval
         .max(Duration::from_secs(2));
+    let mut said_forbidden = false;
     loop {
-        if let Err(error) = once(&shared).await {
-            debug!(%error, "looking for claims to provision failed");
+        match once(&shared).await {
+            Ok(()) => {}
+            // The installation did not enable storage (chart `storage.runpod.enabled`): nothing
+            // to provision; asked again now and then, in case it is enabled later.
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                if !said_forbidden {
+                    info!(
+                        "not allowed to read StorageClasses: network volumes are not provisioned"
+                    );
+                    said_forbidden = true;
+                }
+                tokio::time::sleep(FORBIDDEN_RETRY).await;
+                continue;
+            }
+            Err(error) => debug!(%error, "looking for claims to provision failed"),
         }
         tokio::time::sleep(every).await;
     }

@@ -96,6 +96,61 @@ async fn scenarios(client: &kube::Client, simulator: &SimulatorProcess) -> anyho
     another_class_is_refused(client)
         .await
         .context("a claim of another class")?;
+    a_deleted_claim_deletes_its_volume(client, simulator)
+        .await
+        .context("deleting a claim")?;
+    Ok(())
+}
+
+/// Reclaim `Delete`: once the pod is gone and its claim deleted, the volume is deleted (it
+/// bills storage), then its PV.
+async fn a_deleted_claim_deletes_its_volume(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+) -> anyhow::Result<()> {
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS)
+        .get("data")
+        .await?;
+    let pv_name = pvc
+        .spec
+        .and_then(|s| s.volume_name)
+        .context("claim not bound")?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.delete("trainer", &Default::default()).await?;
+    support::pods::gone(&pods, "trainer").await?;
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS)
+        .delete("data", &Default::default())
+        .await?;
+    let name = format!("rpk-{CLUSTER}-{}", pvc.metadata.uid.unwrap_or_default());
+    support::wait::until(
+        "the volume deleted",
+        std::time::Duration::from_secs(120),
+        || async {
+            let volumes = simulator.volumes().await?;
+            Ok(volumes
+                .iter()
+                .any(|v| v["name"] == name.as_str() && v["deleted"] == true)
+                .then_some(()))
+        },
+    )
+    .await?;
+    support::wait::until(
+        "its PV deleted",
+        std::time::Duration::from_secs(60),
+        || async {
+            Ok(Api::<PersistentVolume>::all(client.clone())
+                .get_opt(&pv_name)
+                .await?
+                .is_none()
+                .then_some(()))
+        },
+    )
+    .await?;
+    let live = simulator.volumes().await?;
+    ensure!(
+        live.iter().filter(|v| v["deleted"] == false).count() == 1,
+        "only the second claim's volume is left: {live:?}"
+    );
     Ok(())
 }
 

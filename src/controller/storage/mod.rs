@@ -93,6 +93,7 @@ async fn once<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
                 )
             })
             .collect();
+    reclaim(ctx).await?;
     if classes.is_empty() {
         return Ok(());
     }
@@ -137,6 +138,51 @@ async fn once<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
         }
     }
     Ok(())
+}
+
+/// Volumes whose claim is gone (their PV `Released`) under the `Delete` policy are deleted,
+/// then their PV; RunPod refuses while an instance still mounts one, so it is tried again at
+/// the next pass. Only the node the PV is pinned to does it. `Retain` keeps both.
+async fn reclaim<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
+    let pvs = Api::<PersistentVolume>::all(ctx.client.clone());
+    for pv in pvs.list(&ListParams::default()).await?.items {
+        let Some(volume_id) = released_for_deletion(&pv, &ctx.settings.node_name) else {
+            continue;
+        };
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        match ctx.provider.delete_volume(&volume_id).await {
+            Ok(_) => {
+                info!(volume = %volume_id, pv = %name, "network volume deleted with its claim");
+                match pvs.delete(&name, &Default::default()).await {
+                    Ok(_) | Err(kube::Error::Api(_)) => {}
+                    Err(error) => return Err(error),
+                }
+            }
+            Err(error) => debug!(volume = %volume_id, %error, "network volume not deleted yet"),
+        }
+    }
+    Ok(())
+}
+
+/// The volume id of a PV of ours, pinned to `node`, released by its claim under `Delete`.
+fn released_for_deletion(pv: &PersistentVolume, node: &str) -> Option<String> {
+    let spec = pv.spec.as_ref()?;
+    let csi = spec.csi.as_ref().filter(|csi| csi.driver == PROVISIONER)?;
+    let released = pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
+    let delete = spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete");
+    let pinned_here = spec
+        .node_affinity
+        .as_ref()
+        .and_then(|a| a.required.as_ref())
+        .is_some_and(|required| {
+            required.node_selector_terms.iter().any(|term| {
+                term.match_expressions
+                    .iter()
+                    .flatten()
+                    .any(|e| e.values.iter().flatten().any(|v| v == node))
+            })
+        });
+    (released && delete && pinned_here).then(|| csi.volume_handle.clone())
 }
 
 /// Whether this node provisions the claim: the scheduler chose it for the claim's first pod,
@@ -265,4 +311,76 @@ async fn say<P: Provider>(
 ) {
     let about: ObjectReference = pvc.object_ref(&());
     ctx.event(&about, warning, reason, message).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pv(phase: &str, reclaim: &str, node: &str) -> PersistentVolume {
+        let mut value = contract::persistent_volume(
+            "ns",
+            "data",
+            "u1",
+            "runpod-network",
+            &["ReadWriteOnce".into()],
+            reclaim,
+            "vol1",
+            "EU-RO-1",
+            20,
+            node,
+        );
+        value["status"] = json!({"phase": phase});
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn only_a_released_delete_volume_of_this_node_is_deleted() {
+        assert_eq!(
+            released_for_deletion(&pv("Released", "Delete", "vr"), "vr"),
+            Some("vol1".to_owned())
+        );
+        assert_eq!(
+            released_for_deletion(&pv("Bound", "Delete", "vr"), "vr"),
+            None
+        );
+        assert_eq!(
+            released_for_deletion(&pv("Released", "Retain", "vr"), "vr"),
+            None
+        );
+        assert_eq!(
+            released_for_deletion(&pv("Released", "Delete", "other"), "vr"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_claim_is_this_nodes_when_the_scheduler_or_the_class_says_so() {
+        let claim = |selected: Option<&str>| -> PersistentVolumeClaim {
+            let annotations = selected
+                .map(|node| json!({SELECTED_NODE: node}))
+                .unwrap_or(json!({}));
+            serde_json::from_value(json!({"metadata": {"name": "c", "annotations": annotations}}))
+                .unwrap()
+        };
+        let waiting = Class {
+            params: ClassParams::default(),
+            reclaim: "Delete".into(),
+            wait_for_consumer: true,
+        };
+        assert!(for_this_node(&claim(Some("vr")), &waiting, "vr"));
+        assert!(!for_this_node(&claim(Some("other")), &waiting, "vr"));
+        assert!(!for_this_node(&claim(None), &waiting, "vr"));
+        let immediate = Class {
+            params: ClassParams {
+                datacenter: Some("EU-RO-1".into()),
+                tier: None,
+                node: Some("vr".into()),
+            },
+            reclaim: "Delete".into(),
+            wait_for_consumer: false,
+        };
+        assert!(for_this_node(&claim(None), &immediate, "vr"));
+        assert!(!for_this_node(&claim(None), &immediate, "other"));
+    }
 }

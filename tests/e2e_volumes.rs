@@ -39,13 +39,14 @@ async fn run(cp: &ControlPlane) -> anyhow::Result<()> {
     )?;
     let webhook = WebhookProcess::start(&cp.kubeconfig, &[]).await?;
     webhook.register(&client, &["kube-system"]).await?;
+    let metrics = support::webhook::free_port()?.to_string();
     let controller = ControllerProcess::start(
         &cp.kubeconfig,
         &cp.ca_file(),
         &simulator,
-        &["--cluster-id", CLUSTER],
+        &["--cluster-id", CLUSTER, "--metrics-listen", &metrics],
     )?;
-    let outcome = scenarios(&client, &simulator).await;
+    let outcome = scenarios(&client, &simulator, &metrics).await;
     if outcome.is_err() {
         eprintln!("--- controller log tail ---\n{}", controller.log_tail(80));
         let pods = Api::<Pod>::namespaced(client.clone(), NS)
@@ -72,7 +73,11 @@ async fn run(cp: &ControlPlane) -> anyhow::Result<()> {
     outcome
 }
 
-async fn scenarios(client: &kube::Client, simulator: &SimulatorProcess) -> anyhow::Result<()> {
+async fn scenarios(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+    metrics: &str,
+) -> anyhow::Result<()> {
     support::pods::node_ready_named(client, "virtual-runpod").await?;
     support::pods::namespace(client, NS, true).await?;
     Api::<StorageClass>::all(client.clone())
@@ -93,6 +98,18 @@ async fn scenarios(client: &kube::Client, simulator: &SimulatorProcess) -> anyho
     a_lost_create_answer_makes_no_second_volume(client, simulator)
         .await
         .context("a lost create answer")?;
+    // Both volumes (22 and 10 GB) bill storage, published for the namespace.
+    let expected = 32.0 * 0.07 / 720.0;
+    let series = format!("runpod_kubelet_volume_cost_per_hour{{namespace=\"{NS}\"}}");
+    support::wait::until(
+        "the namespace's volume cost published",
+        std::time::Duration::from_secs(60),
+        || async {
+            let value = support::controller::metric(metrics, &series).await?;
+            Ok(value.filter(|v| (v - expected).abs() < 1e-6).map(|_| ()))
+        },
+    )
+    .await?;
     another_class_is_refused(client)
         .await
         .context("a claim of another class")?;

@@ -116,6 +116,8 @@ pub struct ControllerMetrics {
     pub namespace_spend: Family<NamespaceLabel, Gauge<f64, AtomicU64>>,
     /// Each namespace's `runpod.io/budget-per-hour` (or the installation's default).
     pub namespace_budget: Family<NamespaceLabel, Gauge<f64, AtomicU64>>,
+    /// What the network volumes of each namespace's claims on this node cost per hour.
+    pub volume_cost_per_hour: Family<NamespaceLabel, Gauge<f64, AtomicU64>>,
 }
 
 impl ControllerMetrics {
@@ -188,6 +190,20 @@ impl ControllerMetrics {
         };
         let _ = self.namespace_spend.get_or_create(&team);
         let _ = self.namespace_budget.get_or_create(&team);
+        let _ = self.volume_cost_per_hour.get_or_create(&team);
+    }
+
+    /// Each namespace's volume storage cost per hour, as the PVs now say (namespaces without
+    /// volumes have no series).
+    pub fn volume_costs(&self, costs: &std::collections::BTreeMap<String, f64>) {
+        self.volume_cost_per_hour.clear();
+        for (namespace, usd) in costs {
+            self.volume_cost_per_hour
+                .get_or_create(&NamespaceLabel {
+                    namespace: namespace.clone(),
+                })
+                .set(*usd);
+        }
     }
 
     /// A namespace's spend, as its ledger says.
@@ -363,6 +379,11 @@ impl ControllerMetrics {
             "namespace_budget_per_hour",
             "Each namespace's budget in USD per hour (runpod.io/budget-per-hour, or the installation's default)",
             metrics.namespace_budget.clone(),
+        );
+        registry.register(
+            "volume_cost_per_hour",
+            "USD per hour the network volumes of each namespace's claims on this node cost (storage, billed whether a pod mounts them or not)",
+            metrics.volume_cost_per_hour.clone(),
         );
     }
 }

@@ -145,7 +145,10 @@ async fn once<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
 /// the next pass. Only the node the PV is pinned to does it. `Retain` keeps both.
 async fn reclaim<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
     let pvs = Api::<PersistentVolume>::all(ctx.client.clone());
-    for pv in pvs.list(&ListParams::default()).await?.items {
+    let listed = pvs.list(&ListParams::default()).await?.items;
+    ctx.metrics
+        .volume_costs(&volume_costs(&listed, &ctx.settings.node_name));
+    for pv in listed {
         let Some(volume_id) = released_for_deletion(&pv, &ctx.settings.node_name) else {
             continue;
         };
@@ -164,25 +167,55 @@ async fn reclaim<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
     Ok(())
 }
 
+/// What the volumes of this node's PVs cost per hour, by their claims' namespaces.
+fn volume_costs(pvs: &[PersistentVolume], node: &str) -> BTreeMap<String, f64> {
+    let mut costs = BTreeMap::new();
+    for pv in pvs.iter().filter(|pv| pinned_to(pv, node)) {
+        let Some(spec) = pv.spec.as_ref() else {
+            continue;
+        };
+        let gb = spec
+            .capacity
+            .as_ref()
+            .and_then(|c| c.get("storage"))
+            .and_then(|q| contract::size_gb(&q.0).ok());
+        let namespace = spec.claim_ref.as_ref().and_then(|c| c.namespace.clone());
+        if let (Some(gb), Some(namespace)) = (gb, namespace) {
+            *costs.entry(namespace).or_insert(0.0) += contract::cost_per_hour(gb);
+        }
+    }
+    costs
+}
+
+/// Whether `pv` is one of ours, pinned to `node`.
+fn pinned_to(pv: &PersistentVolume, node: &str) -> bool {
+    let Some(spec) = pv.spec.as_ref() else {
+        return false;
+    };
+    spec.csi
+        .as_ref()
+        .is_some_and(|csi| csi.driver == PROVISIONER)
+        && spec
+            .node_affinity
+            .as_ref()
+            .and_then(|a| a.required.as_ref())
+            .is_some_and(|required| {
+                required.node_selector_terms.iter().any(|term| {
+                    term.match_expressions
+                        .iter()
+                        .flatten()
+                        .any(|e| e.values.iter().flatten().any(|v| v == node))
+                })
+            })
+}
+
 /// The volume id of a PV of ours, pinned to `node`, released by its claim under `Delete`.
 fn released_for_deletion(pv: &PersistentVolume, node: &str) -> Option<String> {
     let spec = pv.spec.as_ref()?;
-    let csi = spec.csi.as_ref().filter(|csi| csi.driver == PROVISIONER)?;
+    let csi = spec.csi.as_ref()?;
     let released = pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
     let delete = spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete");
-    let pinned_here = spec
-        .node_affinity
-        .as_ref()
-        .and_then(|a| a.required.as_ref())
-        .is_some_and(|required| {
-            required.node_selector_terms.iter().any(|term| {
-                term.match_expressions
-                    .iter()
-                    .flatten()
-                    .any(|e| e.values.iter().flatten().any(|v| v == node))
-            })
-        });
-    (released && delete && pinned_here).then(|| csi.volume_handle.clone())
+    (released && delete && pinned_to(pv, node)).then(|| csi.volume_handle.clone())
 }
 
 /// Whether this node provisions the claim: the scheduler chose it for the claim's first pod,
@@ -352,6 +385,21 @@ mod tests {
             released_for_deletion(&pv("Released", "Delete", "other"), "vr"),
             None
         );
+    }
+
+    #[test]
+    fn volume_costs_add_up_per_namespace_on_this_node() {
+        let costs = volume_costs(
+            &[
+                pv("Bound", "Delete", "vr"),
+                pv("Bound", "Delete", "vr"),
+                pv("Bound", "Delete", "other"),
+            ],
+            "vr",
+        );
+        let expected = 2.0 * 20.0 * 0.07 / 720.0;
+        assert_eq!(costs.len(), 1);
+        assert!((costs["ns"] - expected).abs() < 1e-12, "{costs:?}");
     }
 
     #[test]

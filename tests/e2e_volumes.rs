@@ -113,9 +113,58 @@ async fn scenarios(
     another_class_is_refused(client)
         .await
         .context("a claim of another class")?;
+    a_grown_claim_grows_its_volume(client, simulator)
+        .await
+        .context("growing a claim")?;
     a_deleted_claim_deletes_its_volume(client, simulator)
         .await
         .context("deleting a claim")?;
+    Ok(())
+}
+
+/// The claim asks for more: one PATCH grows the volume, then the PV and the claim say so.
+async fn a_grown_claim_grows_its_volume(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+) -> anyhow::Result<()> {
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS);
+    claims
+        .patch(
+            "checkpoints",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"spec": {"resources": {"requests": {"storage": "30G"}}}}),
+            ),
+        )
+        .await?;
+    support::wait::until(
+        "the claim's new size",
+        std::time::Duration::from_secs(60),
+        || async {
+            let pvc = claims.get("checkpoints").await?;
+            let capacity = pvc
+                .status
+                .and_then(|s| s.capacity)
+                .and_then(|c| c.get("storage").map(|q| q.0.clone()));
+            Ok((capacity.as_deref() == Some("30G")).then_some(()))
+        },
+    )
+    .await?;
+    let uid = claims
+        .get("checkpoints")
+        .await?
+        .metadata
+        .uid
+        .unwrap_or_default();
+    let volumes = simulator.volumes().await?;
+    let volume = volumes
+        .iter()
+        .find(|v| v["name"] == format!("rpk-{CLUSTER}-{uid}").as_str())
+        .context("the claim's volume")?;
+    ensure!(
+        volume["size"] == 30 && volume["resizes"] == 1,
+        "grown once to 30 GB: {volume}"
+    );
     Ok(())
 }
 

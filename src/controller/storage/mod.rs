@@ -10,6 +10,7 @@
 //! new leader never makes a second one.
 
 pub mod claims;
+mod resize;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -93,18 +94,19 @@ async fn once<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
                 )
             })
             .collect();
-    reclaim(ctx).await?;
+    let pvs = reclaim(ctx).await?;
     if classes.is_empty() {
         return Ok(());
     }
-    let pending: Vec<PersistentVolumeClaim> = Api::<PersistentVolumeClaim>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|pvc| pvc.spec.as_ref().is_some_and(|s| s.volume_name.is_none()))
-        .filter(|pvc| pvc.metadata.deletion_timestamp.is_none())
-        .collect();
+    let (pending, bound): (Vec<PersistentVolumeClaim>, Vec<PersistentVolumeClaim>) =
+        Api::<PersistentVolumeClaim>::all(ctx.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|pvc| pvc.metadata.deletion_timestamp.is_none())
+            .partition(|pvc| pvc.spec.as_ref().is_some_and(|s| s.volume_name.is_none()));
+    resize::grow(ctx, &bound, &pvs).await;
     let mut listed: Option<Vec<NetworkVolume>> = None;
     for pvc in pending {
         let Some(class_name) = pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone()) else {
@@ -143,13 +145,13 @@ async fn once<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
 /// Volumes whose claim is gone (their PV `Released`) under the `Delete` policy are deleted,
 /// then their PV; RunPod refuses while an instance still mounts one, so it is tried again at
 /// the next pass. Only the node the PV is pinned to does it. `Retain` keeps both.
-async fn reclaim<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
+async fn reclaim<P: Provider>(ctx: &Shared<P>) -> Result<Vec<PersistentVolume>, kube::Error> {
     let pvs = Api::<PersistentVolume>::all(ctx.client.clone());
     let listed = pvs.list(&ListParams::default()).await?.items;
     ctx.metrics
         .volume_costs(&volume_costs(&listed, &ctx.settings.node_name));
-    for pv in listed {
-        let Some(volume_id) = released_for_deletion(&pv, &ctx.settings.node_name) else {
+    for pv in &listed {
+        let Some(volume_id) = released_for_deletion(pv, &ctx.settings.node_name) else {
             continue;
         };
         let name = pv.metadata.name.clone().unwrap_or_default();
@@ -164,7 +166,7 @@ async fn reclaim<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
             Err(error) => debug!(volume = %volume_id, %error, "network volume not deleted yet"),
         }
     }
-    Ok(())
+    Ok(listed)
 }
 
 /// What the volumes of this node's PVs cost per hour, by their claims' namespaces.
@@ -188,7 +190,7 @@ fn volume_costs(pvs: &[PersistentVolume], node: &str) -> BTreeMap<String, f64> {
 }
 
 /// Whether `pv` is one of ours, pinned to `node`.
-fn pinned_to(pv: &PersistentVolume, node: &str) -> bool {
+pub(super) fn pinned_to(pv: &PersistentVolume, node: &str) -> bool {
     let Some(spec) = pv.spec.as_ref() else {
         return false;
     };

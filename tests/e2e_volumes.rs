@@ -116,9 +116,72 @@ async fn scenarios(
     a_grown_claim_grows_its_volume(client, simulator)
         .await
         .context("growing a claim")?;
+    a_static_pv_binds_an_existing_volume(client, simulator)
+        .await
+        .context("a static PV")?;
     a_deleted_claim_deletes_its_volume(client, simulator)
         .await
         .context("deleting a claim")?;
+    Ok(())
+}
+
+/// A volume made outside Kubernetes (in RunPod's console), named by a PV the operator writes,
+/// is what a claim of the class binds to and a pod mounts; nothing new is made.
+async fn a_static_pv_binds_an_existing_volume(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+) -> anyhow::Result<()> {
+    let made: Value = reqwest::Client::new()
+        .post(format!("{}/v2/network-volumes", simulator.url))
+        .bearer_auth(support::controller::API_KEY)
+        .json(&json!({"name": "datasets", "size": 100, "dataCenter": "EU-RO-1"}))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let id = made["id"].as_str().context("volume id")?.to_owned();
+    Api::<PersistentVolume>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "datasets"},
+                "spec": {"capacity": {"storage": "100G"}, "accessModes": ["ReadOnlyMany"],
+                         "storageClassName": "runpod-network",
+                         "csi": {"driver": "network-volume.runpod.io", "volumeHandle": id,
+                                 "volumeAttributes": {"dataCenter": "EU-RO-1"}}}
+            }))?,
+        )
+        .await?;
+    let before = simulator.volumes().await?.len();
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "datasets"},
+                "spec": {"storageClassName": "runpod-network", "accessModes": ["ReadOnlyMany"],
+                         "resources": {"requests": {"storage": "100G"}}}
+            }))?,
+        )
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(&PostParams::default(), &pod_with("reader", "datasets")?)
+        .await?;
+    let running = support::pods::running(&pods, "reader").await?;
+    let pod_id = annotation(&running, "runpod.io/pod-id").context("RunPod id")?;
+    let ledger = simulator.ledger().await?;
+    let entry = ledger
+        .iter()
+        .find(|e| e["id"] == pod_id)
+        .context("the instance is not in the ledger")?;
+    ensure!(
+        entry["mounts"]["network"][0]["volumeId"] == id.as_str(),
+        "the instance: {entry}"
+    );
+    ensure!(
+        simulator.volumes().await?.len() == before,
+        "a volume was made for a claim bound to an existing one"
+    );
     Ok(())
 }
 
@@ -214,8 +277,8 @@ async fn a_deleted_claim_deletes_its_volume(
     .await?;
     let live = simulator.volumes().await?;
     ensure!(
-        live.iter().filter(|v| v["deleted"] == false).count() == 1,
-        "only the second claim's volume is left: {live:?}"
+        live.iter().filter(|v| v["deleted"] == false).count() == 2,
+        "the other claims' volumes (checkpoints, datasets) are kept: {live:?}"
     );
     Ok(())
 }

@@ -88,6 +88,7 @@ fn request(label: &Label) -> CreateRequest {
         registry: Some(RegistryLogin::new("me", "tok3n", "ghcr.io").unwrap()),
         interruptible: None,
         price: None,
+        price_cap: None,
     }
 }
 

@@ -377,8 +377,8 @@ pub trait Provider: Send + Sync + 'static {
     }
 
     /// Where a claim's volume goes when its class names no datacenter.
-    fn default_volume_datacenter(&self) -> Option<String> {
-        None
+    fn default_volume_datacenter(&self) -> impl Future<Output = Option<String>> + Send {
+        async { None }
     }
 
     /// Every network volume of the account.

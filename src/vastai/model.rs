@@ -151,6 +151,9 @@ pub struct CreateRequest {
     pub interruptible: Option<Interruptible>,
     /// The bid sent (`price`, USD/h); `None`: on-demand.
     pub price: Option<f64>,
+    /// The pod's cap for the whole instance (USD/h, storage included): a bid never takes the
+    /// instance over it.
+    pub price_cap: Option<f64>,
 }
 
 /// The smallest disk Vast.ai accepts.
@@ -164,7 +167,14 @@ impl CreateRequest {
         let Some(asked) = self.interruptible else {
             return Some(self.clone());
         };
-        let price = runpod_contract::interruptible::bid_for(offer.min_bid?, asked.max_bid)?;
+        let min_bid = offer.min_bid?;
+        // A bid search prices `dph_total` at the minimum bid: the rest is the disk's.
+        let storage = (offer.dph_total - min_bid).max(0.0);
+        let ceiling = match (asked.max_bid, self.price_cap.map(|cap| cap - storage)) {
+            (Some(bid), Some(room)) => Some(bid.min(room)),
+            (bid, room) => bid.or(room),
+        };
+        let price = runpod_contract::interruptible::bid_for(min_bid, ceiling)?;
         Some(CreateRequest {
             price: Some(price),
             ..self.clone()
@@ -432,6 +442,7 @@ mod tests {
             registry: Some(RegistryLogin::new("me", "tok3n", "ghcr.io").unwrap()),
             interruptible: None,
             price: None,
+            price_cap: None,
         }
     }
 

@@ -89,6 +89,7 @@ pub fn create_request(
         registry: None,
         interruptible: None,
         price: None,
+        price_cap: None,
     })
 }
 

@@ -273,8 +273,8 @@ impl<P: Provider> Provider for Gated<P> {
         self.inner.network_volumes()
     }
 
-    fn default_volume_datacenter(&self) -> Option<String> {
-        self.inner.default_volume_datacenter()
+    async fn default_volume_datacenter(&self) -> Option<String> {
+        self.inner.default_volume_datacenter().await
     }
 
     async fn list_volumes(&self) -> Result<Vec<NetworkVolume>, ProviderError> {
@@ -282,8 +282,13 @@ impl<P: Provider> Provider for Gated<P> {
         self.inner.list_volumes().await
     }
 
+    /// A create like an instance's: a draining node makes none, and its drain waits for one
+    /// under way.
     async fn create_volume(&self, request: &VolumeRequest) -> Result<NetworkVolume, ProviderError> {
-        self.gate.check_fence()?;
+        let _permit = self
+            .gate
+            .begin_create("network volume")
+            .map_err(ProviderError::Unavailable)?;
         self.inner.create_volume(request).await
     }
 

@@ -31,6 +31,76 @@ use crate::controller::clock::elapsed;
 use crate::controller::context::Shared;
 use crate::provider::{NetworkVolume, Provider, VolumeRequest};
 
+/// Every this many passes, this cluster's volumes that no claim or PV names are looked for.
+const ORPHAN_CHECK_EVERY: u64 = 30;
+
+/// Volumes of this cluster (by their name) that no live claim and no PV names: made for a claim
+/// deleted before its PV existed, say. They bill storage; the spec wants them reported, never
+/// deleted unasked (the claim's UID is in the name).
+async fn report_orphans<P: Provider>(
+    ctx: &Shared<P>,
+    reported: &mut std::collections::HashSet<String>,
+) -> Result<(), String> {
+    let prefix = contract::volume_name(&ctx.settings.cluster_id, "");
+    let volumes = ctx
+        .provider
+        .list_volumes()
+        .await
+        .map_err(|e| e.to_string())?;
+    let ours: Vec<&NetworkVolume> = volumes
+        .iter()
+        .filter(|v| v.name.starts_with(&prefix))
+        .collect();
+    if ours.is_empty() {
+        return Ok(());
+    }
+    let claims = Api::<PersistentVolumeClaim>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items;
+    let pvs = Api::<PersistentVolume>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items;
+    for volume in orphans(&ours, &prefix, &claims, &pvs) {
+        if reported.insert(volume.id.clone()) {
+            warn!(
+                volume = %volume.id, name = %volume.name, datacenter = %volume.datacenter,
+                size_gb = volume.size_gb,
+                "network volume of this cluster that no claim or PV names; it bills storage until deleted in RunPod"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The volumes among `ours` whose claim UID (after `prefix`) no claim has and no PV names.
+fn orphans<'a>(
+    ours: &[&'a NetworkVolume],
+    prefix: &str,
+    claims: &[PersistentVolumeClaim],
+    pvs: &[PersistentVolume],
+) -> Vec<&'a NetworkVolume> {
+    ours.iter()
+        .copied()
+        .filter(|volume| {
+            let uid = volume.name.strip_prefix(prefix).unwrap_or_default();
+            let claimed = claims
+                .iter()
+                .any(|c| c.metadata.uid.as_deref() == Some(uid));
+            let named = pvs.iter().any(|pv| {
+                pv.spec
+                    .as_ref()
+                    .and_then(|s| s.csi.as_ref())
+                    .is_some_and(|csi| csi.volume_handle == volume.id)
+            });
+            !claimed && !named
+        })
+        .collect()
+}
+
 /// How often an installation without storage RBAC is asked again.
 const FORBIDDEN_RETRY: Duration = Duration::from_secs(300);
 
@@ -44,7 +114,15 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>) {
         .reconcile_interval
         .max(Duration::from_secs(2));
     let mut said_forbidden = false;
+    let mut reported = std::collections::HashSet::new();
+    let mut pass: u64 = 0;
     loop {
+        pass += 1;
+        if pass % ORPHAN_CHECK_EVERY == 1
+            && let Err(error) = report_orphans(&shared, &mut reported).await
+        {
+            debug!(%error, "looking for orphaned network volumes failed");
+        }
         match once(&shared).await {
             Ok(()) => {}
             // The installation did not enable storage (chart `storage.runpod.enabled`): nothing
@@ -268,12 +346,12 @@ async fn provision<P: Provider>(
             if sent.is_some_and(|at| elapsed(at, Timestamp::now()) < ctx.settings.create_settle) {
                 return Ok(());
             }
-            let datacenter = class
-                .params
-                .datacenter
-                .clone()
-                .or_else(|| ctx.provider.default_volume_datacenter())
-                .ok_or("no datacenter for the volume: set the StorageClass parameter dataCenter")?;
+            let datacenter = match class.params.datacenter.clone() {
+                Some(datacenter) => datacenter,
+                None => ctx.provider.default_volume_datacenter().await.ok_or(
+                    "no datacenter for the volume: set the StorageClass parameter dataCenter",
+                )?,
+            };
             let marker = json!({"metadata": {"annotations": {
                 VOLUME_CREATE_REQUESTED: Timestamp::now().to_string()
             }}});
@@ -402,6 +480,34 @@ mod tests {
         let expected = 2.0 * 20.0 * 0.07 / 720.0;
         assert_eq!(costs.len(), 1);
         assert!((costs["ns"] - expected).abs() < 1e-12, "{costs:?}");
+    }
+
+    #[test]
+    fn a_volume_no_claim_or_pv_names_is_an_orphan() {
+        let volume = |id: &str, uid: &str| NetworkVolume {
+            id: id.into(),
+            name: contract::volume_name("c1", uid),
+            size_gb: 10,
+            datacenter: "EU-RO-1".into(),
+            tier: None,
+        };
+        let (claimed, named, lost) = (
+            volume("v1", "u-claim"),
+            volume("vol1", "u-pv"),
+            volume("v3", "u-gone"),
+        );
+        let claim: PersistentVolumeClaim =
+            serde_json::from_value(json!({"metadata": {"name": "c", "uid": "u-claim"}})).unwrap();
+        let found = orphans(
+            &[&claimed, &named, &lost],
+            &contract::volume_name("c1", ""),
+            &[claim],
+            &[pv("Bound", "Delete", "vr")],
+        );
+        assert_eq!(
+            found.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(),
+            ["v3"]
+        );
     }
 
     #[test]

@@ -54,6 +54,12 @@ pub(super) fn wanted(
     })
 }
 
+/// The claim's storage request, as written.
+fn requested(pvc: &PersistentVolumeClaim) -> Option<String> {
+    let requests = pvc.spec.as_ref()?.resources.as_ref()?.requests.as_ref()?;
+    requests.get("storage").map(|q| q.0.clone())
+}
+
 /// Grows every bound claim's volume that asks for more.
 pub(super) async fn grow<P: Provider>(
     ctx: &Shared<P>,
@@ -72,6 +78,13 @@ pub(super) async fn grow<P: Provider>(
         else {
             continue;
         };
+        // A size RunPod cannot have is said, not sent.
+        if let Some(Err(problem)) = requested(pvc).map(|q| contract::size_gb(&q))
+            && pinned_to(pv, &ctx.settings.node_name)
+        {
+            say(ctx, pvc, true, "VolumeResizeFailed", problem).await;
+            continue;
+        }
         let Some(growth) = wanted(pvc, pv, &ctx.settings.node_name) else {
             continue;
         };

@@ -429,9 +429,15 @@ impl Provider for RunPodProvider {
         true
     }
 
-    /// The first of the installation's datacenters (`--datacenter-ids`).
-    fn default_volume_datacenter(&self) -> Option<String> {
-        self.limits.data_center_ids.first().cloned()
+    /// The first of the installation's datacenters (`--datacenter-ids`); without any, the
+    /// one where the most Secure Cloud GPU types have stock now (the claim's pod can only run
+    /// where its volume is).
+    async fn default_volume_datacenter(&self) -> Option<String> {
+        if let Some(first) = self.limits.data_center_ids.first() {
+            return Some(first.clone());
+        }
+        let cached = self.catalogue().await.ok()?;
+        volumes::best_stocked(&cached.catalogue)
     }
 
     async fn list_volumes(&self) -> Result<Vec<NetworkVolume>, ProviderError> {

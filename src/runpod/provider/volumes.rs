@@ -30,6 +30,25 @@ pub(super) fn mounts(mount: &VolumeMount) -> Value {
     json!({"network": [{"volumeId": mount.volume_id, "path": mount.path}]})
 }
 
+/// The datacenter where the most Secure Cloud GPU types have stock (ties: the first by id).
+pub(super) fn best_stocked(catalogue: &crate::runpod::catalogue::Catalogue) -> Option<String> {
+    let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for gpu in catalogue.gpus(runpod_contract::CloudType::Secure) {
+        for stock in gpu
+            .data_centers
+            .iter()
+            .filter(|s| s.availability != crate::runpod::catalogue::Availability::None)
+        {
+            *counts.entry(stock.id.as_str()).or_default() += 1;
+        }
+    }
+    let best = counts.values().copied().max()?;
+    counts
+        .into_iter()
+        .find(|(_, count)| *count == best)
+        .map(|(id, _)| id.to_owned())
+}
+
 /// The candidates that can run where the volume is: Secure Cloud, in its datacenter (a
 /// candidate that lets RunPod choose is sent there).
 pub(super) fn pinned(candidates: Vec<Candidate>, datacenter: &str) -> Vec<Candidate> {

@@ -424,6 +424,7 @@ impl Provider for VastaiProvider {
         let mut create = translate::create_request(pod, &env, &label, query.disk_gb)
             .map_err(|e| ProvisionError::Rejected(e.to_string()))?;
         create.interruptible = wanted.interruptible;
+        create.price_cap = query.max_price_per_hour;
         if let Some(login) = request.pull_credential {
             create.registry = Some(
                 RegistryLogin::new(&login.username, &login.password, &login.registry).map_err(

@@ -307,7 +307,8 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
         if earlier.is_some() {
             unsupported.push(retract::CHANGED_AFTER_REVIEW.to_owned());
         }
-        if placement == BurstMode::Always {
+        // Kept local, its network volume claim would wait for a provisioner forever.
+        if placement == BurstMode::Always || mounts_network_volume(pod, context) {
             return deny_invalid(pod, namespace, unsupported);
         }
         if let Some(earlier) = earlier {
@@ -476,6 +477,15 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
         warnings,
         untouched: None,
     }
+}
+
+/// Whether the pod mounts a claim of this project's StorageClass (only the virtual node can
+/// have its volume).
+fn mounts_network_volume(pod: &PodView, context: &Context) -> bool {
+    checks::claims(pod).iter().any(|claim| {
+        context.claim_provisioners.get(*claim).map(String::as_str)
+            == Some(runpod_contract::volumes::PROVISIONER)
+    })
 }
 
 /// Why a pod asking for a cloud this installation does not run is refused.

@@ -75,6 +75,17 @@ pub async fn resolve(
             .ok_or_else(|| VolumeError::UnknownVolume(mount.name.clone()));
         // A claim is no files: the controller mounts it as the instance's network volume.
         if let Ok(Some(claim)) = volume.as_ref().map(|v| v.persistent_volume_claim.as_ref()) {
+            // The cloud mounts the whole volume, writable: a part of it, or read-only, would
+            // put data where the pod does not expect it.
+            if mount.sub_path.as_deref().is_some_and(|p| !p.is_empty())
+                || mount.sub_path_expr.is_some()
+                || mount.read_only == Some(true)
+            {
+                return Err(VolumeError::Unsupported {
+                    volume: mount.name.clone(),
+                    kind: "persistentVolumeClaim mounted with subPath or readOnly".into(),
+                });
+            }
             out.claims
                 .push((claim.claim_name.clone(), mount_path.to_owned()));
             continue;

@@ -655,7 +655,7 @@ fn pods_runpod_cannot_run_are_refused_in_always_and_kept_local_in_fallback() {
         } => {
             assert!(warnings[0].contains("2 containers"), "{warnings:?}");
             assert!(
-                warnings[0].contains("persistentVolumeClaim"),
+                warnings[0].contains("PersistentVolumeClaim \"data\""),
                 "{warnings:?}"
             );
             assert!(!warnings[0].contains("\"cfg\""), "{warnings:?}");

@@ -82,6 +82,26 @@ impl Asked {
     }
 }
 
+/// The pod's annotations with the namespace's interruptible default added when neither the
+/// pod nor its Job says anything (a malformed label adds nothing: it is refused later).
+pub(super) fn with_namespace_default(
+    pod: &BTreeMap<String, String>,
+    effective: &Effective<'_>,
+    namespace_labels: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut annotations = pod.clone();
+    let silent = effective.get(INTERRUPTIBLE).is_none()
+        && effective.get(interruptible::BID_PER_HOUR).is_none();
+    if silent
+        && namespace_labels
+            .get(INTERRUPTIBLE)
+            .is_some_and(|label| interruptible::namespace_default(label) == Ok(true))
+    {
+        annotations.insert(INTERRUPTIBLE.to_owned(), "true".to_owned());
+    }
+    annotations
+}
+
 /// Judges the pod's (or its Job's, or its namespace's) interruptible wish for `cloud`. `Err`:
 /// the namespace label is malformed (the pod's own annotations were validated before).
 pub(super) fn judge(
@@ -278,5 +298,24 @@ mod tests {
             warning.contains("on-demand starts at 0.400 USD/h"),
             "{warning}"
         );
+    }
+
+    #[test]
+    fn a_namespace_default_prices_a_silent_pod_as_interruptible() {
+        let labels: BTreeMap<String, String> =
+            [(INTERRUPTIBLE.to_owned(), "true".to_owned())].into();
+        let silent = BTreeMap::new();
+        let priced = with_namespace_default(&silent, &Effective::resolve(&silent, None), &labels);
+        assert_eq!(priced.get(INTERRUPTIBLE).map(String::as_str), Some("true"));
+        let refuses: BTreeMap<String, String> =
+            [(INTERRUPTIBLE.to_owned(), "false".to_owned())].into();
+        let kept = with_namespace_default(&refuses, &Effective::resolve(&refuses, None), &labels);
+        assert_eq!(kept.get(INTERRUPTIBLE).map(String::as_str), Some("false"));
+        let unlabelled = with_namespace_default(
+            &silent,
+            &Effective::resolve(&silent, None),
+            &BTreeMap::new(),
+        );
+        assert!(unlabelled.is_empty());
     }
 }

@@ -240,7 +240,14 @@ pub fn decide(pod: &PodView, namespace: &str, context: &Context, config: &Policy
             {
                 clouds.push(cloud);
             }
-            let sides = cheapest::sides(&effective, gpus, config, &context.gpu_prices, &clouds);
+            // A namespace's interruptible default prices the pod as its own wish would.
+            let priced_annotations = interruptible::with_namespace_default(
+                pod_annotations,
+                &effective,
+                &context.namespace_labels,
+            );
+            let priced = checks::Effective::resolve(&priced_annotations, context.job.as_ref());
+            let sides = cheapest::sides(&priced, gpus, config, &context.gpu_prices, &clouds);
             match runpod_contract::gpus::cheapest(&sides, config.default_cloud()) {
                 Cheapest::Chose {
                     cloud,

@@ -202,7 +202,7 @@ async fn vanished<P: Provider>(
 }
 
 /// The cloud took the pod's instance away: its machine is avoided for a while, the instance
-/// is destroyed (a stopped Vast.ai instance bills storage), and the pod fails with
+/// is destroyed (a stopped instance may still bill storage), and the pod fails with
 /// `DisruptionTarget` or, `restartPolicy: Always`, gets a new instance.
 async fn disrupted<P: Provider>(
     pod: &Pod,

@@ -19,7 +19,7 @@ pub enum ClaimError {
     #[error("PersistentVolumeClaim {0} is not bound yet")]
     NotBound(String),
     #[error(
-        "PersistentVolumeClaim {claim} is bound to {volume}, which is not a RunPod network volume \
+        "PersistentVolumeClaim {claim} is bound to {volume}, which is not a network volume \
          (StorageClass provisioner {PROVISIONER})"
     )]
     NotOurs { claim: String, volume: String },

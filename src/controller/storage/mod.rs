@@ -1,4 +1,4 @@
-//! PersistentVolumeClaims of this project's StorageClass become network volumes (RunPod's):
+//! PersistentVolumeClaims of this project's StorageClass become the cloud's network volumes:
 //! the leader of the node a claim is for (the scheduler's `selected-node` of a
 //! `WaitForFirstConsumer` claim, or the class's `node`) creates the volume, once, and a PV
 //! pre-bound to the claim with affinity to its node. No CSI node plugin is needed: only the
@@ -69,7 +69,8 @@ async fn report_orphans<P: Provider>(
             warn!(
                 volume = %volume.id, name = %volume.name, datacenter = %volume.datacenter,
                 size_gb = volume.size_gb,
-                "network volume of this cluster that no claim or PV names; it bills storage until deleted in RunPod"
+                cloud = ctx.provider.cloud().title,
+                "network volume of this cluster that no claim or PV names; it bills storage until deleted at the cloud"
             );
         }
     }
@@ -221,7 +222,7 @@ async fn once<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
 }
 
 /// Volumes whose claim is gone (their PV `Released`) under the `Delete` policy are deleted,
-/// then their PV; RunPod refuses while an instance still mounts one, so it is tried again at
+/// then their PV; the cloud refuses while an instance still mounts one, so it is tried again at
 /// the next pass. Only the node the PV is pinned to does it. `Retain` keeps both.
 async fn reclaim<P: Provider>(ctx: &Shared<P>) -> Result<Vec<PersistentVolume>, kube::Error> {
     let pvs = Api::<PersistentVolume>::all(ctx.client.clone());
@@ -402,8 +403,11 @@ async fn provision<P: Provider>(
                 false,
                 "ProvisioningSucceeded",
                 format!(
-                    "RunPod network volume {} ({} GB in {}) is PersistentVolume pvc-{uid}",
-                    volume.id, volume.size_gb, volume.datacenter
+                    "{} network volume {} ({} GB in {}) is PersistentVolume pvc-{uid}",
+                    ctx.provider.cloud().title,
+                    volume.id,
+                    volume.size_gb,
+                    volume.datacenter
                 ),
             )
             .await;

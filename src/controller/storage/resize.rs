@@ -1,7 +1,7 @@
 //! A claim of ours that asks for more storage than its volume has (the class allows
-//! expansion) grows the volume (RunPod never shrinks one), then its PV and the claim's status,
+//! expansion) grows the volume (the cloud never shrinks one), then its PV and the claim's status,
 //! as an external resizer does. A crash in between sends the same size again, which changes
-//! nothing at RunPod.
+//! nothing at the cloud.
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::Api;
@@ -78,7 +78,7 @@ pub(super) async fn grow<P: Provider>(
         else {
             continue;
         };
-        // A size RunPod cannot have is said, not sent.
+        // A size the cloud cannot have is said, not sent.
         if let Some(Err(problem)) = requested(pvc).map(|q| contract::size_gb(&q))
             && pinned_to(pv, &ctx.settings.node_name)
         {
@@ -97,8 +97,11 @@ pub(super) async fn grow<P: Provider>(
                     false,
                     "VolumeResizeSuccessful",
                     format!(
-                        "RunPod network volume {} grew from {} GB to {} GB",
-                        growth.volume_id, growth.from_gb, growth.to_gb
+                        "{} network volume {} grew from {} GB to {} GB",
+                        ctx.provider.cloud().title,
+                        growth.volume_id,
+                        growth.from_gb,
+                        growth.to_gb
                     ),
                 )
                 .await;

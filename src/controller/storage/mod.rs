@@ -325,54 +325,14 @@ async fn provision<P: Provider>(
     let namespace = pvc.metadata.namespace.clone().unwrap_or_default();
     let claim = pvc.metadata.name.clone().unwrap_or_default();
     let name = contract::volume_name(&ctx.settings.cluster_id, &uid);
-    let request = pvc
-        .spec
-        .as_ref()
-        .and_then(|s| s.resources.as_ref())
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get("storage"))
-        .map(|q| q.0.clone())
-        .ok_or("the claim requests no storage")?;
+    let request = resize::requested(pvc).ok_or("the claim requests no storage")?;
     let size_gb = contract::size_gb(&request)?;
     let volume = match volumes.iter().find(|v| v.name == name) {
         Some(found) => found.clone(),
-        None => {
-            let sent = pvc
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(VOLUME_CREATE_REQUESTED))
-                .and_then(|at| at.parse::<Timestamp>().ok());
-            // Sent before and not listed yet: the answer may have been lost; wait it out.
-            if sent.is_some_and(|at| elapsed(at, Timestamp::now()) < ctx.settings.create_settle) {
-                return Ok(());
-            }
-            let datacenter = match class.params.datacenter.clone() {
-                Some(datacenter) => datacenter,
-                None => ctx.provider.default_volume_datacenter().await.ok_or(
-                    "no datacenter for the volume: set the StorageClass parameter dataCenter",
-                )?,
-            };
-            let marker = json!({"metadata": {"annotations": {
-                VOLUME_CREATE_REQUESTED: Timestamp::now().to_string()
-            }}});
-            Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &namespace)
-                .patch(&claim, &PatchParams::default(), &Patch::Merge(&marker))
-                .await
-                .map_err(|e| format!("recording the volume's create on the claim: {e}"))?;
-            let made = ctx
-                .provider
-                .create_volume(&VolumeRequest {
-                    name: name.clone(),
-                    size_gb,
-                    datacenter,
-                    tier: class.params.tier.clone(),
-                })
-                .await
-                .map_err(|e| format!("creating network volume {name}: {e}"))?;
-            info!(volume = %made.id, claim = %claim, namespace = %namespace, "network volume created");
-            made
-        }
+        None => match create_volume(ctx, pvc, class, &name, size_gb).await? {
+            Some(made) => made,
+            None => return Ok(()),
+        },
     };
     let access_modes = pvc
         .spec
@@ -416,6 +376,55 @@ async fn provision<P: Provider>(
         Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
         Err(error) => Err(format!("creating PersistentVolume pvc-{uid}: {error}")),
     }
+}
+
+/// Creates the claim's volume, its create recorded on the claim first; `None` while an earlier
+/// create, not listed yet, may still show up (its answer may have been lost).
+async fn create_volume<P: Provider>(
+    ctx: &Shared<P>,
+    pvc: &PersistentVolumeClaim,
+    class: &Class,
+    name: &str,
+    size_gb: u32,
+) -> Result<Option<NetworkVolume>, String> {
+    let namespace = pvc.metadata.namespace.clone().unwrap_or_default();
+    let claim = pvc.metadata.name.clone().unwrap_or_default();
+    let sent = pvc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(VOLUME_CREATE_REQUESTED))
+        .and_then(|at| at.parse::<Timestamp>().ok());
+    if sent.is_some_and(|at| elapsed(at, Timestamp::now()) < ctx.settings.create_settle) {
+        return Ok(None);
+    }
+    let datacenter = match class.params.datacenter.clone() {
+        Some(datacenter) => datacenter,
+        None => ctx
+            .provider
+            .default_volume_datacenter()
+            .await
+            .ok_or("no datacenter for the volume: set the StorageClass parameter dataCenter")?,
+    };
+    let marker = json!({"metadata": {"annotations": {
+        VOLUME_CREATE_REQUESTED: Timestamp::now().to_string()
+    }}});
+    Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &namespace)
+        .patch(&claim, &PatchParams::default(), &Patch::Merge(&marker))
+        .await
+        .map_err(|e| format!("recording the volume's create on the claim: {e}"))?;
+    let made = ctx
+        .provider
+        .create_volume(&VolumeRequest {
+            name: name.to_owned(),
+            size_gb,
+            datacenter,
+            tier: class.params.tier.clone(),
+        })
+        .await
+        .map_err(|e| format!("creating network volume {name}: {e}"))?;
+    info!(volume = %made.id, claim = %claim, namespace = %namespace, "network volume created");
+    Ok(Some(made))
 }
 
 /// An Event on the claim (each message once per leader).

@@ -55,7 +55,7 @@ pub(super) fn wanted(
 }
 
 /// The claim's storage request, as written.
-fn requested(pvc: &PersistentVolumeClaim) -> Option<String> {
+pub(super) fn requested(pvc: &PersistentVolumeClaim) -> Option<String> {
     let requests = pvc.spec.as_ref()?.resources.as_ref()?.requests.as_ref()?;
     requests.get("storage").map(|q| q.0.clone())
 }

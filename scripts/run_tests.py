@@ -111,12 +111,18 @@ def main():
                 lines = [l for l in lines if l.startswith("test result") or " ... " in l][-15:]
             print("\n".join(lines), flush=True)
             if status != 0:
-                failed.append(name)
+                failed.append((name, output))
     print(f"\n== {len(binaries)} test binaries in {time.monotonic() - started:.0f}s")
     for seconds, name, status in sorted(timings, reverse=True)[:12]:
         print(f"  {seconds:6.0f}s  {name}{'' if status == 0 else '  FAILED'}")
     if failed:
-        print(f"FAILED: {', '.join(failed)}")
+        # CI shows only the end of the log: repeat what each failure said last.
+        for name, output in failed:
+            lines = output.splitlines()
+            said = [l for l in lines if "panicked" in l or "assert" in l or "Error" in l]
+            print(f"\n==== {name}: what it said")
+            print("\n".join(said[-20:] + ["..."] + lines[-60:]))
+        print(f"FAILED: {', '.join(n for n, _ in failed)}")
         sys.exit(1)
 
 

@@ -222,8 +222,14 @@ impl OfferQuery {
         self.disk_gb.max(MIN_DISK_GB)
     }
 
-    /// Why a returned row is outside the query, if it is.
+    /// Why a returned row is outside the query, if it is: a server may ignore a filter.
     pub fn rejects(&self, offer: &Offer) -> Option<String> {
+        self.rejects_gpus(offer)
+            .or_else(|| self.rejects_host(offer))
+    }
+
+    /// The GPUs' model, count, memory and price.
+    fn rejects_gpus(&self, offer: &Offer) -> Option<String> {
         let id = offer.id;
         // By model: Vast.ai's `A100 SXM4` is a 40 GB or an 80 GB card, and `A100-80GB` wants
         // only the second.
@@ -263,6 +269,12 @@ impl OfferQuery {
                 offer.dph_total
             ));
         }
+        None
+    }
+
+    /// Where the host is, how it is rated, and whether the pod may have it now.
+    fn rejects_host(&self, offer: &Offer) -> Option<String> {
+        let id = offer.id;
         if !self.countries.is_empty() {
             match offer.country() {
                 Some(code) if self.countries.iter().any(|c| c.eq_ignore_ascii_case(&code)) => {}

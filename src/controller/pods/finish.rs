@@ -60,8 +60,25 @@ pub(super) async fn delete<P: Provider>(
     confirmed_at: Option<Timestamp>,
     ctx: &Shared<P>,
 ) -> Result<Action, ReconcileError> {
-    let grace = ends::grace_period(pod);
     let now = Timestamp::now();
+    let listed_pending = end_listed(pod, uid, live, now, ctx).await?;
+    let unlisted_pending = end_unlisted(pod, uid, live, confirmed_at, now, ctx).await?;
+    if listed_pending || unlisted_pending {
+        return Ok(Action::requeue(SHORT));
+    }
+    remove(pod, uid, ctx).await
+}
+
+/// Ends each listed instance of the deleted pod in its turn; returns whether any is still
+/// ending (billing's stop not yet sent, or stopping within the grace period).
+async fn end_listed<P: Provider>(
+    pod: &Pod,
+    uid: &str,
+    live: &[&Instance],
+    now: Timestamp,
+    ctx: &Shared<P>,
+) -> Result<bool, ReconcileError> {
+    let grace = ends::grace_period(pod);
     let mut pending = false;
     let mut billing_due = false;
     for instance in live {
@@ -93,6 +110,21 @@ pub(super) async fn delete<P: Provider>(
     if billing_due {
         ctx.ends_due.notify_one();
     }
+    Ok(pending)
+}
+
+/// An instance no list shows: one known by id is ended by id (when it is this pod's), and a
+/// create whose outcome is unknown holds the pod until lists could show its instance. Returns
+/// whether the pod must wait.
+async fn end_unlisted<P: Provider>(
+    pod: &Pod,
+    uid: &str,
+    live: &[&Instance],
+    confirmed_at: Option<Timestamp>,
+    now: Timestamp,
+    ctx: &Shared<P>,
+) -> Result<bool, ReconcileError> {
+    let mut pending = false;
     let (memory_id, marked_at, nothing_created, terminated) = ctx.remember(uid, |m| {
         (
             m.instance.as_ref().map(|(id, _)| id.clone()),
@@ -142,9 +174,16 @@ pub(super) async fn delete<P: Provider>(
         }
         Unlisted::Nothing => {}
     }
-    if pending {
-        return Ok(Action::requeue(SHORT));
-    }
+    Ok(pending)
+}
+
+/// Removes the pod object once nothing of it bills (UID precondition: never a new pod of the
+/// same name).
+async fn remove<P: Provider>(
+    pod: &Pod,
+    uid: &str,
+    ctx: &Shared<P>,
+) -> Result<Action, ReconcileError> {
     let pods = pods_in(&ctx.client, pod.metadata.namespace.as_deref());
     let params = DeleteParams {
         grace_period_seconds: Some(0),

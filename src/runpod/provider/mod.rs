@@ -22,7 +22,7 @@ use crate::runpod::client::RunPodClient;
 use crate::runpod::error::ApiError;
 use crate::runpod::limiter::Priority;
 use crate::runpod::logs::{LogRequest, LogSource, MAX_TAIL};
-use crate::runpod::model::PodAction;
+use crate::runpod::model::{CreatePodRequest, PodAction};
 use crate::runpod::placement::{Attempt, PlacementError};
 use crate::runpod::select::{self, Candidate, ClusterLimits};
 use crate::runpod::translate::{self, Origin};
@@ -108,6 +108,111 @@ impl RunPodProvider {
                 !c.data_center_ids.is_empty() || !cooldowns.keys().any(|(gpu, _)| gpu == &c.gpu_id)
             })
             .collect()
+    }
+
+    /// The GPU types and datacenters to try, best first: the catalogue's that fit the pod,
+    /// less those cooling down, within its network volume's datacenter when it mounts one.
+    async fn candidates_for(
+        &self,
+        request: &ProvisionRequest<'_>,
+    ) -> Result<Vec<Candidate>, ProvisionError> {
+        let pod = request.pod;
+        let requirements = select::requirements(pod, &self.limits)
+            .map_err(|e| ProvisionError::Rejected(e.to_string()))?;
+        let cached = self.catalogue().await?;
+        let all = select::candidates(&cached.catalogue, &requirements, &self.limits);
+        let mut candidates = self.usable(all, request.excluded_gpu_types);
+        // A network volume is in one datacenter, on Secure Cloud: the pod runs there or waits.
+        if let Some(mount) = request.network_volume {
+            candidates = volumes::pinned(candidates, &mount.datacenter);
+            if candidates.is_empty() {
+                return Err(ProvisionError::NoCandidates(format!(
+                    "no GPU type the pod may use has Secure Cloud stock in {}, where its \
+                     network volume {} is",
+                    mount.datacenter, mount.volume_id
+                )));
+            }
+        }
+        if candidates.is_empty() {
+            return Err(ProvisionError::NoCandidates(
+                "no GPU type in the RunPod catalogue satisfies the pod's requirements now \
+                 (memory, count, types, price cap, allowed datacenters with stock)"
+                    .into(),
+            ));
+        }
+        Ok(candidates)
+    }
+
+    /// The create request for the first candidate (the others differ only in GPU and
+    /// placement): the pod's container translated, its files and hooks in the wrapper, and its
+    /// network volume's mount.
+    fn create_body(
+        &self,
+        request: &ProvisionRequest<'_>,
+        candidates: &[Candidate],
+    ) -> Result<CreatePodRequest, ProvisionError> {
+        let pod = request.pod;
+        let Some(first) = candidates.first() else {
+            return Err(ProvisionError::NoCandidates(
+                "no GPU type in the RunPod catalogue satisfies the pod's requirements now".into(),
+            ));
+        };
+        let origin = Origin {
+            cluster_id: &self.cluster_id,
+            node_name: &self.node_name,
+            ssh_public_key: self.ssh_public_key.get().map(String::as_str),
+        };
+        let container = request.container()?;
+        let env = request.env.container_env(container);
+        let mut base = translate::create_request(pod, &env, &origin, first)
+            .map_err(|e| ProvisionError::Rejected(e.to_string()))?;
+        let words = command_words(container, &env);
+        // The ServiceAccount's ca.crt and namespace only where the wrapper runs a command; an
+        // image run without one keeps its own start (and cannot be handed files).
+        let service_account = if words.is_empty() {
+            &[][..]
+        } else {
+            &request.volumes.service_account[..]
+        };
+        let files: Vec<FileToWrite<'_>> = request
+            .volumes
+            .files
+            .iter()
+            .chain(service_account)
+            .map(|file| FileToWrite {
+                path: &file.path,
+                content: &file.content,
+                mode: file.mode,
+            })
+            .collect();
+        let setup = Setup::new(&files, &request.volumes.directories)
+            .map_err(|e| ProvisionError::Rejected(format!("volumes: {e}")))?;
+        if let Some(setup) = &setup {
+            base.env.extend(setup.env.clone());
+        }
+        base.mounts = request.network_volume.map(volumes::mounts);
+        let post_start = container
+            .lifecycle
+            .as_ref()
+            .and_then(|hooks| hooks.post_start.as_ref())
+            .and_then(|hook| hook.exec.as_ref())
+            .and_then(|exec| exec.command.as_deref());
+        // Probes and a preStop hook run over SSH: a pod that runs forever then starts sshd too.
+        let shell = container.startup_probe.is_some()
+            || container.liveness_probe.is_some()
+            || container.readiness_probe.is_some()
+            || container
+                .lifecycle
+                .as_ref()
+                .and_then(|hooks| hooks.pre_stop.as_ref())
+                .is_some_and(|hook| hook.exec.is_some() || hook.http_get.is_some());
+        if let Some(args) =
+            wrapper::wrapped_args(&words, completion(pod), setup.as_ref(), post_start, shell)
+                .map_err(|e| ProvisionError::Rejected(format!("command/args: {e}")))?
+        {
+            base.args = Some(args);
+        }
+        Ok(base)
     }
 
     async fn catalogue(
@@ -200,84 +305,8 @@ impl Provider for RunPodProvider {
         &self,
         request: ProvisionRequest<'_>,
     ) -> Result<Provisioned, ProvisionError> {
-        let pod = request.pod;
-        let requirements = select::requirements(pod, &self.limits)
-            .map_err(|e| ProvisionError::Rejected(e.to_string()))?;
-        let cached = self.catalogue().await?;
-        let all = select::candidates(&cached.catalogue, &requirements, &self.limits);
-        let mut candidates = self.usable(all, request.excluded_gpu_types);
-        // A network volume is in one datacenter, on Secure Cloud: the pod runs there or waits.
-        if let Some(mount) = request.network_volume {
-            candidates = volumes::pinned(candidates, &mount.datacenter);
-            if candidates.is_empty() {
-                return Err(ProvisionError::NoCandidates(format!(
-                    "no GPU type the pod may use has Secure Cloud stock in {}, where its network                      volume {} is",
-                    mount.datacenter, mount.volume_id
-                )));
-            }
-        }
-        let Some(first) = candidates.first() else {
-            return Err(ProvisionError::NoCandidates(
-                "no GPU type in the RunPod catalogue satisfies the pod's requirements now \
-                 (memory, count, types, price cap, allowed datacenters with stock)"
-                    .into(),
-            ));
-        };
-        let origin = Origin {
-            cluster_id: &self.cluster_id,
-            node_name: &self.node_name,
-            ssh_public_key: self.ssh_public_key.get().map(String::as_str),
-        };
-        let container = request.container()?;
-        let env = request.env.container_env(container);
-        let mut base = translate::create_request(pod, &env, &origin, first)
-            .map_err(|e| ProvisionError::Rejected(e.to_string()))?;
-        let words = command_words(container, &env);
-        // The ServiceAccount's ca.crt and namespace only where the wrapper runs a command; an
-        // image run without one keeps its own start (and cannot be handed files).
-        let service_account = if words.is_empty() {
-            &[][..]
-        } else {
-            &request.volumes.service_account[..]
-        };
-        let files: Vec<FileToWrite<'_>> = request
-            .volumes
-            .files
-            .iter()
-            .chain(service_account)
-            .map(|file| FileToWrite {
-                path: &file.path,
-                content: &file.content,
-                mode: file.mode,
-            })
-            .collect();
-        let setup = Setup::new(&files, &request.volumes.directories)
-            .map_err(|e| ProvisionError::Rejected(format!("volumes: {e}")))?;
-        if let Some(setup) = &setup {
-            base.env.extend(setup.env.clone());
-        }
-        base.mounts = request.network_volume.map(volumes::mounts);
-        let post_start = container
-            .lifecycle
-            .as_ref()
-            .and_then(|hooks| hooks.post_start.as_ref())
-            .and_then(|hook| hook.exec.as_ref())
-            .and_then(|exec| exec.command.as_deref());
-        // Probes and a preStop hook run over SSH: a pod that runs forever then starts sshd too.
-        let shell = container.startup_probe.is_some()
-            || container.liveness_probe.is_some()
-            || container.readiness_probe.is_some()
-            || container
-                .lifecycle
-                .as_ref()
-                .and_then(|hooks| hooks.pre_stop.as_ref())
-                .is_some_and(|hook| hook.exec.is_some() || hook.http_get.is_some());
-        if let Some(args) =
-            wrapper::wrapped_args(&words, completion(pod), setup.as_ref(), post_start, shell)
-                .map_err(|e| ProvisionError::Rejected(format!("command/args: {e}")))?
-        {
-            base.args = Some(args);
-        }
+        let candidates = self.candidates_for(&request).await?;
+        let base = self.create_body(&request, &candidates)?;
         let name = base.name.clone();
         let build = |candidate: &Candidate| {
             let mut request = base.clone();

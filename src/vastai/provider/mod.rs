@@ -20,13 +20,15 @@ use crate::provider::{
 use logs::{async_stream, entries, lines_of};
 
 mod logs;
+mod offers;
+use offers::bought_summary;
 #[cfg(test)]
 mod tests;
 use crate::vastai::client::VastClient;
 use crate::vastai::error::VastError;
 use crate::vastai::label::Label;
-use crate::vastai::model::{self, Offer, RegistryLogin};
-use crate::vastai::placement::{Bought, BuyError};
+use crate::vastai::model::{self, RegistryLogin};
+use crate::vastai::placement::BuyError;
 use crate::vastai::select::OfferQuery;
 use crate::vastai::translate;
 
@@ -437,59 +439,15 @@ impl Provider for VastaiProvider {
                 )?,
             );
         }
-        let offers: Vec<Offer> = self
-            .client
-            .search(&query)
-            .await
-            .map_err(|error| match error {
-                VastError::Unauthorized { .. } => ProvisionError::AccountBlocked(error.to_string()),
-                other => ProvisionError::NoCandidates(format!("searching Vast.ai offers: {other}")),
-            })?
-            .into_iter()
-            .filter(|offer| !request.excluded_gpu_types.contains(&offer.gpu_name))
-            .collect();
-        if offers.is_empty() {
-            return Err(ProvisionError::NoCandidates(format!(
-                "no Vast.ai offer matches the pod now (GPU {}, x{}, at most {} USD/h, {}, \
-                 reliability >= {})",
-                if wanted.gpu_names.is_empty() {
-                    "any".to_owned()
-                } else {
-                    wanted.gpu_names.join(" or ")
-                },
-                query.num_gpus,
-                query
-                    .max_price_per_hour
-                    .map_or("any".to_owned(), |p| format!("{p:.3}")),
-                self.policy.allowed,
-                self.policy.min_reliability
-            )));
-        }
+        let offers = self
+            .offers(&query, &wanted, request.excluded_gpu_types)
+            .await?;
         let bought = self
             .client
             .buy(&label, &offers, &create)
             .await
             .map_err(buy_error)?;
-        let summary = match &bought {
-            Bought::Created { offer_id, .. } => offers
-                .iter()
-                .find(|offer| offer.id == *offer_id)
-                .map(|offer| {
-                    let price = match create.priced_for(offer).and_then(|c| c.price) {
-                        Some(bid) => format!("an interruptible bid of {bid:.3} USD/h"),
-                        None => format!("{:.3} USD/h", offer.dph_total),
-                    };
-                    format!(
-                        "Vast.ai offer {} ({} x{} at {price} in {})",
-                        offer.id,
-                        offer.gpu_name,
-                        offer.num_gpus,
-                        offer.country().unwrap_or_else(|| "?".to_owned())
-                    )
-                })
-                .unwrap_or_else(|| format!("Vast.ai offer {offer_id}")),
-            Bought::Adopted { .. } => "adopted the Vast.ai instance that already existed".into(),
-        };
+        let summary = bought_summary(&bought, &offers, &create);
         let instance = self.instance_after_buy(bought.instance_id(), &label).await;
         Ok(Provisioned {
             instance,

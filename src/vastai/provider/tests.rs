@@ -5,6 +5,7 @@ use serde_json::json;
 
 use super::logs::{lines_of, new_lines};
 use super::*;
+use crate::vastai::model::Offer;
 
 fn vast(value: serde_json::Value) -> model::Instance {
     serde_json::from_value(value).unwrap()

@@ -142,46 +142,9 @@ pub fn desired(pod: &Pod, view: &View<'_>, host_ip: &str, now: Timestamp) -> Pod
         }),
         ..Default::default()
     };
-    // A pod that will never start (refused, say) shows every container, its init containers
-    // too, waiting with the reason: the kubelet's `kubectl get` and `describe` read them all.
-    let never_started = |containers: &[k8s_openapi::api::core::v1::Container]| {
-        containers
-            .iter()
-            .map(|container| ContainerStatus {
-                name: container.name.clone(),
-                image: container.image.clone().unwrap_or_default(),
-                started: Some(false),
-                state: container_status.state.clone(),
-                ..Default::default()
-            })
-            .collect::<Vec<_>>()
-    };
-    let (more, init_container_statuses) = match (view, pod.spec.as_ref()) {
-        (View::Failed { .. }, Some(spec)) => (
-            never_started(spec.containers.get(1..).unwrap_or_default()),
-            spec.init_containers
-                .as_deref()
-                .filter(|init| !init.is_empty())
-                .map(never_started),
-        ),
-        _ => (Vec::new(), None),
-    };
+    let (more, init_container_statuses) = never_started(view, pod, &container_status.state);
     let mut conditions = conditions(pod, &current, ready, now);
-    // The cloud took the instance away: said as Kubernetes says a disruption, so a Job's
-    // `podFailurePolicy` can tell it from the program's failure.
-    if let View::Failed { reason, message } = view
-        && runpod_contract::interruptible::is_disruption(reason)
-    {
-        conditions.retain(|c| c.type_ != runpod_contract::interruptible::DISRUPTION_TARGET);
-        conditions.push(condition(
-            &current,
-            runpod_contract::interruptible::DISRUPTION_TARGET,
-            true,
-            Some(reason),
-            Some(message.clone()),
-            now,
-        ));
-    }
+    add_disruption(view, &current, &mut conditions, now);
     let start_time = current.start_time.clone().or(Some(Time(now)));
     PodStatus {
         phase: Some(phase.to_owned()),
@@ -194,6 +157,61 @@ pub fn desired(pod: &Pod, view: &View<'_>, host_ip: &str, now: Timestamp) -> Pod
         message,
         qos_class: current.qos_class.clone(),
         ..Default::default()
+    }
+}
+
+/// A pod that will never start (refused, say) shows every container after the first, and its
+/// init containers, waiting with the first's state: the kubelet's `kubectl get` and
+/// `describe` read them all. Other pods show the first container alone.
+fn never_started(
+    view: &View<'_>,
+    pod: &Pod,
+    state: &Option<ContainerState>,
+) -> (Vec<ContainerStatus>, Option<Vec<ContainerStatus>>) {
+    let waiting = |containers: &[k8s_openapi::api::core::v1::Container]| {
+        containers
+            .iter()
+            .map(|container| ContainerStatus {
+                name: container.name.clone(),
+                image: container.image.clone().unwrap_or_default(),
+                started: Some(false),
+                state: state.clone(),
+                ..Default::default()
+            })
+            .collect::<Vec<_>>()
+    };
+    match (view, pod.spec.as_ref()) {
+        (View::Failed { .. }, Some(spec)) => (
+            waiting(spec.containers.get(1..).unwrap_or_default()),
+            spec.init_containers
+                .as_deref()
+                .filter(|init| !init.is_empty())
+                .map(waiting),
+        ),
+        _ => (Vec::new(), None),
+    }
+}
+
+/// The cloud took the instance away: said as Kubernetes says a disruption
+/// (`DisruptionTarget`), so a Job's `podFailurePolicy` can tell it from the program's failure.
+fn add_disruption(
+    view: &View<'_>,
+    current: &PodStatus,
+    conditions: &mut Vec<PodCondition>,
+    now: Timestamp,
+) {
+    if let View::Failed { reason, message } = view
+        && runpod_contract::interruptible::is_disruption(reason)
+    {
+        conditions.retain(|c| c.type_ != runpod_contract::interruptible::DISRUPTION_TARGET);
+        conditions.push(condition(
+            current,
+            runpod_contract::interruptible::DISRUPTION_TARGET,
+            true,
+            Some(reason),
+            Some(message.clone()),
+            now,
+        ));
     }
 }
 

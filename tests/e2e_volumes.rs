@@ -11,7 +11,7 @@
 mod support;
 
 use anyhow::{Context, bail, ensure};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
 use kube::api::PostParams;
@@ -107,6 +107,28 @@ async fn scenarios(
         || async {
             let value = support::controller::metric(metrics, &series).await?;
             Ok(value.filter(|v| (v - expected).abs() < 1e-6).map(|_| ()))
+        },
+    )
+    .await?;
+    // And counts against the namespace's budget: storage lines in its shared ledger.
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    support::wait::until(
+        "the volumes' storage in the namespace's budget ledger",
+        std::time::Duration::from_secs(60),
+        || async {
+            let Some(ledger) = maps.get_opt(&format!("runpod-kubelet-budget-{NS}")).await? else {
+                return Ok(None);
+            };
+            let stored: f64 = ledger
+                .data
+                .unwrap_or_default()
+                .iter()
+                .filter(|(key, _)| key.starts_with("volume."))
+                .filter_map(|(_, line)| serde_json::from_str::<serde_json::Value>(line).ok())
+                .filter(|line| line["state"] == "storage")
+                .filter_map(|line| line["usd"].as_f64())
+                .sum();
+            Ok(((stored - expected).abs() < 1e-6).then_some(()))
         },
     )
     .await?;

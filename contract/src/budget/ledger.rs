@@ -33,6 +33,22 @@ pub enum State {
     Starting,
     /// What the cloud says the live instance costs.
     Billing,
+    /// A network volume's storage (its line is keyed by [`storage_key`], not a pod UID).
+    Storage,
+}
+
+/// The line of a network volume's storage, by its PV's name (a ConfigMap key, never a UID).
+pub fn storage_key(pv: &str) -> String {
+    format!("volume.{pv}")
+}
+
+/// A network volume of one namespace as its PV shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    /// The claim it is bound to.
+    pub claim: String,
+    /// What its storage costs, USD per hour.
+    pub usd: f64,
 }
 
 /// One pod's line.
@@ -107,6 +123,7 @@ impl Ledger {
             match entry.state {
                 State::Billing => spend.billing += entry.usd,
                 State::Starting => spend.in_flight += entry.usd,
+                State::Storage => spend.storage += entry.usd,
             }
         }
         spend
@@ -239,7 +256,8 @@ impl Ledger {
             }
         }
         self.entries.retain(|uid, entry| {
-            if entry.node != node || live.contains_key(uid) {
+            // Storage lines follow the PVs ([`Ledger::storage`]), not the cloud's list.
+            if entry.node != node || entry.state == State::Storage || live.contains_key(uid) {
                 return true;
             }
             // Listed once and missing now: kept until known gone. Never listed yet: kept while
@@ -250,6 +268,44 @@ impl Ledger {
             let age = Duration::try_from(now.duration_since(entry.at)).unwrap_or_default();
             in_flight.contains(uid) || age < stale
         });
+        self.entries != before
+    }
+
+    /// Makes `node`'s storage lines exactly `volumes` (by [`storage_key`]): the PVs are the
+    /// truth of what is stored, read from the apiserver, and never lag as a cloud's list does.
+    /// Whether anything changed.
+    pub fn storage(
+        &mut self,
+        node: &str,
+        volumes: &BTreeMap<String, Stored>,
+        now: Timestamp,
+    ) -> bool {
+        let before = self.entries.clone();
+        self.entries.retain(|key, entry| {
+            entry.node != node || entry.state != State::Storage || volumes.contains_key(key)
+        });
+        for (key, Stored { claim, usd }) in volumes {
+            let same = self.entries.get(key).is_some_and(|entry| {
+                entry.node == node
+                    && entry.state == State::Storage
+                    && entry.usd == *usd
+                    && entry.pod == *claim
+            });
+            if !same {
+                self.entries.insert(
+                    key.clone(),
+                    Entry {
+                        node: node.to_owned(),
+                        pod: claim.clone(),
+                        usd: *usd,
+                        state: State::Storage,
+                        at: now,
+                        listed: false,
+                        instance: None,
+                    },
+                );
+            }
+        }
         self.entries != before
     }
 }
@@ -517,5 +573,50 @@ mod tests {
         ledger.sync("n", &live(&[]), &none, &gone(&["a"]), at(30 + 600), stale);
         assert!(ledger.entries.is_empty(), "known gone: its money is free");
         assert!(ledger.unlisted("n", &live(&[])).is_empty());
+    }
+
+    /// Issue 46: a namespace's network volumes count against its budget, follow the PVs, and
+    /// survive every list of the cloud (a volume is no instance).
+    #[test]
+    fn storage_counts_in_the_spend_and_follows_the_pvs_alone() {
+        let stale = Duration::from_secs(60);
+        let none = BTreeSet::new();
+        let stored = |lines: &[(&str, f64)]| -> BTreeMap<String, Stored> {
+            lines
+                .iter()
+                .map(|(pv, usd)| {
+                    let line = Stored {
+                        claim: format!("claim-{pv}"),
+                        usd: *usd,
+                    };
+                    (storage_key(pv), line)
+                })
+                .collect()
+        };
+        let mut ledger = Ledger::default();
+        assert!(ledger.storage("n", &stored(&[("pv-a", 0.01), ("pv-b", 0.02)]), at(0)));
+        assert!(!ledger.storage("n", &stored(&[("pv-a", 0.01), ("pv-b", 0.02)]), at(5)));
+        ledger.storage("other", &stored(&[("pv-c", 0.04)]), at(0));
+        ledger.sync(
+            "n",
+            &live(&[("u", Some(0.5))]),
+            &none,
+            &gone(&[]),
+            at(0),
+            stale,
+        );
+        let spend = ledger.spend();
+        assert!((spend.storage - 0.07).abs() < 1e-12, "{spend:?}");
+        assert!((spend.total() - 0.57).abs() < 1e-12, "{spend:?}");
+        // The cloud's lists, empty or not, never touch a storage line...
+        ledger.sync("n", &live(&[]), &none, &gone(&["u"]), at(600), stale);
+        assert!((ledger.spend().storage - 0.07).abs() < 1e-12);
+        assert!(ledger.unlisted("n", &live(&[])).is_empty());
+        // ...the PVs do: a deleted one goes, a grown one costs more, another node's stays.
+        assert!(ledger.storage("n", &stored(&[("pv-b", 0.03)]), at(700)));
+        let spend = ledger.spend();
+        assert!((spend.storage - 0.07).abs() < 1e-12, "{spend:?}");
+        assert!(!ledger.entries.contains_key(&storage_key("pv-a")));
+        assert_eq!(Ledger::parse(&ledger.data()), ledger);
     }
 }

@@ -66,12 +66,14 @@ pub struct Spend {
     pub billing: f64,
     /// The most the creates under way (sent, not yet listed) may cost.
     pub in_flight: f64,
+    /// What the namespace's network volumes cost per hour (storage bills with no pod running).
+    pub storage: f64,
 }
 
 impl Spend {
-    /// Billing and starting together.
+    /// Billing, starting and storage together.
     pub fn total(&self) -> f64 {
-        self.billing + self.in_flight
+        self.billing + self.in_flight + self.storage
     }
 }
 
@@ -121,11 +123,16 @@ pub fn room(namespace: &str, budget: f64, spend: Spend, price: f64, ahead: usize
         return Room::Create;
     }
     let mut message = format!(
-        "namespace {namespace} spends {:.3} USD/h ({:.3} billing, {:.3} starting) of its budget \
-         of {budget:.3} USD/h; this pod costs up to {price:.3} USD/h",
+        "namespace {namespace} spends {:.3} USD/h ({:.3} billing, {:.3} starting{}) of its \
+         budget of {budget:.3} USD/h; this pod costs up to {price:.3} USD/h",
         spend.total(),
         spend.billing,
-        spend.in_flight
+        spend.in_flight,
+        if spend.storage > 0.0 {
+            format!(", {:.3} network volumes", spend.storage)
+        } else {
+            String::new()
+        }
     );
     if ahead > 0 {
         message.push_str(&format!(
@@ -202,7 +209,11 @@ mod tests {
     /// The issue's scenario: a budget of 1 USD/h and pods of 0.4 USD/h.
     #[test]
     fn the_budget_decision_table() {
-        let spend = |billing: f64, in_flight: f64| Spend { billing, in_flight };
+        let spend = |billing: f64, in_flight: f64| Spend {
+            billing,
+            in_flight,
+            storage: 0.0,
+        };
         let cases: [(&str, Spend, f64, usize, bool); 9] = [
             ("empty namespace", spend(0.0, 0.0), 0.4, 0, true),
             ("second pod", spend(0.4, 0.0), 0.4, 0, true),

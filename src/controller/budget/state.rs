@@ -1,7 +1,7 @@
 //! This leader's budget bookkeeping, apart from the shell that reads and writes the ledgers:
 //! whether its lines are rebuilt, which creates are under way, which namespaces have series.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,7 +28,13 @@ pub struct BudgetState {
     exported: Mutex<BTreeSet<String>>,
     /// Each namespace's pods as last listed for the budget queue, shared by its waiting pods.
     listed: Mutex<HashMap<String, ListSlot>>,
+    /// The network volumes of this node's PVs by namespace, as the storage controller last
+    /// read them (`None`: it has not, so the ledgers' storage lines are left as they are).
+    stored: Mutex<Option<Stored>>,
 }
+
+/// Network volumes by namespace, each by its ledger key.
+pub type Stored = BTreeMap<String, BTreeMap<String, runpod_contract::budget::ledger::Stored>>;
 
 /// One namespace's last list and when it was taken; locked while a list is under way, so the
 /// namespace's other waiting pods wait for it rather than list too.
@@ -40,6 +46,16 @@ pub trait PodLister {
 }
 
 impl BudgetState {
+    /// The storage controller's last reading of this node's volumes.
+    pub fn set_stored(&self, stored: Stored) {
+        *lock(&self.stored) = Some(stored);
+    }
+
+    /// What the budget sync writes as this node's storage lines (`None`: not read yet).
+    pub fn stored(&self) -> Option<Stored> {
+        lock(&self.stored).clone()
+    }
+
     /// Whether this leader's own instances in `namespace` are in its ledger (rebuilt from the
     /// cloud since it started, and the last write there succeeded).
     pub fn is_synced(&self, namespace: &str) -> bool {

@@ -209,7 +209,8 @@ async fn once<P: Provider>(
     shared.budget.new_pass();
     let (mut by_namespace, namespace_of) = by_namespace(listed, pods, node);
     let live = live_by_namespace(&snapshot.instances, pods, &namespace_of);
-    for namespace in live.keys() {
+    let stored = shared.budget.stored();
+    for namespace in live.keys().chain(stored.iter().flat_map(|s| s.keys())) {
         by_namespace.entry(namespace.clone()).or_insert(None);
     }
     let now = Timestamp::now();
@@ -239,7 +240,12 @@ async fn once<P: Provider>(
             |id: String| async move { shared.provider.lookup(&id).await },
         )
         .await;
-        let changed = ledger.sync(node, mine, &creating, &gone, now, stale);
+        let mut changed = ledger.sync(node, mine, &creating, &gone, now, stale);
+        if let Some(stored) = &stored {
+            let empty = BTreeMap::new();
+            let volumes = stored.get(&namespace).unwrap_or(&empty);
+            changed |= ledger.storage(node, volumes, now);
+        }
         if !ledger.entries.is_empty() {
             keep.insert(namespace.clone());
         }

@@ -30,6 +30,7 @@ use tracing::{debug, info, warn};
 use crate::controller::clock::elapsed;
 use crate::controller::context::Shared;
 use crate::provider::{NetworkVolume, Provider, VolumeRequest};
+use runpod_contract::budget::ledger::{Stored, storage_key};
 
 /// Every this many passes, this cluster's volumes that no claim or PV names are looked for.
 const ORPHAN_CHECK_EVERY: u64 = 30;
@@ -227,8 +228,14 @@ async fn once<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
 async fn reclaim<P: Provider>(ctx: &Shared<P>) -> Result<Vec<PersistentVolume>, kube::Error> {
     let pvs = Api::<PersistentVolume>::all(ctx.client.clone());
     let listed = pvs.list(&ListParams::default()).await?.items;
-    ctx.metrics
-        .volume_costs(&volume_costs(&listed, &ctx.settings.node_name));
+    let stored = stored(&listed, &ctx.settings.node_name);
+    let costs: BTreeMap<String, f64> = stored
+        .iter()
+        .map(|(namespace, volumes)| (namespace.clone(), volumes.values().map(|v| v.usd).sum()))
+        .collect();
+    ctx.metrics.volume_costs(&costs);
+    // The budget sync writes them into the namespaces' ledgers at its next pass.
+    ctx.budget.set_stored(stored);
     for pv in &listed {
         let Some(volume_id) = released_for_deletion(pv, &ctx.settings.node_name) else {
             continue;
@@ -248,11 +255,12 @@ async fn reclaim<P: Provider>(ctx: &Shared<P>) -> Result<Vec<PersistentVolume>, 
     Ok(listed)
 }
 
-/// What the volumes of this node's PVs cost per hour, by their claims' namespaces.
-fn volume_costs(pvs: &[PersistentVolume], node: &str) -> BTreeMap<String, f64> {
-    let mut costs = BTreeMap::new();
+/// The volumes of this node's PVs and what each costs per hour, by their claims' namespaces
+/// (a `Released` PV under `Retain` still stores, and still bills).
+fn stored(pvs: &[PersistentVolume], node: &str) -> crate::controller::budget::state::Stored {
+    let mut stored = crate::controller::budget::state::Stored::new();
     for pv in pvs.iter().filter(|pv| pinned_to(pv, node)) {
-        let Some(spec) = pv.spec.as_ref() else {
+        let (Some(spec), Some(name)) = (pv.spec.as_ref(), pv.metadata.name.as_deref()) else {
             continue;
         };
         let gb = spec
@@ -260,12 +268,20 @@ fn volume_costs(pvs: &[PersistentVolume], node: &str) -> BTreeMap<String, f64> {
             .as_ref()
             .and_then(|c| c.get("storage"))
             .and_then(|q| contract::size_gb(&q.0).ok());
-        let namespace = spec.claim_ref.as_ref().and_then(|c| c.namespace.clone());
+        let claim = spec.claim_ref.as_ref();
+        let namespace = claim.and_then(|c| c.namespace.clone());
         if let (Some(gb), Some(namespace)) = (gb, namespace) {
-            *costs.entry(namespace).or_insert(0.0) += contract::cost_per_hour(gb);
+            let line = Stored {
+                claim: claim.and_then(|c| c.name.clone()).unwrap_or_default(),
+                usd: contract::cost_per_hour(gb),
+            };
+            stored
+                .entry(namespace)
+                .or_default()
+                .insert(storage_key(name), line);
         }
     }
-    costs
+    stored
 }
 
 /// Whether `pv` is one of ours, pinned to `node`.
@@ -481,18 +497,31 @@ mod tests {
     }
 
     #[test]
-    fn volume_costs_add_up_per_namespace_on_this_node() {
-        let costs = volume_costs(
+    fn stored_volumes_add_up_per_namespace_on_this_node() {
+        let named = |name: &str, phase: &str, reclaim: &str, node: &str| {
+            let mut pv = pv(phase, reclaim, node);
+            pv.metadata.name = Some(name.to_owned());
+            pv
+        };
+        let stored = stored(
             &[
-                pv("Bound", "Delete", "vr"),
-                pv("Bound", "Delete", "vr"),
-                pv("Bound", "Delete", "other"),
+                named("pv-a", "Bound", "Delete", "vr"),
+                // Retained after its claim went: it still stores, and bills.
+                named("pv-b", "Released", "Retain", "vr"),
+                named("pv-c", "Bound", "Delete", "other"),
             ],
             "vr",
         );
-        let expected = 2.0 * 20.0 * 0.07 / 720.0;
-        assert_eq!(costs.len(), 1);
-        assert!((costs["ns"] - expected).abs() < 1e-12, "{costs:?}");
+        let each = 20.0 * 0.07 / 720.0;
+        assert_eq!(stored.len(), 1);
+        let volumes = &stored["ns"];
+        assert_eq!(
+            volumes.keys().cloned().collect::<Vec<_>>(),
+            [storage_key("pv-a"), storage_key("pv-b")]
+        );
+        let total: f64 = volumes.values().map(|v| v.usd).sum();
+        assert!((total - 2.0 * each).abs() < 1e-12, "{stored:?}");
+        assert_eq!(volumes[&storage_key("pv-a")].claim, "data");
     }
 
     #[test]

@@ -144,6 +144,63 @@ async fn scenarios(
     a_deleted_claim_deletes_its_volume(client, simulator)
         .await
         .context("deleting a claim")?;
+    a_volume_goes_where_its_first_pod_may_run(client, simulator)
+        .await
+        .context("a claim whose first pod names its datacenters")?;
+    Ok(())
+}
+
+/// Issue 46: a claim's volume is made in a datacenter its first pod allows (the pod's
+/// `runpod.io/datacenter-ids`, within the installation's), not the installation's first; and a
+/// pod that could never run where a bound claim's volume is, is refused at admission.
+async fn a_volume_goes_where_its_first_pod_may_run(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+) -> anyhow::Result<()> {
+    let uid = claim(client, "regional", "runpod-network", "10Gi").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let mut texan = pod_with("texan", "regional")?;
+    texan
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("runpod.io/datacenter-ids".into(), "US-TX-3".into());
+    pods.create(&PostParams::default(), &texan).await?;
+    let running = support::pods::running(&pods, "texan").await?;
+    let name = format!("rpk-{CLUSTER}-{uid}");
+    let volumes = simulator.volumes().await?;
+    let volume = volumes
+        .iter()
+        .find(|v| v["name"] == name.as_str())
+        .context("no volume for the claim")?;
+    ensure!(
+        volume["data_center"] == "US-TX-3",
+        "the volume is not where its pod may run: {volume}"
+    );
+    let pod_id = annotation(&running, "runpod.io/pod-id").context("RunPod id")?;
+    let ledger = simulator.ledger().await?;
+    let entry = ledger
+        .iter()
+        .find(|e| e["id"] == pod_id)
+        .context("the instance is not in the ledger")?;
+    ensure!(
+        entry["data_center_id"] == "US-TX-3",
+        "the instance: {entry}"
+    );
+    // The claim is bound now: a pod that allows only EU-RO-1 could never mount it.
+    let mut european = pod_with("european", "regional")?;
+    european
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("runpod.io/datacenter-ids".into(), "EU-RO-1".into());
+    match pods.create(&PostParams::default(), &european).await {
+        Err(kube::Error::Api(status)) => ensure!(
+            status.code == 403 && status.message.contains("US-TX-3"),
+            "refused, but not for the volume's datacenter: {status:?}"
+        ),
+        other => anyhow::bail!("a pod that cannot run where its volume is was admitted: {other:?}"),
+    }
     Ok(())
 }
 

@@ -90,6 +90,20 @@ pub fn size_gb(quantity: &str) -> Result<u32, String> {
     Ok(gb as u32)
 }
 
+/// The datacenter of a PV's network volume (`csi.volumeAttributes.dataCenter` of this
+/// project's driver), when it names one.
+pub fn pv_datacenter(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> Option<String> {
+    let csi = pv.spec.as_ref()?.csi.as_ref()?;
+    (csi.driver == PROVISIONER)
+        .then(|| {
+            csi.volume_attributes
+                .as_ref()?
+                .get(ATTRIBUTE_DATACENTER)
+                .cloned()
+        })
+        .flatten()
+}
+
 /// The volume's name at RunPod: this cluster's, for this claim (RunPod volumes carry no tags,
 /// so the name is how one is found again).
 pub fn volume_name(cluster_id: &str, claim_uid: &str) -> String {

@@ -376,8 +376,12 @@ pub trait Provider: Send + Sync + 'static {
         false
     }
 
-    /// Where a claim's volume goes when its class names no datacenter.
-    fn default_volume_datacenter(&self) -> impl Future<Output = Option<String>> + Send {
+    /// Where a claim's volume goes when its class names no datacenter: one of `wanted` (the
+    /// datacenters its first pod allows; empty: any) that the installation allows.
+    fn default_volume_datacenter(
+        &self,
+        _wanted: &[String],
+    ) -> impl Future<Output = Option<String>> + Send {
         async { None }
     }
 

@@ -67,15 +67,20 @@ async fn lookup_context<C: ClusterView>(
         None
     };
     let mut claim_provisioners = BTreeMap::new();
+    let mut claim_datacenters = BTreeMap::new();
     for claim in runpod_contract::checks::claims(&creation.pod) {
-        if let Some(provisioner) = cluster.claim_provisioner(&creation.namespace, claim).await {
-            claim_provisioners.insert(claim.to_owned(), provisioner);
+        if let Some(found) = cluster.claim(&creation.namespace, claim).await {
+            claim_provisioners.insert(claim.to_owned(), found.provisioner);
+            if let Some(datacenter) = found.datacenter {
+                claim_datacenters.insert(claim.to_owned(), datacenter);
+            }
         }
     }
     Ok(Context {
         namespace_labels,
         job,
         claim_provisioners,
+        claim_datacenters,
         cheapest_gpu_price: cluster.cheapest_gpu_prices(),
         gpu_prices: cluster.gpu_prices(),
         namespace_annotations,

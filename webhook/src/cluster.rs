@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, Node, PersistentVolume, PersistentVolumeClaim,
+};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -71,13 +73,9 @@ pub trait ClusterView: Send + Sync + 'static {
     fn served(&self) -> Vec<(Cloud, Served)> {
         Vec::new()
     }
-    /// The provisioner of the StorageClass of claim `name` in `namespace`; `None` when the
-    /// claim or its class cannot be read.
-    fn claim_provisioner(
-        &self,
-        _namespace: &str,
-        _name: &str,
-    ) -> impl Future<Output = Option<String>> + Send {
+    /// Claim `name` in `namespace`: its StorageClass's provisioner and where its volume is;
+    /// `None` when the claim or its class cannot be read.
+    fn claim(&self, _namespace: &str, _name: &str) -> impl Future<Output = Option<Claimed>> + Send {
         async { None }
     }
     /// What a namespace spends now per its budget ledger, when it can be read (only feeds a
@@ -85,6 +83,16 @@ pub trait ClusterView: Send + Sync + 'static {
     fn namespace_spend(&self, _namespace: &str) -> impl Future<Output = Option<f64>> + Send {
         async { None }
     }
+}
+
+/// What admission needs of a claim a pod mounts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Claimed {
+    /// Its StorageClass's provisioner.
+    pub provisioner: String,
+    /// The datacenter its network volume is in, when known: its PV's, else its class's
+    /// `dataCenter` parameter (a claim not provisioned yet goes where its first pod lands).
+    pub datacenter: Option<String>,
 }
 
 const DIRECT_GET_TIMEOUT: Duration = Duration::from_secs(3);
@@ -271,19 +279,47 @@ impl ClusterView for KubeCluster {
     }
 
     /// Read directly (rare: only pods that mount a claim), each with the lookups' timeout.
-    async fn claim_provisioner(&self, namespace: &str, name: &str) -> Option<String> {
+    async fn claim(&self, namespace: &str, name: &str) -> Option<Claimed> {
         let claims = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace);
         let claim = direct_get(claims.get_opt(name), || format!("claim {namespace}/{name}"))
             .await
             .ok()
             .flatten()?;
-        let class = claim.spec?.storage_class_name?;
+        let spec = claim.spec?;
+        let class_name = spec.storage_class_name?;
         let classes = Api::<StorageClass>::all(self.client.clone());
-        direct_get(classes.get_opt(&class), || format!("StorageClass {class}"))
+        let class = direct_get(classes.get_opt(&class_name), || {
+            format!("StorageClass {class_name}")
+        })
+        .await
+        .ok()
+        .flatten()?;
+        let mut datacenter = class
+            .parameters
+            .as_ref()
+            .and_then(|p| p.get(runpod_contract::volumes::PARAM_DATACENTER))
+            .filter(|dc| !dc.trim().is_empty())
+            .cloned();
+        // A bound claim's volume is where its PV says (a static PV names any datacenter).
+        if let Some(pv_name) = spec.volume_name.filter(|n| !n.is_empty()) {
+            let pvs = Api::<PersistentVolume>::all(self.client.clone());
+            let pv = direct_get(pvs.get_opt(&pv_name), || {
+                format!("PersistentVolume {pv_name}")
+            })
             .await
             .ok()
-            .flatten()
-            .map(|class| class.provisioner)
+            .flatten();
+            if let Some(found) = pv
+                .as_ref()
+                .and_then(runpod_contract::volumes::pv_datacenter)
+            {
+                datacenter = Some(found);
+            }
+        }
+        Some(Claimed {
+            provisioner: class.provisioner,
+            datacenter,
+        })
     }
 
     async fn namespace_annotations(&self, name: &str) -> BTreeMap<String, String> {
@@ -452,8 +488,8 @@ pub struct MemoryCluster {
     pub served: Vec<(Cloud, Served)>,
     /// Namespace name → what its ledger says it spends.
     pub spend: BTreeMap<String, f64>,
-    /// `namespace/claim` → its StorageClass's provisioner.
-    pub claim_provisioners: BTreeMap<String, String>,
+    /// `namespace/claim` → its StorageClass's provisioner and volume's datacenter.
+    pub claims: BTreeMap<String, Claimed>,
 }
 
 impl ClusterView for MemoryCluster {
@@ -516,9 +552,7 @@ impl ClusterView for MemoryCluster {
         self.spend.get(namespace).copied()
     }
 
-    async fn claim_provisioner(&self, namespace: &str, name: &str) -> Option<String> {
-        self.claim_provisioners
-            .get(&format!("{namespace}/{name}"))
-            .cloned()
+    async fn claim(&self, namespace: &str, name: &str) -> Option<Claimed> {
+        self.claims.get(&format!("{namespace}/{name}")).cloned()
     }
 }

@@ -223,12 +223,14 @@ pub fn network_volume_claims(
         match provisioner_of(claim) {
             Some(provisioner) if provisioner == crate::volumes::PROVISIONER => {}
             Some(provisioner) => problems.push(format!(
-                "PersistentVolumeClaim {claim:?} is provisioned by {provisioner}, which a burst                  pod cannot mount; only claims of a StorageClass of {} (the chart's {}) can",
+                "PersistentVolumeClaim {claim:?} is provisioned by {provisioner}, which a burst \
+                 pod cannot mount; only claims of a StorageClass of {} (the chart's {}) can",
                 crate::volumes::PROVISIONER,
                 crate::volumes::CLASS_NAME
             )),
             None => problems.push(format!(
-                "PersistentVolumeClaim {claim:?} (or its StorageClass) does not exist; create it                  first, with StorageClass {}",
+                "PersistentVolumeClaim {claim:?} (or its StorageClass) does not exist; create it \
+                 first, with StorageClass {}",
                 crate::volumes::CLASS_NAME
             )),
         }
@@ -327,6 +329,49 @@ fn unsupported_volume_kind(volume: &VolumeView) -> Option<String> {
             .clone()
             .unwrap_or_else(|| "unknown".to_owned()),
     )
+}
+
+/// Why a pod may not mount claim `claim`, whose network volume is in `datacenter`: a volume
+/// is in one datacenter on Secure Cloud, so the pod runs there or nowhere, and that place must
+/// be one the installation and the pod (or its Job) allow.
+pub fn volume_placement_problems(
+    effective: &Effective<'_>,
+    config: &PolicyConfig,
+    claim: &str,
+    datacenter: &str,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let volume = format!("PersistentVolumeClaim {claim:?} is a network volume in {datacenter}");
+    let allowed = &config.allowed_datacenters;
+    if !allowed.is_empty() && !allowed.iter().any(|id| id == datacenter) {
+        problems.push(format!(
+            "{volume}, which this installation does not allow (allowed datacenters: {}); the \
+             pod could only run there",
+            allowed.join(", ")
+        ));
+    }
+    if let Some(sourced) = effective.get(contract::DATACENTER_IDS) {
+        let asked = contract::split_list(sourced.value).unwrap_or_default();
+        if !asked.is_empty() && !asked.contains(&datacenter) {
+            problems.push(format!(
+                "{volume}, but annotation {}{} allows only {}; the pod could only run there",
+                contract::DATACENTER_IDS,
+                sourced.origin(),
+                asked.join(", ")
+            ));
+        }
+    }
+    if let Some(sourced) = effective.get(contract::CLOUD_TYPE)
+        && CloudType::parse(sourced.value) == Some(CloudType::Community)
+    {
+        problems.push(format!(
+            "{volume}, which RunPod attaches only on Secure Cloud, but annotation {}{} is {}",
+            contract::CLOUD_TYPE,
+            sourced.origin(),
+            sourced.value
+        ));
+    }
+    problems
 }
 
 /// Well-formed values this cluster does not allow: datacenters outside the allowed list, a price

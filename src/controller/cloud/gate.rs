@@ -273,8 +273,8 @@ impl<P: Provider> Provider for Gated<P> {
         self.inner.network_volumes()
     }
 
-    async fn default_volume_datacenter(&self) -> Option<String> {
-        self.inner.default_volume_datacenter().await
+    async fn default_volume_datacenter(&self, wanted: &[String]) -> Option<String> {
+        self.inner.default_volume_datacenter(wanted).await
     }
 
     async fn list_volumes(&self) -> Result<Vec<NetworkVolume>, ProviderError> {

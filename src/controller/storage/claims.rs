@@ -1,9 +1,10 @@
 //! The network volume a burst pod mounts: its PersistentVolumeClaim, bound to a PV of this
 //! project's StorageClass, names the volume and where it is.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::Api;
-use runpod_contract::volumes::{ATTRIBUTE_DATACENTER, PROVISIONER};
+use runpod_contract::DATACENTER_IDS;
+use runpod_contract::volumes::{PROVISIONER, pv_datacenter};
 
 use crate::provider::VolumeMount;
 
@@ -69,12 +70,33 @@ pub fn mount_of(pv: &PersistentVolume, path: &str) -> Option<VolumeMount> {
     if csi.driver != PROVISIONER {
         return None;
     }
-    let datacenter = csi.volume_attributes.as_ref()?.get(ATTRIBUTE_DATACENTER)?;
     Some(VolumeMount {
         volume_id: csi.volume_handle.clone(),
         path: path.to_owned(),
-        datacenter: datacenter.clone(),
+        datacenter: pv_datacenter(pv)?,
     })
+}
+
+/// Of the pods that mount `claim`, the first created: the datacenters its
+/// `runpod.io/datacenter-ids` allows (empty: any).
+pub fn first_consumer_datacenters(pods: &[Pod], claim: &str) -> Vec<String> {
+    let mounts = |pod: &&Pod| {
+        pod.spec.as_ref().is_some_and(|spec| {
+            spec.volumes.iter().flatten().any(|volume| {
+                volume
+                    .persistent_volume_claim
+                    .as_ref()
+                    .is_some_and(|c| c.claim_name == claim)
+            })
+        })
+    };
+    pods.iter()
+        .filter(mounts)
+        .min_by_key(|pod| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .and_then(|pod| pod.metadata.annotations.as_ref()?.get(DATACENTER_IDS))
+        .and_then(|value| runpod_contract::split_list(value).ok())
+        .map(|ids| ids.into_iter().map(str::to_owned).collect())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -111,5 +133,39 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(mount_of(&nfs, "/data"), None);
+    }
+
+    /// A claim's volume goes where its first pod may run (issue 46).
+    #[test]
+    fn the_first_pod_of_a_claim_says_where_its_volume_may_go() {
+        let pod = |name: &str, created: &str, claim: &str, ids: Option<&str>| -> Pod {
+            let mut value = serde_json::json!({
+                "metadata": {"name": name, "creationTimestamp": created},
+                "spec": {"containers": [{"name": "c"}], "volumes": [
+                    {"name": "v", "persistentVolumeClaim": {"claimName": claim}}
+                ]}
+            });
+            if let Some(ids) = ids {
+                value["metadata"]["annotations"] = serde_json::json!({DATACENTER_IDS: ids});
+            }
+            serde_json::from_value(value).unwrap()
+        };
+        let pods = [
+            pod("later", "2026-11-29T10:00:05Z", "data", Some("US-TX-3")),
+            pod("other", "2026-11-29T09:00:00Z", "scratch", Some("CA-MTL-1")),
+            pod(
+                "first",
+                "2026-11-29T10:00:00Z",
+                "data",
+                Some("EU-RO-1, EU-SE-1"),
+            ),
+        ];
+        assert_eq!(
+            first_consumer_datacenters(&pods, "data"),
+            ["EU-RO-1", "EU-SE-1"]
+        );
+        assert!(first_consumer_datacenters(&pods, "missing").is_empty());
+        let silent = [pod("p", "2026-11-29T10:00:00Z", "data", None)];
+        assert!(first_consumer_datacenters(&silent, "data").is_empty());
     }
 }

@@ -416,11 +416,24 @@ async fn create_volume<P: Provider>(
     }
     let datacenter = match class.params.datacenter.clone() {
         Some(datacenter) => datacenter,
-        None => ctx
-            .provider
-            .default_volume_datacenter()
-            .await
-            .ok_or("no datacenter for the volume: set the StorageClass parameter dataCenter")?,
+        None => {
+            let wanted = consumers_datacenters(ctx, &namespace, &claim).await;
+            ctx.provider
+                .default_volume_datacenter(&wanted)
+                .await
+                .ok_or_else(|| {
+                    if wanted.is_empty() {
+                        "no datacenter for the volume: set the StorageClass parameter dataCenter"
+                            .to_owned()
+                    } else {
+                        format!(
+                            "the pods of this claim allow only datacenter(s) {}, which this \
+                             installation does not (its --datacenter-ids)",
+                            wanted.join(", ")
+                        )
+                    }
+                })?
+        }
     };
     let marker = json!({"metadata": {"annotations": {
         VOLUME_CREATE_REQUESTED: Timestamp::now().to_string()
@@ -441,6 +454,25 @@ async fn create_volume<P: Provider>(
         .map_err(|e| format!("creating network volume {name}: {e}"))?;
     info!(volume = %made.id, claim = %claim, namespace = %namespace, "network volume created");
     Ok(Some(made))
+}
+
+/// The datacenters the claim's first pod (by creation) allows through
+/// `runpod.io/datacenter-ids` (the webhook writes a Job's value on its pods); empty when it
+/// says nothing or the pods cannot be read, so the volume goes where the installation's go.
+async fn consumers_datacenters<P: Provider>(
+    ctx: &Shared<P>,
+    namespace: &str,
+    claim: &str,
+) -> Vec<String> {
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(ctx.client.clone(), namespace);
+    let listed = match pods.list(&ListParams::default()).await {
+        Ok(listed) => listed.items,
+        Err(error) => {
+            debug!(%error, claim, "reading the claim's pods failed; its volume goes where the installation's go");
+            return Vec::new();
+        }
+    };
+    claims::first_consumer_datacenters(&listed, claim)
 }
 
 /// An Event on the claim (each message once per leader).

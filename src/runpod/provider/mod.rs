@@ -461,12 +461,26 @@ impl Provider for RunPodProvider {
     /// The first of the installation's datacenters (`--datacenter-ids`); without any, the
     /// one where the most Secure Cloud GPU types have stock now (the claim's pod can only run
     /// where its volume is).
-    async fn default_volume_datacenter(&self) -> Option<String> {
-        if let Some(first) = self.limits.data_center_ids.first() {
-            return Some(first.clone());
+    async fn default_volume_datacenter(&self, wanted: &[String]) -> Option<String> {
+        let installation = &self.limits.data_center_ids;
+        if wanted.is_empty() {
+            if let Some(first) = installation.first() {
+                return Some(first.clone());
+            }
+            let cached = self.catalogue().await.ok()?;
+            return volumes::best_stocked(&cached.catalogue, &[]);
         }
-        let cached = self.catalogue().await.ok()?;
-        volumes::best_stocked(&cached.catalogue)
+        // The first pod's own datacenters, within the installation's.
+        let allowed: Vec<String> = wanted
+            .iter()
+            .filter(|id| installation.is_empty() || installation.contains(id))
+            .cloned()
+            .collect();
+        let stocked = match self.catalogue().await {
+            Ok(cached) => volumes::best_stocked(&cached.catalogue, &allowed),
+            Err(_) => None,
+        };
+        stocked.or_else(|| allowed.first().cloned())
     }
 
     async fn list_volumes(&self) -> Result<Vec<NetworkVolume>, ProviderError> {

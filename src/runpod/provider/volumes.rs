@@ -30,14 +30,19 @@ pub(super) fn mounts(mount: &VolumeMount) -> Value {
     json!({"network": [{"volumeId": mount.volume_id, "path": mount.path}]})
 }
 
-/// The datacenter where the most Secure Cloud GPU types have stock (ties: the first by id).
-pub(super) fn best_stocked(catalogue: &crate::runpod::catalogue::Catalogue) -> Option<String> {
+/// The datacenter where the most Secure Cloud GPU types have stock (ties: the first by id),
+/// among `among` (empty: any).
+pub(super) fn best_stocked(
+    catalogue: &crate::runpod::catalogue::Catalogue,
+    among: &[String],
+) -> Option<String> {
     let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
     for gpu in catalogue.gpus(runpod_contract::CloudType::Secure) {
         for stock in gpu
             .data_centers
             .iter()
             .filter(|s| s.availability != crate::runpod::catalogue::Availability::None)
+            .filter(|s| among.is_empty() || among.contains(&s.id))
         {
             *counts.entry(stock.id.as_str()).or_default() += 1;
         }

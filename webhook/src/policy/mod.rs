@@ -46,6 +46,8 @@ pub struct Context {
     pub namespace_spend: Option<f64>,
     /// The pod's claims → their StorageClass's provisioner (absent: not found).
     pub claim_provisioners: BTreeMap<String, String>,
+    /// The pod's claims → the datacenter their network volume is in, where known.
+    pub claim_datacenters: BTreeMap<String, String>,
 }
 
 /// The decision for one pod.

@@ -88,6 +88,7 @@ impl<'a> Review<'a> {
         let cloud = chosen.cloud;
         let ports = self.shapes(cloud, &mut placement, &mut mutation, &mut warnings)?;
         self.allowed_on(cloud)?;
+        self.volume_allowed()?;
         let asked = interruptible::Asked {
             cloud,
             chose_cheapest: chosen.by_cheapest,
@@ -302,6 +303,31 @@ impl<'a> Review<'a> {
             Ok(())
         } else {
             Err(self.forbidden(&forbidden))
+        }
+    }
+
+    /// Refuses (403) a pod whose network volume is where it may not run: it could run only
+    /// there. A claim not provisioned yet, without a class datacenter, is judged when its
+    /// first pod lands (the controller then chooses among the allowed datacenters).
+    fn volume_allowed(&self) -> Step<()> {
+        let problems: Vec<String> = checks::claims(self.pod)
+            .into_iter()
+            .filter(|claim| {
+                self.context
+                    .claim_provisioners
+                    .get(*claim)
+                    .map(String::as_str)
+                    == Some(runpod_contract::volumes::PROVISIONER)
+            })
+            .filter_map(|claim| Some((claim, self.context.claim_datacenters.get(claim)?)))
+            .flat_map(|(claim, datacenter)| {
+                checks::volume_placement_problems(&self.effective, self.config, claim, datacenter)
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(self.forbidden(&problems))
         }
     }
 

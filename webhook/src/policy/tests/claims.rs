@@ -79,3 +79,48 @@ fn other_claims_stay_local_or_are_refused() {
     let (_, message) = denial(&verdict);
     assert!(message.contains("at most one"), "{message}");
 }
+
+/// Issue 46: a network volume is in one datacenter, so its pod runs there or nowhere; a pod
+/// whose volume is where the installation or the pod itself forbids is refused, naming both.
+#[test]
+fn a_volume_outside_the_allowed_datacenters_is_refused() {
+    let ours = runpod_contract::volumes::PROVISIONER;
+    let mut context = context_with(&[("data", ours)]);
+    // The installation allows EU-RO-1 and US-TX-3 (`config()`).
+    context
+        .claim_datacenters
+        .insert("data".into(), "EU-SE-1".into());
+    let (verdict, _) = admit(&with_claims(&["data"]), &context);
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 403);
+    assert!(message.contains("EU-SE-1"), "{message}");
+    assert!(message.contains("EU-RO-1, US-TX-3"), "{message}");
+
+    // In an allowed datacenter: admitted.
+    context
+        .claim_datacenters
+        .insert("data".into(), "US-TX-3".into());
+    let (verdict, _) = admit(&with_claims(&["data"]), &context);
+    assert_bursts(&verdict);
+
+    // The pod narrows the installation's list and leaves the volume out: refused.
+    let narrowed = annotate(with_claims(&["data"]), contract::DATACENTER_IDS, "EU-RO-1");
+    let (verdict, _) = admit(&narrowed, &context);
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("US-TX-3") && message.contains(contract::DATACENTER_IDS),
+        "{message}"
+    );
+
+    // Community Cloud cannot attach a network volume.
+    let community = annotate(with_claims(&["data"]), contract::CLOUD_TYPE, "COMMUNITY");
+    let (verdict, _) = admit(&community, &context);
+    let (_, message) = denial(&verdict);
+    assert!(message.contains("Secure Cloud"), "{message}");
+
+    // A claim not provisioned yet (no datacenter known) is judged when its first pod lands.
+    context.claim_datacenters.clear();
+    let (verdict, _) = admit(&with_claims(&["data"]), &context);
+    assert_bursts(&verdict);
+}

@@ -32,6 +32,7 @@ fn labelled_namespace() -> Context {
         served: Vec::new(),
         namespace_spend: None,
         claim_provisioners: BTreeMap::new(),
+        claim_datacenters: BTreeMap::new(),
     }
 }
 

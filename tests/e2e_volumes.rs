@@ -147,6 +147,65 @@ async fn scenarios(
     a_volume_goes_where_its_first_pod_may_run(client, simulator)
         .await
         .context("a claim whose first pod names its datacenters")?;
+    a_pv_naming_its_volume_by_annotation_is_mounted(client, simulator)
+        .await
+        .context("a PV that names its volume by the annotation only")?;
+    Ok(())
+}
+
+/// A PV written by hand that names an existing volume only by `runpod.io/network-volume-id`
+/// (no CSI source of ours): the pod mounts that volume, in the datacenter the cloud lists it in.
+async fn a_pv_naming_its_volume_by_annotation_is_mounted(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+) -> anyhow::Result<()> {
+    let made: Value = reqwest::Client::new()
+        .post(format!("{}/v2/network-volumes", simulator.url))
+        .bearer_auth(support::controller::API_KEY)
+        .json(&json!({"name": "weights", "size": 50, "dataCenter": "US-TX-3"}))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let id = made["id"].as_str().context("volume id")?.to_owned();
+    Api::<PersistentVolume>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "weights",
+                             "annotations": {"runpod.io/network-volume-id": id}},
+                "spec": {"capacity": {"storage": "50G"}, "accessModes": ["ReadOnlyMany"],
+                         "storageClassName": "runpod-network",
+                         "hostPath": {"path": "/unused"}}
+            }))?,
+        )
+        .await?;
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "weights"},
+                "spec": {"storageClassName": "runpod-network", "accessModes": ["ReadOnlyMany"],
+                         "resources": {"requests": {"storage": "50G"}}}
+            }))?,
+        )
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(&PostParams::default(), &pod_with("weigher", "weights")?)
+        .await?;
+    let running = support::pods::running(&pods, "weigher").await?;
+    let pod_id = annotation(&running, "runpod.io/pod-id").context("RunPod id")?;
+    let ledger = simulator.ledger().await?;
+    let entry = ledger
+        .iter()
+        .find(|e| e["id"] == pod_id)
+        .context("the instance is not in the ledger")?;
+    ensure!(
+        entry["mounts"]["network"][0]["volumeId"] == id.as_str()
+            && entry["data_center_id"] == "US-TX-3",
+        "the instance: {entry}"
+    );
     Ok(())
 }
 

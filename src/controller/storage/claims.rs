@@ -4,9 +4,9 @@
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::Api;
 use runpod_contract::DATACENTER_IDS;
-use runpod_contract::volumes::{PROVISIONER, pv_datacenter};
+use runpod_contract::volumes::{PROVISIONER, VOLUME_ID, pv_datacenter};
 
-use crate::provider::VolumeMount;
+use crate::provider::{Provider, VolumeMount};
 
 /// Why a pod's claims cannot be its instance's network volume (the pod waits, with an Event).
 #[derive(Debug, thiserror::Error)]
@@ -26,15 +26,25 @@ pub enum ClaimError {
     NotOurs { claim: String, volume: String },
     #[error("reading PersistentVolumeClaim {claim}: {source}")]
     Api { claim: String, source: kube::Error },
+    #[error(
+        "PersistentVolumeClaim {claim} names network volume {volume_id}, which the cloud does \
+         not list: {reason}"
+    )]
+    Unknown {
+        claim: String,
+        volume_id: String,
+        reason: String,
+    },
 }
 
 /// The claim's PV as a mount at `path`; `Ok(None)` when the pod mounts no claim.
-pub async fn mount_for(
+pub async fn mount_for<P: Provider>(
     client: &kube::Client,
+    provider: &P,
     namespace: &str,
     claims: &[(String, String)],
-    cloud_has_volumes: bool,
 ) -> Result<Option<VolumeMount>, ClaimError> {
+    let cloud_has_volumes = provider.network_volumes();
     let (claim, path) = match claims {
         [] => return Ok(None),
         [one] => one,
@@ -58,23 +68,49 @@ pub async fn mount_for(
         .get(&volume_name)
         .await
         .map_err(api_error)?;
-    mount_of(&pv, path).map(Some).ok_or(ClaimError::NotOurs {
-        claim: claim.clone(),
-        volume: volume_name,
-    })
+    let Some((volume_id, datacenter)) = volume_of(&pv) else {
+        return Err(ClaimError::NotOurs {
+            claim: claim.clone(),
+            volume: volume_name,
+        });
+    };
+    // A PV that names its volume but not where it is (only the annotation): the cloud says.
+    let datacenter = match datacenter {
+        Some(datacenter) => datacenter,
+        None => {
+            let unknown = |reason: String| ClaimError::Unknown {
+                claim: claim.clone(),
+                volume_id: volume_id.clone(),
+                reason,
+            };
+            provider
+                .list_volumes()
+                .await
+                .map_err(|error| unknown(error.to_string()))?
+                .into_iter()
+                .find(|volume| volume.id == volume_id)
+                .map(|volume| volume.datacenter)
+                .ok_or_else(|| unknown("no volume has that id".to_owned()))?
+        }
+    };
+    Ok(Some(VolumeMount {
+        volume_id,
+        path: path.clone(),
+        datacenter,
+    }))
 }
 
-/// The mount a PV of ours stands for; `None` for any other PV.
-pub fn mount_of(pv: &PersistentVolume, path: &str) -> Option<VolumeMount> {
-    let csi = pv.spec.as_ref()?.csi.as_ref()?;
-    if csi.driver != PROVISIONER {
-        return None;
+/// The network volume a PV names, and its datacenter when the PV says: this project's CSI
+/// driver (`csi.volumeHandle`, `csi.volumeAttributes.dataCenter`), else the annotation
+/// `runpod.io/network-volume-id` alone (a PV written by hand).
+pub fn volume_of(pv: &PersistentVolume) -> Option<(String, Option<String>)> {
+    if let Some(csi) = pv.spec.as_ref().and_then(|spec| spec.csi.as_ref())
+        && csi.driver == PROVISIONER
+    {
+        return Some((csi.volume_handle.clone(), pv_datacenter(pv)));
     }
-    Some(VolumeMount {
-        volume_id: csi.volume_handle.clone(),
-        path: path.to_owned(),
-        datacenter: pv_datacenter(pv)?,
-    })
+    let id = pv.metadata.annotations.as_ref()?.get(VOLUME_ID)?.trim();
+    (!id.is_empty()).then(|| (id.to_owned(), None))
 }
 
 /// Of the pods that mount `claim`, the first created: the datacenters its
@@ -104,7 +140,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_pv_of_ours_is_a_mount() {
+    fn a_pv_names_its_volume_by_our_driver_or_the_annotation() {
         let ours: PersistentVolume =
             serde_json::from_value(runpod_contract::volumes::persistent_volume(
                 "ns",
@@ -120,19 +156,23 @@ mod tests {
             ))
             .unwrap();
         assert_eq!(
-            mount_of(&ours, "/data"),
-            Some(VolumeMount {
-                volume_id: "vol1".into(),
-                path: "/data".into(),
-                datacenter: "EU-RO-1".into()
-            })
+            volume_of(&ours),
+            Some(("vol1".to_owned(), Some("EU-RO-1".to_owned())))
         );
+        // Written by hand, naming the volume by the annotation only: where it is, the cloud
+        // says.
+        let annotated: PersistentVolume = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "by-hand", "annotations": {VOLUME_ID: " vol2 "}},
+            "spec": {"hostPath": {"path": "/unused"}}
+        }))
+        .unwrap();
+        assert_eq!(volume_of(&annotated), Some(("vol2".to_owned(), None)));
         let nfs: PersistentVolume = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "nfs"},
             "spec": {"nfs": {"server": "s", "path": "/"}}
         }))
         .unwrap();
-        assert_eq!(mount_of(&nfs, "/data"), None);
+        assert_eq!(volume_of(&nfs), None);
     }
 
     /// A claim's volume goes where its first pod may run (issue 46).

@@ -210,9 +210,9 @@ async fn inputs<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> Step<Inputs> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let network_volume = match crate::controller::storage::claims::mount_for(
         &ctx.client,
+        ctx.provider.as_ref(),
         namespace,
         &volumes.claims,
-        ctx.provider.network_volumes(),
     )
     .await
     {

@@ -49,6 +49,15 @@ async fn run(cp: &ControlPlane) -> anyhow::Result<()> {
     let outcome = scenarios(&client, &simulator, &metrics).await;
     if outcome.is_err() {
         eprintln!("--- controller log tail ---\n{}", controller.log_tail(80));
+        let log = controller.log();
+        let storage: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("storage") || l.contains("Event") || l.contains("volume"))
+            .collect();
+        eprintln!(
+            "--- controller log, storage lines ---\n{}",
+            storage[storage.len().saturating_sub(40)..].join("\n")
+        );
         let pods = Api::<Pod>::namespaced(client.clone(), NS)
             .list(&Default::default())
             .await;
@@ -150,6 +159,92 @@ async fn scenarios(
     a_pv_naming_its_volume_by_annotation_is_mounted(client, simulator)
         .await
         .context("a PV that names its volume by the annotation only")?;
+    let started = std::time::Instant::now();
+    a_retained_volume_stays(client, simulator)
+        .await
+        .context("a claim of a Retain class deleted")?;
+    println!("e2e_volumes: Retain case in {:?}", started.elapsed());
+    Ok(())
+}
+
+/// `reclaimPolicy: Retain`: the claim goes, its volume and PV stay (they bill), and the PV's
+/// Event says so.
+async fn a_retained_volume_stays(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+) -> anyhow::Result<()> {
+    Api::<StorageClass>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "runpod-keep"},
+                "provisioner": "network-volume.runpod.io",
+                "volumeBindingMode": "WaitForFirstConsumer",
+                "reclaimPolicy": "Retain"
+            }))?,
+        )
+        .await?;
+    let uid = claim(client, "kept", "runpod-keep", "10Gi").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(&PostParams::default(), &pod_with("keeper", "kept")?)
+        .await?;
+    support::pods::running(&pods, "keeper").await?;
+    let pv_name = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS)
+        .get("kept")
+        .await?
+        .spec
+        .and_then(|s| s.volume_name)
+        .context("claim not bound")?;
+    let now = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    pods.delete("keeper", &now).await?;
+    support::pods::gone(&pods, "keeper").await?;
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS)
+        .delete("kept", &Default::default())
+        .await?;
+    let pvs = Api::<PersistentVolume>::all(client.clone());
+    support::wait::until(
+        "the PV Released",
+        std::time::Duration::from_secs(60),
+        || async {
+            let pv = pvs.get(&pv_name).await?;
+            Ok((pv.status.and_then(|s| s.phase).as_deref() == Some("Released")).then_some(()))
+        },
+    )
+    .await?;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
+    support::wait::until(
+        "the VolumeRetained Event on the PV",
+        std::time::Duration::from_secs(60),
+        || async {
+            let listed = events.list(&Default::default()).await?;
+            Ok(listed
+                .items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("VolumeRetained")
+                        && e.involved_object.name.as_deref() == Some(pv_name.as_str())
+                })
+                .then_some(()))
+        },
+    )
+    .await?;
+    // Several passes later, both are still there.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    ensure!(
+        pvs.get_opt(&pv_name).await?.is_some(),
+        "the retained PV was deleted"
+    );
+    let name = format!("rpk-{CLUSTER}-{uid}");
+    let volumes = simulator.volumes().await?;
+    ensure!(
+        volumes
+            .iter()
+            .any(|v| v["name"] == name.as_str() && v["deleted"] == false),
+        "the retained volume was deleted: {volumes:?}"
+    );
     Ok(())
 }
 

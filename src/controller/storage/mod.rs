@@ -13,7 +13,8 @@ pub mod claims;
 mod resize;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
@@ -39,7 +40,7 @@ const ORPHAN_CHECK_EVERY: u64 = 30;
 /// deleted before its PV existed, say. They bill storage; the spec wants them reported, never
 /// deleted unasked (the claim's UID is in the name).
 async fn report_orphans<P: Provider>(
-    ctx: &Shared<P>,
+    ctx: &Storage<P>,
     reported: &mut std::collections::HashSet<String>,
 ) -> Result<(), String> {
     let prefix = contract::volume_name(&ctx.settings.cluster_id, "");
@@ -92,12 +93,9 @@ fn orphans<'a>(
             let claimed = claims
                 .iter()
                 .any(|c| c.metadata.uid.as_deref() == Some(uid));
-            let named = pvs.iter().any(|pv| {
-                pv.spec
-                    .as_ref()
-                    .and_then(|s| s.csi.as_ref())
-                    .is_some_and(|csi| csi.volume_handle == volume.id)
-            });
+            let named = pvs
+                .iter()
+                .any(|pv| claims::volume_of(pv).is_some_and(|(id, _)| id == volume.id));
             !claimed && !named
         })
         .collect()
@@ -111,6 +109,10 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>) {
     if !shared.provider.network_volumes() {
         return;
     }
+    let shared = Storage {
+        shared,
+        said: Mutex::new(HashSet::new()),
+    };
     let every = shared
         .settings
         .reconcile_interval
@@ -145,6 +147,25 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>) {
     }
 }
 
+/// The storage loop's view of the leader: its shared state, and the Events it has said. Claims
+/// and PVs are no pods, whose memory (where `Shared::event` keeps what was said) the list loop
+/// clears at every list.
+pub(super) struct Storage<P> {
+    shared: Arc<Shared<P>>,
+    said: Mutex<HashSet<String>>,
+}
+
+impl<P> std::ops::Deref for Storage<P> {
+    type Target = Shared<P>;
+
+    fn deref(&self) -> &Shared<P> {
+        &self.shared
+    }
+}
+
+/// Events said by one leader before the memory of them starts again (claims come and go).
+const SAID_AT_MOST: usize = 10_000;
+
 /// A class of ours: its parameters, reclaim policy and binding mode.
 struct Class {
     params: ClassParams,
@@ -152,7 +173,7 @@ struct Class {
     wait_for_consumer: bool,
 }
 
-async fn once<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
+async fn once<P: Provider>(ctx: &Storage<P>) -> Result<(), kube::Error> {
     let classes: BTreeMap<String, Result<Class, String>> =
         Api::<StorageClass>::all(ctx.client.clone())
             .list(&ListParams::default())
@@ -225,7 +246,7 @@ async fn once<P: Provider>(ctx: &Shared<P>) -> Result<(), kube::Error> {
 /// Volumes whose claim is gone (their PV `Released`) under the `Delete` policy are deleted,
 /// then their PV; the cloud refuses while an instance still mounts one, so it is tried again at
 /// the next pass. Only the node the PV is pinned to does it. `Retain` keeps both.
-async fn reclaim<P: Provider>(ctx: &Shared<P>) -> Result<Vec<PersistentVolume>, kube::Error> {
+async fn reclaim<P: Provider>(ctx: &Storage<P>) -> Result<Vec<PersistentVolume>, kube::Error> {
     let pvs = Api::<PersistentVolume>::all(ctx.client.clone());
     let listed = pvs.list(&ListParams::default()).await?.items;
     let stored = stored(&listed, &ctx.settings.node_name);
@@ -237,6 +258,11 @@ async fn reclaim<P: Provider>(ctx: &Shared<P>) -> Result<Vec<PersistentVolume>, 
     // The budget sync writes them into the namespaces' ledgers at its next pass.
     ctx.budget.set_stored(stored);
     for pv in &listed {
+        if let Some(notice) = retained_notice(pv, &ctx.settings.node_name) {
+            // Once per leader: the Event's message is the same at every pass.
+            say_of(ctx, pv.object_ref(&()), false, "VolumeRetained", notice).await;
+            continue;
+        }
         let Some(volume_id) = released_for_deletion(pv, &ctx.settings.node_name) else {
             continue;
         };
@@ -310,9 +336,47 @@ pub(super) fn pinned_to(pv: &PersistentVolume, node: &str) -> bool {
 fn released_for_deletion(pv: &PersistentVolume, node: &str) -> Option<String> {
     let spec = pv.spec.as_ref()?;
     let csi = spec.csi.as_ref()?;
-    let released = pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
     let delete = spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete");
-    (released && delete && pinned_to(pv, node)).then(|| csi.volume_handle.clone())
+    (released(pv) && delete && pinned_to(pv, node)).then(|| csi.volume_handle.clone())
+}
+
+/// Whether the PV's claim is gone.
+fn released(pv: &PersistentVolume) -> bool {
+    pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released")
+}
+
+/// What to say of a PV of this node whose claim is gone under `Retain`: its volume stays, and
+/// bills, until someone deletes it (`None` for any other PV).
+fn retained_notice(pv: &PersistentVolume, node: &str) -> Option<String> {
+    let spec = pv.spec.as_ref()?;
+    let volume = &spec.csi.as_ref()?.volume_handle;
+    let retain = spec.persistent_volume_reclaim_policy.as_deref() == Some("Retain");
+    if !(released(pv) && retain && pinned_to(pv, node)) {
+        return None;
+    }
+    let claim = spec
+        .claim_ref
+        .as_ref()
+        .map(|c| {
+            format!(
+                "{}/{}",
+                c.namespace.as_deref().unwrap_or_default(),
+                c.name.as_deref().unwrap_or_default()
+            )
+        })
+        .unwrap_or_else(|| "its claim".to_owned());
+    let gb = spec
+        .capacity
+        .as_ref()
+        .and_then(|c| c.get("storage"))
+        .and_then(|q| contract::size_gb(&q.0).ok());
+    let cost = gb.map_or(String::new(), |gb| {
+        format!(" ({gb} GB, {:.4} USD/h)", contract::cost_per_hour(gb))
+    });
+    Some(format!(
+        "claim {claim} is gone; network volume {volume} is kept (reclaimPolicy Retain) and bills \
+         storage{cost} until you delete it in the cloud's console, then this PV"
+    ))
 }
 
 /// Whether this node provisions the claim: the scheduler chose it for the claim's first pod,
@@ -331,7 +395,7 @@ fn for_this_node(pvc: &PersistentVolumeClaim, class: &Class, node: &str) -> bool
 
 /// Finds or creates the claim's volume, then its PV.
 async fn provision<P: Provider>(
-    ctx: &Shared<P>,
+    ctx: &Storage<P>,
     pvc: &PersistentVolumeClaim,
     class_name: &str,
     class: &Class,
@@ -397,7 +461,7 @@ async fn provision<P: Provider>(
 /// Creates the claim's volume, its create recorded on the claim first; `None` while an earlier
 /// create, not listed yet, may still show up (its answer may have been lost).
 async fn create_volume<P: Provider>(
-    ctx: &Shared<P>,
+    ctx: &Storage<P>,
     pvc: &PersistentVolumeClaim,
     class: &Class,
     name: &str,
@@ -460,7 +524,7 @@ async fn create_volume<P: Provider>(
 /// `runpod.io/datacenter-ids` (the webhook writes a Job's value on its pods); empty when it
 /// says nothing or the pods cannot be read, so the volume goes where the installation's go.
 async fn consumers_datacenters<P: Provider>(
-    ctx: &Shared<P>,
+    ctx: &Storage<P>,
     namespace: &str,
     claim: &str,
 ) -> Vec<String> {
@@ -477,14 +541,80 @@ async fn consumers_datacenters<P: Provider>(
 
 /// An Event on the claim (each message once per leader).
 async fn say<P: Provider>(
-    ctx: &Shared<P>,
+    ctx: &Storage<P>,
     pvc: &PersistentVolumeClaim,
     warning: bool,
     reason: &str,
     message: String,
 ) {
-    let about: ObjectReference = pvc.object_ref(&());
-    ctx.event(&about, warning, reason, message).await;
+    say_of(ctx, pvc.object_ref(&()), warning, reason, message).await;
+}
+
+/// An Event on a claim or PV, each message once per object and leader.
+async fn say_of<P: Provider>(
+    ctx: &Storage<P>,
+    about: ObjectReference,
+    warning: bool,
+    reason: &str,
+    message: String,
+) {
+    let key = format!(
+        "{}\u{0}{reason}\u{0}{message}",
+        about.uid.as_deref().unwrap_or_default()
+    );
+    {
+        let mut said = ctx.said.lock().unwrap_or_else(PoisonError::into_inner);
+        if said.len() >= SAID_AT_MOST {
+            said.clear();
+        }
+        if !said.insert(key) {
+            return;
+        }
+    }
+    if about.namespace.is_some() {
+        ctx.event_as(&about, warning, (reason, reason), message)
+            .await;
+    } else {
+        cluster_scoped_event(ctx, about, warning, reason, message).await;
+    }
+}
+
+/// An Event on a cluster-scoped object (a PV), written as a core/v1 Event in `default`: the
+/// recorder's events.k8s.io Events of such objects must live in `kube-system` on older
+/// apiservers, where `kubectl describe pv` does not look for them.
+async fn cluster_scoped_event<P: Provider>(
+    ctx: &Storage<P>,
+    about: ObjectReference,
+    warning: bool,
+    reason: &str,
+    message: String,
+) {
+    use k8s_openapi::api::core::v1::{Event, EventSource};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    let now = Time(Timestamp::now());
+    let event = Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}.", about.name.as_deref().unwrap_or("object"))),
+            namespace: Some("default".to_owned()),
+            ..ObjectMeta::default()
+        },
+        involved_object: about,
+        reason: Some(reason.to_owned()),
+        message: Some(message),
+        type_: Some(if warning { "Warning" } else { "Normal" }.to_owned()),
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now),
+        count: Some(1),
+        source: Some(EventSource {
+            component: Some("runpod-kubelet".to_owned()),
+            host: Some(ctx.settings.node_name.clone()),
+        }),
+        ..Event::default()
+    };
+    let events = Api::<Event>::namespaced(ctx.client.clone(), "default");
+    if let Err(error) = events.create(&PostParams::default(), &event).await {
+        warn!(reason, %error, "could not publish an Event");
+    }
 }
 
 #[cfg(test)]
@@ -524,6 +654,21 @@ mod tests {
         );
         assert_eq!(
             released_for_deletion(&pv("Released", "Delete", "other"), "vr"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_retained_volume_is_said_to_stay_and_bill() {
+        let notice = retained_notice(&pv("Released", "Retain", "vr"), "vr").unwrap();
+        assert!(
+            notice.contains("vol1") && notice.contains("ns/data") && notice.contains("20 GB"),
+            "{notice}"
+        );
+        assert_eq!(retained_notice(&pv("Bound", "Retain", "vr"), "vr"), None);
+        assert_eq!(retained_notice(&pv("Released", "Delete", "vr"), "vr"), None);
+        assert_eq!(
+            retained_notice(&pv("Released", "Retain", "other"), "vr"),
             None
         );
     }

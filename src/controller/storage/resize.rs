@@ -10,8 +10,8 @@ use runpod_contract::volumes as contract;
 use serde_json::json;
 use tracing::info;
 
+use super::Storage;
 use super::{pinned_to, say};
-use crate::controller::context::Shared;
 use crate::provider::Provider;
 
 /// What to grow: the volume, and the sizes (GB).
@@ -62,7 +62,7 @@ pub(super) fn requested(pvc: &PersistentVolumeClaim) -> Option<String> {
 
 /// Grows every bound claim's volume that asks for more.
 pub(super) async fn grow<P: Provider>(
-    ctx: &Shared<P>,
+    ctx: &Storage<P>,
     bound: &[PersistentVolumeClaim],
     pvs: &[PersistentVolume],
 ) {
@@ -112,7 +112,7 @@ pub(super) async fn grow<P: Provider>(
 }
 
 async fn apply<P: Provider>(
-    ctx: &Shared<P>,
+    ctx: &Storage<P>,
     pvc: &PersistentVolumeClaim,
     pv: &PersistentVolume,
     growth: &Growth,

@@ -40,13 +40,13 @@ async fn run(cp: &ControlPlane) -> anyhow::Result<()> {
     let webhook = WebhookProcess::start(&cp.kubeconfig, &[]).await?;
     webhook.register(&client, &["kube-system"]).await?;
     let metrics = support::webhook::free_port()?.to_string();
-    let controller = ControllerProcess::start(
+    let mut controller = ControllerProcess::start(
         &cp.kubeconfig,
         &cp.ca_file(),
         &simulator,
         &["--cluster-id", CLUSTER, "--metrics-listen", &metrics],
     )?;
-    let outcome = scenarios(&client, &simulator, &metrics).await;
+    let outcome = scenarios(&client, &simulator, &metrics, &mut controller).await;
     if outcome.is_err() {
         eprintln!("--- controller log tail ---\n{}", controller.log_tail(80));
         let log = controller.log();
@@ -86,6 +86,7 @@ async fn scenarios(
     client: &kube::Client,
     simulator: &SimulatorProcess,
     metrics: &str,
+    controller: &mut ControllerProcess,
 ) -> anyhow::Result<()> {
     support::pods::node_ready_named(client, "virtual-runpod").await?;
     support::pods::namespace(client, NS, true).await?;
@@ -159,11 +160,60 @@ async fn scenarios(
     a_pv_naming_its_volume_by_annotation_is_mounted(client, simulator)
         .await
         .context("a PV that names its volume by the annotation only")?;
+    a_sigkill_mid_create_makes_no_second_volume(client, simulator, controller)
+        .await
+        .context("a SIGKILL while a volume's create is under way")?;
     let started = std::time::Instant::now();
     a_retained_volume_stays(client, simulator)
         .await
         .context("a claim of a Retain class deleted")?;
     println!("e2e_volumes: Retain case in {:?}", started.elapsed());
+    Ok(())
+}
+
+/// RunPod made the volume but its answer is slow, and the controller is SIGKILLed before it
+/// arrives: the restarted controller finds the volume (the claim's marker and a list before
+/// any create), never makes a second, and the claim binds to the one there is.
+async fn a_sigkill_mid_create_makes_no_second_volume(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+    controller: &mut ControllerProcess,
+) -> anyhow::Result<()> {
+    simulator
+        .inject(
+            &json!({"when": {"operation": "createNetworkVolume"}, "times": 1,
+                        "effect": {"kind": "delay", "millis": 20000}}),
+        )
+        .await?;
+    let uid = claim(client, "interrupted", "runpod-network", "10Gi").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(
+        &PostParams::default(),
+        &pod_with("survivor", "interrupted")?,
+    )
+    .await?;
+    let name = format!("rpk-{CLUSTER}-{uid}");
+    support::wait::until(
+        "the volume made, its answer still on the way",
+        std::time::Duration::from_secs(60),
+        || async {
+            let volumes = simulator.volumes().await?;
+            Ok(volumes
+                .iter()
+                .any(|v| v["name"] == name.as_str())
+                .then_some(()))
+        },
+    )
+    .await?;
+    controller.kill();
+    controller.restart()?;
+    support::pods::running(&pods, "survivor").await?;
+    let volumes = simulator.volumes().await?;
+    let made: Vec<&Value> = volumes
+        .iter()
+        .filter(|v| v["name"] == name.as_str())
+        .collect();
+    ensure!(made.len() == 1, "volumes for the claim: {made:?}");
     Ok(())
 }
 

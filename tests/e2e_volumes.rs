@@ -168,6 +168,10 @@ async fn scenarios(
         .await
         .context("a claim of a Retain class deleted")?;
     println!("e2e_volumes: Retain case in {:?}", started.elapsed());
+    // Last: a refused account holds the node's creates until its next list.
+    a_refused_account_is_said_on_the_claim(client, simulator)
+        .await
+        .context("an account refused (402) while creating a pod with a claim")?;
     Ok(())
 }
 
@@ -214,6 +218,42 @@ async fn a_sigkill_mid_create_makes_no_second_volume(
         .filter(|v| v["name"] == name.as_str())
         .collect();
     ensure!(made.len() == 1, "volumes for the claim: {made:?}");
+    Ok(())
+}
+
+/// RunPod answers a create with 402 (the balance is spent): the claim the pod mounts gets a
+/// Warning naming the account, as its volume lives only while the account pays.
+async fn a_refused_account_is_said_on_the_claim(
+    client: &kube::Client,
+    simulator: &SimulatorProcess,
+) -> anyhow::Result<()> {
+    simulator
+        .inject(&json!({"when": {"operation": "createPod"}, "times": 1,
+                        "effect": {"kind": "status", "status": 402,
+                                   "detail": "Insufficient balance"}}))
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let mut broke = pod_with("broke", "regional")?;
+    broke
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("runpod.io/datacenter-ids".into(), "US-TX-3".into());
+    pods.create(&PostParams::default(), &broke).await?;
+    support::wait::until(
+        "the claim told of the refused account",
+        std::time::Duration::from_secs(60),
+        || async {
+            let said = support::pods::events(client, NS, "regional").await?;
+            Ok(said
+                .iter()
+                .any(|(reason, message)| {
+                    reason == "AccountRefused" && message.contains("Insufficient balance")
+                })
+                .then_some(()))
+        },
+    )
+    .await?;
     Ok(())
 }
 

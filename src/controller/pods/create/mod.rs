@@ -96,12 +96,43 @@ async fn steps<P: Provider>(
     }
     match outcome {
         Ok(made) => created(ctx, uid, &for_cloud, made).await,
-        Err(error) => Ok(End::Write(Box::new(failed(
-            ctx,
-            uid,
-            &passed.facts,
-            &error,
-        )))),
+        Err(error) => {
+            if let ProvisionError::AccountBlocked(message) = &error {
+                warn_claims(ctx, pod, &inputs.volumes.claims, message).await;
+            }
+            Ok(End::Write(Box::new(failed(
+                ctx,
+                uid,
+                &passed.facts,
+                &error,
+            ))))
+        }
+    }
+}
+
+/// The account was refused (a zero balance, say): the claims the pod mounts are told too, as
+/// their volumes bill storage and outlive the pods only while the account pays; their owners
+/// read the claim, not a pod that failed.
+async fn warn_claims<P: Provider>(
+    ctx: &Shared<P>,
+    pod: &Pod,
+    claims: &[(String, String)],
+    message: &str,
+) {
+    let namespace = pod.metadata.namespace.clone();
+    let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+    for (claim, _) in claims {
+        let about = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("PersistentVolumeClaim".to_owned()),
+            namespace: namespace.clone(),
+            name: Some(claim.clone()),
+            ..Default::default()
+        };
+        let note =
+            provisioned::account_refused_for_claim(ctx.provider.cloud().title, pod_name, message);
+        ctx.event_as(&about, true, ("AccountRefused", "AccountRefused"), note)
+            .await;
     }
 }
 

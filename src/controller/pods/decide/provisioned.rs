@@ -316,6 +316,17 @@ pub fn provision_failed(
     }
 }
 
+/// What a claim's owner is told when the account was refused while creating a pod that mounts
+/// it: the account is what keeps the volume (storage bills while no pod runs, and at a zero
+/// balance the cloud stops the pods).
+pub fn account_refused_for_claim(cloud: &str, pod: &str, message: &str) -> String {
+    format!(
+        "{cloud} refused the account while creating pod {pod}: {message}. At a zero balance \
+         {cloud} stops every pod; this claim's network volume keeps its data only while the \
+         account can pay for it: add funds"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::gates::tests::{at, describe, facts};

@@ -192,41 +192,21 @@ async fn lead<P: Provider>(
         shutdown.await;
         let _ = stop_tx.send(());
     });
-    tasks.spawn(gate::watch_node(nodes.clone(), node.name.clone(), gate));
-    tasks.spawn(presence::keep(
-        nodes.clone(),
-        node.clone(),
-        presence.clone(),
-    ));
-    tasks.spawn(heartbeat::lease_loop(
-        client.clone(),
-        node.name.clone(),
-        presence.subscribe(),
-        metrics.clone(),
-    ));
-    tasks.spawn(heartbeat::node_status_loop(
-        nodes.clone(),
-        node.clone(),
-        health_rx.clone(),
+    spawn_node_tasks(
+        &mut tasks,
+        NodeTasks {
+            client: &client,
+            nodes: &nodes,
+            node: &node,
+            gate,
+            presence: &presence,
+            health: health_rx,
+            metrics: &metrics,
+        },
         provider.clone(),
-        presence.clone(),
-        metrics.clone(),
-    ));
+    );
 
-    let pods: Api<Pod> = Api::all(client.clone());
-    let watch_config = watcher::Config::default().fields(&format!("spec.nodeName={}", node.name));
-    let (tick_tx, tick_rx) = mpsc::channel::<()>(1);
-    let ticks =
-        futures_util::stream::unfold(
-            tick_rx,
-            |mut rx| async move { rx.recv().await.map(|t| (t, rx)) },
-        );
-    let controller = Controller::new(pods, watch_config)
-        .with_config(ControllerConfig::default().concurrency(concurrency))
-        .reconcile_all_on(ticks)
-        .graceful_shutdown_on(async move {
-            let _ = stop_rx.await;
-        });
+    let (controller, tick_tx) = pod_controller(&client, &node.name, concurrency, stop_rx);
     let store = controller.store();
 
     tasks.spawn(cloud::poller::run(
@@ -254,15 +234,7 @@ async fn lead<P: Provider>(
             client.clone(),
             owner,
             provider.clone(),
-            node::drain::DrainConfig {
-                node_name: settings.node_name.clone(),
-                cluster_id: settings.cluster_id.clone(),
-                timeout: settings.drain_timeout,
-                poll_interval: Duration::from_secs(2),
-                ack_wait: Duration::from_secs(60),
-                create_settle: settings.create_settle,
-                adoption_namespace: settings.adoption_namespace.clone(),
-            },
+            drain_config(&settings),
         ));
     }
     readiness.send_replace(Some(ops::leader_ready(
@@ -271,7 +243,63 @@ async fn lead<P: Provider>(
         presence.subscribe(),
     )));
 
-    let errors = metrics.clone();
+    reconcile_pods(controller, fence, metrics, shared).await;
+    tasks.abort_all();
+    Ok(())
+}
+
+/// What the node's own tasks need.
+struct NodeTasks<'a> {
+    client: &'a kube::Client,
+    nodes: &'a Api<Node>,
+    node: &'a NodeConfig,
+    gate: Arc<Gate>,
+    presence: &'a Arc<Presence>,
+    health: watch::Receiver<ApiHealth>,
+    metrics: &'a Arc<ControllerMetrics>,
+}
+
+/// The node's own tasks: the fence's watch of the node, its presence, its Lease and its status.
+fn spawn_node_tasks<P: Provider>(
+    tasks: &mut tokio::task::JoinSet<()>,
+    with: NodeTasks<'_>,
+    provider: Arc<Gated<P>>,
+) {
+    tasks.spawn(gate::watch_node(
+        with.nodes.clone(),
+        with.node.name.clone(),
+        with.gate,
+    ));
+    tasks.spawn(presence::keep(
+        with.nodes.clone(),
+        with.node.clone(),
+        with.presence.clone(),
+    ));
+    tasks.spawn(heartbeat::lease_loop(
+        with.client.clone(),
+        with.node.name.clone(),
+        with.presence.subscribe(),
+        with.metrics.clone(),
+    ));
+    tasks.spawn(heartbeat::node_status_loop(
+        with.nodes.clone(),
+        with.node.clone(),
+        with.health,
+        provider,
+        with.presence.clone(),
+        with.metrics.clone(),
+    ));
+}
+
+/// Reconciles the node's pods until shutdown; no pod write starts once the lease may be
+/// someone else's.
+async fn reconcile_pods<P: Provider>(
+    controller: Controller<Pod>,
+    fence: Fence,
+    metrics: Arc<ControllerMetrics>,
+    shared: Arc<Shared<Gated<P>>>,
+) {
+    let errors = metrics;
     controller
         .run(
             move |pod, ctx| {
@@ -298,6 +326,42 @@ async fn lead<P: Provider>(
         )
         .for_each(|_| async {})
         .await;
-    tasks.abort_all();
-    Ok(())
+}
+
+/// The controller of the pods bound to node `name`, and the sender that asks it to reconcile
+/// every pod (the poller's and the prober's trigger). It stops when `stop` fires.
+fn pod_controller(
+    client: &kube::Client,
+    name: &str,
+    concurrency: u16,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> (Controller<Pod>, mpsc::Sender<()>) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let watch_config = watcher::Config::default().fields(&format!("spec.nodeName={name}"));
+    let (tick_tx, tick_rx) = mpsc::channel::<()>(1);
+    let ticks =
+        futures_util::stream::unfold(
+            tick_rx,
+            |mut rx| async move { rx.recv().await.map(|t| (t, rx)) },
+        );
+    let controller = Controller::new(pods, watch_config)
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .reconcile_all_on(ticks)
+        .graceful_shutdown_on(async move {
+            let _ = stop.await;
+        });
+    (controller, tick_tx)
+}
+
+/// How the node's removal drains it (the owner Deployment's deletion holds until it has).
+fn drain_config(settings: &Settings) -> node::drain::DrainConfig {
+    node::drain::DrainConfig {
+        node_name: settings.node_name.clone(),
+        cluster_id: settings.cluster_id.clone(),
+        timeout: settings.drain_timeout,
+        poll_interval: Duration::from_secs(2),
+        ack_wait: Duration::from_secs(60),
+        create_settle: settings.create_settle,
+        adoption_namespace: settings.adoption_namespace.clone(),
+    }
 }

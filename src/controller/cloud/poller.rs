@@ -203,15 +203,7 @@ pub async fn run<P: Provider>(
             .set(i64::from(available));
         let started = Timestamp::now();
         debug!(cloud = provider.name(), "listing instances");
-        // A list that hangs must not stop every later one.
-        let listed = match tokio::time::timeout(LIST_TIMEOUT, provider.list()).await {
-            Ok(listed) => listed,
-            Err(_) => Err(ProviderError::Unavailable(format!(
-                "listing {}s timed out",
-                provider.instance_noun()
-            ))),
-        };
-        let instances = match listed {
+        let instances = match list_within_timeout(provider.as_ref()).await {
             Ok(mut instances) => {
                 tag_adopted(&shared, &mut instances).await;
                 instances
@@ -256,23 +248,56 @@ pub async fn run<P: Provider>(
         debug!(instances = snapshot.instances.len(), "snapshot published");
         usage.observe(&shared, &store.state(), &snapshot).await;
 
-        // Only once the pod cache has synced: before that every instance looks orphaned.
-        let synced = futures_util::FutureExt::now_or_never(store.wait_until_ready())
-            .is_some_and(|r| r.is_ok());
-        if synced {
-            let uids: HashSet<String> = store
-                .state()
-                .iter()
-                .filter_map(|pod| pod.metadata.uid.clone())
-                .collect();
-            // Memory of pods that are gone (a finished pod's kept log lives until then).
-            let terminated = shared.forget_all_but(&uids);
-            collector.departed(&uids, terminated, snapshot.taken_at);
-            collector
-                .collect(&shared, &uids, &snapshot, &carried, elsewhere)
-                .await;
-        }
+        collect_garbage(
+            &shared,
+            &store,
+            &mut collector,
+            &snapshot,
+            &carried,
+            elsewhere,
+        )
+        .await;
     }
+}
+
+/// One list of the cloud; a list that hangs must not stop every later one.
+async fn list_within_timeout<P: Provider>(provider: &P) -> Result<Vec<Instance>, ProviderError> {
+    match tokio::time::timeout(LIST_TIMEOUT, provider.list()).await {
+        Ok(listed) => listed,
+        Err(_) => Err(ProviderError::Unavailable(format!(
+            "listing {}s timed out",
+            provider.instance_noun()
+        ))),
+    }
+}
+
+/// After a list: the memory of pods that are gone is dropped, and instances of no pod are
+/// collected; only once the pod cache has synced, as before that every instance looks
+/// orphaned.
+async fn collect_garbage<P: Provider>(
+    shared: &Shared<P>,
+    store: &Store<Pod>,
+    collector: &mut Collector,
+    snapshot: &Snapshot,
+    carried: &HashSet<String>,
+    elsewhere: Vec<Instance>,
+) {
+    let synced =
+        futures_util::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok());
+    if !synced {
+        return;
+    }
+    let uids: HashSet<String> = store
+        .state()
+        .iter()
+        .filter_map(|pod| pod.metadata.uid.clone())
+        .collect();
+    // Memory of pods that are gone (a finished pod's kept log lives until then).
+    let terminated = shared.forget_all_but(&uids);
+    collector.departed(&uids, terminated, snapshot.taken_at);
+    collector
+        .collect(shared, &uids, snapshot, carried, elsewhere)
+        .await;
 }
 
 fn record(snapshot: &Snapshot, metrics: &ControllerMetrics, provider: &'static str) {

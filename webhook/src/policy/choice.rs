@@ -8,17 +8,8 @@ use runpod_contract::checks;
 use runpod_contract::gpus::Cheapest;
 use runpod_contract::provider::{self, Cloud, ProviderChoice};
 
-use super::review::{Review, Step};
+use super::review::{Chosen, Review, Step};
 use super::{cheapest, interruptible, teams};
-
-/// The cloud chosen, and what choosing it adds to the pod.
-pub(super) struct Chosen {
-    pub cloud: Cloud,
-    /// `runpod.io/provider: cheapest` made the choice.
-    pub by_cheapest: bool,
-    /// The `cheapest` record written on the pod, so a later review keeps the choice.
-    pub record: Option<String>,
-}
 
 impl Review<'_> {
     /// The pod's cloud, or its refusal. `cheapest`'s warning and the annotations it sets

@@ -7,7 +7,6 @@ use runpod_contract::checks;
 use runpod_contract::policy::Untouched;
 use runpod_contract::provider::{self, Cloud};
 
-use super::choice::Chosen;
 use super::mutation::{self, Mutation};
 use super::namespace_defaults::{no_ports_by_default, resolve_mode};
 use super::{
@@ -35,6 +34,15 @@ pub(super) struct Review<'a> {
     /// The pod's annotations, else its Job's.
     pub effective: checks::Effective<'a>,
     pub gpus: u32,
+}
+
+/// The cloud chosen, and what choosing it adds to the pod.
+pub(super) struct Chosen {
+    pub cloud: Cloud,
+    /// `runpod.io/provider: cheapest` made the choice.
+    pub by_cheapest: bool,
+    /// The `cheapest` record written on the pod, so a later review keeps the choice.
+    pub record: Option<String>,
 }
 
 /// How the pod is to be placed: its burst mode, and where it goes at creation.

@@ -294,28 +294,28 @@ impl ClusterView for KubeCluster {
         .await
         .ok()
         .flatten()?;
-        let mut datacenter = class
-            .parameters
-            .as_ref()
-            .and_then(|p| p.get(runpod_contract::volumes::PARAM_DATACENTER))
-            .filter(|dc| !dc.trim().is_empty())
-            .cloned();
-        // A bound claim's volume is where its PV says (a static PV names any datacenter).
-        if let Some(pv_name) = spec.volume_name.filter(|n| !n.is_empty()) {
-            let pvs = Api::<PersistentVolume>::all(self.client.clone());
-            let pv = direct_get(pvs.get_opt(&pv_name), || {
-                format!("PersistentVolume {pv_name}")
-            })
-            .await
-            .ok()
-            .flatten();
-            if let Some(found) = pv
+        // A bound claim's volume is where its PV says, and only there (a static PV names any
+        // datacenter, or none: then the controller asks the cloud); an unbound claim's is where
+        // its class puts it, if it says.
+        let datacenter = match spec.volume_name.filter(|n| !n.is_empty()) {
+            Some(pv_name) => {
+                let pvs = Api::<PersistentVolume>::all(self.client.clone());
+                direct_get(pvs.get_opt(&pv_name), || {
+                    format!("PersistentVolume {pv_name}")
+                })
+                .await
+                .ok()
+                .flatten()
                 .as_ref()
                 .and_then(runpod_contract::volumes::pv_datacenter)
-            {
-                datacenter = Some(found);
             }
-        }
+            None => class
+                .parameters
+                .as_ref()
+                .and_then(|p| p.get(runpod_contract::volumes::PARAM_DATACENTER))
+                .map(|dc| dc.trim().to_owned())
+                .filter(|dc| !dc.is_empty()),
+        };
         Some(Claimed {
             provisioner: class.provisioner,
             datacenter,

@@ -116,6 +116,14 @@ pub fn volume_of(pv: &PersistentVolume) -> Option<(String, Option<String>)> {
 /// Of the pods that mount `claim`, the first created: the datacenters its
 /// `runpod.io/datacenter-ids` allows (empty: any).
 pub fn first_consumer_datacenters(pods: &[Pod], claim: &str) -> Vec<String> {
+    // A finished or leaving pod is no consumer (it may even be of an earlier claim of the name).
+    let live = |pod: &&Pod| {
+        pod.metadata.deletion_timestamp.is_none()
+            && !matches!(
+                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+    };
     let mounts = |pod: &&Pod| {
         pod.spec.as_ref().is_some_and(|spec| {
             spec.volumes.iter().flatten().any(|volume| {
@@ -127,6 +135,7 @@ pub fn first_consumer_datacenters(pods: &[Pod], claim: &str) -> Vec<String> {
         })
     };
     pods.iter()
+        .filter(live)
         .filter(mounts)
         .min_by_key(|pod| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
         .and_then(|pod| pod.metadata.annotations.as_ref()?.get(DATACENTER_IDS))
@@ -190,7 +199,13 @@ mod tests {
             }
             serde_json::from_value(value).unwrap()
         };
+        let mut done = pod("done", "2026-11-29T08:00:00Z", "data", Some("CA-MTL-1"));
+        done.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
         let pods = [
+            done,
             pod("later", "2026-11-29T10:00:05Z", "data", Some("US-TX-3")),
             pod("other", "2026-11-29T09:00:00Z", "scratch", Some("CA-MTL-1")),
             pod(

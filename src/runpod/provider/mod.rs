@@ -476,6 +476,10 @@ impl Provider for RunPodProvider {
             .filter(|id| installation.is_empty() || installation.contains(id))
             .cloned()
             .collect();
+        // Nothing both allow: no datacenter (an empty list would read as "any").
+        if allowed.is_empty() {
+            return None;
+        }
         let stocked = match self.catalogue().await {
             Ok(cached) => volumes::best_stocked(&cached.catalogue, &allowed),
             Err(_) => None,

@@ -96,7 +96,9 @@ impl<'a> Review<'a> {
         let cloud = chosen.cloud;
         let ports = self.shapes(cloud, &mut placement, &mut mutation, &mut warnings)?;
         self.allowed_on(cloud)?;
-        self.volume_allowed()?;
+        if cloud == Cloud::RunPod {
+            self.volume_allowed()?;
+        }
         let asked = interruptible::Asked {
             cloud,
             chose_cheapest: chosen.by_cheapest,

@@ -119,15 +119,21 @@ async fn warn_claims<P: Provider>(
     claims: &[(String, String)],
     message: &str,
 ) {
-    let namespace = pod.metadata.namespace.clone();
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+    let api = kube::Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+        ctx.client.clone(),
+        namespace,
+    );
     for (claim, _) in claims {
-        let about = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("v1".to_owned()),
-            kind: Some("PersistentVolumeClaim".to_owned()),
-            namespace: namespace.clone(),
-            name: Some(claim.clone()),
-            ..Default::default()
+        // Read for its UID, by which `kubectl describe` finds the claim's Events.
+        let about = match api.get_opt(claim).await {
+            Ok(Some(found)) => kube::Resource::object_ref(&found, &()),
+            Ok(None) => continue,
+            Err(error) => {
+                warn!(%error, claim, "reading the claim to warn it failed");
+                continue;
+            }
         };
         let note =
             provisioned::account_refused_for_claim(ctx.provider.cloud().title, pod_name, message);

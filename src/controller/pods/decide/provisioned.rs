@@ -321,9 +321,9 @@ pub fn provision_failed(
 /// balance the cloud stops the pods).
 pub fn account_refused_for_claim(cloud: &str, pod: &str, message: &str) -> String {
     format!(
-        "{cloud} refused the account while creating pod {pod}: {message}. At a zero balance \
-         {cloud} stops every pod; this claim's network volume keeps its data only while the \
-         account can pay for it: add funds"
+        "{cloud} refused the account while creating pod {pod}: {message}. This claim's \
+         network volume keeps its data only while the account is in good standing: at a zero \
+         balance {cloud} stops every pod"
     )
 }
 

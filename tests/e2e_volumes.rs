@@ -445,6 +445,38 @@ async fn a_volume_goes_where_its_first_pod_may_run(
         ),
         other => anyhow::bail!("a pod that cannot run where its volume is was admitted: {other:?}"),
     }
+    // Nor can one whose price cap no GPU offered in US-TX-3 meets (the node publishes what
+    // each datacenter offers): refused, naming what is there.
+    let mut cheap = pod_with("cheap", "regional")?;
+    cheap
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("runpod.io/max-price".into(), "0.01".into());
+    support::wait::until(
+        "a pod whose cap nothing in US-TX-3 meets refused",
+        std::time::Duration::from_secs(60),
+        || async {
+            match pods.create(&PostParams::default(), &cheap).await {
+                Err(kube::Error::Api(status))
+                    if status.code == 403 && status.message.contains("USD per GPU-hour") =>
+                {
+                    Ok(Some(()))
+                }
+                Err(kube::Error::Api(status)) => {
+                    anyhow::bail!("refused, but not for its cap there: {status:?}")
+                }
+                Err(error) => Err(error.into()),
+                // The node had not published yet: try again.
+                Ok(_) => {
+                    pods.delete("cheap", &Default::default()).await?;
+                    support::pods::gone(&pods, "cheap").await?;
+                    Ok(None)
+                }
+            }
+        },
+    )
+    .await?;
     Ok(())
 }
 

@@ -291,6 +291,15 @@ pub const NAMES: &[Name] = &[
         meaning: "per canonical GPU, GPU count and (RunPod) class, the lowest price inside the policy",
     },
     Name {
+        name: crate::volumes::DATACENTER_GPUS,
+        kind: Kind::Annotation,
+        on: "virtual node",
+        written_by: Writer::Controller,
+        read_by: "webhook (a network volume pod's price cap)",
+        values: "`EU-RO-1=A100-80GB|H100,US-TX-3=L40S` (canonical GPU names)",
+        meaning: "the GPU types each datacenter offers on Secure Cloud, where network volumes are",
+    },
+    Name {
         name: teams::SERVES_NAMESPACES,
         kind: Kind::Annotation,
         on: "virtual node",

@@ -90,6 +90,46 @@ pub fn size_gb(quantity: &str) -> Result<u32, String> {
     Ok(gb as u32)
 }
 
+/// Virtual node annotation: the GPU types (canonical names) each datacenter offers on Secure
+/// Cloud, where network volumes live: what admission judges a volume pod's price cap against.
+/// `EU-RO-1=A100-80GB|H100,US-TX-3=L40S`.
+pub const DATACENTER_GPUS: &str = "runpod.io/datacenter-gpus";
+
+/// The value of [`DATACENTER_GPUS`].
+pub fn format_datacenter_gpus(
+    offered: &BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> String {
+    offered
+        .iter()
+        .filter(|(_, gpus)| !gpus.is_empty())
+        .map(|(datacenter, gpus)| {
+            format!(
+                "{datacenter}={}",
+                gpus.iter().cloned().collect::<Vec<_>>().join("|")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Reads [`DATACENTER_GPUS`]; entries it cannot read are left out (they only narrow a check).
+pub fn parse_datacenter_gpus(value: &str) -> BTreeMap<String, std::collections::BTreeSet<String>> {
+    value
+        .split(',')
+        .filter_map(|entry| {
+            let (datacenter, gpus) = entry.split_once('=')?;
+            let datacenter = datacenter.trim();
+            let gpus: std::collections::BTreeSet<String> = gpus
+                .split('|')
+                .map(str::trim)
+                .filter(|gpu| !gpu.is_empty())
+                .map(str::to_owned)
+                .collect();
+            (!datacenter.is_empty() && !gpus.is_empty()).then(|| (datacenter.to_owned(), gpus))
+        })
+        .collect()
+}
+
 /// The datacenter of a PV's network volume (`csi.volumeAttributes.dataCenter` of this
 /// project's driver), when it names one.
 pub fn pv_datacenter(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> Option<String> {
@@ -159,6 +199,20 @@ pub fn persistent_volume(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn datacenter_gpus_round_trip_and_skip_what_is_unreadable() {
+        let offered = parse_datacenter_gpus("EU-RO-1=H100|A100-80GB, US-TX-3=L40S,junk,X=");
+        assert_eq!(offered.len(), 2);
+        assert_eq!(
+            format_datacenter_gpus(&offered),
+            "EU-RO-1=A100-80GB|H100,US-TX-3=L40S"
+        );
+        assert_eq!(
+            parse_datacenter_gpus(&format_datacenter_gpus(&offered)),
+            offered
+        );
+    }
 
     #[test]
     fn sizes_round_up_to_runpods_limits() {

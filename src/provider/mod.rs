@@ -185,6 +185,9 @@ pub struct PriceSheet {
     /// When the oldest of these prices was read from the cloud (Unix seconds): what the node
     /// stamps, so that prices a failing refresh keeps go stale.
     pub fetched_at: Option<i64>,
+    /// The GPU types (canonical names) each datacenter offers where network volumes can be
+    /// mounted; empty for a cloud without them.
+    pub volume_gpus: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
 }
 
 impl PriceSheet {
@@ -193,6 +196,9 @@ impl PriceSheet {
     pub fn merge(&mut self, other: PriceSheet) {
         self.prices.merge(other.prices);
         self.unknown_gpus.extend(other.unknown_gpus);
+        for (datacenter, gpus) in other.volume_gpus {
+            self.volume_gpus.entry(datacenter).or_default().extend(gpus);
+        }
         self.fetched_at = match (self.fetched_at, other.fetched_at) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

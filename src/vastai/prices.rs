@@ -68,7 +68,7 @@ pub fn price_sheet(offers: &[Offer], disk_gb: u32, bids: bool) -> PriceSheet {
     PriceSheet {
         prices: GpuPrices::from_observations(observations, storage),
         unknown_gpus: unknown,
-        fetched_at: None,
+        ..PriceSheet::default()
     }
 }
 

@@ -76,6 +76,11 @@ async fn lookup_context<C: ClusterView>(
             }
         }
     }
+    let datacenter_gpus = if claim_provisioners.is_empty() {
+        BTreeMap::new()
+    } else {
+        cluster.datacenter_gpus()
+    };
     Ok(Context {
         namespace_labels,
         job,
@@ -83,6 +88,7 @@ async fn lookup_context<C: ClusterView>(
         claim_datacenters,
         cheapest_gpu_price: cluster.cheapest_gpu_prices(),
         gpu_prices: cluster.gpu_prices(),
+        datacenter_gpus,
         namespace_annotations,
         served: cluster.served(),
         namespace_spend,

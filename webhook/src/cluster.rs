@@ -3,7 +3,7 @@
 //! created a moment ago) falls back to one direct GET, so a fresh namespace or Job is never
 //! judged on stale data.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -72,6 +72,11 @@ pub trait ClusterView: Send + Sync + 'static {
     /// Each virtual node of ours: its cloud and the namespaces it lists.
     fn served(&self) -> Vec<(Cloud, Served)> {
         Vec::new()
+    }
+    /// The GPU types each datacenter offers where network volumes are, as the RunPod nodes
+    /// publish them (all together); empty when none does.
+    fn datacenter_gpus(&self) -> BTreeMap<String, BTreeSet<String>> {
+        BTreeMap::new()
     }
     /// Claim `name` in `namespace`: its StorageClass's provisioner and where its volume is;
     /// `None` when the claim or its class cannot be read.
@@ -278,6 +283,27 @@ impl ClusterView for KubeCluster {
         by_cloud
     }
 
+    fn datacenter_gpus(&self) -> BTreeMap<String, BTreeSet<String>> {
+        let mut offered: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for node in self.nodes.state() {
+            if node_cloud(&node.metadata) != Some(Cloud::RunPod) {
+                continue;
+            }
+            let Some(value) = node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(runpod_contract::volumes::DATACENTER_GPUS))
+            else {
+                continue;
+            };
+            for (datacenter, gpus) in runpod_contract::volumes::parse_datacenter_gpus(value) {
+                offered.entry(datacenter).or_default().extend(gpus);
+            }
+        }
+        offered
+    }
+
     /// Read directly (rare: only pods that mount a claim), each with the lookups' timeout.
     async fn claim(&self, namespace: &str, name: &str) -> Option<Claimed> {
         let claims = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace);
@@ -465,6 +491,14 @@ impl<T: ClusterView> ClusterView for Arc<T> {
     fn namespace_spend(&self, namespace: &str) -> impl Future<Output = Option<f64>> + Send {
         T::namespace_spend(self, namespace)
     }
+
+    fn claim(&self, namespace: &str, name: &str) -> impl Future<Output = Option<Claimed>> + Send {
+        T::claim(self, namespace, name)
+    }
+
+    fn datacenter_gpus(&self) -> BTreeMap<String, BTreeSet<String>> {
+        T::datacenter_gpus(self)
+    }
 }
 
 /// A [`ClusterView`] held in memory: for fuzzing, tests and benchmarks of the policy path
@@ -490,6 +524,8 @@ pub struct MemoryCluster {
     pub spend: BTreeMap<String, f64>,
     /// `namespace/claim` → its StorageClass's provisioner and volume's datacenter.
     pub claims: BTreeMap<String, Claimed>,
+    /// The GPU types each datacenter offers where network volumes are.
+    pub datacenter_gpus: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl ClusterView for MemoryCluster {
@@ -554,5 +590,9 @@ impl ClusterView for MemoryCluster {
 
     async fn claim(&self, namespace: &str, name: &str) -> Option<Claimed> {
         self.claims.get(&format!("{namespace}/{name}")).cloned()
+    }
+
+    fn datacenter_gpus(&self) -> BTreeMap<String, BTreeSet<String>> {
+        self.datacenter_gpus.clone()
     }
 }

@@ -186,6 +186,12 @@ async fn write_node<P: Provider>(
             Timestamp::now().as_second(),
         ),
     ));
+    if !sheet.volume_gpus.is_empty() {
+        annotations.push((
+            runpod_contract::volumes::DATACENTER_GPUS,
+            runpod_contract::volumes::format_datacenter_gpus(&sheet.volume_gpus),
+        ));
+    }
     let serves = config.serves.join(",");
     annotations.push((runpod_contract::teams::SERVES_NAMESPACES, serves));
     if let Err(error) = super::sync_spec(nodes, config, health, &annotations).await {

@@ -57,5 +57,29 @@ pub fn price_sheet(catalogue: &Catalogue, data_center_ids: &[String]) -> PriceSh
         prices: GpuPrices::from_observations(observations, None),
         unknown_gpus: unknown,
         fetched_at: None,
+        volume_gpus: volume_gpus(catalogue, data_center_ids),
     }
+}
+
+/// The GPU types each datacenter (of the installation's, when it names them) lists on Secure
+/// Cloud, in stock now or not: where a network volume's pods can ever run, and on what.
+fn volume_gpus(
+    catalogue: &Catalogue,
+    data_center_ids: &[String],
+) -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let mut offered: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+    for gpu in catalogue.gpus(CloudType::Secure) {
+        let Some(model) = gpus::identify(Cloud::RunPod, &gpu.id, gpu.memory.map(f64::from)) else {
+            continue;
+        };
+        for stock in &gpu.data_centers {
+            if data_center_ids.is_empty() || data_center_ids.contains(&stock.id) {
+                offered
+                    .entry(stock.id.clone())
+                    .or_default()
+                    .insert(model.name.to_owned());
+            }
+        }
+    }
+    offered
 }

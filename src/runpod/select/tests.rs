@@ -1259,3 +1259,35 @@ proptest! {
         }
     }
 }
+
+/// Issue 46: what each datacenter offers on Secure Cloud, in stock now or not, within the
+/// installation's datacenters: what admission judges a network volume pod's cap against.
+#[test]
+fn the_price_sheet_says_what_each_datacenter_offers_for_volumes() {
+    let catalogue = secure(vec![
+        with_dcs(
+            gpu("NVIDIA H100 80GB HBM3", Some(80), 2.99),
+            &[
+                ("US-TX-3", Availability::None),
+                ("EU-RO-1", Availability::High),
+            ],
+        ),
+        with_dcs(
+            gpu("NVIDIA L40S", Some(48), 0.86),
+            &[("US-TX-3", Availability::Low)],
+        ),
+        with_dcs(
+            gpu("Mystery GPU", Some(12), 0.1),
+            &[("US-TX-3", Availability::High)],
+        ),
+    ]);
+    let all = price_sheet(&catalogue, &[]).volume_gpus;
+    assert_eq!(
+        all.get("US-TX-3")
+            .map(|g| g.iter().cloned().collect::<Vec<_>>()),
+        Some(vec!["H100".to_owned(), "L40S".to_owned()])
+    );
+    assert_eq!(all.len(), 2);
+    let only = price_sheet(&catalogue, &["EU-RO-1".to_owned()]).volume_gpus;
+    assert_eq!(only.keys().cloned().collect::<Vec<_>>(), ["EU-RO-1"]);
+}

@@ -48,6 +48,9 @@ pub struct Context {
     pub claim_provisioners: BTreeMap<String, String>,
     /// The pod's claims → the datacenter their network volume is in, where known.
     pub claim_datacenters: BTreeMap<String, String>,
+    /// The GPU types each datacenter offers where network volumes are (read only for pods
+    /// that mount a claim).
+    pub datacenter_gpus: BTreeMap<String, std::collections::BTreeSet<String>>,
 }
 
 /// The decision for one pod.

@@ -331,7 +331,16 @@ impl<'a> Review<'a> {
             })
             .filter_map(|claim| Some((claim, self.context.claim_datacenters.get(claim)?)))
             .flat_map(|(claim, datacenter)| {
-                checks::volume_placement_problems(&self.effective, self.config, claim, datacenter)
+                let mut problems = checks::volume_placement_problems(
+                    &self.effective,
+                    self.config,
+                    claim,
+                    datacenter,
+                );
+                if problems.is_empty() {
+                    problems.extend(self.volume_priced(claim, datacenter));
+                }
+                problems
             })
             .collect();
         if problems.is_empty() {
@@ -339,6 +348,52 @@ impl<'a> Review<'a> {
         } else {
             Err(self.forbidden(&problems))
         }
+    }
+
+    /// Why no GPU the pod may use is offered in its volume's datacenter under its price cap,
+    /// naming what is there and at what price; `None` when one is, or nothing is published to
+    /// judge by (the controller then judges at create time).
+    fn volume_priced(&self, claim: &str, datacenter: &str) -> Option<String> {
+        let offered = self.context.datacenter_gpus.get(datacenter)?;
+        let published = self.context.gpu_prices.get(&Cloud::RunPod)?;
+        let there = runpod_contract::gpus::GpuPrices {
+            quotes: published
+                .quotes
+                .iter()
+                .filter(|q| offered.contains(&q.key.gpu))
+                .filter(|q| {
+                    q.key.class.as_deref() == Some(runpod_contract::CloudType::Secure.as_str())
+                })
+                .cloned()
+                .collect(),
+            ..published.clone()
+        };
+        if there.is_empty() {
+            return None;
+        }
+        let (fit, cap) = super::cheapest::price_on(
+            Cloud::RunPod,
+            &self.effective.values(),
+            self.gpus,
+            self.config,
+            &there,
+        );
+        if fit.is_some() {
+            return None;
+        }
+        let listed: Vec<String> = there
+            .lowest_per_gpu()
+            .iter()
+            .map(|(gpu, per_gpu)| format!("{gpu} at {per_gpu:.3} USD per GPU-hour"))
+            .collect();
+        let wanted = cap.map_or("its GPU requirements".to_owned(), |cap| {
+            format!("its GPU requirements within its price cap of {cap:.3} USD/h")
+        });
+        Some(format!(
+            "PersistentVolumeClaim {claim:?} is a network volume in {datacenter}, where the pod \
+             must run, and no GPU type offered there (Secure Cloud) meets {wanted}: {}",
+            listed.join(", ")
+        ))
     }
 
     /// The nodes the namespace's binding allows on `cloud` (`None`: any). No node may take it:

@@ -124,3 +124,43 @@ fn a_volume_outside_the_allowed_datacenters_is_refused() {
     let (verdict, _) = admit(&with_claims(&["data"]), &context);
     assert_bursts(&verdict);
 }
+
+/// Issue 46: the pod runs where its volume is or nowhere, so a price cap no GPU offered there
+/// meets is refused at admission, naming what is there and at what price.
+#[test]
+fn a_volume_where_no_gpu_fits_the_cap_is_refused_naming_what_is_there() {
+    let ours = runpod_contract::volumes::PROVISIONER;
+    let mut context = context_with(&[("data", ours)]);
+    context
+        .claim_datacenters
+        .insert("data".into(), "US-TX-3".into());
+    context.gpu_prices = [(
+        runpod_contract::provider::Cloud::RunPod,
+        runpod_contract::gpus::GpuPrices::parse(
+            "H100x1-8:SECURE=2.99,L40Sx1-8:SECURE=0.45,RTX4090x1-8:SECURE=0.34",
+        ),
+    )]
+    .into();
+    context.datacenter_gpus =
+        runpod_contract::volumes::parse_datacenter_gpus("US-TX-3=H100|L40S,EU-RO-1=RTX4090");
+    // A cap of 0.4 USD/h: the RTX 4090 would do, but it is not offered in US-TX-3.
+    let capped = annotate(with_claims(&["data"]), contract::MAX_PRICE, "0.4");
+    let (verdict, _) = admit(&capped, &context);
+    let (code, message) = denial(&verdict);
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("US-TX-3")
+            && message.contains("L40S at 0.450")
+            && message.contains("H100 at 2.990")
+            && !message.contains("RTX4090"),
+        "{message}"
+    );
+    // A cap the L40S meets: admitted.
+    let enough = annotate(with_claims(&["data"]), contract::MAX_PRICE, "0.5");
+    let (verdict, _) = admit(&enough, &context);
+    assert_bursts(&verdict);
+    // Nothing published for the datacenter: judged when the pod is created.
+    context.datacenter_gpus.clear();
+    let (verdict, _) = admit(&capped, &context);
+    assert_bursts(&verdict);
+}

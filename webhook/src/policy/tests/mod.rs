@@ -33,6 +33,7 @@ fn labelled_namespace() -> Context {
         namespace_spend: None,
         claim_provisioners: BTreeMap::new(),
         claim_datacenters: BTreeMap::new(),
+        datacenter_gpus: BTreeMap::new(),
     }
 }
 

@@ -73,6 +73,26 @@ impl Snapshot {
             .iter()
             .filter(move |i| i.tags.pod_uid.as_deref() == Some(uid) && i.state.is_live())
     }
+
+    /// The pod's instance a person means (`kubectl exec`, `logs`): the one this leader tracks,
+    /// else a running one, else the oldest; never one it terminated (a duplicate on its way
+    /// out must not take the session).
+    pub fn pods_instance<'a>(
+        &'a self,
+        uid: &'a str,
+        tracked: Option<&str>,
+        terminated: &std::collections::HashSet<String>,
+    ) -> Option<&'a Instance> {
+        self.for_pod(uid)
+            .filter(|i| !terminated.contains(&i.id))
+            .min_by_key(|i| {
+                (
+                    Some(i.id.as_str()) != tracked,
+                    i.state != crate::provider::InstanceState::Running,
+                    i.created_at,
+                )
+            })
+    }
 }
 
 /// The shared state of the controller.
@@ -165,6 +185,19 @@ impl<P> Shared<P> {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         }
+    }
+
+    /// [`Snapshot::pods_instance`] of the latest snapshot, with what this leader remembers.
+    pub fn pods_instance(&self, uid: &str) -> Option<Instance> {
+        let (tracked, terminated) = self.remember(uid, |m| {
+            (
+                m.instance.as_ref().map(|(id, _)| id.clone()),
+                m.terminated.clone(),
+            )
+        });
+        self.latest()?
+            .pods_instance(uid, tracked.as_deref(), &terminated)
+            .cloned()
     }
 
     pub fn latest(&self) -> Option<Arc<Snapshot>> {
@@ -280,4 +313,42 @@ fn truncate(text: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &text[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::fixtures::instance;
+    use crate::provider::InstanceState;
+
+    /// Exec, port-forward, hooks and logs reach the instance this leader tracks, not whichever
+    /// a list happens to name first (a duplicate on its way out, say).
+    #[test]
+    fn a_person_reaches_the_tracked_instance_else_a_running_one() {
+        let at = |s: i64| Some(Timestamp::from_second(1_800_000_000 + s).unwrap());
+        let mut older = instance("older", "c", "n", Some("u"));
+        older.created_at = at(0);
+        older.state = InstanceState::Starting;
+        let mut running = instance("running", "c", "n", Some("u"));
+        running.created_at = at(10);
+        let mut tracked = instance("tracked", "c", "n", Some("u"));
+        tracked.created_at = at(20);
+        tracked.state = InstanceState::Starting;
+        let snapshot = Snapshot {
+            taken_at: Timestamp::from_second(1_800_000_100).unwrap(),
+            instances: vec![older, running, tracked, instance("other", "c", "n", Some("v"))],
+            confirmed_at: None,
+        };
+        let none = std::collections::HashSet::new();
+        let id = |tracked: Option<&str>, terminated: &std::collections::HashSet<String>| {
+            snapshot
+                .pods_instance("u", tracked, terminated)
+                .map(|i| i.id.clone())
+        };
+        assert_eq!(id(Some("tracked"), &none).as_deref(), Some("tracked"));
+        assert_eq!(id(None, &none).as_deref(), Some("running"));
+        let gone: std::collections::HashSet<String> = ["running".to_owned()].into();
+        assert_eq!(id(None, &gone).as_deref(), Some("older"));
+        assert_eq!(snapshot.pods_instance("w", None, &none).map(|i| &i.id), None);
+    }
 }

@@ -152,9 +152,7 @@ async fn ssh_address<P: Provider>(
 ) -> Result<(Instance, Target), Refusal> {
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let title = shared.provider.cloud().title;
-    let instance = shared
-        .latest()
-        .and_then(|snapshot| snapshot.for_pod(&uid).next().cloned());
+    let instance = shared.pods_instance(&uid);
     let Some(instance) = instance else {
         return Err(Refusal::new(
             StatusCode::BAD_REQUEST,

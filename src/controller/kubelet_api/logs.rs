@@ -129,8 +129,8 @@ pub(super) async fn container_logs<P: Provider>(
     }
     let instance_id = state
         .shared
-        .latest()
-        .and_then(|snapshot| snapshot.for_pod(&uid).next().map(|i| i.id.clone()))
+        .pods_instance(&uid)
+        .map(|i| i.id)
         .or_else(|| {
             state
                 .shared

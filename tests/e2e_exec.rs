@@ -315,6 +315,9 @@ async fn scenarios(
     // Probes run in the pod over SSH (issue 45): readiness gates Ready, a failing liveness
     // probe restarts the container, with the kubelet's Events.
     probes(client, &pods).await.context("probes")?;
+    post_start_hooks(client, &pods)
+        .await
+        .context("httpGet postStart hooks")?;
 
     // SIGKILL and restart: the next exec works with the same key (read from the Secret).
     controller.restart()?;
@@ -603,5 +606,64 @@ async fn probes(client: &kube::Client, pods: &Api<Pod>) -> anyhow::Result<()> {
         "preStop /stop hits: {}",
         health.hits("/stop")
     );
+    Ok(())
+}
+
+/// Issue 45: an `httpGet` `postStart` hook reaches the container's loopback once it runs;
+/// one that fails kills the container as the kubelet does (`FailedPostStartHook`, then
+/// `Killing` and a restart).
+async fn post_start_hooks(client: &kube::Client, pods: &Api<Pod>) -> anyhow::Result<()> {
+    let health = HealthServer::default();
+    let port = health.start()?;
+    health.set("/warm", 200);
+    health.set("/cold", 500);
+    for (name, path) in [("warmed", "/warm"), ("cold", "/cold")] {
+        let mut pod = gpu_pod(name, "e2e/server:1", "Always");
+        pod.metadata.annotations =
+            Some([("runpod.io/burst-mode".to_owned(), "always".to_owned())].into());
+        pod.spec.as_mut().context("spec")?.containers[0].lifecycle =
+            Some(serde_json::from_value(json!({
+                "postStart": {"httpGet": {"path": path, "port": port}}
+            }))?);
+        pods.create(&PostParams::default(), &pod).await?;
+    }
+    wait::until("the postStart hook sent", WAIT, || async {
+        Ok((health.hits("/warm") >= 1).then_some(()))
+    })
+    .await?;
+    wait::until(
+        "the failing postStart hook restarted its container",
+        WAIT,
+        || async {
+            let said = support::pods::events(client, NS, "cold").await?;
+            let failed = said.iter().any(|(reason, message)| {
+                reason == "FailedPostStartHook" && message.contains("500")
+            });
+            let killed = said.iter().any(|(reason, message)| {
+                reason == "Killing" && message.contains("failed its postStart hook")
+            });
+            Ok((failed && killed).then_some(()))
+        },
+    )
+    .await?;
+    let said = support::pods::events(client, NS, "warmed").await?;
+    ensure!(
+        !said.iter().any(|(reason, message)| {
+            reason == "FailedPostStartHook"
+                || (reason == "PodFieldsNotHonoured" && message.contains("postStart"))
+        }),
+        "a postStart hook that ran is said not to: {said:?}"
+    );
+    ensure!(
+        health.hits("/warm") == 1,
+        "the postStart hook ran {} times for one container start",
+        health.hits("/warm")
+    );
+    for name in ["warmed", "cold"] {
+        pods.delete(name, &Default::default()).await?;
+    }
+    for name in ["warmed", "cold"] {
+        support::pods::gone(pods, name).await?;
+    }
     Ok(())
 }

@@ -336,7 +336,12 @@ mod tests {
         tracked.state = InstanceState::Starting;
         let snapshot = Snapshot {
             taken_at: Timestamp::from_second(1_800_000_100).unwrap(),
-            instances: vec![older, running, tracked, instance("other", "c", "n", Some("v"))],
+            instances: vec![
+                older,
+                running,
+                tracked,
+                instance("other", "c", "n", Some("v")),
+            ],
             confirmed_at: None,
         };
         let none = std::collections::HashSet::new();
@@ -349,6 +354,9 @@ mod tests {
         assert_eq!(id(None, &none).as_deref(), Some("running"));
         let gone: std::collections::HashSet<String> = ["running".to_owned()].into();
         assert_eq!(id(None, &gone).as_deref(), Some("older"));
-        assert_eq!(snapshot.pods_instance("w", None, &none).map(|i| &i.id), None);
+        assert_eq!(
+            snapshot.pods_instance("w", None, &none).map(|i| &i.id),
+            None
+        );
     }
 }

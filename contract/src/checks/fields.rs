@@ -68,8 +68,9 @@ pub fn unapplied_security_context_message(pod: &PodView, cloud: &str) -> Option<
 ///
 /// `in_container`: the cloud runs things inside the container (RunPod with the node's SSH
 /// connection): probes (`exec`, `tcpSocket`, HTTP or HTTPS `httpGet`), the `preStop` hook
-/// (`exec` or HTTP or HTTPS `httpGet`, before the stop) and an `exec` `postStart` hook of a container
-/// that sets its command or args (RunPod's completion wrapper runs it); those are then
+/// (`exec` or HTTP or HTTPS `httpGet`, before the stop), an `exec` `postStart` hook of a
+/// container that sets its command or args (RunPod's completion wrapper runs it) and an HTTP or
+/// HTTPS `httpGet` `postStart` hook (run over SSH once the container runs); those are then
 /// honoured.
 pub fn unhonoured(pod: &PodView, in_container: bool) -> Vec<String> {
     let Some(spec) = pod.spec.as_ref() else {
@@ -99,8 +100,11 @@ pub fn unhonoured(pod: &PodView, in_container: bool) -> Vec<String> {
                     && match hook.as_str() {
                         // Over SSH: a command, or an HTTP GET to the container's loopback.
                         "preStop" => exec || (!value["httpGet"].is_null() && probe_runs(value)),
-                        // By the wrapper, beside the command.
-                        "postStart" => exec && wrapped,
+                        // `exec` by the wrapper, beside the command; an HTTP GET over SSH
+                        // once the container runs, before its probes.
+                        "postStart" => {
+                            (exec && wrapped) || (!value["httpGet"].is_null() && probe_runs(value))
+                        }
                         _ => false,
                     };
                 if !value.is_null() && !runs {

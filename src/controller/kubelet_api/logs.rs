@@ -127,15 +127,11 @@ pub(super) async fn container_logs<P: Provider>(
         )
             .into_response();
     }
-    let instance_id = state
-        .shared
-        .pods_instance(&uid)
-        .map(|i| i.id)
-        .or_else(|| {
-            state
-                .shared
-                .remember(&uid, |m| m.instance.as_ref().map(|(id, _)| id.clone()))
-        });
+    let instance_id = state.shared.pods_instance(&uid).map(|i| i.id).or_else(|| {
+        state
+            .shared
+            .remember(&uid, |m| m.instance.as_ref().map(|(id, _)| id.clone()))
+    });
     let Some(instance_id) = instance_id else {
         return (
             StatusCode::BAD_REQUEST,

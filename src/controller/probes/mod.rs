@@ -35,6 +35,10 @@ use crate::controller::pods::status::is_terminal;
 use crate::controller::shell;
 use crate::provider::{Instance, InstanceState, Provider, ShellAccess};
 
+/// How long a `postStart` `httpGet` hook may take (the kubelet gives hooks no timeout of their
+/// own; the container is not held back for it here, so this only bounds the prober).
+const POST_START_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How often the pods are looked at for probers to start or end.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 
@@ -77,7 +81,7 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>, ticks: m
             let Some(uid) = pod.metadata.uid.clone() else {
                 continue;
             };
-            let probed = has_probes(&pod)
+            let probed = (has_probes(&pod) || has_post_start_http(&pod))
                 && pod.metadata.deletion_timestamp.is_none()
                 && !is_terminal(&pod)
                 && running_instance(&shared, &snapshot, &uid).is_some();
@@ -150,6 +154,14 @@ fn has_probes(pod: &Pod) -> bool {
         })
 }
 
+/// Whether the pod's container has an `httpGet` `postStart` hook (the prober runs it).
+fn has_post_start_http(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.containers.first())
+        .is_some_and(|c| spec::post_start_http(c).is_some())
+}
+
 fn find(pods: &Store<Pod>, uid: &str) -> Option<Arc<Pod>> {
     pods.state()
         .into_iter()
@@ -169,7 +181,17 @@ async fn probe_pod<P: Provider>(
     let Some(container) = pod.spec.as_ref().and_then(|spec| spec.containers.first()) else {
         return;
     };
-    let (specs, unrunnable) = spec::specs(container);
+    let (specs, mut unrunnable) = spec::specs(container);
+    let post_start = match spec::post_start_http(container) {
+        Some(Ok(check)) => Some(check),
+        Some(Err(why)) => {
+            unrunnable.push(why);
+            None
+        }
+        None => None,
+    };
+    // Run once per container start, before any probe (the kubelet's order).
+    let mut post_start_due = post_start.is_some();
     for why in unrunnable {
         let message = format!("{why}; it is not run");
         shared
@@ -188,18 +210,22 @@ async fn probe_pod<P: Provider>(
         ticks,
     };
     prober.publish(&shared, &uid);
-    if specs.is_empty() {
-        // Parked until the pod stops running (a finished prober would be started again).
-        std::future::pending::<()>().await;
-    }
     let mut session: Option<Session> = None;
     loop {
         let restarts = shared.remember(&uid, |m| m.restarts);
         if restarts != prober.restarts_seen {
-            // The container started over (on the cloud, or after a probe): so do its probes.
+            // The container started over (on the cloud, or after a probe): so do its probes,
+            // and its postStart hook.
             prober.start_over(restarts);
+            post_start_due = post_start.is_some();
             session = None;
             prober.publish(&shared, &uid);
+        }
+        if specs.is_empty() && !post_start_due {
+            // Parked until the pod stops running (a finished prober would be started again);
+            // a restart seen later runs the hook again.
+            tokio::time::sleep(LOOK_EVERY).await;
+            continue;
         }
         if prober
             .held
@@ -211,6 +237,55 @@ async fn probe_pod<P: Provider>(
         let Some(pod) = find(&pods, &uid) else {
             return;
         };
+        if let (true, Some(check)) = (post_start_due, post_start.as_ref()) {
+            let live = match session.take() {
+                Some(open) if !open.is_closed() => open,
+                _ => match connect(&shared, &pod, &uid).await {
+                    Ok(open) => open,
+                    Err(why) => {
+                        prober.unreachable(&shared, &pod, &uid, &why).await;
+                        tokio::time::sleep(LOOK_EVERY).await;
+                        continue;
+                    }
+                },
+            };
+            match run::check(&live, check, POST_START_TIMEOUT).await {
+                Err(Failure::Unreached(why)) => {
+                    prober.unreachable(&shared, &pod, &uid, &why).await;
+                    continue;
+                }
+                Ok(()) => {
+                    debug!(pod_uid = %uid, "the postStart hook ran");
+                    post_start_due = false;
+                    session = Some(live);
+                }
+                Err(Failure::Failed(why)) => {
+                    // As the kubelet: the container is killed, and restarted per its policy.
+                    post_start_due = false;
+                    shared
+                        .event_as(
+                            &pod.object_ref(&()),
+                            true,
+                            ("FailedPostStartHook", "FailedPostStartHook"),
+                            format!("PostStartHook failed: {why}"),
+                        )
+                        .await;
+                    restart(
+                        &shared,
+                        &pod,
+                        &uid,
+                        "failed its postStart hook",
+                        &container.name,
+                    )
+                    .await;
+                    let restarts = shared.remember(&uid, |m| m.restarts);
+                    prober.start_over(restarts);
+                    prober.held = Some(Instant::now());
+                }
+            }
+            prober.reached(&shared, &uid);
+            continue;
+        }
         let due = match prober.next_due(&specs) {
             Ok(due) => due,
             Err(wait) => {
@@ -245,7 +320,8 @@ async fn probe_pod<P: Provider>(
             unhealthy(&shared, &pod, due.kind, failure).await;
         }
         if verdict == Verdict::Restart {
-            restart(&shared, &pod, &uid, due.kind, &container.name).await;
+            let failed = format!("failed {} probe", due.kind.title().to_lowercase());
+            restart(&shared, &pod, &uid, &failed, &container.name).await;
             let restarts = shared.remember(&uid, |m| m.restarts);
             prober.start_over(restarts);
             prober.held = Some(Instant::now());
@@ -395,7 +471,7 @@ async fn restart<P: Provider>(
     shared: &Shared<P>,
     pod: &Pod,
     uid: &str,
-    kind: Kind,
+    failed: &str,
     container: &str,
 ) {
     let Some(snapshot) = shared.latest() else {
@@ -409,11 +485,10 @@ async fn restart<P: Provider>(
         .as_ref()
         .and_then(|spec| spec.restart_policy.as_deref())
         == Some("Never");
-    let probe = kind.title().to_lowercase();
     let message = if never {
-        format!("Container {container} failed {probe} probe, will be stopped (restartPolicy Never)")
+        format!("Container {container} {failed}, will be stopped (restartPolicy Never)")
     } else {
-        format!("Container {container} failed {probe} probe, will be restarted")
+        format!("Container {container} {failed}, will be restarted")
     };
     shared
         .event_as(&pod.object_ref(&()), false, ("Killing", "Killing"), message)
@@ -425,7 +500,7 @@ async fn restart<P: Provider>(
     };
     match done {
         Ok(true) => {
-            info!(pod_uid = %uid, instance = %instance.id, probe = %probe, "the container failed its probe and was restarted or stopped");
+            info!(pod_uid = %uid, instance = %instance.id, why = %failed, "the container failed and was restarted or stopped");
         }
         Ok(false) => {
             warn!(pod_uid = %uid, instance = %instance.id, "the cloud would not restart or stop the container")

@@ -62,6 +62,20 @@ pub struct Spec {
     pub failure_threshold: u32,
 }
 
+/// The container's `postStart` `httpGet` hook, which the prober runs once per container start,
+/// before its probes (an `exec` one is the wrapper's, beside the command); `Err` says why it
+/// cannot run.
+pub fn post_start_http(container: &Container) -> Option<Result<Check, String>> {
+    let http = container
+        .lifecycle
+        .as_ref()?
+        .post_start
+        .as_ref()?
+        .http_get
+        .as_ref()?;
+    Some(http_check(http, container, "postStart hook"))
+}
+
 /// The probes of `container` the prober can run, in the order startup, liveness, readiness,
 /// and why each other one cannot run (a gRPC probe, a port name the container does
 /// not declare, no handler): those are left out, the others still run.

@@ -197,7 +197,8 @@ impl RunPodProvider {
             .and_then(|hooks| hooks.post_start.as_ref())
             .and_then(|hook| hook.exec.as_ref())
             .and_then(|exec| exec.command.as_deref());
-        // Probes and a preStop hook run over SSH: a pod that runs forever then starts sshd too.
+        // Probes, a preStop hook and an httpGet postStart hook run over SSH: a pod that runs
+        // forever then starts sshd too.
         let shell = container.startup_probe.is_some()
             || container.liveness_probe.is_some()
             || container.readiness_probe.is_some()
@@ -205,7 +206,12 @@ impl RunPodProvider {
                 .lifecycle
                 .as_ref()
                 .and_then(|hooks| hooks.pre_stop.as_ref())
-                .is_some_and(|hook| hook.exec.is_some() || hook.http_get.is_some());
+                .is_some_and(|hook| hook.exec.is_some() || hook.http_get.is_some())
+            || container
+                .lifecycle
+                .as_ref()
+                .and_then(|hooks| hooks.post_start.as_ref())
+                .is_some_and(|hook| hook.http_get.is_some());
         if let Some(args) =
             wrapper::wrapped_args(&words, completion(pod), setup.as_ref(), post_start, shell)
                 .map_err(|e| ProvisionError::Rejected(format!("command/args: {e}")))?

@@ -1625,3 +1625,28 @@ mod claims;
 mod match_condition;
 mod provider;
 mod teams;
+
+/// Issue 45: an `httpGet` `postStart` hook runs over SSH once the container runs (no wrapper
+/// needed), so it is honoured where the cloud offers a shell, and warned about elsewhere.
+#[test]
+fn an_http_post_start_hook_runs_where_there_is_a_shell() {
+    let mut pod = gpu_pod();
+    pod["spec"]["containers"][0]["lifecycle"] =
+        json!({"postStart": {"httpGet": {"port": 8080, "path": "/warm"}}});
+    assert!(
+        checks::unhonoured(&typed(&pod), true).is_empty(),
+        "{:?}",
+        checks::unhonoured(&typed(&pod), true)
+    );
+    assert_eq!(
+        checks::unhonoured(&typed(&pod), false),
+        ["containers[main].lifecycle.postStart"]
+    );
+    let mut other_scheme = pod.clone();
+    other_scheme["spec"]["containers"][0]["lifecycle"]["postStart"]["httpGet"]["scheme"] =
+        json!("GOPHER");
+    assert_eq!(
+        checks::unhonoured(&typed(&other_scheme), true),
+        ["containers[main].lifecycle.postStart"]
+    );
+}

@@ -646,6 +646,13 @@ async fn post_start_hooks(client: &kube::Client, pods: &Api<Pod>) -> anyhow::Res
         },
     )
     .await?;
+    // The restarted container gets the hook again (and fails again).
+    wait::until(
+        "the postStart hook sent to the restarted container",
+        WAIT,
+        || async { Ok((health.hits("/cold") >= 2).then_some(())) },
+    )
+    .await?;
     let said = support::pods::events(client, NS, "warmed").await?;
     ensure!(
         !said.iter().any(|(reason, message)| {

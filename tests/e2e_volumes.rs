@@ -233,12 +233,7 @@ async fn a_refused_account_is_said_on_the_claim(
                                    "detail": "Insufficient balance"}}))
         .await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let mut broke = pod_with("broke", "regional")?;
-    broke
-        .metadata
-        .annotations
-        .get_or_insert_default()
-        .insert("runpod.io/datacenter-ids".into(), "US-TX-3".into());
+    let broke = in_datacenters(pod_with("broke", "regional")?, "US-TX-3");
     pods.create(&PostParams::default(), &broke).await?;
     support::wait::until(
         "the claim told of the refused account",
@@ -344,16 +339,7 @@ async fn a_pv_naming_its_volume_by_annotation_is_mounted(
     client: &kube::Client,
     simulator: &SimulatorProcess,
 ) -> anyhow::Result<()> {
-    let made: Value = reqwest::Client::new()
-        .post(format!("{}/v2/network-volumes", simulator.url))
-        .bearer_auth(support::controller::API_KEY)
-        .json(&json!({"name": "weights", "size": 50, "dataCenter": "US-TX-3"}))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let id = made["id"].as_str().context("volume id")?.to_owned();
+    let id = console_volume(simulator, "weights", 50, "US-TX-3").await?;
     Api::<PersistentVolume>::all(client.clone())
         .create(
             &PostParams::default(),
@@ -380,12 +366,7 @@ async fn a_pv_naming_its_volume_by_annotation_is_mounted(
     pods.create(&PostParams::default(), &pod_with("weigher", "weights")?)
         .await?;
     let running = support::pods::running(&pods, "weigher").await?;
-    let pod_id = annotation(&running, "runpod.io/pod-id").context("RunPod id")?;
-    let ledger = simulator.ledger().await?;
-    let entry = ledger
-        .iter()
-        .find(|e| e["id"] == pod_id)
-        .context("the instance is not in the ledger")?;
+    let entry = &instance_entry(simulator, &running).await?;
     ensure!(
         entry["mounts"]["network"][0]["volumeId"] == id.as_str()
             && entry["data_center_id"] == "US-TX-3",
@@ -403,12 +384,7 @@ async fn a_volume_goes_where_its_first_pod_may_run(
 ) -> anyhow::Result<()> {
     let uid = claim(client, "regional", "runpod-network", "10Gi").await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let mut texan = pod_with("texan", "regional")?;
-    texan
-        .metadata
-        .annotations
-        .get_or_insert_default()
-        .insert("runpod.io/datacenter-ids".into(), "US-TX-3".into());
+    let texan = in_datacenters(pod_with("texan", "regional")?, "US-TX-3");
     pods.create(&PostParams::default(), &texan).await?;
     let running = support::pods::running(&pods, "texan").await?;
     let name = format!("rpk-{CLUSTER}-{uid}");
@@ -421,23 +397,13 @@ async fn a_volume_goes_where_its_first_pod_may_run(
         volume["data_center"] == "US-TX-3",
         "the volume is not where its pod may run: {volume}"
     );
-    let pod_id = annotation(&running, "runpod.io/pod-id").context("RunPod id")?;
-    let ledger = simulator.ledger().await?;
-    let entry = ledger
-        .iter()
-        .find(|e| e["id"] == pod_id)
-        .context("the instance is not in the ledger")?;
+    let entry = &instance_entry(simulator, &running).await?;
     ensure!(
         entry["data_center_id"] == "US-TX-3",
         "the instance: {entry}"
     );
     // The claim is bound now: a pod that allows only EU-RO-1 could never mount it.
-    let mut european = pod_with("european", "regional")?;
-    european
-        .metadata
-        .annotations
-        .get_or_insert_default()
-        .insert("runpod.io/datacenter-ids".into(), "EU-RO-1".into());
+    let european = in_datacenters(pod_with("european", "regional")?, "EU-RO-1");
     match pods.create(&PostParams::default(), &european).await {
         Err(kube::Error::Api(status)) => ensure!(
             status.code == 403 && status.message.contains("US-TX-3"),
@@ -486,16 +452,7 @@ async fn a_static_pv_binds_an_existing_volume(
     client: &kube::Client,
     simulator: &SimulatorProcess,
 ) -> anyhow::Result<()> {
-    let made: Value = reqwest::Client::new()
-        .post(format!("{}/v2/network-volumes", simulator.url))
-        .bearer_auth(support::controller::API_KEY)
-        .json(&json!({"name": "datasets", "size": 100, "dataCenter": "EU-RO-1"}))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let id = made["id"].as_str().context("volume id")?.to_owned();
+    let id = console_volume(simulator, "datasets", 100, "EU-RO-1").await?;
     Api::<PersistentVolume>::all(client.clone())
         .create(
             &PostParams::default(),
@@ -523,12 +480,7 @@ async fn a_static_pv_binds_an_existing_volume(
     pods.create(&PostParams::default(), &pod_with("reader", "datasets")?)
         .await?;
     let running = support::pods::running(&pods, "reader").await?;
-    let pod_id = annotation(&running, "runpod.io/pod-id").context("RunPod id")?;
-    let ledger = simulator.ledger().await?;
-    let entry = ledger
-        .iter()
-        .find(|e| e["id"] == pod_id)
-        .context("the instance is not in the ledger")?;
+    let entry = &instance_entry(simulator, &running).await?;
     ensure!(
         entry["mounts"]["network"][0]["volumeId"] == id.as_str(),
         "the instance: {entry}"
@@ -715,12 +667,7 @@ async fn first_pod_provisions_its_claim(
         "PV {pv_json}"
     );
     // The instance mounts it, in its datacenter.
-    let pod_id = annotation(&running, "runpod.io/pod-id").context("RunPod id")?;
-    let ledger = simulator.ledger().await?;
-    let entry = ledger
-        .iter()
-        .find(|e| e["id"] == pod_id)
-        .context("the instance is not in the ledger")?;
+    let entry = &instance_entry(simulator, &running).await?;
     ensure!(
         entry["mounts"] == json!({"network": [{"volumeId": volume_id, "path": "/data"}]})
             && entry["data_center_id"] == "EU-RO-1"
@@ -788,4 +735,43 @@ async fn another_class_is_refused(client: &kube::Client) -> anyhow::Result<()> {
         Ok(_) => bail!("a pod with another class's claim was sent to RunPod"),
     }
     Ok(())
+}
+
+/// A volume made outside Kubernetes (as in RunPod's console); its id.
+async fn console_volume(
+    simulator: &SimulatorProcess,
+    name: &str,
+    size: u32,
+    datacenter: &str,
+) -> anyhow::Result<String> {
+    let made: Value = reqwest::Client::new()
+        .post(format!("{}/v2/network-volumes", simulator.url))
+        .bearer_auth(support::controller::API_KEY)
+        .json(&json!({"name": name, "size": size, "dataCenter": datacenter}))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    Ok(made["id"].as_str().context("volume id")?.to_owned())
+}
+
+/// The ledger's entry of the pod's instance (by the pod's `runpod.io/pod-id`).
+async fn instance_entry(simulator: &SimulatorProcess, pod: &Pod) -> anyhow::Result<Value> {
+    let pod_id = annotation(pod, "runpod.io/pod-id").context("RunPod id")?;
+    simulator
+        .ledger()
+        .await?
+        .into_iter()
+        .find(|e| e["id"] == pod_id)
+        .context("the instance is not in the ledger")
+}
+
+/// `pod` allowing only `ids` (`runpod.io/datacenter-ids`).
+fn in_datacenters(mut pod: Pod, ids: &str) -> Pod {
+    pod.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("runpod.io/datacenter-ids".into(), ids.into());
+    pod
 }

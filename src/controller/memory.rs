@@ -37,6 +37,9 @@ pub struct PodMemory {
     pub stopped: HashSet<String>,
     /// The pod's `preStop` hook was started (once per pod, before the first stop).
     pub pre_stop_ran: bool,
+    /// The container start (instance, restart count) its `httpGet` `postStart` hook was sent
+    /// to and passed.
+    pub post_start_sent: Option<(String, i32)>,
     /// Last uptime seen per instance; going back means the container restarted.
     pub uptime: HashMap<String, u64>,
     pub restarts: i32,

@@ -103,7 +103,10 @@ pub fn unhonoured(pod: &PodView, in_container: bool) -> Vec<String> {
                         // `exec` by the wrapper, beside the command; an HTTP GET over SSH
                         // once the container runs, before its probes.
                         "postStart" => {
-                            (exec && wrapped) || (!value["httpGet"].is_null() && probe_runs(value))
+                            (exec && wrapped)
+                                || (!value["httpGet"].is_null()
+                                    && probe_runs(value)
+                                    && loopback_host(value))
                         }
                         _ => false,
                     };
@@ -170,6 +173,18 @@ pub fn handler_runs(handler: Handler<'_>) -> Result<(), &'static str> {
         }
         Handler::HttpGet { .. } => Ok(()),
         Handler::Other => Err("has no exec, httpGet or tcpSocket handler that can run on a cloud"),
+    }
+}
+
+/// Whether an `httpGet` hook goes to the container itself (no `host`, or a loopback one): the
+/// cloud's side reaches nothing else.
+fn loopback_host(hook: &serde_json::Value) -> bool {
+    match hook
+        .pointer("/httpGet/host")
+        .and_then(serde_json::Value::as_str)
+    {
+        None => true,
+        Some(host) => matches!(host.trim(), "" | "localhost" | "127.0.0.1" | "::1"),
     }
 }
 

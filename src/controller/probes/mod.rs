@@ -35,9 +35,14 @@ use crate::controller::pods::status::is_terminal;
 use crate::controller::shell;
 use crate::provider::{Instance, InstanceState, Provider, ShellAccess};
 
-/// How long a `postStart` `httpGet` hook may take (the kubelet gives hooks no timeout of their
-/// own; the container is not held back for it here, so this only bounds the prober).
+/// How long a `postStart` `httpGet` hook may take; one that takes longer failed (and its
+/// container is killed). The container is not held back while it runs: its cloud says it runs.
 const POST_START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// After a failed `postStart` hook killed the container, how long the prober waits before
+/// sending the hook again (to the restarted container, or the old one if it is still there:
+/// then it fails again, as it would).
+const POST_START_HOLD: Duration = Duration::from_secs(20);
 
 /// How often the pods are looked at for probers to start or end.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
@@ -154,6 +159,14 @@ fn has_probes(pod: &Pod) -> bool {
         })
 }
 
+/// The container start a `postStart` hook is for: the pod's running instance and its restart
+/// count; `None` while it has no running instance.
+fn container_start<P>(shared: &Shared<P>, uid: &str) -> Option<(String, i32)> {
+    let snapshot = shared.latest()?;
+    let instance = running_instance(shared, &snapshot, uid)?;
+    Some((instance.id, shared.remember(uid, |m| m.restarts)))
+}
+
 /// Whether the pod's container has an `httpGet` `postStart` hook (the prober runs it).
 fn has_post_start_http(pod: &Pod) -> bool {
     pod.spec
@@ -190,8 +203,6 @@ async fn probe_pod<P: Provider>(
         }
         None => None,
     };
-    // Run once per container start, before any probe (the kubelet's order).
-    let mut post_start_due = post_start.is_some();
     for why in unrunnable {
         let message = format!("{why}; it is not run");
         shared
@@ -211,17 +222,25 @@ async fn probe_pod<P: Provider>(
     };
     prober.publish(&shared, &uid);
     let mut session: Option<Session> = None;
+    // The prober killed the container for its failed postStart hook.
+    let mut killed_for_hook = false;
     loop {
         let restarts = shared.remember(&uid, |m| m.restarts);
         if restarts != prober.restarts_seen {
             // The container started over (on the cloud, or after a probe): so do its probes,
-            // and its postStart hook.
+            // and its postStart hook (due again: the start it was sent for is another).
             prober.start_over(restarts);
-            post_start_due = post_start.is_some();
             session = None;
             prober.publish(&shared, &uid);
         }
-        if specs.is_empty() && !post_start_due {
+        // Once per container start, before any probe (the kubelet's order); a start is this
+        // instance at this restart count, remembered with the pod (a new prober, after a
+        // failover, does not send it again).
+        let start = post_start
+            .as_ref()
+            .and_then(|_| container_start(&shared, &uid))
+            .filter(|start| shared.remember(&uid, |m| m.post_start_sent.as_ref() != Some(start)));
+        if specs.is_empty() && start.is_none() {
             // Parked until the pod stops running (a finished prober would be started again);
             // a restart seen later runs the hook again.
             tokio::time::sleep(LOOK_EVERY).await;
@@ -229,7 +248,7 @@ async fn probe_pod<P: Provider>(
         }
         if prober
             .held
-            .is_some_and(|since| since.elapsed() < RESTART_HOLD)
+            .is_some_and(|(since, hold)| since.elapsed() < hold)
         {
             tokio::time::sleep(LOOK_EVERY).await;
             continue;
@@ -237,17 +256,18 @@ async fn probe_pod<P: Provider>(
         let Some(pod) = find(&pods, &uid) else {
             return;
         };
-        if let (true, Some(check)) = (post_start_due, post_start.as_ref()) {
-            let live = match session.take() {
-                Some(open) if !open.is_closed() => open,
-                _ => match connect(&shared, &pod, &uid).await {
-                    Ok(open) => open,
-                    Err(why) => {
-                        prober.unreachable(&shared, &pod, &uid, &why).await;
-                        tokio::time::sleep(LOOK_EVERY).await;
-                        continue;
-                    }
-                },
+        if let (Some(start), Some(check)) = (start, post_start.as_ref()) {
+            if killed_for_hook {
+                // The container it killed has restarted by now, with new host keys; its
+                // restart may have gone unseen (killed seconds after its start, its uptime
+                // never goes back in a list), so what was known of the old one goes.
+                killed_for_hook = false;
+                session = None;
+                shell::forget_host_keys(&shared, &pod, &start.0).await;
+            }
+            let Some(live) = reach(&shared, &pod, &uid, &mut prober, &mut session).await else {
+                tokio::time::sleep(LOOK_EVERY).await;
+                continue;
             };
             match run::check(&live, check, POST_START_TIMEOUT).await {
                 Err(Failure::Unreached(why)) => {
@@ -256,12 +276,13 @@ async fn probe_pod<P: Provider>(
                 }
                 Ok(()) => {
                     debug!(pod_uid = %uid, "the postStart hook ran");
-                    post_start_due = false;
+                    shared.remember(&uid, |m| m.post_start_sent = Some(start));
                     session = Some(live);
                 }
                 Err(Failure::Failed(why)) => {
                     // As the kubelet: the container is killed, and restarted per its policy.
-                    post_start_due = false;
+                    // Still due: sent again once the restart shows (or the hold ends, should
+                    // the restart go unseen), to the new container.
                     shared
                         .event_as(
                             &pod.object_ref(&()),
@@ -280,7 +301,10 @@ async fn probe_pod<P: Provider>(
                     .await;
                     let restarts = shared.remember(&uid, |m| m.restarts);
                     prober.start_over(restarts);
-                    prober.held = Some(Instant::now());
+                    // A container killed seconds after its start may restart unseen (its
+                    // uptime never goes back in a list): a short hold, then the hook again.
+                    prober.held = Some((Instant::now(), POST_START_HOLD));
+                    killed_for_hook = true;
                 }
             }
             prober.reached(&shared, &uid);
@@ -294,16 +318,9 @@ async fn probe_pod<P: Provider>(
             }
         };
         prober.last_run.insert(due.kind, Instant::now());
-        let live = match session.take() {
-            Some(open) if !open.is_closed() => open,
-            _ => match connect(&shared, &pod, &uid).await {
-                Ok(open) => open,
-                Err(why) => {
-                    prober.unreachable(&shared, &pod, &uid, &why).await;
-                    tokio::time::sleep(LOOK_EVERY).await;
-                    continue;
-                }
-            },
+        let Some(live) = reach(&shared, &pod, &uid, &mut prober, &mut session).await else {
+            tokio::time::sleep(LOOK_EVERY).await;
+            continue;
         };
         let answer = run::check(&live, &due.check, due.timeout).await;
         if let Err(Failure::Unreached(why)) = &answer {
@@ -324,10 +341,31 @@ async fn probe_pod<P: Provider>(
             restart(&shared, &pod, &uid, &failed, &container.name).await;
             let restarts = shared.remember(&uid, |m| m.restarts);
             prober.start_over(restarts);
-            prober.held = Some(Instant::now());
+            prober.held = Some((Instant::now(), RESTART_HOLD));
             session = None;
         }
         prober.publish(&shared, &uid);
+    }
+}
+
+/// The open session to the pod, else a new one; `None` when the pod cannot be reached (said
+/// and counted by the prober).
+async fn reach<P: Provider>(
+    shared: &Shared<P>,
+    pod: &Pod,
+    uid: &str,
+    prober: &mut Prober,
+    session: &mut Option<Session>,
+) -> Option<Session> {
+    match session.take() {
+        Some(open) if !open.is_closed() => Some(open),
+        _ => match connect(shared, pod, uid).await {
+            Ok(open) => Some(open),
+            Err(why) => {
+                prober.unreachable(shared, pod, uid, &why).await;
+                None
+            }
+        },
     }
 }
 
@@ -350,8 +388,9 @@ struct Prober {
     since: Instant,
     last_run: HashMap<Kind, Instant>,
     restarts_seen: i32,
-    /// Since when probing waits for a restart this prober asked for to show.
-    held: Option<Instant>,
+    /// Since when, and for how long at most, probing waits for a restart this prober asked
+    /// for to show.
+    held: Option<(Instant, Duration)>,
     /// Connections that failed in a row.
     unreached: u32,
     /// Asks for every pod to be reconciled, so a change shows in the status at once.
@@ -498,6 +537,7 @@ async fn restart<P: Provider>(
     } else {
         shared.provider.restart(&instance.id).await
     };
+
     match done {
         Ok(true) => {
             info!(pod_uid = %uid, instance = %instance.id, why = %failed, "the container failed and was restarted or stopped");

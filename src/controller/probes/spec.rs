@@ -73,6 +73,19 @@ pub fn post_start_http(container: &Container) -> Option<Result<Check, String>> {
         .as_ref()?
         .http_get
         .as_ref()?;
+    // The kubelet connects to `host`; from the cloud only the container's loopback is reached.
+    if let Some(host) = http
+        .host
+        .as_deref()
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        && !matches!(host, "localhost" | "127.0.0.1" | "::1")
+    {
+        return Some(Err(format!(
+            "the postStart hook's httpGet.host {host:?} is not reached from the cloud (only the \
+             container's own loopback is)"
+        )));
+    }
     Some(http_check(http, container, "postStart hook"))
 }
 

@@ -1642,6 +1642,14 @@ fn an_http_post_start_hook_runs_where_there_is_a_shell() {
         checks::unhonoured(&typed(&pod), false),
         ["containers[main].lifecycle.postStart"]
     );
+    let mut elsewhere = pod.clone();
+    elsewhere["spec"]["containers"][0]["lifecycle"]["postStart"]["httpGet"]["host"] =
+        json!("warmup.example");
+    assert_eq!(
+        checks::unhonoured(&typed(&elsewhere), true),
+        ["containers[main].lifecycle.postStart"],
+        "a hook to another host is not reached from the cloud"
+    );
     let mut other_scheme = pod.clone();
     other_scheme["spec"]["containers"][0]["lifecycle"]["postStart"]["httpGet"]["scheme"] =
         json!("GOPHER");

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use self::run::Failure;
-use self::spec::{Kind, Spec};
+use self::spec::{Check, Kind, Spec};
 use self::state::{Probed, Probing, Verdict, next_run};
 use crate::controller::context::{Shared, Snapshot};
 use crate::controller::kubelet_api::exec::ssh::{self, Session};
@@ -218,12 +218,11 @@ async fn probe_pod<P: Provider>(
         restarts_seen: shared.remember(&uid, |m| m.restarts),
         held: None,
         unreached: 0,
+        killed_for_hook: false,
         ticks,
     };
     prober.publish(&shared, &uid);
     let mut session: Option<Session> = None;
-    // The prober killed the container for its failed postStart hook.
-    let mut killed_for_hook = false;
     loop {
         let restarts = shared.remember(&uid, |m| m.restarts);
         if restarts != prober.restarts_seen {
@@ -257,95 +256,126 @@ async fn probe_pod<P: Provider>(
             return;
         };
         if let (Some(start), Some(check)) = (start, post_start.as_ref()) {
-            if killed_for_hook {
-                // The container it killed has restarted by now, with new host keys; its
-                // restart may have gone unseen (killed seconds after its start, its uptime
-                // never goes back in a list), so what was known of the old one goes.
-                killed_for_hook = false;
-                session = None;
-                shell::forget_host_keys(&shared, &pod, &start.0).await;
-            }
-            let Some(live) = reach(&shared, &pod, &uid, &mut prober, &mut session).await else {
-                tokio::time::sleep(LOOK_EVERY).await;
-                continue;
-            };
-            match run::check(&live, check, POST_START_TIMEOUT).await {
-                Err(Failure::Unreached(why)) => {
-                    prober.unreachable(&shared, &pod, &uid, &why).await;
-                    continue;
-                }
-                Ok(()) => {
-                    debug!(pod_uid = %uid, "the postStart hook ran");
-                    shared.remember(&uid, |m| m.post_start_sent = Some(start));
-                    session = Some(live);
-                }
-                Err(Failure::Failed(why)) => {
-                    // As the kubelet: the container is killed, and restarted per its policy.
-                    // Still due: sent again once the restart shows (or the hold ends, should
-                    // the restart go unseen), to the new container.
-                    shared
-                        .event_as(
-                            &pod.object_ref(&()),
-                            true,
-                            ("FailedPostStartHook", "FailedPostStartHook"),
-                            format!("PostStartHook failed: {why}"),
-                        )
-                        .await;
-                    restart(
-                        &shared,
-                        &pod,
-                        &uid,
-                        "failed its postStart hook",
-                        &container.name,
-                    )
-                    .await;
-                    let restarts = shared.remember(&uid, |m| m.restarts);
-                    prober.start_over(restarts);
-                    // A container killed seconds after its start may restart unseen (its
-                    // uptime never goes back in a list): a short hold, then the hook again.
-                    prober.held = Some((Instant::now(), POST_START_HOLD));
-                    killed_for_hook = true;
-                }
-            }
-            prober.reached(&shared, &uid);
+            let hook = (start, check, container.name.as_str());
+            post_start_step(&shared, &pod, &uid, &mut prober, &mut session, hook).await;
             continue;
         }
-        let due = match prober.next_due(&specs) {
-            Ok(due) => due,
-            Err(wait) => {
-                tokio::time::sleep(wait).await;
-                continue;
-            }
-        };
-        prober.last_run.insert(due.kind, Instant::now());
-        let Some(live) = reach(&shared, &pod, &uid, &mut prober, &mut session).await else {
-            tokio::time::sleep(LOOK_EVERY).await;
-            continue;
-        };
-        let answer = run::check(&live, &due.check, due.timeout).await;
-        if let Err(Failure::Unreached(why)) = &answer {
-            // The link, not the container: nothing is counted, and the connection is made anew.
-            prober.unreachable(&shared, &pod, &uid, why).await;
-            continue;
-        }
-        session = Some(live);
-        prober.reached(&shared, &uid);
-        let verdict = prober.probing.observe(due, answer.is_ok());
-        if let Err(failure) = &answer
-            && verdict != Verdict::Nothing
-        {
-            unhealthy(&shared, &pod, due.kind, failure).await;
-        }
-        if verdict == Verdict::Restart {
-            let failed = format!("failed {} probe", due.kind.title().to_lowercase());
-            restart(&shared, &pod, &uid, &failed, &container.name).await;
-            let restarts = shared.remember(&uid, |m| m.restarts);
-            prober.start_over(restarts);
-            prober.held = Some((Instant::now(), RESTART_HOLD));
-            session = None;
-        }
-        prober.publish(&shared, &uid);
+        probe_step(
+            &shared,
+            &pod,
+            &uid,
+            &mut prober,
+            &mut session,
+            &specs,
+            &container.name,
+        )
+        .await;
     }
+}
+
+/// Runs the probe due now, if any: counts its answer, says a failure that counts, restarts the
+/// container when a threshold is reached, and publishes what the probes say.
+async fn probe_step<P: Provider>(
+    shared: &Shared<P>,
+    pod: &Pod,
+    uid: &str,
+    prober: &mut Prober,
+    session: &mut Option<Session>,
+    specs: &[Spec],
+    container: &str,
+) {
+    let due = match prober.next_due(specs) {
+        Ok(due) => due,
+        Err(wait) => {
+            tokio::time::sleep(wait).await;
+            return;
+        }
+    };
+    prober.last_run.insert(due.kind, Instant::now());
+    let Some(live) = reach(shared, pod, uid, prober, session).await else {
+        tokio::time::sleep(LOOK_EVERY).await;
+        return;
+    };
+    let answer = run::check(&live, &due.check, due.timeout).await;
+    if let Err(Failure::Unreached(why)) = &answer {
+        // The link, not the container: nothing is counted, and the connection is made anew.
+        prober.unreachable(shared, pod, uid, why).await;
+        return;
+    }
+    *session = Some(live);
+    prober.reached(shared, uid);
+    let verdict = prober.probing.observe(due, answer.is_ok());
+    if let Err(failure) = &answer
+        && verdict != Verdict::Nothing
+    {
+        unhealthy(shared, pod, due.kind, failure).await;
+    }
+    if verdict == Verdict::Restart {
+        let failed = format!("failed {} probe", due.kind.title().to_lowercase());
+        restart(shared, pod, uid, &failed, container).await;
+        let restarts = shared.remember(uid, |m| m.restarts);
+        prober.start_over(restarts);
+        prober.held = Some((Instant::now(), RESTART_HOLD));
+        *session = None;
+    }
+    prober.publish(shared, uid);
+}
+
+/// Sends the `postStart` hook to the container start `hook.0` (instance, restart count), once
+/// it answers; a failure kills the container as the kubelet does, and the hook stays due for
+/// the restarted one.
+async fn post_start_step<P: Provider>(
+    shared: &Shared<P>,
+    pod: &Pod,
+    uid: &str,
+    prober: &mut Prober,
+    session: &mut Option<Session>,
+    (start, check, container): ((String, i32), &Check, &str),
+) {
+    if prober.killed_for_hook {
+        // The container it killed has restarted by now, with new host keys; its restart may
+        // have gone unseen (killed seconds after its start, its uptime never goes back in a
+        // list), so what was known of the old one goes.
+        prober.killed_for_hook = false;
+        *session = None;
+        shell::forget_host_keys(shared, pod, &start.0).await;
+    }
+    let Some(live) = reach(shared, pod, uid, prober, session).await else {
+        tokio::time::sleep(LOOK_EVERY).await;
+        return;
+    };
+    match run::check(&live, check, POST_START_TIMEOUT).await {
+        Err(Failure::Unreached(why)) => {
+            prober.unreachable(shared, pod, uid, &why).await;
+            return;
+        }
+        Ok(()) => {
+            debug!(pod_uid = %uid, "the postStart hook ran");
+            shared.remember(uid, |m| m.post_start_sent = Some(start));
+            *session = Some(live);
+        }
+        Err(Failure::Failed(why)) => {
+            // As the kubelet: the container is killed, and restarted per its policy. Still
+            // due: sent again once the restart shows (or the hold ends, should the restart go
+            // unseen), to the new container.
+            shared
+                .event_as(
+                    &pod.object_ref(&()),
+                    true,
+                    ("FailedPostStartHook", "FailedPostStartHook"),
+                    format!("PostStartHook failed: {why}"),
+                )
+                .await;
+            restart(shared, pod, uid, "failed its postStart hook", container).await;
+            let restarts = shared.remember(uid, |m| m.restarts);
+            prober.start_over(restarts);
+            // A container killed seconds after its start may restart unseen (its uptime never
+            // goes back in a list): a short hold, then the hook again.
+            prober.held = Some((Instant::now(), POST_START_HOLD));
+            prober.killed_for_hook = true;
+        }
+    }
+    prober.reached(shared, uid);
 }
 
 /// The open session to the pod, else a new one; `None` when the pod cannot be reached (said
@@ -393,6 +423,8 @@ struct Prober {
     held: Option<(Instant, Duration)>,
     /// Connections that failed in a row.
     unreached: u32,
+    /// This prober killed the container for its failed `postStart` hook.
+    killed_for_hook: bool,
     /// Asks for every pod to be reconciled, so a change shows in the status at once.
     ticks: mpsc::Sender<()>,
 }
@@ -565,6 +597,7 @@ mod tests {
             restarts_seen: 0,
             held: None,
             unreached: 0,
+            killed_for_hook: false,
             ticks,
         }
     }

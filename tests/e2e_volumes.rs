@@ -5,12 +5,15 @@
 //! and a PV pre-bound to the claim with affinity to the node, the PV controller binds them, and
 //! the pod's create carries `mounts.network` and the volume's datacenter. A volume create whose
 //! answer is lost makes no second volume. A pod mounting a claim of another class is refused.
+//! A file written on the volume by one pod is there for the next Job's pod on the claim (the
+//! simulator keeps one directory per volume, seen by every pod that mounts it).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
 use anyhow::{Context, bail, ensure};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
@@ -46,7 +49,7 @@ async fn run(cp: &ControlPlane) -> anyhow::Result<()> {
         &simulator,
         &["--cluster-id", CLUSTER, "--metrics-listen", &metrics],
     )?;
-    let outcome = scenarios(&client, &simulator, &metrics, &mut controller).await;
+    let outcome = scenarios(cp, &client, &simulator, &metrics, &mut controller).await;
     if outcome.is_err() {
         eprintln!("--- controller log tail ---\n{}", controller.log_tail(80));
         let log = controller.log();
@@ -83,6 +86,7 @@ async fn run(cp: &ControlPlane) -> anyhow::Result<()> {
 }
 
 async fn scenarios(
+    cp: &ControlPlane,
     client: &kube::Client,
     simulator: &SimulatorProcess,
     metrics: &str,
@@ -105,6 +109,9 @@ async fn scenarios(
     first_pod_provisions_its_claim(client, simulator)
         .await
         .context("a claim provisioned for its first pod")?;
+    a_file_is_there_for_the_next_job(cp, client)
+        .await
+        .context("a file on the volume, for the next Job")?;
     a_lost_create_answer_makes_no_second_volume(client, simulator)
         .await
         .context("a lost create answer")?;
@@ -551,9 +558,13 @@ async fn a_deleted_claim_deletes_its_volume(
         .spec
         .and_then(|s| s.volume_name)
         .context("claim not bound")?;
+    // The last user of the claim: the resuming Job's pod.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    pods.delete("trainer", &Default::default()).await?;
-    support::pods::gone(&pods, "trainer").await?;
+    let resumer = job_pod(&pods, "resume").await?;
+    Api::<Job>::namespaced(client.clone(), NS)
+        .delete("resume", &kube::api::DeleteParams::background())
+        .await?;
+    support::pods::gone(&pods, &resumer).await?;
     Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS)
         .delete("data", &Default::default())
         .await?;
@@ -675,6 +686,84 @@ async fn first_pod_provisions_its_claim(
         "the instance: {entry}"
     );
     Ok(())
+}
+
+/// A checkpoint written on the volume by the first pod (through `kubectl exec`, in the pod's
+/// files) is read by the pod of a Job started on the same claim after the first pod and its
+/// instance are gone: the data lives with the volume, not the instance.
+async fn a_file_is_there_for_the_next_job(
+    cp: &ControlPlane,
+    client: &kube::Client,
+) -> anyhow::Result<()> {
+    let written = exec(
+        cp,
+        "trainer",
+        "echo epoch-7 > \"$RUNPOD_KUBELET_SSH_ROOT/data/checkpoint\"",
+    )?;
+    ensure!(
+        written.is_empty(),
+        "writing the checkpoint said {written:?}"
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.delete("trainer", &Default::default()).await?;
+    support::pods::gone(&pods, "trainer").await?;
+    let mut template = serde_json::to_value(pod_with("resume", "data")?)?;
+    template["metadata"] = json!({"labels": {"app": "resume"}});
+    Api::<Job>::namespaced(client.clone(), NS)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "resume"},
+                "spec": {"backoffLimit": 0, "template": template}
+            }))?,
+        )
+        .await?;
+    let resumer = job_pod(&pods, "resume").await?;
+    support::pods::running(&pods, &resumer).await?;
+    let read = exec(
+        cp,
+        &resumer,
+        "cat \"$RUNPOD_KUBELET_SSH_ROOT/data/checkpoint\"",
+    )?;
+    ensure!(
+        read == "epoch-7\n",
+        "the next Job's pod read {read:?} from the volume"
+    );
+    Ok(())
+}
+
+/// The name of the (one) pod of a Job, once there is one.
+async fn job_pod(pods: &Api<Pod>, job: &str) -> anyhow::Result<String> {
+    support::wait::until(
+        &format!("a pod of Job {job}"),
+        std::time::Duration::from_secs(60),
+        || async {
+            let listed = pods
+                .list(&kube::api::ListParams::default().labels(&format!("job-name={job}")))
+                .await?;
+            Ok(listed.items.into_iter().find_map(|pod| pod.metadata.name))
+        },
+    )
+    .await
+}
+
+/// `kubectl exec POD -- sh -c SCRIPT` (a real kubectl through the apiserver): its stdout, or
+/// an error with its stderr. The simulator runs the script in the pod's working directory with
+/// the pod's files under `$RUNPOD_KUBELET_SSH_ROOT`.
+fn exec(cp: &ControlPlane, pod: &str, script: &str) -> anyhow::Result<String> {
+    let output = std::process::Command::new("kubectl")
+        .args(["-n", NS, "exec", pod, "--", "sh", "-c", script])
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("running kubectl exec")?;
+    ensure!(
+        output.status.success(),
+        "kubectl exec {pod}: {}; {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 async fn a_lost_create_answer_makes_no_second_volume(

@@ -292,7 +292,7 @@ fn publish_ports(pod: &mut PodRecord, rng: &mut fastrand::Rng, at: Instant, ev: 
         // 22/tcp with a PUBLIC_KEY: the image's sshd, served for real.
         if port == 22
             && kind == "tcp"
-            && let Some(started) = crate::ssh::start(&pod.id, &pod.env, &pod.args)
+            && let Some(started) = crate::ssh::start(&pod.id, &pod.env, &pod.args, &pod.mounts)
         {
             if let Some(line) = started.log_line {
                 ev.push(pod, LogSource::Container, line, at);

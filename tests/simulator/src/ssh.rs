@@ -37,7 +37,12 @@ pub(crate) struct Started {
 /// key, or the controller's completion wrapper, which prints `runpod-kubelet:
 /// ssh-host-key=SHA256:…`; a pod whose command replaced the CMD has none, and its port 22
 /// refuses connections.
-pub(crate) fn start(pod_id: &str, env: &BTreeMap<String, String>, args: &str) -> Option<Started> {
+pub(crate) fn start(
+    pod_id: &str,
+    env: &BTreeMap<String, String>,
+    args: &str,
+    mounts: &serde_json::Value,
+) -> Option<Started> {
     let keys = env.get("PUBLIC_KEY")?;
     // One key per line; the last is the controller's (a pod's own comes first).
     let authorized: Vec<PublicKey> = keys
@@ -82,6 +87,7 @@ pub(crate) fn start(pod_id: &str, env: &BTreeMap<String, String>, args: &str) ->
     let root = workdir.join("root");
     let _ = std::fs::create_dir_all(root.join("etc"));
     let _ = std::fs::write(root.join("etc/hosts"), "127.0.0.1 localhost\n");
+    mount_volume(&root, mounts);
     let mut env = env.clone();
     env.entry("RUNPOD_KUBELET_SSH_ROOT".to_owned())
         .or_insert_with(|| root.to_string_lossy().into_owned());
@@ -127,6 +133,27 @@ pub(crate) fn start(pod_id: &str, env: &BTreeMap<String, String>, args: &str) ->
         port: u32::from(port),
         log_line: Some(log_line),
     })
+}
+
+/// The pod's network volume at its mount path under the container's root: a link to the
+/// volume's directory, shared by every pod that mounts it.
+fn mount_volume(root: &std::path::Path, mounts: &serde_json::Value) {
+    let Some((id, path)) = crate::volumes::mount_of(mounts) else {
+        return;
+    };
+    if path.split('/').any(|part| part == "..") {
+        return;
+    }
+    let volume = crate::volumes::directory(&id);
+    let at = root.join(path.trim_start_matches('/'));
+    if std::fs::create_dir_all(&volume).is_err() {
+        return;
+    }
+    if let Some(parent) = at.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    let _ = std::fs::remove_file(&at);
+    let _ = std::os::unix::fs::symlink(&volume, &at);
 }
 
 /// Stops the pod's sshd (the pod stopped, restarted or was terminated).

@@ -240,7 +240,24 @@ pub(crate) fn delete(world: &mut World, id: &str) -> Reply {
     };
     volume.bill(now);
     volume.deleted = Some(now);
+    // Its files go with it.
+    let _ = std::fs::remove_dir_all(directory(id));
     Reply::no_content()
+}
+
+/// The directory that holds a volume's files on this machine: every pod that mounts the volume
+/// sees it at its mount path (see `ssh::start`), so a file one pod writes is there for the next.
+pub(crate) fn directory(id: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("runpod-sim-volume-{id}"))
+}
+
+/// The volume a pod's `mounts.network` names and the path it is mounted at.
+pub(crate) fn mount_of(mounts: &Value) -> Option<(String, String)> {
+    let entry = mounts.get("network")?.as_array()?.first()?;
+    Some((
+        entry.get("volumeId")?.as_str()?.to_owned(),
+        entry.get("path")?.as_str()?.to_owned(),
+    ))
 }
 
 /// The volume a create's (or a pod's) `mounts` names in `network`, if any.

@@ -11,7 +11,7 @@ use serde_json::json;
 use tracing::debug;
 
 use super::decide::{Next, Note, Outcome};
-use super::{ReconcileError, annotation, pods_in};
+use super::{ReconcileError, pods_in};
 use crate::controller::context::Shared;
 use crate::controller::pods::status::{self, View};
 use crate::provider::{Instance, Provider};
@@ -51,6 +51,28 @@ pub(crate) fn instance_annotations(
             Some(endpoints_annotation(instance)).filter(|e| !e.is_empty()),
         ),
     ]
+}
+
+/// The instance's annotations that differ from the pod's (a forged value among them), as a
+/// merge patch's members: `null` removes one the instance no longer has.
+fn changed_annotations(
+    pod: &Pod,
+    instance: &Instance,
+    id_annotation: &'static str,
+) -> serde_json::Map<String, serde_json::Value> {
+    let current = pod.metadata.annotations.as_ref();
+    instance_annotations(instance, id_annotation)
+        .into_iter()
+        .filter(|(key, value)| {
+            current.and_then(|all| all.get(*key)).map(String::as_str) != value.as_deref()
+        })
+        .map(|(key, value)| {
+            (
+                key.to_owned(),
+                value.map_or(serde_json::Value::Null, serde_json::Value::String),
+            )
+        })
+        .collect()
 }
 
 /// Carries a decision out: its Events, its status, then the annotations of the instance it
@@ -116,15 +138,7 @@ pub(super) async fn annotations<P: Provider>(
     pod: &Pod,
     instance: &Instance,
 ) -> Result<(), ReconcileError> {
-    let mut patch = serde_json::Map::new();
-    for (key, value) in instance_annotations(instance, ctx.provider.id_annotation()) {
-        if annotation(pod, key) != value.as_deref() {
-            patch.insert(
-                key.to_owned(),
-                value.map_or(serde_json::Value::Null, serde_json::Value::String),
-            );
-        }
-    }
+    let patch = changed_annotations(pod, instance, ctx.provider.id_annotation());
     if patch.is_empty() {
         return Ok(());
     }

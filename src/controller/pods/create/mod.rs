@@ -32,7 +32,7 @@ use crate::controller::node::exec_key::ExecAccess;
 use crate::controller::node::health::ApiHealth;
 use crate::controller::pods::inputs::env::{self, ClusterEnvSource};
 use crate::controller::pods::inputs::{pull_secrets, volumes};
-use crate::provider::request::{ResolvedEnv, Volumes};
+use crate::provider::request::{PullCredential, ResolvedEnv, Volumes};
 use crate::provider::{
     Provider, ProvisionError, ProvisionRequest, Provisioned, ShellAccess, VolumeMount,
 };
@@ -95,7 +95,6 @@ async fn steps<P: Provider>(
         budget::after_create(ctx, pod, uid, settled).await;
     }
     match outcome {
-        Ok(made) => created(ctx, uid, &for_cloud, made).await,
         Err(error) => {
             if let ProvisionError::AccountBlocked(message) = &error {
                 warn_claims(ctx, pod, &inputs.volumes.claims, message).await;
@@ -107,6 +106,7 @@ async fn steps<P: Provider>(
                 &error,
             ))))
         }
+        Ok(made) => created(ctx, uid, &for_cloud, made).await,
     }
 }
 
@@ -199,6 +199,8 @@ struct Inputs {
     volumes: Volumes,
     /// The network volume of the claim the pod mounts.
     network_volume: Option<VolumeMount>,
+    /// The `imagePullSecrets` login for the image's registry.
+    pull_credential: Option<PullCredential>,
     notes: Vec<Note>,
 }
 
@@ -260,6 +262,18 @@ async fn inputs<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> Step<Inputs> {
             )))));
         }
     };
+    // Unreadable pull secrets are not fatal: an image that needs none still runs.
+    let pull_credential = match pull_secrets::logins(&source, pod).await {
+        Ok(logins) => container
+            .image
+            .as_deref()
+            .and_then(|image| pull_secrets::credential_for(image, &logins))
+            .cloned(),
+        Err(error) => {
+            warn!(%error, "reading the pod's imagePullSecrets failed");
+            None
+        }
+    };
     let notes = provisioned::token_not_mounted(
         &volumes.skipped,
         ctx.provider.cloud().title,
@@ -271,6 +285,7 @@ async fn inputs<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> Step<Inputs> {
         env,
         volumes,
         network_volume,
+        pull_credential,
         notes,
     }))
 }
@@ -315,15 +330,6 @@ async fn send<P: Provider>(
     marker::mark_create_requested(ctx, uid, &pods, &name).await?;
     ctx.remember(uid, |m| m.nothing_created = false);
 
-    // Unreadable pull secrets are not fatal: an image that needs none still runs.
-    let pull_credentials =
-        match pull_secrets::resolve(&ClusterEnvSource(ctx.client.clone()), pod).await {
-            Ok(credentials) => credentials,
-            Err(error) => {
-                warn!(%error, "reading the pod's imagePullSecrets failed");
-                Vec::new()
-            }
-        };
     let avoided = ctx
         .lost_machines
         .lock()
@@ -339,8 +345,7 @@ async fn send<P: Provider>(
         excluded_gpu_types: excluded,
         avoided_machines: &avoided,
         network_volume: inputs.network_volume.as_ref(),
-        pull_credential: provisioned::container_image(pod)
-            .and_then(|image| pull_secrets::credential_for(image, &pull_credentials)),
+        pull_credential: inputs.pull_credential.as_ref(),
     };
     ctx.metrics.created(ctx.provider.name());
     Ok(marker::provision_marked(ctx, &pods, &name, request).await)

@@ -104,7 +104,7 @@ pub fn credential_for<'a>(
 
 /// Every login of the pod's `imagePullSecrets`, in order. A missing Secret is skipped, as a
 /// kubelet does (the pull may still work); a Secret that cannot be read is an error.
-pub async fn resolve(source: &impl EnvSource, pod: &Pod) -> Result<Vec<PullCredential>, EnvError> {
+pub async fn logins(source: &impl EnvSource, pod: &Pod) -> Result<Vec<PullCredential>, EnvError> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let mut credentials = Vec::new();
     let names = pod

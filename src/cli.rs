@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
     // which come last, override what the chart sets instead of failing the start.
     args_override_self = true
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Log line format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "RUNPOD_KUBELET_LOG_FORMAT")]
     pub log_format: LogFormat,
@@ -28,13 +28,13 @@ pub struct Cli {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the mutating admission webhook (HTTPS).
     Webhook(crate::cmd::webhook::WebhookArgs),
     /// Write a new CA and a serving certificate signed by it (PEM files).

@@ -4,7 +4,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::LogFormat;
 
-pub fn init(format: LogFormat, filter: &str) -> anyhow::Result<()> {
+pub(crate) fn init(format: LogFormat, filter: &str) -> anyhow::Result<()> {
     let filter = EnvFilter::try_new(filter)?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -2,6 +2,9 @@
 //! Vast.ai) and the certificate job; with the `simulator` feature (tests, the demo), the cloud
 //! simulators too.
 
+// A binary has no outside users: its items are `pub(crate)` at most.
+#![warn(unreachable_pub)]
+
 mod cli;
 mod cmd;
 mod logging;

@@ -2,7 +2,7 @@
 //! sends before killing a container).
 
 /// Resolves on the first Ctrl-C or SIGTERM.
-pub async fn signal() {
+pub(crate) async fn signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

@@ -10,7 +10,7 @@ use tokio::task::{Id, JoinHandle, JoinSet};
 
 /// A background task stopped while the server still needed it.
 #[derive(Debug, thiserror::Error)]
-pub enum TaskError {
+pub(crate) enum TaskError {
     #[error("background task {name:?} ended")]
     Ended { name: &'static str },
     #[error("background task {name:?} panicked: {message}")]
@@ -19,7 +19,7 @@ pub enum TaskError {
 
 /// The tasks; all of them are aborted when the supervisor is dropped.
 #[derive(Default)]
-pub struct Supervisor {
+pub(crate) struct Supervisor {
     /// Each task's output is the panic message of an adopted task, if it panicked.
     tasks: JoinSet<Option<String>>,
     names: HashMap<Id, &'static str>,
@@ -27,7 +27,11 @@ pub struct Supervisor {
 
 impl Supervisor {
     /// Runs `task` in the background under `name`.
-    pub fn spawn(&mut self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
+    pub(crate) fn spawn(
+        &mut self,
+        name: &'static str,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) {
         let handle = self.tasks.spawn(async move {
             task.await;
             None
@@ -36,7 +40,7 @@ impl Supervisor {
     }
 
     /// Watches a task spawned elsewhere; it is aborted with the supervisor.
-    pub fn adopt(&mut self, name: &'static str, handle: JoinHandle<()>) {
+    pub(crate) fn adopt(&mut self, name: &'static str, handle: JoinHandle<()>) {
         let handle = self.tasks.spawn(async move {
             let mut task = AbortOnDrop(handle);
             match (&mut task.0).await {
@@ -48,7 +52,7 @@ impl Supervisor {
     }
 
     /// Resolves when the first task ends; never while all of them run.
-    pub async fn failed(&mut self) -> TaskError {
+    pub(crate) async fn failed(&mut self) -> TaskError {
         let Some(ended) = self.tasks.join_next_with_id().await else {
             return std::future::pending().await;
         };

@@ -22,7 +22,7 @@ use runpod_kubelet::runpod::provider::RunPodProvider;
 use runpod_kubelet::runpod::select::ClusterLimits;
 
 #[derive(Debug, Args)]
-pub struct AdoptArgs {
+pub(crate) struct AdoptArgs {
     /// Print what would be taken over, change nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -153,7 +153,7 @@ fn line((instance, owner): &Link<'_>) -> String {
     }
 }
 
-pub async fn run(args: AdoptArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: AdoptArgs) -> anyhow::Result<()> {
     let (client, _) = crate::cmd::controller::kube_client(args.kubeconfig.as_ref()).await?;
     let runpod = args
         .runpod

@@ -13,7 +13,7 @@ use runpod_kubelet::vastai::args::{VastArgs, VastPolicyArgs};
 use runpod_kubelet::vastai::select::OfferQuery;
 
 #[derive(Debug, Args)]
-pub struct GpusArgs {
+pub(crate) struct GpusArgs {
     #[command(flatten)]
     pub runpod: RunPodArgs,
     #[command(flatten)]
@@ -50,7 +50,7 @@ pub struct GpusArgs {
     pub json: bool,
 }
 
-pub async fn run(args: GpusArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: GpusArgs) -> anyhow::Result<()> {
     let candidates_asked = args.gpu_count.is_some()
         || args.required_gpu_memory.is_some()
         || !args.gpu_types.is_empty()

@@ -1,10 +1,10 @@
 //! One module per subcommand: each parses what its flags mean and wires the library to them.
 
-pub mod adopt;
-pub mod certs;
-pub mod controller;
-pub mod gpus;
-pub mod registration;
+pub(crate) mod adopt;
+pub(crate) mod certs;
+pub(crate) mod controller;
+pub(crate) mod gpus;
+pub(crate) mod registration;
 #[cfg(feature = "simulator")]
-pub mod simulator;
-pub mod webhook;
+pub(crate) mod simulator;
+pub(crate) mod webhook;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 #[derive(Debug, Args)]
-pub struct RegistrationArgs {
+pub(crate) struct RegistrationArgs {
     /// Name of the configuration; the two webhook entries are `namespaces.NAME` and `pods.NAME`.
     #[arg(long, default_value = "burst.runpod.io", env = "RUNPOD_KUBELET_NAME")]
     pub name: String,
@@ -43,7 +43,7 @@ pub struct RegistrationArgs {
     pub match_conditions: bool,
 }
 
-pub fn run(args: &RegistrationArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: &RegistrationArgs) -> anyhow::Result<()> {
     let endpoint = match (&args.url, &args.service) {
         (Some(url), _) => Endpoint::Url(url.clone()),
         (None, Some(service)) => parse_service(service)?,

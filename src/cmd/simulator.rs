@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 
 #[derive(Debug, Args)]
-pub struct SimulatorArgs {
+pub(crate) struct SimulatorArgs {
     /// Address to serve plain HTTP on; port 0 picks a free port (printed on start).
     #[arg(long, default_value = "127.0.0.1:8089", env = "RUNPOD_KUBELET_LISTEN")]
     pub listen: SocketAddr,
@@ -42,14 +42,14 @@ pub struct SimulatorArgs {
 
 /// The clouds `simulator` can serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum SimulatedCloud {
+pub(crate) enum SimulatedCloud {
     /// RunPod REST v2 (`/v2/...`); key from `RUNPOD_API_KEY`.
     Runpod,
     /// Vast.ai (`/api/v0/...`, `/api/v1/...`); key from `VAST_API_KEY`.
     Vastai,
 }
 
-pub async fn run(args: SimulatorArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: SimulatorArgs) -> anyhow::Result<()> {
     let (name, key_env) = match args.cloud {
         SimulatedCloud::Runpod => ("runpod", "RUNPOD_API_KEY"),
         SimulatedCloud::Vastai => ("vastai", "VAST_API_KEY"),

@@ -20,7 +20,7 @@ use clap::Args;
 use runpod_kubelet::flags::{positive_duration, positive_price};
 
 #[derive(Debug, Args)]
-pub struct WebhookArgs {
+pub(crate) struct WebhookArgs {
     /// Address to serve HTTPS on.
     #[arg(long, default_value = "0.0.0.0:8443", env = "RUNPOD_KUBELET_LISTEN")]
     pub listen: SocketAddr,
@@ -98,7 +98,7 @@ pub struct WebhookArgs {
     pub namespace_nodes: Vec<String>,
 }
 
-pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: WebhookArgs) -> anyhow::Result<()> {
     let policy = policy_config(&args, std::env::var("POD_NAMESPACE").ok())?;
     let resolver = Arc::new(
         ReloadingCertResolver::load(&args.tls_cert, &args.tls_key)

@@ -5,6 +5,6 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 /// Time from `since` to `now`; zero when `now` is earlier (clocks of different hosts).
-pub fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
+pub(crate) fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
     Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO)
 }

@@ -40,7 +40,7 @@ pub struct Judged {
 
 /// How long a "not opted in" verdict stands before the namespace's labels are read again
 /// (a pod's own label is compared at every reconcile).
-pub const NOT_OPTED_IN_RECHECK: Duration = Duration::from_secs(60);
+pub(crate) const NOT_OPTED_IN_RECHECK: Duration = Duration::from_secs(60);
 
 impl Judged {
     /// Whether the verdict still applies: the pod's opt-in label is unchanged and, for a pod
@@ -71,7 +71,7 @@ const RECREATING_OWNERS: [&str; 4] = [
 ];
 
 /// Whether the pod needs its namespace's labels to be judged (it does not opt in itself).
-pub fn needs_namespace_labels(pod: &Pod) -> bool {
+pub(crate) fn needs_namespace_labels(pod: &Pod) -> bool {
     pod.metadata
         .labels
         .as_ref()
@@ -91,7 +91,7 @@ fn wrong_node(message: String) -> Refusal {
 /// Why the controller must not create anything for `pod`, if it must not. A pod whose
 /// namespace is bound to another node (`why_not_here`) is refused `WrongNode` before anything
 /// but the reasons that say the node is not for it at all (not a GPU pod, not opted in).
-pub fn refusal(
+pub(crate) fn refusal(
     pod: &Pod,
     namespace_labels: &BTreeMap<String, String>,
     policy: &PolicyConfig,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::controller::context::Settings;
 use crate::provider::{Instance, InstanceState, Tags};
 
-pub fn instance(id: &str, cluster: &str, node: &str, uid: Option<&str>) -> Instance {
+pub(crate) fn instance(id: &str, cluster: &str, node: &str, uid: Option<&str>) -> Instance {
     Instance {
         ssh: None,
         machine: None,
@@ -31,7 +31,7 @@ pub fn instance(id: &str, cluster: &str, node: &str, uid: Option<&str>) -> Insta
     }
 }
 
-pub fn settings() -> Settings {
+pub(crate) fn settings() -> Settings {
     Settings {
         node_name: "vr".into(),
         cluster_id: "c1".into(),

@@ -110,7 +110,7 @@ impl LostMachines {
 
 /// The keys a pod's lost machines are kept under: its UID, and its controlling owner's (a
 /// Job's replacement pod is a new pod).
-pub fn lost_machine_keys(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<String> {
+pub(crate) fn lost_machine_keys(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<String> {
     let mut keys: Vec<String> = pod.metadata.uid.iter().cloned().collect();
     keys.extend(
         pod.metadata

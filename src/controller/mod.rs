@@ -3,25 +3,25 @@
 //! behind the `provider::Provider` seam; RunPod is `runpod_provider`.
 
 pub mod adoption;
-pub mod budget;
-pub mod clock;
-pub mod cloud;
+pub(crate) mod budget;
+pub(crate) mod clock;
+pub(crate) mod cloud;
 pub mod context;
-pub mod eligibility;
+pub(crate) mod eligibility;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod kubelet_api;
 pub mod leader;
-pub mod memory;
+pub(crate) mod memory;
 pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod offload;
-pub mod ops;
-pub mod pods;
-pub mod probes;
-pub mod shell;
-pub mod storage;
+pub(crate) mod ops;
+pub(crate) mod pods;
+pub(crate) mod probes;
+pub(crate) mod shell;
+pub(crate) mod storage;
 pub mod usage;
 
 use std::sync::Arc;

@@ -23,7 +23,7 @@ use crate::controller::node::health::ApiHealth;
 use crate::controller::node::presence::NodeUid;
 
 /// Readiness of the leader's work; `None` while this replica is a standby.
-pub type LeaderReadiness = Option<Arc<dyn Fn() -> Result<(), String> + Send + Sync>>;
+pub(crate) type LeaderReadiness = Option<Arc<dyn Fn() -> Result<(), String> + Send + Sync>>;
 
 struct OpsState {
     /// `None`: `/metrics` is served only by the kubelet API (TLS, authorized).
@@ -31,7 +31,7 @@ struct OpsState {
     readiness: watch::Receiver<LeaderReadiness>,
 }
 
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     registry: Option<Arc<Registry>>,
     readiness: watch::Receiver<LeaderReadiness>,
@@ -55,7 +55,7 @@ fn app(registry: Option<Arc<Registry>>, readiness: watch::Receiver<LeaderReadine
 }
 
 /// The leader's readiness: our node exists, pod cache synced, RunPod listed and reachable.
-pub fn leader_ready<P: crate::provider::Provider>(
+pub(crate) fn leader_ready<P: crate::provider::Provider>(
     pods: Store<Pod>,
     shared: Arc<Shared<P>>,
     node_uid: NodeUid,
@@ -101,7 +101,7 @@ async fn metrics(State(state): State<Arc<OpsState>>) -> Response {
 }
 
 /// The registry in the OpenMetrics text format.
-pub fn encoded(registry: &Registry) -> Response {
+pub(crate) fn encoded(registry: &Registry) -> Response {
     let mut text = String::new();
     match prometheus_client::encoding::text::encode(&mut text, registry) {
         Ok(()) => (

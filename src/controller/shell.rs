@@ -13,26 +13,26 @@ use crate::provider::{Instance, Provider, ShellAccess};
 
 /// Why a pod cannot be reached over SSH now: the HTTP status kubectl gets, and the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub status: StatusCode,
     pub message: String,
 }
 
 impl Refusal {
-    pub fn new(status: StatusCode, message: String) -> Refusal {
+    pub(crate) fn new(status: StatusCode, message: String) -> Refusal {
         Refusal { status, message }
     }
 }
 
 /// Where a pod's sshd answers, with what to log in and what host key to expect.
-pub struct Reach {
+pub(crate) struct Reach {
     pub target: Target,
     pub key: NodeKey,
     pub expected: Expected,
 }
 
 /// How to reach the sshd of `pod` (`namespace/name`, for messages).
-pub async fn reach<P: Provider>(
+pub(crate) async fn reach<P: Provider>(
     shared: &Shared<P>,
     pod: &Pod,
     namespace: &str,
@@ -58,7 +58,7 @@ const HOST_KEY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// The host keys recorded for `instance` on the pod (the annotation, where every replica and
 /// restart finds them), else in this process's cache. A record of another instance (the pod's
 /// instance was replaced) is none: the new instance's keys are read again.
-pub fn recorded_keys(pod: &Pod, instance: &str, cache: &HostKeys) -> Option<Vec<String>> {
+pub(crate) fn recorded_keys(pod: &Pod, instance: &str, cache: &HostKeys) -> Option<Vec<String>> {
     pod.metadata
         .annotations
         .as_ref()
@@ -100,7 +100,7 @@ async fn write_keys(client: &kube::Client, pod: &Pod, value: serde_json::Value) 
 /// Forgets the host keys of `instance`, whose container restarted: a restarted container may
 /// print new ones (a cloud may wipe the container disk its sshd keeps them on), which are
 /// read again from its log at the next connection.
-pub async fn forget_host_keys<P: Provider>(shared: &Shared<P>, pod: &Pod, instance: &str) {
+pub(crate) async fn forget_host_keys<P: Provider>(shared: &Shared<P>, pod: &Pod, instance: &str) {
     if let ExecAccess::Ready { host_keys, .. } = &shared.settings.exec {
         host_keys.retain(|id| id != instance);
     }
@@ -110,7 +110,7 @@ pub async fn forget_host_keys<P: Provider>(shared: &Shared<P>, pod: &Pod, instan
 }
 
 /// The node's key and the host keys known so far, or why this node serves no exec.
-pub fn access<P: Provider>(shared: &Shared<P>) -> Result<(NodeKey, HostKeys), Refusal> {
+pub(crate) fn access<P: Provider>(shared: &Shared<P>) -> Result<(NodeKey, HostKeys), Refusal> {
     let (key, host_keys) = match &shared.settings.exec {
         ExecAccess::Off => {
             return Err(Refusal::new(

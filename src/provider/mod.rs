@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 
 mod instance;
 pub mod metrics;
-pub mod request;
+pub(crate) mod request;
 mod volumes;
 
 pub use instance::{

@@ -3,7 +3,7 @@
 //! translation; neither side owns the other's types.
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-pub use runpod_contract::env::ResolvedEnv;
+pub(crate) use runpod_contract::env::ResolvedEnv;
 
 use super::ProvisionError;
 

@@ -116,7 +116,7 @@ impl GpuType {
 
 /// `{"gpus": [...]}`.
 #[derive(Debug, Clone, Default, Deserialize)]
-pub struct GpuTypeList {
+pub(crate) struct GpuTypeList {
     #[serde(default, deserialize_with = "null_as_default")]
     pub gpus: Vec<GpuType>,
 }
@@ -137,7 +137,7 @@ pub struct DataCenter {
 /// `{"dataCenters": [...]}`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct DataCenterList {
+pub(crate) struct DataCenterList {
     #[serde(default, deserialize_with = "null_as_default")]
     pub data_centers: Vec<DataCenter>,
 }

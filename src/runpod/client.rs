@@ -512,7 +512,7 @@ struct ActionBody {
 /// Request bodies without making `send` generic over every body type.
 pub(crate) mod erased {
     /// Anything we send as a JSON body.
-    pub trait Body {
+    pub(crate) trait Body {
         fn to_json(&self) -> Vec<u8>;
     }
 

@@ -5,7 +5,7 @@ use serde::{Deserialize, Deserializer};
 
 /// A number that may be sent as a JSON number or a numeric string; `null`, absent and
 /// unparsable values read as `None` rather than failing the whole response.
-pub fn lenient_f64<'de, D>(deserializer: D) -> Result<Option<f64>, D::Error>
+pub(crate) fn lenient_f64<'de, D>(deserializer: D) -> Result<Option<f64>, D::Error>
 where
     D: Deserializer<'de>,
 {
@@ -25,7 +25,7 @@ where
 }
 
 /// An integer that may be sent as a number (possibly with a fraction) or a numeric string.
-pub fn lenient_u32<'de, D>(deserializer: D) -> Result<Option<u32>, D::Error>
+pub(crate) fn lenient_u32<'de, D>(deserializer: D) -> Result<Option<u32>, D::Error>
 where
     D: Deserializer<'de>,
 {
@@ -35,7 +35,7 @@ where
 }
 
 /// `null` reads as the type's default, so a nullable list or map never fails decoding.
-pub fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+pub(crate) fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de> + Default,
@@ -46,7 +46,7 @@ where
 /// A value whose shape may drift: anything that does not decode as `T` (a wrong type, `null`)
 /// reads as `T::default()` instead of failing the whole response. For telemetry, where a
 /// malformed report must cost that report only.
-pub fn or_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+pub(crate) fn or_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
     T: serde::de::DeserializeOwned + Default,

@@ -2,11 +2,11 @@
 //! pure translation of a Kubernetes container into a create request.
 
 pub mod args;
-pub mod catalogue;
+pub(crate) mod catalogue;
 pub mod catalogue_cache;
 pub mod client;
 pub mod config;
-pub mod decode;
+pub(crate) mod decode;
 pub mod error;
 pub mod limiter;
 pub mod logs;
@@ -15,6 +15,6 @@ pub mod model;
 pub mod placement;
 pub mod provider;
 pub mod select;
-pub mod translate;
-pub mod volumes;
-pub mod wrapper;
+pub(crate) mod translate;
+pub(crate) mod volumes;
+pub(crate) mod wrapper;

@@ -19,13 +19,13 @@ use crate::provider::{TAG_CLUSTER, TAG_NAMESPACE, TAG_NODE, TAG_POD_NAME, TAG_PO
 
 /// Set (`internal`) when the controller opened `22/tcp` for its own SSH (exec, port-forward)
 /// and not because the pod asked: that port is then no endpoint of the pod.
-pub const TAG_SSH: &str = "RUNPOD_KUBELET_SSH";
+pub(crate) const TAG_SSH: &str = "RUNPOD_KUBELET_SSH";
 /// The env variable RunPod's images read the authorized SSH key from.
-pub const PUBLIC_KEY_ENV: &str = "PUBLIC_KEY";
+pub(crate) const PUBLIC_KEY_ENV: &str = "PUBLIC_KEY";
 
 /// How the internet reaches `port` of pod `instance_id`: HTTP ports through RunPod's HTTPS
 /// proxy, TCP ports as a public IP and port mapping.
-pub fn endpoint(instance_id: &str, port: &contract::PortSpec) -> String {
+pub(crate) fn endpoint(instance_id: &str, port: &contract::PortSpec) -> String {
     match port.protocol {
         contract::PortProtocol::Http => format!(
             "https://{instance_id}-{}.proxy.runpod.net ({port})",
@@ -36,11 +36,11 @@ pub fn endpoint(instance_id: &str, port: &contract::PortSpec) -> String {
 }
 
 /// RunPod accepts names of up to 191 characters (v1 schema); we stay under it.
-pub const MAX_NAME_LEN: usize = 191;
+pub(crate) const MAX_NAME_LEN: usize = 191;
 
 /// Who is creating the pod.
 #[derive(Debug, Clone)]
-pub struct Origin<'a> {
+pub(crate) struct Origin<'a> {
     pub cluster_id: &'a str,
     pub node_name: &'a str,
     /// The node's SSH public key, for exec and port-forward (`--exec-ssh`); `None`: no SSH.
@@ -49,7 +49,7 @@ pub struct Origin<'a> {
 
 /// Why a pod cannot be translated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TranslateError {
+pub(crate) enum TranslateError {
     #[error("the pod has no uid yet")]
     NoUid,
     #[error("the pod has no containers")]
@@ -69,7 +69,7 @@ pub enum TranslateError {
 
 /// The deterministic RunPod name of a Kubernetes pod: namespace, name and UID. The UID makes
 /// it unique per pod incarnation; it is what the idempotency lookup searches for.
-pub fn runpod_name(pod: &Pod) -> Result<String, TranslateError> {
+pub(crate) fn runpod_name(pod: &Pod) -> Result<String, TranslateError> {
     let uid = pod
         .metadata
         .uid
@@ -92,7 +92,7 @@ pub fn runpod_name(pod: &Pod) -> Result<String, TranslateError> {
 
 /// Joins Kubernetes `command` and `args` into v2's single `args` string, POSIX-shell-quoted.
 /// `None` when neither is set (the image's own CMD runs).
-pub fn joined_args(
+pub(crate) fn joined_args(
     container: &Container,
     env: &BTreeMap<String, String>,
 ) -> Result<Option<String>, TranslateError> {
@@ -107,7 +107,7 @@ pub fn joined_args(
 
 /// Ports for RunPod: the effective `runpod.io/ports` the webhook wrote, else detected from
 /// the container's declared ports with the webhook's own rule (TCP only, at most 10 http).
-pub fn ports(pod: &Pod) -> Result<Vec<String>, TranslateError> {
+pub(crate) fn ports(pod: &Pod) -> Result<Vec<String>, TranslateError> {
     let specs =
         runpod_contract::policy::ports(pod).map_err(|message| TranslateError::Annotation {
             annotation: PORTS,
@@ -121,7 +121,7 @@ pub fn ports(pod: &Pod) -> Result<Vec<String>, TranslateError> {
 
 /// The create request for `pod` on `candidate`; `env` is the container's environment as
 /// [`runpod_contract::env::ResolvedEnv::container_env`] expanded it.
-pub fn create_request(
+pub(crate) fn create_request(
     pod: &Pod,
     env: &BTreeMap<String, String>,
     origin: &Origin<'_>,

@@ -12,4 +12,4 @@ pub mod placement;
 pub mod prices;
 pub mod provider;
 pub mod select;
-pub mod translate;
+pub(crate) mod translate;

@@ -16,7 +16,7 @@ use crate::provider::{TAG_CLUSTER, TAG_NAMESPACE, TAG_NODE, TAG_POD_NAME, TAG_PO
 
 /// Why a pod cannot be created on Vast.ai as it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TranslateError {
+pub(crate) enum TranslateError {
     #[error("the pod has no containers")]
     NoContainer,
     #[error("Vast.ai runs one container per instance; this pod has {0}")]
@@ -34,7 +34,7 @@ pub enum TranslateError {
 /// [`runpod_contract::env::ResolvedEnv::container_env`] expanded it) and `disk_gb`. The same
 /// ownership tags as on RunPod go into the environment, after the user's (which cannot forge
 /// them).
-pub fn create_request(
+pub(crate) fn create_request(
     pod: &Pod,
     env: &BTreeMap<String, String>,
     label: &Label,

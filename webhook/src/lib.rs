@@ -1,6 +1,9 @@
 //! The runpod-kubelet admission webhook: the annotation contract shared with the controller, the
 //! pure admission policy, and the HTTPS server that applies it.
 
+// What another crate does not use is `pub(crate)`: `pub` says someone outside depends on it.
+#![warn(unreachable_pub)]
+
 pub mod admission;
 pub mod cluster;
 pub mod metrics;

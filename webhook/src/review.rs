@@ -13,7 +13,7 @@ use crate::pod::PodView;
 use crate::policy::Verdict;
 
 /// Largest review accepted; the apiserver's own request limit is 3 MiB.
-pub const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
+pub(crate) const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
 
 const API_VERSION: &str = "admission.k8s.io/v1";
 const KIND: &str = "AdmissionReview";
@@ -67,7 +67,7 @@ struct Envelope<'a> {
 /// The fields of an AdmissionRequest this webhook uses.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AdmissionRequest<'a> {
+pub(crate) struct AdmissionRequest<'a> {
     pub uid: String,
     pub kind: GroupVersionKind,
     #[serde(default)]
@@ -80,23 +80,22 @@ pub struct AdmissionRequest<'a> {
 }
 
 #[derive(Debug, Deserialize)]
-pub struct GroupVersionKind {
+pub(crate) struct GroupVersionKind {
     #[serde(default)]
     pub group: String,
-    #[serde(default)]
-    pub version: String,
+    // `version` is not read: a Pod is admitted whatever version the apiserver sends it as.
     pub kind: String,
 }
 
 /// A pod creation to judge.
 #[derive(Debug)]
-pub struct PodCreation {
+pub(crate) struct PodCreation {
     pub pod: PodView,
     pub namespace: String,
 }
 
 /// Parses and checks the envelope.
-pub fn parse(body: &[u8]) -> Result<AdmissionRequest<'_>, BadReview> {
+pub(crate) fn parse(body: &[u8]) -> Result<AdmissionRequest<'_>, BadReview> {
     if body.len() > MAX_REVIEW_BYTES {
         return Err(BadReview::TooLarge);
     }
@@ -131,7 +130,9 @@ fn parse_precisely(body: &str) -> Result<AdmissionRequest<'_>, BadReview> {
 
 /// The pod creation inside a request, or `None` for anything this webhook does not judge
 /// (other resources, subresources, operations other than CREATE).
-pub fn pod_creation(request: &AdmissionRequest<'_>) -> Result<Option<PodCreation>, BadReview> {
+pub(crate) fn pod_creation(
+    request: &AdmissionRequest<'_>,
+) -> Result<Option<PodCreation>, BadReview> {
     let is_pod = request.kind.group.is_empty() && request.kind.kind == "Pod";
     let is_main_resource = request
         .sub_resource
@@ -200,7 +201,7 @@ pub struct Status {
 
 impl AdmissionResponse {
     /// Admitted without change.
-    pub fn allow(request: &AdmissionRequest<'_>) -> Self {
+    pub(crate) fn allow(request: &AdmissionRequest<'_>) -> Self {
         Self {
             uid: request.uid.clone(),
             allowed: true,
@@ -212,7 +213,12 @@ impl AdmissionResponse {
     }
 
     /// Refused with an HTTP-style code, a reason and a message for the user.
-    pub fn deny(request: &AdmissionRequest<'_>, code: u16, reason: &str, message: String) -> Self {
+    pub(crate) fn deny(
+        request: &AdmissionRequest<'_>,
+        code: u16,
+        reason: &str,
+        message: String,
+    ) -> Self {
         Self {
             allowed: false,
             status: Some(Status {
@@ -226,7 +232,7 @@ impl AdmissionResponse {
     }
 
     /// Whether the response carries a patch.
-    pub fn is_patched(&self) -> bool {
+    pub(crate) fn is_patched(&self) -> bool {
         self.patch.is_some()
     }
 
@@ -238,7 +244,7 @@ impl AdmissionResponse {
 }
 
 /// Turns a verdict into the response.
-pub fn respond(
+pub(crate) fn respond(
     request: &AdmissionRequest<'_>,
     creation: &PodCreation,
     verdict: Verdict,
@@ -286,7 +292,7 @@ struct ReviewOut<'a> {
 }
 
 /// Serialises the response in its review envelope.
-pub fn encode(response: &AdmissionResponse) -> Vec<u8> {
+pub(crate) fn encode(response: &AdmissionResponse) -> Vec<u8> {
     let review = ReviewOut {
         api_version: API_VERSION,
         kind: KIND,

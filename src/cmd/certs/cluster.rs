@@ -27,7 +27,7 @@ use serde_json::json;
 use super::{CertsArgs, CertsMode, RotateNow};
 
 /// Field manager of the `caBundle`: Helm never renders it, so the two never fight.
-pub const FIELD_MANAGER: &str = "runpod-kubelet-certs";
+pub(super) const FIELD_MANAGER: &str = "runpod-kubelet-certs";
 /// Keys of the CA Secret.
 const CA_CERT: &str = "ca.crt";
 const CA_KEY: &str = "ca.key";
@@ -72,7 +72,7 @@ struct Target {
     ip_addresses: Vec<IpAddr>,
 }
 
-pub async fn run(args: &CertsArgs, mode: CertsMode) -> anyhow::Result<()> {
+pub(super) async fn run(args: &CertsArgs, mode: CertsMode) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;

@@ -10,7 +10,7 @@ use runpod_kubelet::flags::positive_duration;
 
 /// Where `certs` keeps the webhook's certificates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum CertsMode {
+pub(crate) enum CertsMode {
     /// PEM files in `--out-dir` (demo, manual installs); the default when `--out-dir` is given.
     Files,
     /// In the cluster: a CA Secret and a serving Secret, renewed when due, the CA bundle patched
@@ -23,7 +23,7 @@ pub enum CertsMode {
 
 /// A rotation an operator asks for, due or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum RotateNow {
+pub(crate) enum RotateNow {
     /// A new serving certificate.
     Serving,
     /// A new CA and serving certificate; the old CA stays in the bundle until it expires.
@@ -31,7 +31,7 @@ pub enum RotateNow {
 }
 
 #[derive(Debug, Args)]
-pub struct CertsArgs {
+pub(crate) struct CertsArgs {
     /// `files`, `helm` or `provided`; default `files` with `--out-dir`, else `helm`.
     #[arg(long, value_enum, env = "RUNPOD_KUBELET_MODE")]
     pub mode: Option<CertsMode>,
@@ -100,7 +100,7 @@ use std::path::Path;
 use anyhow::Context as _;
 use runpod_certs::CertificateAuthority;
 
-pub async fn run(args: &CertsArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: &CertsArgs) -> anyhow::Result<()> {
     let mode = args.mode.unwrap_or(if args.out_dir.is_some() {
         CertsMode::Files
     } else {

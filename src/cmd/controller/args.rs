@@ -15,7 +15,7 @@ use runpod_kubelet::flags::{percent, positive_duration, seconds_or_duration};
 
 /// Idle GPUs: when a burst pod's GPUs count as idle (a Warning Event `GpuIdle`, a metric).
 #[derive(Debug, Args)]
-pub struct IdleGpuArgs {
+pub(crate) struct IdleGpuArgs {
     /// Utilization, in percent, below which every GPU of a pod must stay to count as idle.
     #[arg(long, default_value_t = 5.0, value_parser = percent, env = "RUNPOD_KUBELET_IDLE_GPU_THRESHOLD")]
     pub idle_gpu_threshold: f64,
@@ -26,7 +26,7 @@ pub struct IdleGpuArgs {
 }
 
 impl IdleGpuArgs {
-    pub fn settings(&self) -> IdleSettings {
+    pub(crate) fn settings(&self) -> IdleSettings {
         IdleSettings {
             threshold: self.idle_gpu_threshold / 100.0,
             after: self.idle_gpu_after,
@@ -36,7 +36,7 @@ impl IdleGpuArgs {
 
 /// `controller` subcommands.
 #[derive(Debug, Subcommand)]
-pub enum ControllerCommand {
+pub(crate) enum ControllerCommand {
     /// Terminate every RunPod pod of this cluster and node, wait until none bills, and remove
     /// the virtual node (for uninstalling; a running controller is told to create nothing more).
     Drain(DrainArgs),
@@ -46,7 +46,7 @@ pub enum ControllerCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct CheckKeyArgs {
+pub(crate) struct CheckKeyArgs {
     /// Name of the virtual node (for messages).
     #[arg(
         long,
@@ -62,7 +62,7 @@ pub struct CheckKeyArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct DrainArgs {
+pub(crate) struct DrainArgs {
     /// Name of the virtual node.
     #[arg(
         long,
@@ -99,7 +99,7 @@ pub struct DrainArgs {
 
 /// The namespace of the adoption record: the flag, else the controller's own (`POD_NAMESPACE`),
 /// else `default`.
-pub fn adoption_namespace(flag: Option<&str>) -> String {
+pub(crate) fn adoption_namespace(flag: Option<&str>) -> String {
     flag.map(str::to_owned)
         .or_else(|| std::env::var("POD_NAMESPACE").ok())
         .map(|ns| ns.trim().to_owned())
@@ -108,7 +108,7 @@ pub fn adoption_namespace(flag: Option<&str>) -> String {
 }
 
 #[derive(Debug, Args)]
-pub struct ControllerArgs {
+pub(crate) struct ControllerArgs {
     #[command(subcommand)]
     pub command: Option<ControllerCommand>,
     /// Name of the virtual node (shared with the webhook).

@@ -20,7 +20,7 @@ impl WithProvider for ListOnce {
     }
 }
 
-pub async fn run(args: CheckKeyArgs) -> anyhow::Result<()> {
+pub(super) async fn run(args: CheckKeyArgs) -> anyhow::Result<()> {
     let source = args.cloud.key_source();
     let owner = Owner {
         cluster_id: "check-key",

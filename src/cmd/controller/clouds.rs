@@ -24,14 +24,14 @@ use runpod_webhook::policy::PolicyConfig;
 
 /// The cloud a controller runs its node's pods on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CloudArg {
+pub(crate) enum CloudArg {
     Runpod,
     Vastai,
 }
 
 /// The flags that choose and reach a node's cloud, the same for every subcommand.
 #[derive(Debug, Clone, Args)]
-pub struct CloudFlags {
+pub(crate) struct CloudFlags {
     /// The cloud this node's pods run on: `runpod`, or `vastai` (key from `VAST_API_KEY`).
     #[arg(
         long,

@@ -24,7 +24,7 @@ use runpod_kubelet::runpod::metrics::RunPodMetrics;
 use runpod_kubelet::runpod::select::ClusterLimits;
 use tokio::net::TcpListener;
 
-pub mod args;
+pub(crate) mod args;
 mod check_key;
 mod clouds;
 mod drain;
@@ -119,7 +119,7 @@ fn election(args: &ControllerArgs, internal_ip: IpAddr) -> anyhow::Result<Option
     Ok(Some(config))
 }
 
-pub async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(mut args: ControllerArgs) -> anyhow::Result<()> {
     match args.command.take() {
         Some(ControllerCommand::Drain(drain_args)) => return drain::run(drain_args).await,
         Some(ControllerCommand::CheckKey(check_args)) => return check_key::run(check_args).await,

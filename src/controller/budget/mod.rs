@@ -8,8 +8,8 @@
 //! The decisions are pure (`runpod_contract::budget`, `ledger`); this is the shell that reads
 //! and writes the ledger ConfigMaps with optimistic concurrency.
 
-pub mod state;
-pub mod sync;
+pub(crate) mod state;
+pub(crate) mod sync;
 
 use std::collections::BTreeMap;
 
@@ -24,11 +24,11 @@ use tracing::warn;
 use crate::controller::context::Shared;
 use crate::provider::Provider;
 use runpod_contract::budget::ledger::{self, LEDGER_LABEL, LEDGER_NAMESPACE, Ledger, ledger_name};
-pub use state::{BudgetState, Sending};
+pub(crate) use state::Sending;
 
 /// What the budget says about a create.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Gate {
+pub(crate) enum Gate {
     /// The namespace has no budget.
     Unbounded,
     /// `usd` per hour is reserved for this pod: the create may cost up to that.
@@ -43,7 +43,7 @@ pub enum Gate {
 }
 
 /// Whether `pod` waits for budget now (as its controller, on any node, wrote it).
-pub fn waits_for_budget(pod: &Pod) -> bool {
+pub(crate) fn waits_for_budget(pod: &Pod) -> bool {
     let Some(status) = pod.status.as_ref() else {
         return false;
     };
@@ -58,7 +58,7 @@ pub fn waits_for_budget(pod: &Pod) -> bool {
 
 /// Pods of the namespace that wait for budget and came first (creation time, then name): they
 /// start before `pod`.
-pub fn ahead_of(pod: &Pod, namespace_pods: &[Pod], ledger: &Ledger) -> usize {
+pub(crate) fn ahead_of(pod: &Pod, namespace_pods: &[Pod], ledger: &Ledger) -> usize {
     let key = |p: &Pod| {
         (
             p.metadata.creation_timestamp.as_ref().map(|t| t.0),
@@ -137,7 +137,7 @@ fn budget_source(
 /// Judges a create of `pod` against its namespace's budget and, when it fits, reserves its
 /// most in the shared ledger (only one of two controllers racing for the last dollar wins: the
 /// write carries the ledger's `resourceVersion`).
-pub async fn before_create<P: Provider>(
+pub(crate) async fn before_create<P: Provider>(
     ctx: &Shared<P>,
     pod: &Pod,
     uid: &str,
@@ -232,7 +232,7 @@ pub async fn before_create<P: Provider>(
 
 /// How a create under a reservation ended.
 #[derive(Debug, Clone, Copy)]
-pub enum Settled {
+pub(crate) enum Settled {
     /// The instance exists; the cloud's cost per hour when it said.
     Created(Option<f64>),
     /// Nothing was created: the reservation goes.
@@ -243,7 +243,7 @@ pub enum Settled {
 
 /// The create of a pod `before_create` reserved for is under way until the guard drops (after
 /// `after_create`).
-pub fn sending<'a, P>(ctx: &'a Shared<P>, uid: &str) -> Sending<'a> {
+pub(crate) fn sending<'a, P>(ctx: &'a Shared<P>, uid: &str) -> Sending<'a> {
     ctx.budget.in_flight().insert(uid.to_owned());
     Sending {
         state: &ctx.budget,
@@ -253,7 +253,7 @@ pub fn sending<'a, P>(ctx: &'a Shared<P>, uid: &str) -> Sending<'a> {
 
 /// Replaces a reservation by what the create made. Best effort: the next sync settles whatever
 /// this could not write.
-pub async fn after_create<P>(ctx: &Shared<P>, pod: &Pod, uid: &str, settled: Settled) {
+pub(crate) async fn after_create<P>(ctx: &Shared<P>, pod: &Pod, uid: &str, settled: Settled) {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let node = ctx.settings.node_name.clone();
     let maps = ledgers(ctx);

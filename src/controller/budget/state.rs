@@ -34,7 +34,8 @@ pub struct BudgetState {
 }
 
 /// Network volumes by namespace, each by its ledger key.
-pub type Stored = BTreeMap<String, BTreeMap<String, runpod_contract::budget::ledger::Stored>>;
+pub(crate) type Stored =
+    BTreeMap<String, BTreeMap<String, runpod_contract::budget::ledger::Stored>>;
 
 /// One namespace's last list and when it was taken; locked while a list is under way, so the
 /// namespace's other waiting pods wait for it rather than list too.
@@ -167,7 +168,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// While alive, the pod's create counts as under way here (its reservation survives the
 /// ledger's sync); dropped once the create's outcome is in the ledger.
-pub struct Sending<'a> {
+pub(crate) struct Sending<'a> {
     pub(super) state: &'a BudgetState,
     pub(super) uid: String,
 }

@@ -22,7 +22,7 @@ use runpod_contract::budget::budget_of;
 use runpod_contract::budget::ledger::{LEDGER_LABEL, LEDGER_NAMESPACE, Ledger, Listed};
 
 /// Runs a sync after each new list until the leader stops.
-pub async fn run<P: Provider>(shared: Arc<Shared<P>>, store: Store<Pod>) {
+pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>, store: Store<Pod>) {
     let mut snapshots = shared.snapshot.clone();
     loop {
         if snapshots.changed().await.is_err() {

@@ -28,7 +28,7 @@ use crate::provider::{
 
 /// Whether creates are allowed, from the node as last seen.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DrainState {
+pub(crate) enum DrainState {
     /// The node has not been seen yet.
     Unknown,
     Open,
@@ -38,14 +38,8 @@ pub enum DrainState {
     NodeGone,
 }
 
-impl DrainState {
-    pub fn allows_creates(&self) -> bool {
-        matches!(self, DrainState::Open)
-    }
-}
-
 /// The drain state a node (or its absence) means.
-pub fn drain_state(node: Option<&Node>) -> DrainState {
+pub(crate) fn drain_state(node: Option<&Node>) -> DrainState {
     let Some(node) = node else {
         return DrainState::NodeGone;
     };
@@ -68,14 +62,14 @@ struct GateState {
 
 /// Shared by the gated provider and the node watcher.
 #[derive(Debug)]
-pub struct Gate {
+pub(crate) struct Gate {
     fence: Fence,
     state: Mutex<GateState>,
     idle: Notify,
 }
 
 impl Gate {
-    pub fn new(fence: Fence) -> Arc<Gate> {
+    pub(crate) fn new(fence: Fence) -> Arc<Gate> {
         Arc::new(Gate {
             fence,
             state: Mutex::new(GateState {
@@ -93,15 +87,15 @@ impl Gate {
         }
     }
 
-    pub fn fence(&self) -> &Fence {
+    pub(crate) fn fence(&self) -> &Fence {
         &self.fence
     }
 
-    pub fn set_drain(&self, drain: DrainState) {
+    pub(crate) fn set_drain(&self, drain: DrainState) {
         self.lock().drain = drain;
     }
 
-    pub fn drain(&self) -> DrainState {
+    pub(crate) fn drain(&self) -> DrainState {
         self.lock().drain.clone()
     }
 
@@ -128,7 +122,7 @@ impl Gate {
     }
 
     /// Waits until no create is under way.
-    pub async fn wait_idle(&self) {
+    pub(crate) async fn wait_idle(&self) {
         loop {
             let notified = self.idle.notified();
             if self.lock().creates_in_flight == 0 {
@@ -162,13 +156,13 @@ impl Drop for CreatePermit {
 }
 
 /// A provider whose every call passes the gate first.
-pub struct Gated<P> {
+pub(crate) struct Gated<P> {
     inner: Arc<P>,
     gate: Arc<Gate>,
 }
 
 impl<P> Gated<P> {
-    pub fn new(inner: Arc<P>, gate: Arc<Gate>) -> Gated<P> {
+    pub(crate) fn new(inner: Arc<P>, gate: Arc<Gate>) -> Gated<P> {
         Gated { inner, gate }
     }
 }
@@ -305,7 +299,7 @@ impl<P: Provider> Provider for Gated<P> {
 
 /// Follows the node: closes the create gate when it is drained or removed, and acknowledges a
 /// drain once no create is under way.
-pub async fn watch_node(nodes: Api<Node>, name: String, gate: Arc<Gate>) {
+pub(crate) async fn watch_node(nodes: Api<Node>, name: String, gate: Arc<Gate>) {
     let mut stream = Box::pin(watcher::watch_object(nodes.clone(), &name).default_backoff());
     let mut acknowledged: Option<String> = None;
     while let Some(event) = stream.next().await {
@@ -379,8 +373,6 @@ mod tests {
             DrainState::Draining("t1".into())
         );
         assert_eq!(drain_state(None), DrainState::NodeGone);
-        assert!(DrainState::Open.allows_creates());
-        assert!(!DrainState::Unknown.allows_creates());
     }
 
     #[tokio::test]

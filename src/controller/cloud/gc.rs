@@ -24,7 +24,7 @@ const CLUSTER_PODS_MAX_AGE: Duration = Duration::from_secs(300);
 /// Live instances of this cluster tagged with another node's name (the node was renamed, or
 /// another virtual node of this cluster made them): candidates for garbage collection when
 /// their pod exists nowhere in the cluster.
-pub fn other_nodes<'a>(
+pub(crate) fn other_nodes<'a>(
     instances: &'a [Instance],
     settings: &'a Settings,
 ) -> impl Iterator<Item = &'a Instance> + 'a {
@@ -41,7 +41,7 @@ pub fn other_nodes<'a>(
 /// reported, never touched: they may be another cluster's running work. (Two clusters cloned
 /// from one etcd backup share the default cluster id, the kube-system UID, and cannot be told
 /// apart here: only an explicit `--cluster-id` separates them.)
-pub fn foreign<'a>(
+pub(crate) fn foreign<'a>(
     instances: &'a [Instance],
     settings: &'a Settings,
 ) -> impl Iterator<Item = &'a Instance> + 'a {
@@ -62,7 +62,7 @@ pub fn foreign<'a>(
 /// Only instances the list showed: one it omitted is carried from the previous list, and is
 /// mostly gone already (its pod's own DELETE went just before); a second DELETE would take
 /// quota that waiting calls need.
-pub fn orphans<'a>(
+pub(crate) fn orphans<'a>(
     snapshot: &'a Snapshot,
     pod_uids: &HashSet<String>,
     first_seen: &HashMap<String, Timestamp>,
@@ -93,7 +93,7 @@ const DEPARTED_KEPT: Duration = Duration::from_secs(3600);
 
 /// The pods this replica saw leave the node, and the instances it terminated for them.
 #[derive(Debug, Default)]
-pub struct Departed {
+pub(crate) struct Departed {
     /// The node's pod UIDs at the last look.
     known: HashSet<String>,
     /// UIDs that left, and when.
@@ -105,7 +105,7 @@ pub struct Departed {
 impl Departed {
     /// Notes the UIDs that were on the node at the last look and are not now, and the
     /// instances terminated for them; forgets what is older than `DEPARTED_KEPT`.
-    pub fn note(
+    pub(crate) fn note(
         &mut self,
         now_uids: &HashSet<String>,
         terminated: HashSet<String>,
@@ -137,7 +137,7 @@ impl Departed {
 /// Whether the cluster's pods must be listed again for the settled instances of other nodes:
 /// never listed, the list is old, or one of them names a pod that list did not have (several
 /// virtual nodes of one cluster always have instances here, so not at every round).
-pub fn cluster_list_due(
+pub(crate) fn cluster_list_due(
     listed: Option<&(Timestamp, HashSet<String>)>,
     settled_elsewhere: &[&Instance],
     now: Timestamp,
@@ -155,7 +155,7 @@ pub fn cluster_list_due(
 
 /// Other nodes' instances whose pod is missing from a cluster list taken after the instance
 /// was first seen (its pod existed before it, so a pod missing from that list is really gone).
-pub fn gone_elsewhere<'a>(
+pub(crate) fn gone_elsewhere<'a>(
     settled_elsewhere: Vec<&'a Instance>,
     listed: &(Timestamp, HashSet<String>),
     first_seen: &HashMap<String, Timestamp>,
@@ -176,7 +176,7 @@ fn uid_of(instance: &Instance) -> String {
 
 /// What garbage collection remembers between lists.
 #[derive(Debug, Default)]
-pub struct Collector {
+pub(crate) struct Collector {
     /// When each listed instance (ours and other nodes') was first seen.
     first_seen: HashMap<String, Timestamp>,
     /// Another cluster's instances already reported.
@@ -189,7 +189,7 @@ pub struct Collector {
 
 impl Collector {
     /// Notes when each instance of a new list was first seen; forgets the ones no longer listed.
-    pub fn see(&mut self, snapshot: &Snapshot, elsewhere: &[Instance]) {
+    pub(crate) fn see(&mut self, snapshot: &Snapshot, elsewhere: &[Instance]) {
         for instance in snapshot.instances.iter().chain(elsewhere) {
             self.first_seen
                 .entry(instance.id.clone())
@@ -206,7 +206,7 @@ impl Collector {
 
     /// Notes the pods that left the node since the last look (`pod_uids` is the node's pods
     /// now), and the instances this leader terminated for them.
-    pub fn departed(
+    pub(crate) fn departed(
         &mut self,
         pod_uids: &HashSet<String>,
         terminated: HashSet<String>,
@@ -218,7 +218,7 @@ impl Collector {
     /// Terminates what the list shows to be garbage: this node's orphans, and other nodes'
     /// instances whose pod exists nowhere in the cluster; never one this list did not show
     /// (`carried` forward from the last one).
-    pub async fn collect<P: Provider>(
+    pub(crate) async fn collect<P: Provider>(
         &mut self,
         shared: &Shared<P>,
         pod_uids: &HashSet<String>,
@@ -285,7 +285,7 @@ impl Collector {
 
     /// Logs, counts and (when the set changes) puts an Event on the node for instances tagged
     /// with this node's name but another cluster id.
-    pub async fn report_foreign<P: Provider>(
+    pub(crate) async fn report_foreign<P: Provider>(
         &mut self,
         shared: &Shared<P>,
         instances: &[Instance],

@@ -27,7 +27,7 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(120);
 const FAILURES_BEFORE_UNAVAILABLE: u32 = 3;
 
 /// Instances of this cluster and node.
-pub fn ours<'a>(
+pub(crate) fn ours<'a>(
     instances: &'a [Instance],
     settings: &'a Settings,
 ) -> impl Iterator<Item = &'a Instance> + 'a {
@@ -42,7 +42,7 @@ pub fn ours<'a>(
 /// partial must not make a running pod look gone, nor a created one look never made.
 /// `missing_from` holds, for each instance carried last time, how many lists in a row have
 /// omitted it. Returns the instances to publish and the same count for those carried now.
-pub fn carry_forward(
+pub(crate) fn carry_forward(
     previous: &[Instance],
     listed: Vec<Instance>,
     missing_from: &HashMap<String, u32>,
@@ -74,7 +74,10 @@ pub fn carry_forward(
 /// before there are that many. An instance absent from a snapshot was absent from every one of
 /// those lists (instances are carried until that many omit them), so a create recorded, plus
 /// its settle time, before that time is proven to have made nothing.
-pub fn confirmed_at(taken: &mut VecDeque<Timestamp>, taken_at: Timestamp) -> Option<Timestamp> {
+pub(crate) fn confirmed_at(
+    taken: &mut VecDeque<Timestamp>,
+    taken_at: Timestamp,
+) -> Option<Timestamp> {
     taken.push_back(taken_at);
     while taken.len() > LISTS_TO_CONFIRM as usize {
         taken.pop_front();
@@ -89,7 +92,7 @@ pub fn confirmed_at(taken: &mut VecDeque<Timestamp>, taken_at: Timestamp) -> Opt
 /// no change. A key refused before any list of this process succeeded is `KeyRefused` (a wrong
 /// key: the message names where it comes from, `key_source`); refused after it worked, it is
 /// `AccountRefused` (revoked, or the account blocked), like a 402.
-pub fn health_after_failure(
+pub(crate) fn health_after_failure(
     error: &ProviderError,
     failures: u32,
     key_worked: bool,
@@ -172,7 +175,7 @@ async fn failed_list<P: Provider>(
 
 /// Runs the list loop until the process stops. `ticks` is told after every complete list so
 /// that every pod is reconciled against it.
-pub async fn run<P: Provider>(
+pub(crate) async fn run<P: Provider>(
     shared: Arc<Shared<P>>,
     store: Store<Pod>,
     snapshot_tx: watch::Sender<Option<Arc<Snapshot>>>,

@@ -23,17 +23,17 @@ use kube::api::PostParams;
 use crate::controller::kubelet_api::authz::{Caller, User};
 
 /// How long a token that named a user is trusted without asking again.
-pub const AUTHENTICATED_TTL: Duration = Duration::from_secs(2 * 60);
+pub(crate) const AUTHENTICATED_TTL: Duration = Duration::from_secs(2 * 60);
 /// How long a token the apiserver refused is refused without asking again.
-pub const REFUSED_TTL: Duration = Duration::from_secs(15);
+pub(crate) const REFUSED_TTL: Duration = Duration::from_secs(15);
 /// Tokens remembered at most; a full cache drops its expired entries, else is emptied (the
 /// next requests ask again).
-pub const CACHE_CAPACITY: usize = 1024;
+pub(crate) const CACHE_CAPACITY: usize = 1024;
 /// A review the apiserver has not answered by then fails the request.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The token of an `Authorization: Bearer ...` header, if there is one.
-pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim();
@@ -41,7 +41,7 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// The user a TokenReview's answer names; `None` unless authenticated with a user name.
-pub fn user_of(status: &TokenReviewStatus) -> Option<User> {
+pub(crate) fn user_of(status: &TokenReviewStatus) -> Option<User> {
     if status.authenticated != Some(true) {
         return None;
     }
@@ -54,7 +54,7 @@ pub fn user_of(status: &TokenReviewStatus) -> Option<User> {
 }
 
 /// Sends a TokenReview and returns the apiserver's answer.
-pub trait TokenReviewer: Send + Sync {
+pub(crate) trait TokenReviewer: Send + Sync {
     fn review_token(
         &self,
         token: String,
@@ -79,7 +79,7 @@ impl TokenReviewer for kube::Client {
 }
 
 /// A token's cache key: its SHA-256, so no token is kept in memory longer than a request.
-pub fn token_key(token: &str) -> [u8; 32] {
+pub(crate) fn token_key(token: &str) -> [u8; 32] {
     let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
     let mut key = [0u8; 32];
     key.copy_from_slice(digest.as_ref());
@@ -90,13 +90,13 @@ pub fn token_key(token: &str) -> [u8; 32] {
 type Cache = HashMap<[u8; 32], (Option<User>, Instant)>;
 
 /// Turns bearer tokens into users.
-pub struct Authenticator<R> {
+pub(crate) struct Authenticator<R> {
     reviewer: R,
     cache: Mutex<Cache>,
 }
 
 impl<R: TokenReviewer> Authenticator<R> {
-    pub fn new(reviewer: R) -> Self {
+    pub(crate) fn new(reviewer: R) -> Self {
         Self {
             reviewer,
             cache: Mutex::new(HashMap::new()),
@@ -111,7 +111,7 @@ impl<R: TokenReviewer> Authenticator<R> {
     }
 
     /// The user `token` belongs to, `None` when the apiserver does not vouch for it.
-    pub async fn authenticate(&self, token: &str) -> anyhow::Result<Option<User>> {
+    pub(crate) async fn authenticate(&self, token: &str) -> anyhow::Result<Option<User>> {
         let now = Instant::now();
         let key = token_key(token);
         if let Some((user, expires)) = self.cache().get(&key)
@@ -144,7 +144,7 @@ impl<R: TokenReviewer> Authenticator<R> {
 /// The middleware before authorization: a request without a verified client certificate but
 /// with a bearer token gets the token's user, or 401 (500 when the apiserver could not be
 /// asked). Requests with neither go on as anonymous (and are refused by authorization).
-pub async fn authenticate<R: TokenReviewer + 'static>(
+pub(crate) async fn authenticate<R: TokenReviewer + 'static>(
     State(authenticator): State<Arc<Authenticator<R>>>,
     axum::Extension(Caller(caller)): axum::Extension<Caller>,
     mut request: Request,

@@ -8,14 +8,14 @@
 //! `nodes/proxy` (or `log`, `stats`, `metrics`) on this node; denied requests get 403
 //! (`authz`). Nothing here shows env values or keys.
 
-pub mod authn;
-pub mod authz;
+pub(crate) mod authn;
+pub(crate) mod authz;
 pub mod exec;
 mod listener;
 mod logs;
 pub mod serving;
-pub mod spdy;
-pub mod stats;
+pub(crate) mod spdy;
+pub(crate) mod stats;
 
 use std::sync::Arc;
 

@@ -10,18 +10,18 @@ use serde::Serialize;
 use crate::controller::usage::{ContainerUsage, NodeUsage, PodUsage};
 
 /// The content type a kubelet answers `/metrics/resource` with.
-pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 #[derive(Debug, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct Summary {
+pub(crate) struct Summary {
     pub node: NodeStats,
     pub pods: Vec<PodStats>,
 }
 
 #[derive(Debug, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct NodeStats {
+pub(crate) struct NodeStats {
     pub node_name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuStats>,
@@ -31,7 +31,7 @@ pub struct NodeStats {
 
 #[derive(Debug, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct PodStats {
+pub(crate) struct PodStats {
     pub pod_ref: PodRef,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub start_time: Option<String>,
@@ -43,7 +43,7 @@ pub struct PodStats {
 }
 
 #[derive(Debug, Serialize, PartialEq)]
-pub struct PodRef {
+pub(crate) struct PodRef {
     pub name: String,
     pub namespace: String,
     pub uid: String,
@@ -51,7 +51,7 @@ pub struct PodRef {
 
 #[derive(Debug, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct ContainerStats {
+pub(crate) struct ContainerStats {
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub start_time: Option<String>,
@@ -63,7 +63,7 @@ pub struct ContainerStats {
 
 #[derive(Debug, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct CpuStats {
+pub(crate) struct CpuStats {
     pub time: String,
     pub usage_nano_cores: u64,
     pub usage_core_nano_seconds: u64,
@@ -71,7 +71,7 @@ pub struct CpuStats {
 
 #[derive(Debug, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct MemoryStats {
+pub(crate) struct MemoryStats {
     pub time: String,
     pub working_set_bytes: u64,
     pub usage_bytes: u64,
@@ -124,7 +124,7 @@ fn pod_totals(pod: &PodUsage) -> (Option<f64>, f64, Option<f64>) {
 }
 
 /// The Summary API document for `node_name`.
-pub fn summary(node_name: &str, node: Option<NodeUsage>, pods: &[&PodUsage]) -> Summary {
+pub(crate) fn summary(node_name: &str, node: Option<NodeUsage>, pods: &[&PodUsage]) -> Summary {
     Summary {
         node: NodeStats {
             node_name: node_name.to_owned(),
@@ -205,7 +205,7 @@ fn container_labels(pod: &PodUsage, container: &ContainerUsage) -> String {
 
 /// The `/metrics/resource` text: the series a kubelet serves and metrics-server reads, each
 /// sample stamped with the list it came from.
-pub fn resource_metrics(node: Option<NodeUsage>, pods: &[&PodUsage]) -> String {
+pub(crate) fn resource_metrics(node: Option<NodeUsage>, pods: &[&PodUsage]) -> String {
     let containers = || {
         pods.iter()
             .flat_map(|pod| pod.containers.iter().map(move |c| (*pod, c)))

@@ -24,7 +24,7 @@ use crate::controller::kubelet_api::exec::ssh::{self, Forwarded, Session, SshErr
 use crate::controller::shell::Reach;
 
 /// Connections one pod may have open through its bridge at once; more are closed at once.
-pub const MAX_CONNECTIONS: usize = 64;
+pub(crate) const MAX_CONNECTIONS: usize = 64;
 
 /// How long dialling a Service's endpoint may take before the pod's connection is closed.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -38,7 +38,7 @@ fn forward_key(forward: &Forward) -> String {
 }
 
 /// Picks a ready endpoint of a Service's port (the cluster's current view).
-pub trait Endpoints: Send + Sync + 'static {
+pub(crate) trait Endpoints: Send + Sync + 'static {
     fn pick(&self, service: &ServiceKey, port: u16) -> Option<SocketAddr>;
 }
 
@@ -99,7 +99,7 @@ impl Forwarded for Dialer {
 }
 
 /// A pod's live bridge.
-pub struct Bridge {
+pub(crate) struct Bridge {
     session: Arc<tokio::sync::RwLock<Session>>,
     routes: Routes,
     forwarded: BTreeSet<Forward>,
@@ -116,7 +116,7 @@ pub struct Bridge {
 }
 
 /// What one `apply` did.
-pub struct Applied {
+pub(crate) struct Applied {
     /// What failed (tried again on the next round).
     pub problems: Vec<String>,
     /// The pod's sshd ignored the asked addresses: reconnect with `localhost`.
@@ -139,7 +139,7 @@ impl Drop for Bridge {
 
 impl Bridge {
     /// Connects to the pod's sshd (its recorded host key only) for the pod `uid`.
-    pub async fn open(
+    pub(crate) async fn open(
         reach: &Reach,
         uid: &str,
         endpoints: Arc<dyn Endpoints>,
@@ -169,24 +169,28 @@ impl Bridge {
     }
 
     /// Whether the connection dropped (a new one is opened on the next round).
-    pub async fn is_closed(&self) -> bool {
+    pub(crate) async fn is_closed(&self) -> bool {
         self.session.read().await.is_closed()
     }
 
     /// Whether this bridge carries its plans out on `127.0.0.1`.
-    pub fn on_localhost(&self) -> bool {
+    pub(crate) fn on_localhost(&self) -> bool {
         self.localhost
     }
 
     /// The controller's port that reaches the pod's `port`, while it is listened on.
-    pub fn inbound_port(&self, port: u16) -> Option<u16> {
+    pub(crate) fn inbound_port(&self, port: u16) -> Option<u16> {
         self.inbound.get(&port).map(|(own, _)| *own)
     }
 
     /// Listens (on the controller's address `bind`, the one EndpointSlices name, at a port the
     /// system picks) for each of the pod's `ports` that a Service targets, and stops listening
     /// for the others.
-    pub async fn expose(&mut self, ports: &BTreeSet<u16>, bind: std::net::IpAddr) -> Vec<String> {
+    pub(crate) async fn expose(
+        &mut self,
+        ports: &BTreeSet<u16>,
+        bind: std::net::IpAddr,
+    ) -> Vec<String> {
         let mut problems = Vec::new();
         self.inbound.retain(|port, (_, listener)| {
             let keep = ports.contains(port);
@@ -220,7 +224,7 @@ impl Bridge {
 
     /// Brings the pod to `plan`: forwards added and removed, routes with them, the hosts block
     /// rewritten when it changed. Returns what failed (tried again on the next round).
-    pub async fn apply(&mut self, plan: &Plan) -> Applied {
+    pub(crate) async fn apply(&mut self, plan: &Plan) -> Applied {
         let localhost_plan;
         let plan = if self.localhost {
             localhost_plan = on_localhost(plan);

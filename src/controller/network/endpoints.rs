@@ -46,7 +46,7 @@ pub fn service_view(service: &Service, endpoints: Option<&Endpoints>) -> Option<
 /// address in `never` (the apiserver's, every Service's cluster IP, the controller's own:
 /// Endpoints can be written by hand, and must not turn the bridge into a way to them) or a
 /// loopback, link-local or unspecified address is never picked, on any port.
-pub fn endpoint_for(
+pub(super) fn endpoint_for(
     service: &Service,
     endpoints: &Endpoints,
     port: u16,

@@ -6,11 +6,11 @@
 //! (`slices` decides, `publish` writes). This module watches the cluster (Services, Endpoints,
 //! Namespaces) and carries both out every few seconds.
 
-pub mod bridge;
+pub(crate) mod bridge;
 mod endpoints;
-pub mod policy;
+pub(crate) mod policy;
 mod publish;
-pub mod slices;
+pub(crate) mod slices;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 /// What the policies selecting one pod let the bridge carry.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     /// Policies that restrict the pod's outbound connections with rules the bridge does not
     /// judge (outbound is then not carried).
     pub egress_blocked_by: Vec<String>,
@@ -24,7 +24,7 @@ pub struct Verdict {
 
 /// Whether `selector` matches `labels` (matchLabels and matchExpressions; an empty selector
 /// matches everything).
-pub fn matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+pub(crate) fn matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
     let by_label = selector
         .match_labels
         .iter()
@@ -46,7 +46,7 @@ pub fn matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> b
 }
 
 /// The policies in `policies` that select `pod`, and what they leave the bridge to carry.
-pub fn judge(pod: &Pod, policies: &[std::sync::Arc<NetworkPolicy>]) -> Verdict {
+pub(crate) fn judge(pod: &Pod, policies: &[std::sync::Arc<NetworkPolicy>]) -> Verdict {
     let empty = BTreeMap::new();
     let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
     let mut verdict = Verdict::default();

@@ -17,9 +17,9 @@ use super::slices::{MANAGED_BY, MANAGED_BY_LABEL};
 const SWEEP: Duration = Duration::from_secs(60);
 
 /// A slice by namespace and name.
-pub type SliceKey = (String, String);
+pub(super) type SliceKey = (String, String);
 
-pub struct Publisher {
+pub(super) struct Publisher {
     client: kube::Client,
     resource: ApiResource,
     applied: HashMap<SliceKey, serde_json::Value>,
@@ -28,7 +28,7 @@ pub struct Publisher {
 
 impl Publisher {
     /// Picks the EndpointSlice version the apiserver serves.
-    pub async fn new(client: kube::Client) -> Publisher {
+    pub(super) async fn new(client: kube::Client) -> Publisher {
         let v1 = resource("v1");
         let probe: Api<DynamicObject> = Api::all_with(client.clone(), &v1);
         let resource = match probe.list(&ListParams::default().limit(1)).await {
@@ -46,17 +46,17 @@ impl Publisher {
     }
 
     /// `discovery.k8s.io/VERSION`, for the slices' bodies.
-    pub fn api_version(&self) -> String {
+    pub(super) fn api_version(&self) -> String {
         self.resource.api_version.clone()
     }
 
     /// What was last written for `key`.
-    pub fn applied(&self, key: &SliceKey) -> Option<&serde_json::Value> {
+    pub(super) fn applied(&self, key: &SliceKey) -> Option<&serde_json::Value> {
         self.applied.get(key)
     }
 
     /// Makes the managed slices `desired`.
-    pub async fn publish(&mut self, desired: HashMap<SliceKey, serde_json::Value>) {
+    pub(super) async fn publish(&mut self, desired: HashMap<SliceKey, serde_json::Value>) {
         for (key, body) in &desired {
             if self.applied.get(key) == Some(body) {
                 continue;

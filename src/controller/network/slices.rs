@@ -12,13 +12,13 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
 
 /// `endpointslice.kubernetes.io/managed-by` of the slices this project keeps.
-pub const MANAGED_BY: &str = "runpod-kubelet.runpod.io";
-pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+pub(crate) const MANAGED_BY: &str = "runpod-kubelet.runpod.io";
+pub(crate) const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// Whether `service` routes to `pod`: same namespace, a selector that is not empty, every one
 /// of its labels on the pod.
-pub fn selects(service: &Service, pod: &Pod) -> bool {
+pub(crate) fn selects(service: &Service, pod: &Pod) -> bool {
     if service.metadata.namespace != pod.metadata.namespace {
         return false;
     }
@@ -38,7 +38,7 @@ pub fn selects(service: &Service, pod: &Pod) -> bool {
 
 /// The pod's port a Service port goes to: its `targetPort` (a number, or the name of one of the
 /// pod's TCP container ports), else its `port`. `None` for UDP/SCTP or a name the pod lacks.
-pub fn target_port(port: &ServicePort, pod: &Pod) -> Option<u16> {
+pub(crate) fn target_port(port: &ServicePort, pod: &Pod) -> Option<u16> {
     if port.protocol.as_deref().unwrap_or("TCP") != "TCP" {
         return None;
     }
@@ -60,7 +60,7 @@ pub fn target_port(port: &ServicePort, pod: &Pod) -> Option<u16> {
 }
 
 /// The slice's name: the Service's, cut to leave room, and the pod's UID (unique per pair).
-pub fn slice_name(service: &str, pod_uid: &str) -> String {
+pub(crate) fn slice_name(service: &str, pod_uid: &str) -> String {
     let service: String = service.chars().take(200).collect();
     let uid: String = pod_uid.chars().filter(|c| *c != '-').take(16).collect();
     format!("{service}-runpod-{uid}")
@@ -69,7 +69,7 @@ pub fn slice_name(service: &str, pod_uid: &str) -> String {
 /// The EndpointSlice for `service` and `pod` (the fields both `discovery.k8s.io/v1` and
 /// `v1beta1` share): one endpoint at `address`, with the Service's ports at the controller's
 /// `own` port for each target port; `None` when none of its ports reaches the pod.
-pub fn slice(
+pub(crate) fn slice(
     service: &Service,
     pod: &Pod,
     address: IpAddr,

@@ -24,7 +24,7 @@ const NODE_STATUS_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Renews the node Lease, owned by the node's current UID: at once when the node is registered
 /// again (the garbage collector deletes a Lease whose owner is gone), not while it is missing.
-pub async fn lease_loop(
+pub(crate) async fn lease_loop(
     client: kube::Client,
     node: String,
     mut node_uid: NodeUid,
@@ -63,7 +63,7 @@ pub async fn lease_loop(
 
 /// Writes the node's status and taints while our node exists: every 30 s, when the API health
 /// changes, and at once when the node is registered again (a 404 asks for a new look).
-pub async fn node_status_loop<P: Provider>(
+pub(crate) async fn node_status_loop<P: Provider>(
     nodes: Api<Node>,
     config: NodeConfig,
     mut health: watch::Receiver<ApiHealth>,

@@ -12,12 +12,12 @@ use serde_json::json;
 
 use crate::controller::node::FIELD_MANAGER;
 
-pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
-pub const LEASE_DURATION: Duration = Duration::from_secs(40);
-pub const RENEW_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+pub(crate) const LEASE_DURATION: Duration = Duration::from_secs(40);
+pub(crate) const RENEW_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The Lease body for `node` renewed at `now`.
-pub fn lease_patch(node: &str, node_uid: Option<&str>, now: Timestamp) -> serde_json::Value {
+pub(crate) fn lease_patch(node: &str, node_uid: Option<&str>, now: Timestamp) -> serde_json::Value {
     let mut metadata = json!({"name": node, "namespace": NODE_LEASE_NAMESPACE});
     if let Some(uid) = node_uid {
         // Owned by the node, like a kubelet's: deleting the node deletes its Lease.
@@ -37,7 +37,7 @@ pub fn lease_patch(node: &str, node_uid: Option<&str>, now: Timestamp) -> serde_
 }
 
 /// Renews (or recreates) the node Lease once.
-pub async fn renew(
+pub(crate) async fn renew(
     client: &kube::Client,
     node: &str,
     node_uid: Option<&str>,

@@ -3,11 +3,11 @@
 //! taints by read-modify-write, so what others add (conditions, labels, taints) is kept.
 
 pub mod drain;
-pub mod exec_key;
-pub mod health;
-pub mod heartbeat;
-pub mod lease;
-pub mod presence;
+pub(crate) mod exec_key;
+pub(crate) mod health;
+pub(crate) mod heartbeat;
+pub(crate) mod lease;
+pub(crate) mod presence;
 pub mod removal;
 pub mod ssh_key;
 

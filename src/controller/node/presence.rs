@@ -23,31 +23,31 @@ use crate::controller::node::{self, NodeConfig, NodeError};
 const RETRY: Duration = Duration::from_secs(2);
 
 /// The UID of our node while it exists; `None` while it is missing (or not ours).
-pub type NodeUid = watch::Receiver<Option<String>>;
+pub(crate) type NodeUid = watch::Receiver<Option<String>>;
 
 /// Shared by the keeper, the Lease and status loops and `/readyz`.
 #[derive(Debug)]
-pub struct Presence {
+pub(crate) struct Presence {
     uid: watch::Sender<Option<String>>,
     recheck: Notify,
 }
 
 impl Presence {
     /// Starts with the UID `lead` registered.
-    pub fn new(uid: Option<String>) -> Arc<Presence> {
+    pub(crate) fn new(uid: Option<String>) -> Arc<Presence> {
         Arc::new(Presence {
             uid: watch::channel(uid).0,
             recheck: Notify::new(),
         })
     }
 
-    pub fn subscribe(&self) -> NodeUid {
+    pub(crate) fn subscribe(&self) -> NodeUid {
         self.uid.subscribe()
     }
 
     /// A write found the node missing (404): look again at once, in case the watch missed the
     /// deletion.
-    pub fn missing(&self) {
+    pub(crate) fn missing(&self) {
         self.recheck.notify_one();
     }
 
@@ -62,7 +62,7 @@ impl Presence {
 
 /// What one look at the node (or its absence) calls for.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Seen {
+pub(crate) enum Seen {
     /// Our node exists, with this UID.
     Ours(Option<String>),
     /// A node of this name exists without our provider label: never touched.
@@ -74,7 +74,7 @@ pub enum Seen {
 }
 
 /// Decides from the node (`None`: missing) and whether the last node seen was being drained.
-pub fn seen(node: Option<&Node>, provider: &str, last_draining: bool) -> Seen {
+pub(crate) fn seen(node: Option<&Node>, provider: &str, last_draining: bool) -> Seen {
     match node {
         Some(node) if is_ours(node, provider) => Seen::Ours(node.metadata.uid.clone()),
         Some(_) => Seen::Foreign,
@@ -84,7 +84,7 @@ pub fn seen(node: Option<&Node>, provider: &str, last_draining: bool) -> Seen {
 }
 
 /// Follows the node until the task is aborted, registering it again whenever it goes missing.
-pub async fn keep(nodes: Api<Node>, config: NodeConfig, presence: Arc<Presence>) {
+pub(crate) async fn keep(nodes: Api<Node>, config: NodeConfig, presence: Arc<Presence>) {
     let mut stream = Box::pin(watcher::watch_object(nodes.clone(), &config.name).default_backoff());
     let mut draining = false;
     loop {

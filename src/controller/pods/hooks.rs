@@ -24,7 +24,7 @@ use crate::provider::{Provider, ShellAccess};
 /// The pod container's `preStop` hook as it runs: a command (`exec`) or an HTTP GET to the
 /// container's loopback (`httpGet`, HTTP or HTTPS), if it has one; `Err` says why it cannot
 /// run (another scheme, a port the container does not name).
-pub fn pre_stop_check(pod: &Pod) -> Option<Result<Check, String>> {
+pub(crate) fn pre_stop_check(pod: &Pod) -> Option<Result<Check, String>> {
     let container = pod.spec.as_ref()?.containers.first()?;
     let hook = container.lifecycle.as_ref()?.pre_stop.as_ref()?;
     if let Some(command) = hook
@@ -51,7 +51,7 @@ fn time_left(pod: &Pod, now: Timestamp) -> Duration {
 }
 
 /// What the `preStop` hook did before the stop.
-pub struct PreStop {
+pub(crate) struct PreStop {
     /// When the hook started: the grace period ran from then (`None`: no hook ran).
     pub began: Option<Timestamp>,
     /// The Event to say after the stop, when the hook could not run or failed.
@@ -62,7 +62,7 @@ pub struct PreStop {
 /// none), if it has one and the cloud offers a shell, all of it (reaching the pod, connecting,
 /// the command) within what is left of the grace period; a failure is `FailedPreStopHook`, as
 /// the kubelet says it.
-pub async fn pre_stop<P: Provider>(shared: &Shared<P>, pod: &Pod, uid: &str) -> PreStop {
+pub(crate) async fn pre_stop<P: Provider>(shared: &Shared<P>, pod: &Pod, uid: &str) -> PreStop {
     let began = Timestamp::now();
     let none = PreStop {
         began: None,

@@ -4,12 +4,12 @@
 //! pure (`decide`); `create`, `track` and `finish` carry it out.
 
 mod create;
-pub mod decide;
+pub(crate) mod decide;
 pub(crate) mod finish;
 pub(crate) mod hooks;
-pub mod inputs;
-pub mod status;
-pub mod tolerations;
+pub(crate) mod inputs;
+pub(crate) mod status;
+pub(crate) mod tolerations;
 mod track;
 mod write;
 
@@ -22,8 +22,7 @@ use kube::Api;
 use kube::runtime::controller::Action;
 use tracing::instrument;
 
-pub use create::marker_refresh;
-pub use tolerations::outage_tolerations;
+pub(crate) use tolerations::outage_tolerations;
 
 use super::context::Shared;
 use super::memory::PodMemory;
@@ -33,7 +32,7 @@ use status::{annotation, bound_at};
 
 /// Why a reconcile failed; it is retried.
 #[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
+pub(crate) enum ReconcileError {
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
     #[error("cloud API: {0}")]
@@ -45,7 +44,7 @@ pub enum ReconcileError {
 impl ReconcileError {
     /// The error counter's `kind` label: a few fixed values, so alerts can tell apiserver
     /// conflicts (retried at once, harmless) from a cloud that fails or refuses the account.
-    pub fn metric_label(&self) -> &'static str {
+    pub(crate) fn metric_label(&self) -> &'static str {
         match self {
             ReconcileError::Kube(kube::Error::Api(status)) if status.code == 409 => "conflict",
             ReconcileError::Kube(kube::Error::Api(status)) if status.code == 404 => "not_found",
@@ -69,7 +68,7 @@ fn pods_in(client: &kube::Client, namespace: Option<&str>) -> Api<Pod> {
 
 /// Reconciles one pod.
 #[instrument(skip_all, fields(pod = %format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or(""), pod.metadata.name.as_deref().unwrap_or(""))))]
-pub async fn reconcile<P: Provider>(
+pub(crate) async fn reconcile<P: Provider>(
     pod: Arc<Pod>,
     ctx: Arc<Shared<P>>,
 ) -> Result<Action, ReconcileError> {

@@ -14,7 +14,10 @@ const OUTAGE_TAINTS: [&str; 2] = [
 /// The tolerations with `not-ready`/`unreachable` NoExecute lengthened to `grace`, or `None`
 /// when they already are: burst pods must outlive a controller outage, which the node
 /// lifecycle controller would otherwise punish by evicting them after 300 s.
-pub fn outage_tolerations(current: &[Toleration], grace: Duration) -> Option<Vec<Toleration>> {
+pub(crate) fn outage_tolerations(
+    current: &[Toleration],
+    grace: Duration,
+) -> Option<Vec<Toleration>> {
     let seconds = i64::try_from(grace.as_secs()).unwrap_or(i64::MAX);
     let mut next = current.to_vec();
     let mut changed = false;

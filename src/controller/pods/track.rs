@@ -18,7 +18,7 @@ use crate::provider::{CloudName, Instance, InstanceState, Provider};
 /// Failed reads of a finished container's log (while the API otherwise answers) before the
 /// pod is finished with its exit code unknown: a log endpoint that keeps refusing must not
 /// keep a stopped pod billing storage, nor its Job from completing.
-pub const LOG_READ_ATTEMPTS: u32 = 5;
+pub(super) const LOG_READ_ATTEMPTS: u32 = 5;
 
 /// An instance that was there is missing from lists that had time to show it: RunPod is asked
 /// for it by id (at most once per settle time); only a 404 (or a terminated answer, or one

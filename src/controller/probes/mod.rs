@@ -8,10 +8,10 @@
 //! with the kubelet's Events `Unhealthy` and `Killing`. Clouds without a shell run none: the
 //! admission warning and the `PodFieldsNotHonoured` Event say so.
 
-pub mod run;
-pub mod spec;
-pub mod state;
-pub mod tls;
+pub(crate) mod run;
+pub(crate) mod spec;
+pub(crate) mod state;
+pub(crate) mod tls;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -69,7 +69,11 @@ impl Drop for Running {
 ///
 /// `ticks` asks for every pod to be reconciled (the poller's list does the same): a change of
 /// what the probes say shows in the status at once, not at the next list.
-pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>, ticks: mpsc::Sender<()>) {
+pub(crate) async fn run<P: Provider>(
+    shared: Arc<Shared<P>>,
+    pods: Store<Pod>,
+    ticks: mpsc::Sender<()>,
+) {
     if !runs_here(&shared) {
         return;
     }
@@ -132,7 +136,7 @@ fn running_instance<P>(shared: &Shared<P>, snapshot: &Snapshot, uid: &str) -> Op
 }
 
 /// Whether probes run on this node: its cloud offers a shell and the node has its key.
-pub fn runs_here<P: Provider>(shared: &Shared<P>) -> bool {
+pub(crate) fn runs_here<P: Provider>(shared: &Shared<P>) -> bool {
     matches!(shared.settings.exec, ExecAccess::Ready { .. })
         && matches!(shared.provider.shell_access(), ShellAccess::Offered { .. })
 }
@@ -140,7 +144,7 @@ pub fn runs_here<P: Provider>(shared: &Shared<P>) -> bool {
 /// What the status shows of a probed pod before its prober has said anything: not ready (a
 /// readiness or startup probe must pass first) and not started (likewise a startup probe);
 /// `None` for a pod without probes, or where none run.
-pub fn before_any(pod: &Pod, probes_run: bool) -> Option<Probed> {
+pub(crate) fn before_any(pod: &Pod, probes_run: bool) -> Option<Probed> {
     let container = pod.spec.as_ref()?.containers.first()?;
     let gated = container.readiness_probe.is_some() || container.startup_probe.is_some();
     (probes_run && has_probes(pod)).then(|| Probed {

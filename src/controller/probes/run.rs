@@ -23,7 +23,7 @@ const OPEN_WITHIN: Duration = Duration::from_secs(5);
 
 /// Why a check did not pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// The container answered wrong, or not in time: the kubelet's message.
     Failed(String),
     /// The pod could not be reached (the SSH connection is down or silent): no result.
@@ -31,7 +31,7 @@ pub enum Failure {
 }
 
 impl Failure {
-    pub fn message(&self) -> &str {
+    pub(crate) fn message(&self) -> &str {
         match self {
             Failure::Failed(message) | Failure::Unreached(message) => message,
         }
@@ -39,7 +39,11 @@ impl Failure {
 }
 
 /// Runs `check`, the container's part within `timeout`.
-pub async fn check(session: &Session, check: &Check, timeout: Duration) -> Result<(), Failure> {
+pub(crate) async fn check(
+    session: &Session,
+    check: &Check,
+    timeout: Duration,
+) -> Result<(), Failure> {
     match check {
         Check::Exec(command) => exec(session, command, timeout).await,
         Check::Tcp { port } => open(session, *port).await.map(drop),

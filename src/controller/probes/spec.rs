@@ -9,7 +9,7 @@ use runpod_contract::checks::{Handler, handler_runs};
 
 /// Which probe: they differ in what a failure does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// Until it succeeds, the others wait; failing restarts the container.
     Startup,
     /// Failing restarts the container.
@@ -20,7 +20,7 @@ pub enum Kind {
 
 impl Kind {
     /// As the kubelet names it in its Events ("Liveness probe failed: ...").
-    pub fn title(self) -> &'static str {
+    pub(crate) fn title(self) -> &'static str {
         match self {
             Kind::Startup => "Startup",
             Kind::Liveness => "Liveness",
@@ -31,7 +31,7 @@ impl Kind {
 
 /// What a probe does inside the container.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Check {
+pub(crate) enum Check {
     /// A command; exit code 0 is success.
     Exec(Vec<String>),
     /// An HTTP GET to the container's loopback; 200 to 399 is success. `https`: over TLS,
@@ -52,7 +52,7 @@ pub enum Check {
 
 /// One probe with its timing (the kubelet's defaults filled in).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Spec {
+pub(crate) struct Spec {
     pub kind: Kind,
     pub check: Check,
     pub initial_delay: Duration,
@@ -65,7 +65,7 @@ pub struct Spec {
 /// The container's `postStart` `httpGet` hook, which the prober runs once per container start,
 /// before its probes (an `exec` one is the wrapper's, beside the command); `Err` says why it
 /// cannot run.
-pub fn post_start_http(container: &Container) -> Option<Result<Check, String>> {
+pub(crate) fn post_start_http(container: &Container) -> Option<Result<Check, String>> {
     let http = container
         .lifecycle
         .as_ref()?
@@ -92,7 +92,7 @@ pub fn post_start_http(container: &Container) -> Option<Result<Check, String>> {
 /// The probes of `container` the prober can run, in the order startup, liveness, readiness,
 /// and why each other one cannot run (a gRPC probe, a port name the container does
 /// not declare, no handler): those are left out, the others still run.
-pub fn specs(container: &Container) -> (Vec<Spec>, Vec<String>) {
+pub(crate) fn specs(container: &Container) -> (Vec<Spec>, Vec<String>) {
     let probes = [
         (Kind::Startup, container.startup_probe.as_ref()),
         (Kind::Liveness, container.liveness_probe.as_ref()),
@@ -169,7 +169,7 @@ fn spec(kind: Kind, probe: &Probe, container: &Container) -> Result<Spec, String
 
 /// An `httpGet` action (of a probe or a hook, `what`) as the prober sends it: HTTP or HTTPS,
 /// a `Host` header taking the place of `host`, the path absolute.
-pub fn http_check(
+pub(crate) fn http_check(
     http: &HTTPGetAction,
     container: &Container,
     what: &str,

@@ -27,13 +27,13 @@ struct Counter {
 
 /// Every probe of one container since it (re)started.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Probing {
+pub(crate) struct Probing {
     counters: HashMap<Kind, Counter>,
 }
 
 /// What one answer changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Nothing anybody needs to hear of.
     Nothing,
     /// The probe failed (an `Unhealthy` Event), its result unchanged or now failed.
@@ -45,20 +45,20 @@ pub enum Verdict {
 impl Probing {
     /// Whether `kind` runs now: liveness and readiness only once the startup probe (if any)
     /// has succeeded.
-    pub fn runs(&self, kind: Kind, has_startup: bool) -> bool {
+    pub(crate) fn runs(&self, kind: Kind, has_startup: bool) -> bool {
         kind == Kind::Startup && !self.started(has_startup)
             || kind != Kind::Startup && self.started(has_startup)
     }
 
     /// Whether the container counts as started: no startup probe, or it succeeded.
-    pub fn started(&self, has_startup: bool) -> bool {
+    pub(crate) fn started(&self, has_startup: bool) -> bool {
         !has_startup || self.result(Kind::Startup) == Some(true)
     }
 
     /// Whether the container is ready: never before it started (its startup probe passed),
     /// then its readiness probe's result (not ready until it first succeeds); `None` without
     /// either probe (the ports decide).
-    pub fn ready(&self, has_readiness: bool, has_startup: bool) -> Option<bool> {
+    pub(crate) fn ready(&self, has_readiness: bool, has_startup: bool) -> Option<bool> {
         (has_readiness || has_startup).then(|| {
             self.started(has_startup)
                 && (!has_readiness || self.result(Kind::Readiness) == Some(true))
@@ -70,7 +70,7 @@ impl Probing {
     }
 
     /// Counts one answer of `spec`'s probe.
-    pub fn observe(&mut self, spec: &Spec, success: bool) -> Verdict {
+    pub(crate) fn observe(&mut self, spec: &Spec, success: bool) -> Verdict {
         let counter = self.counters.entry(spec.kind).or_default();
         if success {
             counter.failures = 0;
@@ -97,14 +97,18 @@ impl Probing {
     }
 
     /// The container restarted (by the cloud, or after a probe): everything starts over.
-    pub fn restarted(&mut self) {
+    pub(crate) fn restarted(&mut self) {
         self.counters.clear();
     }
 }
 
 /// When a probe is due next: `initial_delay` after the container started for the first run,
 /// then every `period` after the last.
-pub fn next_run(spec: &Spec, running_for: Duration, last_run_ago: Option<Duration>) -> Duration {
+pub(crate) fn next_run(
+    spec: &Spec,
+    running_for: Duration,
+    last_run_ago: Option<Duration>,
+) -> Duration {
     match last_run_ago {
         None => spec.initial_delay.saturating_sub(running_for),
         Some(ago) => spec.period.saturating_sub(ago),

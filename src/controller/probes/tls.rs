@@ -50,7 +50,7 @@ impl ServerCertVerifier for AnyCertificate {
 }
 
 /// The client configuration of every HTTPS probe (built once): TLS 1.2 or 1.3, HTTP/1.1.
-pub fn probe_config() -> Result<Arc<ClientConfig>, String> {
+pub(crate) fn probe_config() -> Result<Arc<ClientConfig>, String> {
     static CONFIG: OnceLock<Result<Arc<ClientConfig>, String>> = OnceLock::new();
     CONFIG
         .get_or_init(|| {
@@ -69,7 +69,7 @@ pub fn probe_config() -> Result<Arc<ClientConfig>, String> {
 
 /// The name the TLS client says (SNI): the probe's `httpGet.host` when it is a DNS name, else
 /// none (an IP address, as the kubelet dials the pod's IP).
-pub fn server_name(host: Option<&str>) -> ServerName<'static> {
+pub(crate) fn server_name(host: Option<&str>) -> ServerName<'static> {
     host.map(|host| host.rsplit_once(':').map_or(host, |(name, _)| name))
         .and_then(|name| ServerName::try_from(name.to_owned()).ok())
         .unwrap_or(ServerName::IpAddress(

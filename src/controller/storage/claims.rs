@@ -10,7 +10,7 @@ use crate::provider::{Provider, VolumeMount};
 
 /// Why a pod's claims cannot be its instance's network volume (the pod waits, with an Event).
 #[derive(Debug, thiserror::Error)]
-pub enum ClaimError {
+pub(crate) enum ClaimError {
     #[error(
         "the pod mounts {0} PersistentVolumeClaims; a burst pod mounts at most one network volume"
     )]
@@ -38,7 +38,7 @@ pub enum ClaimError {
 }
 
 /// The claim's PV as a mount at `path`; `Ok(None)` when the pod mounts no claim.
-pub async fn mount_for<P: Provider>(
+pub(crate) async fn mount_for<P: Provider>(
     client: &kube::Client,
     provider: &P,
     namespace: &str,
@@ -103,7 +103,7 @@ pub async fn mount_for<P: Provider>(
 /// The network volume a PV names, and its datacenter when the PV says: this project's CSI
 /// driver (`csi.volumeHandle`, `csi.volumeAttributes.dataCenter`), else the annotation
 /// `runpod.io/network-volume-id` alone (a PV written by hand).
-pub fn volume_of(pv: &PersistentVolume) -> Option<(String, Option<String>)> {
+pub(crate) fn volume_of(pv: &PersistentVolume) -> Option<(String, Option<String>)> {
     if let Some(csi) = pv.spec.as_ref().and_then(|spec| spec.csi.as_ref())
         && csi.driver == PROVISIONER
     {
@@ -115,7 +115,7 @@ pub fn volume_of(pv: &PersistentVolume) -> Option<(String, Option<String>)> {
 
 /// Of the pods that mount `claim`, the first created: the datacenters its
 /// `runpod.io/datacenter-ids` allows (empty: any).
-pub fn first_consumer_datacenters(pods: &[Pod], claim: &str) -> Vec<String> {
+pub(crate) fn first_consumer_datacenters(pods: &[Pod], claim: &str) -> Vec<String> {
     // A finished or leaving pod is no consumer (it may even be of an earlier claim of the name).
     let live = |pod: &&Pod| {
         pod.metadata.deletion_timestamp.is_none()

@@ -9,7 +9,7 @@
 //! until the settle time has passed with no such volume listed, so a lost answer, a crash or a
 //! new leader never makes a second one.
 
-pub mod claims;
+pub(crate) mod claims;
 mod resize;
 
 use std::collections::BTreeMap;
@@ -105,7 +105,7 @@ fn orphans<'a>(
 const FORBIDDEN_RETRY: Duration = Duration::from_secs(300);
 
 /// Looks for claims to provision every `reconcile_interval` (at least every 2 s).
-pub async fn run<P: Provider>(shared: Arc<Shared<P>>) {
+pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>) {
     if !shared.provider.network_volumes() {
         return;
     }

@@ -6,7 +6,7 @@
 //! poller folds each list in, the kubelet API reads the result.
 
 pub mod idle;
-pub mod watch;
+pub(crate) mod watch;
 
 use std::collections::{HashMap, HashSet};
 

@@ -19,7 +19,7 @@ use crate::provider::{Instance, InstanceState, Provider};
 
 /// What one pod shows on `/metrics`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PodFigures {
+pub(crate) struct PodFigures {
     pub labels: PodLabels,
     pub gpu_util: Option<f64>,
     pub gpu_memory: Option<f64>,
@@ -37,7 +37,7 @@ fn ended(pod: &Pod) -> bool {
 }
 
 /// The live instance of each pod that has not ended, by pod UID.
-pub fn pairs<'a>(
+pub(crate) fn pairs<'a>(
     snapshot: &'a Snapshot,
     pods: &'a HashMap<String, Arc<Pod>>,
 ) -> Vec<(&'a Arc<Pod>, &'a Instance)> {
@@ -53,7 +53,7 @@ pub fn pairs<'a>(
 }
 
 /// Each pod's series: GPU figures from its live report, cost from its live instance.
-pub fn pod_figures(pairs: &[(&Arc<Pod>, &Instance)], provider: &str) -> Vec<PodFigures> {
+pub(crate) fn pod_figures(pairs: &[(&Arc<Pod>, &Instance)], provider: &str) -> Vec<PodFigures> {
     pairs
         .iter()
         .map(|(pod, instance)| PodFigures {
@@ -87,7 +87,7 @@ fn waiting_since(pod: &Pod) -> Option<Timestamp> {
 }
 
 /// The longest wait, from scheduling onto the node, of a pod with no running instance yet.
-pub fn longest_wait(
+pub(crate) fn longest_wait(
     pods: &HashMap<String, Arc<Pod>>,
     snapshot: &Snapshot,
     now: Timestamp,
@@ -120,14 +120,14 @@ fn drop_gpu_series(metrics: &ControllerMetrics, shown: &HashSet<PodLabels>) {
 
 /// State kept between lists by the poller; lost on restart, which restarts idle windows.
 #[derive(Debug, Default)]
-pub struct UsageWatch {
+pub(crate) struct UsageWatch {
     spells: HashMap<String, Spell>,
     shown: HashSet<PodLabels>,
 }
 
 impl UsageWatch {
     /// Applies one complete list.
-    pub async fn observe<P: Provider>(
+    pub(crate) async fn observe<P: Provider>(
         &mut self,
         shared: &Shared<P>,
         pods: &[Arc<Pod>],
@@ -164,7 +164,7 @@ impl UsageWatch {
 
     /// A list failed: no pod has a live report, so the kubelet API leaves every pod out and
     /// the per-pod GPU series go (an HPA must not act on figures frozen by a RunPod outage).
-    pub fn outage<P: Provider>(&mut self, shared: &Shared<P>) {
+    pub(crate) fn outage<P: Provider>(&mut self, shared: &Shared<P>) {
         shared.usage_ledger().stale();
         drop_gpu_series(&shared.metrics, &self.shown);
     }

@@ -11,7 +11,7 @@ pub(super) struct Member {
 }
 
 impl Member {
-    pub fn get(&self, key: &str) -> Option<u64> {
+    pub(super) fn get(&self, key: &str) -> Option<u64> {
         self.params
             .iter()
             .find(|(name, _)| name == key)

@@ -76,7 +76,7 @@ pub(super) struct Room {
 }
 
 impl Window {
-    pub fn new(name: &str, quota: u32, length: Duration) -> Window {
+    pub(super) fn new(name: &str, quota: u32, length: Duration) -> Window {
         Window {
             name: name.to_owned(),
             quota: quota.max(1),
@@ -88,7 +88,7 @@ impl Window {
 
     /// A window whose state on the server is unknown (a fresh process: a previous leader's
     /// requests may still count): the first request is a probe, whose answer says what is left.
-    pub fn unknown(name: &str, quota: u32, length: Duration, now: Instant) -> Window {
+    pub(super) fn unknown(name: &str, quota: u32, length: Duration, now: Instant) -> Window {
         Window {
             ceiling: Some(Ceiling {
                 seq: 0,
@@ -104,7 +104,7 @@ impl Window {
     /// those plausibly explain it (at least a few: a lone request refused after a failover is
     /// the old leader's doing), the quota is at most that. Raised again by one per
     /// [`RECOVER_AFTER_SPANS`] spans without another such 429, up to what it was.
-    pub fn learn(&mut self, before: u32, now: Instant) {
+    pub(super) fn learn(&mut self, before: u32, now: Instant) {
         if before < self.quota.min(LEARN_FROM) || before >= self.quota {
             return;
         }
@@ -116,7 +116,7 @@ impl Window {
     }
 
     /// Gives back one request of a lowered quota per span that passed without a 429.
-    pub fn recover(&mut self, now: Instant) {
+    pub(super) fn recover(&mut self, now: Instant) {
         let span = self.span() * RECOVER_AFTER_SPANS;
         if let Some((configured, since)) = self.guessed
             && now >= since + span
@@ -127,12 +127,12 @@ impl Window {
     }
 
     /// How long the log counts a request: the window plus the delivery margin.
-    pub fn span(&self) -> Duration {
+    pub(super) fn span(&self) -> Duration {
         self.length + RESET_MARGIN
     }
 
     /// The room left at `now` under both rules.
-    pub fn room(&self, sent: &SendLog, now: Instant) -> Room {
+    pub(super) fn room(&self, sent: &SendLog, now: Instant) -> Room {
         let span = self.span();
         let counted_from = now.checked_sub(span);
         let first = counted_from.map_or(0, |from| sent.partition_point(|(_, at)| *at <= from));
@@ -178,7 +178,7 @@ impl Window {
 
     /// Until when a request of this priority must wait (`Err(None)`: until something changes),
     /// or `Ok` if it may go now.
-    pub fn admits(
+    pub(super) fn admits(
         &self,
         priority: Priority,
         sent: &SendLog,
@@ -221,13 +221,13 @@ impl Window {
     }
 
     /// Follows a `RateLimit-Policy` member.
-    pub fn set_policy(&mut self, quota: u32, length: Duration) {
+    pub(super) fn set_policy(&mut self, quota: u32, length: Duration) {
         self.quota = quota.max(1);
         self.length = length.clamp(Duration::from_secs(1), MAX_ANNOUNCED_WAIT);
     }
 
     /// Takes a reported count, observed `now`, unless a newer request's count is known.
-    pub fn apply(&mut self, report: Report, now: Instant) {
+    pub(super) fn apply(&mut self, report: Report, now: Instant) {
         if self.ceiling.is_some_and(|ceiling| ceiling.seq > report.seq) {
             return;
         }
@@ -245,7 +245,7 @@ impl Window {
 
     /// A request sent at `sent_at` ended without a count for this window: if it was the probe
     /// of a stale ceiling, nothing more will be learnt that way, so only the log counts.
-    pub fn unreported(&mut self, sent_at: Instant) {
+    pub(super) fn unreported(&mut self, sent_at: Instant) {
         if self.ceiling.is_some_and(|ceiling| sent_at >= ceiling.until) {
             self.ceiling = None;
         }
@@ -253,7 +253,7 @@ impl Window {
 
     /// The earliest send time this window may still need to count, `now` or when an
     /// unanswered request was sent (a 429 for it counts what was sent in the span before).
-    pub fn needs_sends_since(&self, now: Instant) -> Instant {
+    pub(super) fn needs_sends_since(&self, now: Instant) -> Instant {
         let log_from = now.checked_sub(self.span()).unwrap_or(now);
         match self.ceiling {
             Some(ceiling) => {

@@ -43,7 +43,7 @@
 /// run. Not the volume mount (`/workspace`): it may be a network volume that other pods share
 /// and that outlives the pod, where a marker would keep a later pod's command from running.
 /// `/tmp` rather than `/` because an image's non-root user can write there.
-pub const EXIT_MARKER: &str = "/tmp/runpod-kubelet-exit-code";
+pub(crate) const EXIT_MARKER: &str = "/tmp/runpod-kubelet-exit-code";
 
 /// `$0` of the wrapper script, so `ps` shows what runs.
 const SCRIPT_NAME: &str = "runpod-kubelet-wrapper";
@@ -191,19 +191,19 @@ const FOREVER_HOOKED: &str = r#"runpod_kubelet_main "$@"
 exit "$rc""#;
 
 /// What the wrapper prints when the `postStart` hook failed, before the hook's exit code.
-pub const POST_START_FAILED_PREFIX: &str = "runpod-kubelet: post-start-hook-failed=";
+pub(crate) const POST_START_FAILED_PREFIX: &str = "runpod-kubelet: post-start-hook-failed=";
 
 /// What the wrapper prints before each host key fingerprint.
-pub const HOST_KEY_PREFIX: &str = "runpod-kubelet: ssh-host-key=";
+pub(crate) const HOST_KEY_PREFIX: &str = "runpod-kubelet: ssh-host-key=";
 
 /// Whether `line` is one of the wrapper's host-key lines.
-pub fn is_host_key_line(line: &str) -> bool {
+pub(crate) fn is_host_key_line(line: &str) -> bool {
     line.trim().starts_with(HOST_KEY_PREFIX)
 }
 
 /// Whether `line` is one of the wrapper's markers (host keys, exit codes): read by the
 /// controller, kept out of `kubectl logs`.
-pub fn is_marker_line(line: &str) -> bool {
+pub(crate) fn is_marker_line(line: &str) -> bool {
     let line = line.trim();
     is_host_key_line(line)
         || line.starts_with(crate::provider::EXIT_CODE_PREFIX)
@@ -211,7 +211,7 @@ pub fn is_marker_line(line: &str) -> bool {
 }
 
 /// The code of the `postStart` hook that failed, if one did, from the wrapper's lines.
-pub fn post_start_failure<'a>(lines: impl IntoIterator<Item = &'a str>) -> Option<i32> {
+pub(crate) fn post_start_failure<'a>(lines: impl IntoIterator<Item = &'a str>) -> Option<i32> {
     lines
         .into_iter()
         .filter_map(|line| line.trim().strip_prefix(POST_START_FAILED_PREFIX))
@@ -222,7 +222,7 @@ pub fn post_start_failure<'a>(lines: impl IntoIterator<Item = &'a str>) -> Optio
 /// The SSH host key fingerprints a container printed when its sshd started: the wrapper's
 /// lines, or the `ssh-keygen -lf` lines RunPod's own start script prints for the images whose
 /// start script runs (`256 SHA256:… root@host (ED25519)`). Each once, in order.
-pub fn host_key_fingerprints<'a>(lines: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+pub(crate) fn host_key_fingerprints<'a>(lines: impl IntoIterator<Item = &'a str>) -> Vec<String> {
     let mut keys: Vec<String> = Vec::new();
     for line in lines {
         let line = line.trim();
@@ -257,7 +257,7 @@ pub fn host_key_fingerprints<'a>(lines: impl IntoIterator<Item = &'a str>) -> Ve
 
 /// How a pod's container ends, from its `restartPolicy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Completion {
+pub(crate) enum Completion {
     /// `Never`: run once.
     RunOnce,
     /// `OnFailure`: run again after a failure, end after a success.
@@ -267,14 +267,14 @@ pub enum Completion {
 }
 
 /// Prefix of the env vars that carry mounted files' contents (base64), one per file.
-pub const FILE_ENV_PREFIX: &str = "RUNPOD_KUBELET_FILE_";
+pub(crate) const FILE_ENV_PREFIX: &str = "RUNPOD_KUBELET_FILE_";
 
 /// Exit code reported when the volume files cannot be written (as a shell reports a command
 /// that cannot run).
-pub const SETUP_FAILED_CODE: i32 = 126;
+pub(crate) const SETUP_FAILED_CODE: i32 = 126;
 
 /// A file the wrapper writes before the command runs.
-pub struct FileToWrite<'a> {
+pub(crate) struct FileToWrite<'a> {
     pub path: &'a str,
     pub content: &'a [u8],
     pub mode: u32,
@@ -283,14 +283,17 @@ pub struct FileToWrite<'a> {
 /// Shell that writes a pod's mounted files, and the env that carries their contents. Contents
 /// travel in env, never in `args`, so they are not in the command line RunPod shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Setup {
+pub(crate) struct Setup {
     script: String,
     pub env: std::collections::BTreeMap<String, String>,
 }
 
 impl Setup {
     /// `None` when there is nothing to write.
-    pub fn new(files: &[FileToWrite<'_>], directories: &[String]) -> Result<Option<Setup>, String> {
+    pub(crate) fn new(
+        files: &[FileToWrite<'_>],
+        directories: &[String],
+    ) -> Result<Option<Setup>, String> {
         use base64::Engine as _;
         if files.is_empty() && directories.is_empty() {
             return Ok(None);
@@ -344,7 +347,7 @@ impl Setup {
 ///
 /// `shell`: a pod that runs forever starts the image's sshd for the node's key too (its probes
 /// or `preStop` hook run over SSH); pods that end always do.
-pub fn wrapped_args(
+pub(crate) fn wrapped_args(
     words: &[String],
     completion: Completion,
     setup: Option<&Setup>,

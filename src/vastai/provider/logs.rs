@@ -15,7 +15,7 @@ const FOLLOW_INTERVAL: Duration = Duration::from_secs(5);
 /// The lines of `current` that `previous` had not shown: `current` is a newer tail of the same
 /// log, so the longest end of `previous` that it starts with is skipped. Without overlap (the log
 /// moved on by more than a tail) everything is new.
-pub fn new_lines<'a>(previous: &[String], current: &'a [String]) -> &'a [String] {
+pub(super) fn new_lines<'a>(previous: &[String], current: &'a [String]) -> &'a [String] {
     if previous.is_empty() {
         return current;
     }

@@ -35,7 +35,7 @@ const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// Looks at the deleted pods every second, or at once when `shared.ends_due` is notified, and
 /// starts the calls `due` names. The calls live in this task's set: they end with it.
-pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
+pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
     let mut calls: JoinSet<()> = JoinSet::new();
     let mut interval = tokio::time::interval(SWEEP_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -20,17 +20,17 @@ use kube::Api;
 use kube::api::PostParams;
 
 /// How long an allowed answer is reused (the kubelet's `authorization.webhook.cacheAuthorizedTTL`).
-pub const ALLOWED_TTL: Duration = Duration::from_secs(5 * 60);
+pub(crate) const ALLOWED_TTL: Duration = Duration::from_secs(5 * 60);
 /// How long a denied answer is reused (`cacheUnauthorizedTTL`).
-pub const DENIED_TTL: Duration = Duration::from_secs(30);
+pub(crate) const DENIED_TTL: Duration = Duration::from_secs(30);
 /// Answers kept at most; beyond it the one closest to expiring goes first.
-pub const CACHE_CAPACITY: usize = 1024;
+pub(crate) const CACHE_CAPACITY: usize = 1024;
 /// A review the apiserver has not answered by then fails the request.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The authenticated caller: a client certificate's CN and O values.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct User {
+pub(crate) struct User {
     pub name: String,
     pub groups: Vec<String>,
 }
@@ -42,7 +42,7 @@ impl User {
     /// The user a verified client certificate (DER) names, as the apiserver's and the
     /// kubelet's x509 authenticator read it: the subject's CN, which must not be empty, is the
     /// user; its O values, then `system:authenticated`, the groups.
-    pub fn from_certificate(der: &[u8]) -> Option<Self> {
+    pub(crate) fn from_certificate(der: &[u8]) -> Option<Self> {
         let subject = runpod_certs::inspect::subject(der).ok()?;
         let name = subject.common_name.filter(|cn| !cn.is_empty())?;
         let mut groups = subject.organizations;
@@ -55,7 +55,7 @@ impl User {
 
 /// What a request asks of the node, in API terms: `<verb>` on `nodes/<subresource>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Attributes {
+pub(crate) struct Attributes {
     pub verb: &'static str,
     pub subresource: &'static str,
 }
@@ -68,7 +68,7 @@ pub struct Attributes {
 /// paths (`/exec`, `/attach`, `/portForward`, `/run`) are `create` whatever the method: they
 /// open a shell or a socket, so `get nodes/proxy` (which monitoring agents hold) must never
 /// reach them (their handlers also accept POST only).
-pub fn attributes(method: &Method, path: &str) -> Option<Attributes> {
+pub(crate) fn attributes(method: &Method, path: &str) -> Option<Attributes> {
     if is_streaming(path) {
         return Some(Attributes {
             verb: "create",
@@ -96,7 +96,7 @@ pub fn attributes(method: &Method, path: &str) -> Option<Attributes> {
 }
 
 /// The paths that open a shell or a connection into a pod: the apiserver only ever POSTs them.
-pub fn is_streaming(path: &str) -> bool {
+pub(crate) fn is_streaming(path: &str) -> bool {
     ["/exec", "/attach", "/portForward", "/run"]
         .iter()
         .any(|prefix| is_subpath(path, prefix))
@@ -111,7 +111,7 @@ fn is_subpath(path: &str, prefix: &str) -> bool {
 }
 
 /// The review asking whether `user` may do `attributes` on node `node`.
-pub fn review(user: &User, attributes: Attributes, node: &str) -> SubjectAccessReview {
+pub(crate) fn review(user: &User, attributes: Attributes, node: &str) -> SubjectAccessReview {
     SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: Some(user.name.clone()),
@@ -132,7 +132,7 @@ pub fn review(user: &User, attributes: Attributes, node: &str) -> SubjectAccessR
 
 /// The apiserver's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     Allowed,
     /// With the authorizer's reason or evaluation error, when it gave one.
     Denied(String),
@@ -141,7 +141,7 @@ pub enum Decision {
 impl Decision {
     /// Only an explicit `allowed` allows; no opinion is a denial, as with a kubelet whose only
     /// authorizer is the webhook.
-    pub fn of(status: &SubjectAccessReviewStatus) -> Self {
+    pub(crate) fn of(status: &SubjectAccessReviewStatus) -> Self {
         if status.allowed {
             return Decision::Allowed;
         }
@@ -167,13 +167,13 @@ type Key = (User, Attributes);
 
 /// Recent answers, each until its expiry, at most `capacity` of them.
 #[derive(Debug)]
-pub struct DecisionCache {
+pub(crate) struct DecisionCache {
     entries: HashMap<Key, (Decision, Instant)>,
     capacity: usize,
 }
 
 impl DecisionCache {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
             entries: HashMap::new(),
             capacity,
@@ -181,7 +181,7 @@ impl DecisionCache {
     }
 
     /// The answer for `key` if it has not expired at `now`.
-    pub fn get(&self, key: &Key, now: Instant) -> Option<Decision> {
+    pub(crate) fn get(&self, key: &Key, now: Instant) -> Option<Decision> {
         self.entries
             .get(key)
             .filter(|(_, expires)| now < *expires)
@@ -190,7 +190,7 @@ impl DecisionCache {
 
     /// Keeps `decision` for its TTL from `now`. When full, expired answers go first, then the
     /// one that would expire soonest.
-    pub fn insert(&mut self, key: Key, decision: Decision, now: Instant) {
+    pub(crate) fn insert(&mut self, key: Key, decision: Decision, now: Instant) {
         if self.capacity == 0 {
             return;
         }
@@ -211,17 +211,19 @@ impl DecisionCache {
         self.entries.insert(key, (decision, expires));
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 }
 
 /// Sends a SubjectAccessReview and returns the apiserver's verdict.
-pub trait Reviewer: Send + Sync {
+pub(crate) trait Reviewer: Send + Sync {
     fn review(
         &self,
         review: SubjectAccessReview,
@@ -242,14 +244,14 @@ impl Reviewer for kube::Client {
 }
 
 /// Decides kubelet API requests for one node.
-pub struct Authorizer<R> {
+pub(crate) struct Authorizer<R> {
     reviewer: R,
     node: String,
     cache: Mutex<DecisionCache>,
 }
 
 impl<R: Reviewer> Authorizer<R> {
-    pub fn new(reviewer: R, node: String) -> Self {
+    pub(crate) fn new(reviewer: R, node: String) -> Self {
         Self {
             reviewer,
             node,
@@ -266,7 +268,11 @@ impl<R: Reviewer> Authorizer<R> {
 
     /// Whether `user` may do `attributes` on the node: a cached answer, else a review. An error
     /// (the apiserver unreachable, the review refused or late) is not cached.
-    pub async fn authorize(&self, user: &User, attributes: Attributes) -> anyhow::Result<Decision> {
+    pub(crate) async fn authorize(
+        &self,
+        user: &User,
+        attributes: Attributes,
+    ) -> anyhow::Result<Decision> {
         let key = (user.clone(), attributes);
         if let Some(decision) = self.cache().get(&key, Instant::now()) {
             return Ok(decision);
@@ -284,16 +290,16 @@ impl<R: Reviewer> Authorizer<R> {
 /// The user the TLS peer's verified client certificate names; `None` for an anonymous peer
 /// (or a certificate without a CN). Set on each connection's service.
 #[derive(Debug, Clone)]
-pub struct Caller(pub Option<Arc<User>>);
+pub(crate) struct Caller(pub Option<Arc<User>>);
 
 /// The 401 answer: either way of authenticating is accepted.
-pub const UNAUTHENTICATED: &str = "runpod-kubelet: authentication required: a client certificate \
+pub(crate) const UNAUTHENTICATED: &str = "runpod-kubelet: authentication required: a client certificate \
     from the cluster CA naming a user (CN), or a bearer token the apiserver accepts\n";
 
 /// The middleware in front of every path: 401 without a user, 405 for a method with no API
 /// verb, 403 when the apiserver does not allow the request, 500 when it could not be asked;
 /// else the request goes on.
-pub async fn authorize<R: Reviewer + 'static>(
+pub(crate) async fn authorize<R: Reviewer + 'static>(
     State(authorizer): State<Arc<Authorizer<R>>>,
     axum::Extension(Caller(caller)): axum::Extension<Caller>,
     request: Request,

@@ -4,8 +4,8 @@
 //! try, exec turned off, a cloud without SSH, a pod without an SSH address, a refused key)
 //! is an HTTP error kubectl prints; nothing waits longer than the SSH connect bound.
 
-pub mod portforward;
-pub mod remotecommand;
+pub(crate) mod portforward;
+pub(crate) mod remotecommand;
 pub mod ssh;
 
 use std::sync::Arc;

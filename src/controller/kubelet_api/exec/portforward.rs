@@ -17,15 +17,15 @@ use crate::controller::kubelet_api::spdy::frame::header;
 use crate::controller::kubelet_api::spdy::session::{Incoming, Session, StreamWriter};
 
 /// Forwarded connections one port-forward session may hold (a browser opens a few dozen).
-pub const MAX_FORWARDS_PER_SESSION: usize = 64;
+pub(crate) const MAX_FORWARDS_PER_SESSION: usize = 64;
 /// Forwarded connections all of a node's sessions may hold.
-pub const MAX_FORWARDS_PER_NODE: usize = 1024;
+pub(crate) const MAX_FORWARDS_PER_NODE: usize = 1024;
 
 static NODE_FORWARDS: Semaphore = Semaphore::const_new(MAX_FORWARDS_PER_NODE);
 
 /// What a port-forward session holds, for its bounds and their tests.
 #[derive(Debug, Default)]
-pub struct ForwardStats {
+pub(crate) struct ForwardStats {
     /// Forwarded connections open now.
     pub connections: AtomicUsize,
     /// The most that were open at once.
@@ -36,14 +36,14 @@ pub struct ForwardStats {
     pub refused: AtomicUsize,
 }
 
-pub const PROTOCOL: &str = "portforward.k8s.io";
+pub(crate) const PROTOCOL: &str = "portforward.k8s.io";
 
 /// A byte stream to the pod's port.
 pub trait Connection: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Connection for T {}
 
 /// Opens connections to the pod's ports (the pod's SSH, a test double).
-pub trait Forwarder: Clone + Send + Sync + 'static {
+pub(crate) trait Forwarder: Clone + Send + Sync + 'static {
     fn connect(
         &self,
         port: u16,
@@ -62,12 +62,12 @@ const MAX_PENDING_PAIRS: usize = 64;
 
 /// Serves the session's stream pairs until the client closes it; the forwarded connections
 /// end with it.
-pub async fn serve<F: Forwarder>(session: Session, forwarder: F) {
+pub(crate) async fn serve<F: Forwarder>(session: Session, forwarder: F) {
     serve_counted(session, forwarder, Arc::default()).await;
 }
 
 /// [`serve`], counting what the session holds into `stats`.
-pub async fn serve_counted<F: Forwarder>(
+pub(crate) async fn serve_counted<F: Forwarder>(
     mut session: Session,
     forwarder: F,
     stats: Arc<ForwardStats>,

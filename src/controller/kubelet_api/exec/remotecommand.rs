@@ -13,7 +13,7 @@ use crate::controller::kubelet_api::spdy::frame::header;
 use crate::controller::kubelet_api::spdy::session::{Incoming, Session, StreamWriter};
 
 /// What this side speaks, best first (as a 1.20 kubelet does).
-pub const PROTOCOLS: [&str; 4] = [
+pub(crate) const PROTOCOLS: [&str; 4] = [
     "v4.channel.k8s.io",
     "v3.channel.k8s.io",
     "v2.channel.k8s.io",
@@ -22,10 +22,10 @@ pub const PROTOCOLS: [&str; 4] = [
 /// kubectl's WebSocket-era version, answered as v4 when it is all a client offers.
 const V5: &str = "v5.channel.k8s.io";
 /// How long the client has to open the streams it asked for.
-pub const STREAM_WAIT: Duration = Duration::from_secs(15);
+pub(crate) const STREAM_WAIT: Duration = Duration::from_secs(15);
 
 /// Picks the version: the first offered one this side speaks; an offer of v5 alone is v4.
-pub fn negotiate(offered: &[String]) -> Option<&'static str> {
+pub(crate) fn negotiate(offered: &[String]) -> Option<&'static str> {
     let offered: Vec<&str> = offered
         .iter()
         .flat_map(|value| value.split(','))
@@ -104,7 +104,7 @@ pub enum ExecEnd {
 }
 
 /// Runs a command somewhere (the pod's SSH, a test double).
-pub trait ExecBackend: Send {
+pub(crate) trait ExecBackend: Send {
     fn exec(
         self,
         options: ExecOptions,
@@ -113,7 +113,7 @@ pub trait ExecBackend: Send {
 }
 
 /// The v4 error stream's final message.
-pub fn status(end: &ExecEnd, command: &[String]) -> serde_json::Value {
+pub(crate) fn status(end: &ExecEnd, command: &[String]) -> serde_json::Value {
     match end {
         ExecEnd::Exited(0) => json!({"metadata": {}, "status": "Success"}),
         ExecEnd::Exited(code) => json!({
@@ -176,7 +176,7 @@ fn resize_reader(mut incoming: Incoming) -> mpsc::Receiver<TerminalSize> {
 }
 
 /// Waits for the streams `options` need, runs the command, reports its end and closes.
-pub async fn serve<B: ExecBackend>(
+pub(crate) async fn serve<B: ExecBackend>(
     mut session: Session,
     protocol: &str,
     options: ExecOptions,
@@ -218,7 +218,9 @@ pub async fn serve<B: ExecBackend>(
             Some("stdout") => stdout = Some(stream.out),
             Some("stderr") => stderr = Some(stream.out),
             Some("resize") if wants_resize => resize = Some(resize_reader(stream.incoming)),
-            _ => {}
+            other => {
+                tracing::debug!(stream = stream.id, kind = ?other, "exec: a stream not asked for, ignored")
+            }
         }
     }
     let io = ExecIo {

@@ -19,7 +19,7 @@ use super::authz::{Caller, User};
 
 /// How the listener bounds its clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub(super) struct Limits {
     /// Connections open at once; further clients wait in the accept queue.
     pub max_connections: usize,
     /// Longest TLS handshake.
@@ -41,7 +41,7 @@ impl Default for Limits {
 }
 
 /// Serves `app` over TLS on `listener` until the task is dropped.
-pub async fn serve(
+pub(super) async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     app: Router,

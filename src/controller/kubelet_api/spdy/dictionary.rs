@@ -82,7 +82,7 @@ const TAIL: &str = concat!(
 );
 
 /// The dictionary's bytes.
-pub fn dictionary() -> Vec<u8> {
+pub(super) fn dictionary() -> Vec<u8> {
     let mut out = Vec::with_capacity(1423);
     for word in WORDS {
         out.extend_from_slice(&(word.len() as u32).to_be_bytes());

@@ -7,12 +7,12 @@ use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, 
 
 use super::dictionary::dictionary;
 
-pub const VERSION: u16 = 3;
+pub(crate) const VERSION: u16 = 3;
 /// The last frame of a stream in this direction.
-pub const FLAG_FIN: u8 = 0x01;
+pub(crate) const FLAG_FIN: u8 = 0x01;
 /// A control frame's 24-bit length allows 16 MiB; no frame we accept needs more than this
 /// (kubectl's data frames are at most 32 KiB, its header blocks a few hundred bytes).
-pub const MAX_FRAME: usize = 256 * 1024;
+pub(crate) const MAX_FRAME: usize = 256 * 1024;
 /// A decompressed header block larger than this is refused (a zlib bomb).
 const MAX_HEADERS: usize = 256 * 1024;
 
@@ -26,15 +26,14 @@ const HEADERS: u16 = 8;
 const WINDOW_UPDATE: u16 = 9;
 
 /// RST_STREAM status codes used here.
-pub const RST_PROTOCOL_ERROR: u32 = 1;
-pub const RST_REFUSED_STREAM: u32 = 3;
-pub const RST_CANCEL: u32 = 5;
+pub(crate) const RST_REFUSED_STREAM: u32 = 3;
+pub(crate) const RST_CANCEL: u32 = 5;
 
 /// Header names are lower case on the wire.
-pub type Headers = Vec<(String, String)>;
+pub(crate) type Headers = Vec<(String, String)>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Frame {
+pub(crate) enum Frame {
     SynStream {
         stream_id: u32,
         flags: u8,
@@ -73,7 +72,7 @@ pub enum Frame {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum FrameError {
+pub(crate) enum FrameError {
     #[error("SPDY version {0} is not 3")]
     Version(u16),
     #[error("a frame of {0} bytes is over the limit")]
@@ -85,7 +84,7 @@ pub enum FrameError {
 }
 
 /// One connection's framing state: the two header compression streams.
-pub struct Codec {
+pub(crate) struct Codec {
     inflate: Decompress,
     deflate: Compress,
 }
@@ -97,7 +96,7 @@ impl Default for Codec {
 }
 
 impl Codec {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut deflate = Compress::new(Compression::default(), true);
         // Only fails for a backend without dictionaries; zlib-rs has them.
         let _ = deflate.set_dictionary(&dictionary());
@@ -108,7 +107,7 @@ impl Codec {
     }
 
     /// Takes one whole frame off the front of `buf`; `None` until one has arrived.
-    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+    pub(crate) fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
         if buf.len() < 8 {
             return Ok(None);
         }
@@ -209,7 +208,7 @@ impl Codec {
     }
 
     /// Appends `frame` to `out`.
-    pub fn encode(&mut self, frame: &Frame, out: &mut BytesMut) -> Result<(), FrameError> {
+    pub(crate) fn encode(&mut self, frame: &Frame, out: &mut BytesMut) -> Result<(), FrameError> {
         match frame {
             Frame::Data {
                 stream_id,
@@ -374,7 +373,7 @@ fn parse_block(mut plain: &[u8]) -> Result<Headers, FrameError> {
 }
 
 /// The value of header `name`, if present.
-pub fn header<'a>(headers: &'a Headers, name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(headers: &'a Headers, name: &str) -> Option<&'a str> {
     headers
         .iter()
         .find(|(key, _)| key.eq_ignore_ascii_case(name))

@@ -3,5 +3,5 @@
 //! `frame` reads and writes frames (pure), `session` runs one connection.
 
 mod dictionary;
-pub mod frame;
-pub mod session;
+pub(crate) mod frame;
+pub(crate) mod session;

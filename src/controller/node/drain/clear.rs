@@ -11,7 +11,7 @@ use crate::provider::{Instance, LISTS_TO_CONFIRM};
 
 /// The create records (`runpod.io/create-requested`, whatever their value) on the node's
 /// pods, by pod uid: a new or changed one means a create may have been sent since last looked.
-pub fn create_records(pods: &[Pod]) -> BTreeMap<String, String> {
+pub(crate) fn create_records(pods: &[Pod]) -> BTreeMap<String, String> {
     pods.iter()
         .filter_map(|pod| {
             let marker = pod.metadata.annotations.as_ref()?.get(CREATE_REQUESTED)?;
@@ -23,7 +23,7 @@ pub fn create_records(pods: &[Pod]) -> BTreeMap<String, String> {
 /// Whether a create on record (`records`, by pod uid) has no instance of this cluster and
 /// node in `listed`, in any state: only such a create may have made an instance the lists do
 /// not show yet. A pod whose instance is listed has its create's outcome known.
-pub fn unseen_creates(
+pub(crate) fn unseen_creates(
     records: &BTreeMap<String, String>,
     listed: &[Instance],
     cluster_id: &str,
@@ -45,7 +45,7 @@ pub fn unseen_creates(
 /// marker's (a controller's clock behind the drain's would shorten the wait; a junk marker would
 /// end it) nor the wall clock (a step forward would).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct ClearLists {
+pub(crate) struct ClearLists {
     counts_from: Option<Instant>,
     clear: u32,
 }
@@ -53,7 +53,7 @@ pub struct ClearLists {
 impl ClearLists {
     /// A create may have been sent up to `now` (a record was seen on the node's pods, or a new
     /// one appeared): lists count only from `settle` later, and the count starts again.
-    pub fn hold(&mut self, now: Instant, settle: Duration) {
+    pub(crate) fn hold(&mut self, now: Instant, settle: Duration) {
         // A settle time too long to add waits as long as can be said, never not at all.
         let from = now
             .checked_add(settle)
@@ -68,7 +68,7 @@ impl ClearLists {
     /// A list asked at `asked` showed nothing of ours alive (`empty`) or something. Returns
     /// whether the drain may stop: [`LISTS_TO_CONFIRM`] lists in a row showed nothing, all
     /// asked once every create could show.
-    pub fn seen(&mut self, asked: Instant, empty: bool) -> bool {
+    pub(crate) fn seen(&mut self, asked: Instant, empty: bool) -> bool {
         if !empty {
             self.clear = 0;
             return false;
@@ -80,19 +80,19 @@ impl ClearLists {
     }
 
     /// A failed list breaks the row.
-    pub fn failed(&mut self) {
+    pub(crate) fn failed(&mut self) {
         self.clear = 0;
     }
 
     /// How much longer lists cannot count, if they cannot at `now`.
-    pub fn waiting(&self, now: Instant) -> Option<Duration> {
+    pub(crate) fn waiting(&self, now: Instant) -> Option<Duration> {
         self.counts_from
             .filter(|from| *from > now)
             .map(|from| from.duration_since(now))
     }
 
     /// Lists in a row that showed nothing and counted, so far.
-    pub fn clear(&self) -> u32 {
+    pub(crate) fn clear(&self) -> u32 {
         self.clear
     }
 }

@@ -17,7 +17,7 @@
 //! Untagged instances and other clusters' or nodes' are never touched. A second run finds
 //! nothing to do and succeeds.
 
-pub mod clear;
+pub(crate) mod clear;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

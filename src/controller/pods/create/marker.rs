@@ -32,7 +32,7 @@ pub(super) async fn mark_create_requested<P>(
 }
 
 /// How often the create marker is moved on while a provision is in flight.
-pub fn marker_refresh(create_settle: Duration) -> Duration {
+pub(crate) fn marker_refresh(create_settle: Duration) -> Duration {
     (create_settle / 4).max(Duration::from_millis(250))
 }
 

@@ -7,8 +7,6 @@
 mod judged;
 mod marker;
 
-pub use marker::marker_refresh;
-
 use std::ops::ControlFlow::{self, Break, Continue};
 use std::time::Duration;
 

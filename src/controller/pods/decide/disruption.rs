@@ -14,7 +14,7 @@ use crate::provider::{CloudName, Disruption, Instance};
 
 /// What a lost instance means for its pod.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Lost {
+pub(crate) struct Lost {
     /// `true`: `restartPolicy: Always`; a new instance is made (the Event says so, the pod
     /// keeps running); `false`: the pod fails with `reason` and `message`.
     pub replace: bool,
@@ -32,7 +32,7 @@ fn always(pod: &Pod) -> bool {
 }
 
 /// `instance`, listed, was taken away by the cloud (`disruption`).
-pub fn lost(
+pub(crate) fn lost(
     pod: &Pod,
     instance: &Instance,
     disruption: Disruption,
@@ -97,12 +97,12 @@ fn cost(instance: &Instance, now: Timestamp) -> String {
 /// `restartPolicy: Always` gets a new instance, as a kubelet restarts its container; any other
 /// pod fails with `DisruptionTarget` and is never created again.
 #[derive(Debug, Clone)]
-pub struct Vanished {
+pub(crate) struct Vanished {
     pub replace: bool,
     pub outcome: Outcome,
 }
 
-pub fn vanished(pod: &Pod, id: &str, cloud: CloudName) -> Vanished {
+pub(crate) fn vanished(pod: &Pod, id: &str, cloud: CloudName) -> Vanished {
     let message = format!(
         "{} {id} no longer exists (lost by {}, or terminated outside runpod-kubelet)",
         cloud.instance, cloud.title

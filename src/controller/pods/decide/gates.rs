@@ -19,7 +19,7 @@ use crate::provider::CloudName;
 
 /// What the create gate looks at, read by the shell from the pod, the list and its memory.
 #[derive(Debug, Clone, Copy)]
-pub struct CreateFacts {
+pub(crate) struct CreateFacts {
     pub now: Timestamp,
     /// The latest record of a create sent for this pod, unless this leader knows it made
     /// nothing.
@@ -40,7 +40,7 @@ pub struct CreateFacts {
 ///
 /// Never later than `now`: a record from the future (a user's edit, a skewed clock) would keep
 /// every create, and a deleted pod's removal, waiting forever.
-pub fn create_marker(
+pub(crate) fn create_marker(
     pod: &Pod,
     marked_at: Option<Timestamp>,
     nothing_created: bool,
@@ -58,13 +58,13 @@ pub fn create_marker(
 /// A create was sent and its outcome is unknown here: only complete lists in a row
 /// (`provider::LISTS_TO_CONFIRM`), all taken long enough after it, may show that nothing
 /// exists.
-pub fn absence_unsettled(facts: &CreateFacts, create_settle: Duration) -> bool {
+pub(crate) fn absence_unsettled(facts: &CreateFacts, create_settle: Duration) -> bool {
     unsettled(facts.marker, facts.confirmed_at, create_settle)
 }
 
 /// Whether a create recorded at `marker` may have made an instance that lists confirmed at
 /// `confirmed_at` (the oldest of the last complete lists that all must omit it) cannot show yet.
-pub fn unsettled(
+pub(crate) fn unsettled(
     marker: Option<Timestamp>,
     confirmed_at: Option<Timestamp>,
     create_settle: Duration,
@@ -82,7 +82,11 @@ pub fn unsettled(
 /// unless the cloud is down: then it still applies, and an instance that shows up later is
 /// terminated), the backoff, an unavailable API (one wait for all pods, no create each), and
 /// an earlier create not settled yet.
-pub fn create_gate(facts: &CreateFacts, settings: &Settings, cloud: CloudName) -> Option<Outcome> {
+pub(crate) fn create_gate(
+    facts: &CreateFacts,
+    settings: &Settings,
+    cloud: CloudName,
+) -> Option<Outcome> {
     let unsettled = absence_unsettled(facts, settings.create_settle);
     if let Some(start) = facts.clock_start
         && elapsed(start, facts.now) > settings.provision_timeout
@@ -123,7 +127,7 @@ pub fn create_gate(facts: &CreateFacts, settings: &Settings, cloud: CloudName) -
 
 /// A pod this controller will not run: the Event, and the pod failed or left Pending with the
 /// reason; looked at again only when it changes.
-pub fn refused(refusal: Refusal) -> Outcome {
+pub(crate) fn refused(refusal: Refusal) -> Outcome {
     let note = Note::warning(refusal.reason, refusal.message.clone());
     let status = if refusal.fail {
         View::Failed {
@@ -147,7 +151,7 @@ pub fn refused(refusal: Refusal) -> Outcome {
 /// A pod that does not fit its namespace's budget now (`BudgetExceeded`) or ever
 /// (`BudgetTooSmall`): Pending with the reason and the Event naming budget, spend and price;
 /// looked at again at every list, to start when room frees up (or the budget grows).
-pub fn budget_wait(reason: &'static str, message: String, settings: &Settings) -> Outcome {
+pub(crate) fn budget_wait(reason: &'static str, message: String, settings: &Settings) -> Outcome {
     Outcome {
         events: vec![Note::warning(reason, message.clone())],
         describes: None,
@@ -158,7 +162,7 @@ pub fn budget_wait(reason: &'static str, message: String, settings: &Settings) -
 
 /// The container's env or files cannot be built (a missing ConfigMap key, say): waiting, and
 /// tried again, as a kubelet does.
-pub fn config_error(message: String) -> Outcome {
+pub(crate) fn config_error(message: String) -> Outcome {
     Outcome {
         events: vec![Note::warning("CreateContainerConfigError", message.clone())],
         describes: None,

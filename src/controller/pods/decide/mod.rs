@@ -9,12 +9,12 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
-pub mod disruption;
-pub mod ends;
-pub mod gates;
-pub mod provisioned;
+pub(crate) mod disruption;
+pub(crate) mod ends;
+pub(crate) mod gates;
+pub(crate) mod provisioned;
 
-pub use disruption::{Lost, Vanished, lost, vanished};
+pub(crate) use disruption::{lost, vanished};
 
 use super::{annotation, bound_at};
 use crate::controller::clock::elapsed;
@@ -24,14 +24,14 @@ use crate::provider::{CloudName, Instance, InstanceState};
 
 /// An Event to record on the pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Note {
+pub(crate) struct Note {
     pub warning: bool,
     pub reason: &'static str,
     pub message: String,
 }
 
 impl Note {
-    pub fn normal(reason: &'static str, message: String) -> Note {
+    pub(crate) fn normal(reason: &'static str, message: String) -> Note {
         Note {
             warning: false,
             reason,
@@ -39,7 +39,7 @@ impl Note {
         }
     }
 
-    pub fn warning(reason: &'static str, message: String) -> Note {
+    pub(crate) fn warning(reason: &'static str, message: String) -> Note {
         Note {
             warning: true,
             reason,
@@ -50,7 +50,7 @@ impl Note {
 
 /// When to look at the pod again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Next {
+pub(crate) enum Next {
     Requeue(Duration),
     AwaitChange,
 }
@@ -58,7 +58,7 @@ pub enum Next {
 /// What a decision asks one executor (`write::apply`) to write, in this order: the Event,
 /// then the status (only when it changes anything); then when to look again.
 #[derive(Debug, Clone)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// Events to say on the pod, in order.
     pub events: Vec<Note>,
     /// The instance whose annotations (id, cost, GPU, datacenter, endpoints) the pod must show.
@@ -69,7 +69,7 @@ pub struct Outcome {
 
 impl Outcome {
     /// Nothing to write: look again after `after`.
-    pub fn requeue(after: Duration) -> Outcome {
+    pub(crate) fn requeue(after: Duration) -> Outcome {
         Outcome {
             events: Vec::new(),
             describes: None,
@@ -79,7 +79,7 @@ impl Outcome {
     }
 
     /// A warning Event and the pod failed with the same reason and message.
-    pub fn fail(reason: &'static str, message: String, next: Next) -> Outcome {
+    pub(crate) fn fail(reason: &'static str, message: String, next: Next) -> Outcome {
         Outcome {
             events: vec![Note::warning(reason, message.clone())],
             describes: None,
@@ -91,7 +91,7 @@ impl Outcome {
 
 /// What this leader remembers about the pod that the decision needs.
 #[derive(Debug, Default)]
-pub struct Remembered<'a> {
+pub(crate) struct Remembered<'a> {
     /// The instance this leader created or adopted, and when.
     pub instance: Option<(&'a str, Timestamp)>,
     pub terminated: Option<&'a HashSet<String>>,
@@ -99,7 +99,7 @@ pub struct Remembered<'a> {
 
 /// The one thing to do for a pod now.
 #[derive(Debug)]
-pub enum Step<'a> {
+pub(crate) enum Step<'a> {
     /// Being deleted: stop, then terminate, every live instance; then remove the pod.
     Delete { live: Vec<&'a Instance> },
     /// The pod has ended: terminate what still lives.
@@ -124,7 +124,7 @@ pub enum Step<'a> {
 }
 
 /// The oldest instance is the one kept; the others are duplicates.
-pub fn split_duplicates<'a>(
+pub(crate) fn split_duplicates<'a>(
     mut instances: Vec<&'a Instance>,
     preferred: Option<&str>,
 ) -> (Option<&'a Instance>, Vec<&'a Instance>) {
@@ -142,7 +142,7 @@ pub fn split_duplicates<'a>(
 }
 
 /// Decides the next step for `pod` (its UID is `uid`) from the last complete list.
-pub fn decide<'a>(
+pub(crate) fn decide<'a>(
     pod: &Pod,
     uid: &'a str,
     snapshot: &'a Snapshot,
@@ -219,7 +219,7 @@ pub fn decide<'a>(
 
 /// What an existing instance means for its pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TrackStep {
+pub(crate) enum TrackStep {
     /// The container ended: read its exit code, then finish. `restarted`: RunPod restarted it
     /// (the wrapper could not stop the pod, or there was no command to wrap).
     Exited { restarted: bool },
@@ -237,14 +237,17 @@ pub enum TrackStep {
 /// Since when the pod has waited for a running container, if it is waiting for one: its
 /// instance is replacing one that vanished (`replacing_since`), or the pod never ran (its
 /// phase never goes back from Running) and waits since it was bound.
-pub fn provisioning_clock(pod: &Pod, replacing_since: Option<Timestamp>) -> Option<Timestamp> {
+pub(crate) fn provisioning_clock(
+    pod: &Pod,
+    replacing_since: Option<Timestamp>,
+) -> Option<Timestamp> {
     let never_ran = pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running");
     replacing_since.or_else(|| never_ran.then(|| bound_at(pod)).flatten())
 }
 
 /// The Event when a listed instance's placement breaks the pod's constraints (a cloud may
 /// treat datacenters as a preference only): it is terminated and the next offer tried.
-pub fn placement_rejected(cloud: CloudName, id: &str, violation: &str) -> Note {
+pub(crate) fn placement_rejected(cloud: CloudName, id: &str, violation: &str) -> Note {
     Note::warning(
         "PlacementRejected",
         format!(
@@ -256,7 +259,7 @@ pub fn placement_rejected(cloud: CloudName, id: &str, violation: &str) -> Note {
 
 /// The meaning of `instance` for `pod` now. `restarted`: the container's uptime went back;
 /// `waiting_since`: the [`provisioning_clock`].
-pub fn track_step(
+pub(crate) fn track_step(
     pod: &Pod,
     instance: &Instance,
     restarted: bool,

@@ -17,7 +17,7 @@ use crate::provider::{ProvisionError, Provisioned};
 
 /// The pod as the cloud should see it: its default ports (see [`with_default_ports`]) and,
 /// under a budget reservation of `reserved` USD per hour, price caps no higher than that.
-pub fn shaped(pod: &Pod, expose_no_ports: bool, reserved: Option<f64>) -> Cow<'_, Pod> {
+pub(crate) fn shaped(pod: &Pod, expose_no_ports: bool, reserved: Option<f64>) -> Cow<'_, Pod> {
     let pod = with_default_ports(pod, expose_no_ports);
     match reserved {
         Some(usd) => Cow::Owned(capped(&pod, usd)),
@@ -25,18 +25,10 @@ pub fn shaped(pod: &Pod, expose_no_ports: bool, reserved: Option<f64>) -> Cow<'_
     }
 }
 
-/// The image of the pod's one container, whose registry login the cloud is handed.
-pub fn container_image(pod: &Pod) -> Option<&str> {
-    pod.spec
-        .as_ref()
-        .and_then(|spec| spec.containers.first())
-        .and_then(|container| container.image.as_deref())
-}
-
 /// The pod as the cloud should see it: with `--expose-ports none`, a pod that names no ports
 /// (`runpod.io/ports`, written by the webhook when it admitted the pod) exposes none rather
 /// than its declared `containerPort`s, however it reached the node.
-pub fn with_default_ports(pod: &Pod, expose_no_ports: bool) -> Cow<'_, Pod> {
+pub(crate) fn with_default_ports(pod: &Pod, expose_no_ports: bool) -> Cow<'_, Pod> {
     let named = pod
         .metadata
         .annotations
@@ -55,7 +47,7 @@ pub fn with_default_ports(pod: &Pod, expose_no_ports: bool) -> Cow<'_, Pod> {
 
 /// The pod as the cloud should see it under a budget reservation of `usd` per hour: its price
 /// caps (`runpod.io/max-price`, and Vast.ai's own when set) no higher than the reservation.
-pub fn capped(pod: &Pod, usd: f64) -> Pod {
+pub(crate) fn capped(pod: &Pod, usd: f64) -> Pod {
     let mut pod = pod.clone();
     runpod_contract::budget::lower_caps(pod.metadata.annotations.get_or_insert_default(), usd);
     pod
@@ -63,7 +55,7 @@ pub fn capped(pod: &Pod, usd: f64) -> Pod {
 
 /// On the first attempt, `cheapest`'s choice and its prices, repeated where users read Events,
 /// when it chose this node's cloud.
-pub fn cheapest_note(pod: &Pod, cloud: &str) -> Option<Note> {
+pub(crate) fn cheapest_note(pod: &Pod, cloud: &str) -> Option<Note> {
     let choice = pod
         .metadata
         .annotations
@@ -80,7 +72,7 @@ pub fn cheapest_note(pod: &Pod, cloud: &str) -> Option<Note> {
 
 /// The Event for volumes left out because they hold a cluster credential (the ServiceAccount
 /// token), if any were.
-pub fn token_not_mounted(skipped: &[String], title: &str, noun: &str) -> Option<Note> {
+pub(crate) fn token_not_mounted(skipped: &[String], title: &str, noun: &str) -> Option<Note> {
     (!skipped.is_empty()).then(|| Note {
         warning: false,
         reason: "ServiceAccountTokenNotMounted",
@@ -94,7 +86,7 @@ pub fn token_not_mounted(skipped: &[String], title: &str, noun: &str) -> Option<
 
 /// What the pod's create Event says about exposure: every port the cloud publishes is reachable
 /// from the internet, so the user reads which, and how to expose none.
-pub fn exposure(
+pub(crate) fn exposure(
     ports: &[runpod_contract::PortSpec],
     endpoint: impl Fn(&runpod_contract::PortSpec) -> String,
 ) -> String {
@@ -111,7 +103,7 @@ pub fn exposure(
 }
 
 /// A create that made an instance, as its Events describe it.
-pub struct Created<'a> {
+pub(crate) struct Created<'a> {
     pub made: &'a Provisioned,
     /// The pod as it was sent.
     pub pod: &'a Pod,
@@ -130,7 +122,7 @@ pub struct Created<'a> {
 
 /// What is written before a create is sent: the Events decided so far, and the pod waiting
 /// on its instance.
-pub fn sending(notes: Vec<Note>, noun: &str) -> Outcome {
+pub(crate) fn sending(notes: Vec<Note>, noun: &str) -> Outcome {
     Outcome {
         events: notes,
         describes: None,
@@ -144,7 +136,7 @@ pub fn sending(notes: Vec<Note>, noun: &str) -> Outcome {
 
 /// What a create that made an instance writes: its Events ([`created_notes`]) and the
 /// instance's annotations; the pod is looked at again after `interval`.
-pub fn described(created: &Created<'_>, interval: Duration) -> Outcome {
+pub(crate) fn described(created: &Created<'_>, interval: Duration) -> Outcome {
     Outcome {
         events: created_notes(created),
         describes: Some(created.made.instance.clone()),
@@ -156,7 +148,7 @@ pub fn described(created: &Created<'_>, interval: Duration) -> Outcome {
 /// The Events of a create that made an instance, in order: offers refused before it, what was
 /// made and what of it is public, what of the pod's securityContext was not applied (said
 /// where a Job's pods are read), and a possible duplicate still to come.
-pub fn created_notes(created: &Created<'_>) -> Vec<Note> {
+pub(crate) fn created_notes(created: &Created<'_>) -> Vec<Note> {
     let made = created.made;
     let mut notes = Vec::new();
     if !made.refusals.is_empty() {
@@ -230,13 +222,13 @@ pub fn created_notes(created: &Created<'_>) -> Vec<Note> {
 }
 
 /// Whether a failed provision is known to have created nothing (its reservation can go).
-pub fn made_nothing(error: &ProvisionError) -> bool {
+pub(crate) fn made_nothing(error: &ProvisionError) -> bool {
     !matches!(error, ProvisionError::Unsettled(_))
 }
 
 /// What a failed provision means for the pod, beside what to write.
 #[derive(Debug, Clone)]
-pub struct Failed {
+pub(crate) struct Failed {
     pub outcome: Outcome,
     /// The cloud said for sure that nothing was made: no settle wait before the next create.
     pub nothing_created: bool,
@@ -247,7 +239,7 @@ pub struct Failed {
 }
 
 /// The meaning of a failed provision, the `failures`-th in a row for this pod.
-pub fn provision_failed(
+pub(crate) fn provision_failed(
     error: &ProvisionError,
     failures: u32,
     facts: &CreateFacts,
@@ -319,7 +311,7 @@ pub fn provision_failed(
 /// What a claim's owner is told when the account was refused while creating a pod that mounts
 /// it: the account is what keeps the volume (storage bills while no pod runs, and at a zero
 /// balance the cloud stops the pods).
-pub fn account_refused_for_claim(cloud: &str, pod: &str, message: &str) -> String {
+pub(crate) fn account_refused_for_claim(cloud: &str, pod: &str, message: &str) -> String {
     format!(
         "{cloud} refused the account while creating pod {pod}: {message}. This claim's \
          network volume keeps its data only while the account is in good standing: at a zero \

@@ -8,11 +8,11 @@ use std::future::Future;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
 use kube::Api;
 
-pub use runpod_contract::env::ResolvedEnv;
+pub(crate) use runpod_contract::env::ResolvedEnv;
 
 /// Why the environment cannot be built (the kubelet's `CreateContainerConfigError`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EnvError {
+pub(crate) enum EnvError {
     #[error("{kind} {name:?} not found")]
     MissingObject { kind: &'static str, name: String },
     #[error("couldn't find key {key} in {kind} {name:?}")]
@@ -32,11 +32,11 @@ pub enum EnvError {
 }
 
 /// An object's keys and raw values (a Secret's `data`, a ConfigMap's `data` and `binaryData`).
-pub type ObjectData = BTreeMap<String, Vec<u8>>;
+pub(crate) type ObjectData = BTreeMap<String, Vec<u8>>;
 
 /// Where Secrets and ConfigMaps come from (the cluster, or a map in tests). Values are bytes:
 /// env turns them into text, mounted files keep them as they are.
-pub trait EnvSource: Sync {
+pub(crate) trait EnvSource: Sync {
     /// The Secret's data; `Ok(None)` when it does not exist.
     fn secret(
         &self,
@@ -52,7 +52,7 @@ pub trait EnvSource: Sync {
 }
 
 /// Reads Secrets and ConfigMaps with single GETs (RBAC: `get` only, no list/watch).
-pub struct ClusterEnvSource(pub kube::Client);
+pub(crate) struct ClusterEnvSource(pub kube::Client);
 
 impl EnvSource for ClusterEnvSource {
     async fn secret(&self, namespace: &str, name: &str) -> Result<Option<ObjectData>, String> {
@@ -139,7 +139,7 @@ async fn fetch(
 }
 
 /// Resolves the environment of `container` in `pod`.
-pub async fn resolve(
+pub(crate) async fn resolve(
     source: &impl EnvSource,
     pod: &Pod,
     container: &Container,
@@ -224,7 +224,7 @@ pub async fn resolve(
 }
 
 /// The downward-API fields the kubelet supports for env.
-pub fn field_value(pod: &Pod, path: &str) -> Result<String, EnvError> {
+pub(crate) fn field_value(pod: &Pod, path: &str) -> Result<String, EnvError> {
     let meta = &pod.metadata;
     let spec = pod.spec.as_ref();
     let status = pod.status.as_ref();

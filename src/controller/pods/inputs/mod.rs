@@ -1,6 +1,6 @@
 //! What a pod brings to its cloud instance besides the container: environment, mounted files
 //! and registry credentials, read from the pod and the objects it refers to.
 
-pub mod env;
-pub mod pull_secrets;
-pub mod volumes;
+pub(crate) mod env;
+pub(crate) mod pull_secrets;
+pub(crate) mod volumes;

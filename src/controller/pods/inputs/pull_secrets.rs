@@ -33,7 +33,7 @@ const DOCKER_HUB: &str = "docker.io";
 
 /// `https://index.docker.io/v1/`, `ghcr.io/org`, `registry:5000` → the host part, with every
 /// Docker Hub spelling as `docker.io`.
-pub fn normalise_registry(key: &str) -> String {
+pub(crate) fn normalise_registry(key: &str) -> String {
     let without_scheme = key
         .trim()
         .trim_start_matches("https://")
@@ -53,7 +53,7 @@ pub fn normalise_registry(key: &str) -> String {
 
 /// The registry an image reference pulls from: its first component when that names a host
 /// (a `.` or `:` in it, or `localhost`), else Docker Hub.
-pub fn image_registry(image: &str) -> String {
+pub(crate) fn image_registry(image: &str) -> String {
     match image.split_once('/') {
         Some((first, _)) if first.contains('.') || first.contains(':') || first == "localhost" => {
             normalise_registry(first)
@@ -64,7 +64,7 @@ pub fn image_registry(image: &str) -> String {
 
 /// The logins a docker config holds (`{"auths": {...}}`, or the old bare map); entries without
 /// a user and password are skipped.
-pub fn parse_docker_config(bytes: &[u8]) -> Vec<PullCredential> {
+pub(crate) fn parse_docker_config(bytes: &[u8]) -> Vec<PullCredential> {
     let auths = match serde_json::from_slice::<DockerConfig>(bytes) {
         Ok(config) if !config.auths.is_empty() => config.auths,
         _ => serde_json::from_slice::<BTreeMap<String, AuthEntry>>(bytes).unwrap_or_default(),
@@ -94,7 +94,7 @@ pub fn parse_docker_config(bytes: &[u8]) -> Vec<PullCredential> {
 }
 
 /// The login for `image` among `credentials`, if one names its registry.
-pub fn credential_for<'a>(
+pub(crate) fn credential_for<'a>(
     image: &str,
     credentials: &'a [PullCredential],
 ) -> Option<&'a PullCredential> {
@@ -104,7 +104,10 @@ pub fn credential_for<'a>(
 
 /// Every login of the pod's `imagePullSecrets`, in order. A missing Secret is skipped, as a
 /// kubelet does (the pull may still work); a Secret that cannot be read is an error.
-pub async fn logins(source: &impl EnvSource, pod: &Pod) -> Result<Vec<PullCredential>, EnvError> {
+pub(crate) async fn logins(
+    source: &impl EnvSource,
+    pod: &Pod,
+) -> Result<Vec<PullCredential>, EnvError> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let mut credentials = Vec::new();
     let names = pod

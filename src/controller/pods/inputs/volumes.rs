@@ -18,7 +18,7 @@ use crate::controller::pods::inputs::env::{self, EnvError, EnvSource, Kind};
 use crate::provider::request::{MountedFile, Volumes};
 
 /// Where the kubelet mounts the service-account token; never shipped to the cloud.
-pub const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+pub(crate) const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 /// The files of the service-account mount that are shipped: the cluster's CA and the
 /// namespace; anything else there (the token, under whatever path) stays in the cluster.
@@ -26,16 +26,16 @@ const SERVICE_ACCOUNT_FILES: [&str; 2] = ["ca.crt", "namespace"];
 
 /// Largest mounted file: its base64 form travels in one env var, and Linux refuses to start a
 /// process with an env string over 128 KiB (the container would never start, yet bill).
-pub const MAX_FILE_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_FILE_BYTES: usize = 64 * 1024;
 /// Largest total of mounted files (the whole env must fit too).
-pub const MAX_TOTAL_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_TOTAL_BYTES: usize = 256 * 1024;
 
 /// The kubelet's default file mode for these volumes (0644).
 const DEFAULT_MODE: i32 = 0o644;
 
 /// Why the mounts cannot be materialised.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum VolumeError {
+pub(crate) enum VolumeError {
     #[error("volume {volume:?}: {source}")]
     Source { volume: String, source: EnvError },
     #[error("volumeMount {0:?} names no volume of the pod")]
@@ -55,7 +55,7 @@ pub enum VolumeError {
 }
 
 /// Resolves every mount of `container` (which must belong to `pod`).
-pub async fn resolve(
+pub(crate) async fn resolve(
     source: &impl EnvSource,
     pod: &Pod,
     container: &Container,

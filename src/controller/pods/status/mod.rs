@@ -38,7 +38,7 @@ pub(crate) fn bound_at(pod: &Pod) -> Option<Timestamp> {
 
 /// What the pod's one container is doing, as far as the controller knows.
 #[derive(Debug, Clone)]
-pub enum View<'a> {
+pub(crate) enum View<'a> {
     /// Not created yet, or provisioning; `reason` is the kubelet-style waiting reason.
     Waiting { reason: &'a str, message: String },
     /// An instance exists (provisioning, starting or running) on `cloud`.
@@ -77,7 +77,7 @@ const UNKNOWN_EXIT_CODE: i32 = 137;
 /// stays Running with its container waiting and not ready (a kubelet's restarting container).
 /// `podIP` stays unset: a RunPod host is not on the pod network (the endpoints are in
 /// `runpod.io/endpoints`), so a Service must not send cluster traffic there.
-pub fn desired(pod: &Pod, view: &View<'_>, host_ip: &str, now: Timestamp) -> PodStatus {
+pub(crate) fn desired(pod: &Pod, view: &View<'_>, host_ip: &str, now: Timestamp) -> PodStatus {
     let current = pod.status.clone().unwrap_or_default();
     if is_terminal(pod) {
         return current;
@@ -472,7 +472,7 @@ const OWNED: [&str; 10] = [
 /// The owned members of `status`, each one present (`null` when unset), with empty objects
 /// and nulls inside them dropped: the apiserver returns an unset struct as `{}` (a container's
 /// `lastState`), which must read as equal to leaving it out, or every reconcile would write.
-pub fn owned_members(status: &PodStatus) -> serde_json::Map<String, serde_json::Value> {
+pub(crate) fn owned_members(status: &PodStatus) -> serde_json::Map<String, serde_json::Value> {
     let mut all = match serde_json::to_value(status) {
         Ok(serde_json::Value::Object(all)) => all,
         _ => serde_json::Map::new(),
@@ -508,7 +508,7 @@ fn pruned(value: serde_json::Value) -> serde_json::Value {
 
 /// The owned members that writing `desired` would change (empty: no write is needed); named
 /// so a write can say why it was made.
-pub fn changes(pod: &Pod, desired: &PodStatus) -> Vec<&'static str> {
+pub(crate) fn changes(pod: &Pod, desired: &PodStatus) -> Vec<&'static str> {
     let current = owned_members(&pod.status.clone().unwrap_or_default());
     let wanted = owned_members(desired);
     OWNED
@@ -527,7 +527,7 @@ pub fn changes(pod: &Pod, desired: &PodStatus) -> Vec<&'static str> {
 /// patch (no old `waiting` left next to a new `running`); the other owned members are scalars
 /// or `null` (removed). `metadata.uid` is a precondition: a pod re-created under the same name
 /// is not written with this one's status. All of this was checked against a 1.20.2 apiserver.
-pub fn patch(pod: &Pod, desired: &PodStatus) -> Patch<serde_json::Value> {
+pub(crate) fn patch(pod: &Pod, desired: &PodStatus) -> Patch<serde_json::Value> {
     use serde_json::{Value, json};
     let mut status = owned_members(desired);
     let conditions = desired
@@ -560,7 +560,7 @@ pub fn patch(pod: &Pod, desired: &PodStatus) -> Patch<serde_json::Value> {
 }
 
 /// Whether the pod has reached a phase it never leaves.
-pub fn is_terminal(pod: &Pod) -> bool {
+pub(crate) fn is_terminal(pod: &Pod) -> bool {
     matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
@@ -570,7 +570,7 @@ pub fn is_terminal(pod: &Pod) -> bool {
 /// How a pod ended, as recorded on the pod (annotation `runpod.io/ended`) before its instance
 /// is terminated.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct RecordedEnd {
+pub(crate) struct RecordedEnd {
     /// `true`: the pod failed outside its container ([`View::Failed`]).
     #[serde(default)]
     pub failed: bool,
@@ -585,7 +585,7 @@ pub struct RecordedEnd {
 
 impl RecordedEnd {
     /// The record of a terminal view; `None` for views that are not terminal.
-    pub fn of(view: &View<'_>) -> Option<RecordedEnd> {
+    pub(crate) fn of(view: &View<'_>) -> Option<RecordedEnd> {
         match view {
             View::Ended {
                 exit_code,
@@ -612,7 +612,7 @@ impl RecordedEnd {
     }
 
     /// The record on `pod`, if any (a malformed one counts as none).
-    pub fn on(pod: &Pod) -> Option<RecordedEnd> {
+    pub(crate) fn on(pod: &Pod) -> Option<RecordedEnd> {
         let text = pod
             .metadata
             .annotations
@@ -622,7 +622,7 @@ impl RecordedEnd {
     }
 
     /// The view that writes the recorded end.
-    pub fn view(&self) -> View<'_> {
+    pub(crate) fn view(&self) -> View<'_> {
         if self.failed {
             View::Failed {
                 reason: &self.reason,

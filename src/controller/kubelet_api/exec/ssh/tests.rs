@@ -49,7 +49,7 @@ mod server {
 
     use super::*;
 
-    pub struct Server {
+    pub(super) struct Server {
         pub port: u16,
         pub fingerprint: String,
         /// Channels the client confirmed.
@@ -110,7 +110,7 @@ mod server {
         }
     }
 
-    pub async fn start(flood: bool) -> Server {
+    pub(super) async fn start(flood: bool) -> Server {
         let host_key = PrivateKey::from(Ed25519Keypair::from_seed(&[7; 32]));
         let fingerprint = host_key
             .public_key()

@@ -27,18 +27,18 @@ const QUEUED_FRAMES: usize = 16;
 const QUEUED_DATA: usize = 16;
 /// Streams one session may hold open (exec opens at most five, port-forward two per
 /// connection, at most 64 connections, and a few pairs being set up).
-pub const MAX_OPEN_STREAMS: usize = 160;
+pub(crate) const MAX_OPEN_STREAMS: usize = 160;
 /// Bytes received on one session and not yet read by its streams' consumers.
-pub const SESSION_BUFFER: usize = 2 * 1024 * 1024;
+pub(crate) const SESSION_BUFFER: usize = 2 * 1024 * 1024;
 /// Bytes received on all of a node's sessions and not yet read.
-pub const NODE_BUFFER: usize = 64 * 1024 * 1024;
+pub(crate) const NODE_BUFFER: usize = 64 * 1024 * 1024;
 
 /// The node's share of received bytes, across its sessions.
 static NODE_BUDGET: Semaphore = Semaphore::const_new(NODE_BUFFER);
 
 /// What one session holds, for its bounds and their tests.
 #[derive(Debug, Default)]
-pub struct SessionStats {
+pub(crate) struct SessionStats {
     /// Streams the peer opened that are still open.
     pub open_streams: AtomicUsize,
     /// The most that were open at once.
@@ -64,16 +64,16 @@ impl Drop for Held {
 }
 
 /// What the peer sends on one stream; ends when it finishes or resets the stream.
-pub struct Incoming(mpsc::Receiver<(Bytes, Held)>);
+pub(crate) struct Incoming(mpsc::Receiver<(Bytes, Held)>);
 
 impl Incoming {
     /// The next data the peer sent (its bytes leave the session's budget).
-    pub async fn recv(&mut self) -> Option<Bytes> {
+    pub(crate) async fn recv(&mut self) -> Option<Bytes> {
         self.0.recv().await.map(|(data, _held)| data)
     }
 
     /// As a plain channel that holds at most one frame outside the budgets.
-    pub fn into_receiver(mut self) -> mpsc::Receiver<Bytes> {
+    pub(crate) fn into_receiver(mut self) -> mpsc::Receiver<Bytes> {
         let (tx, rx) = mpsc::channel(1);
         tokio::spawn(async move {
             while let Some(data) = self.recv().await {
@@ -87,7 +87,7 @@ impl Incoming {
 }
 
 /// A stream the peer opened.
-pub struct Stream {
+pub(crate) struct Stream {
     pub id: u32,
     pub headers: Headers,
     /// What the peer sends; ends when it finishes or resets the stream.
@@ -135,18 +135,20 @@ impl StreamWriter {
     }
 }
 
-pub struct Session {
+pub(crate) struct Session {
     streams: mpsc::Receiver<Stream>,
     frames: mpsc::Sender<Frame>,
     reader: JoinHandle<()>,
     writer: JoinHandle<()>,
     /// Turns true once the peer is gone (its connection ended or broke).
     gone: watch::Receiver<bool>,
+    /// What the session holds, observed by the tests that bound it.
+    #[cfg(test)]
     stats: Arc<SessionStats>,
 }
 
 impl Session {
-    pub fn start<T>(io: T) -> Session
+    pub(crate) fn start<T>(io: T) -> Session
     where
         T: AsyncRead + AsyncWrite + Send + 'static,
     {
@@ -168,27 +170,29 @@ impl Session {
             reader,
             writer,
             gone,
+            #[cfg(test)]
             stats,
         }
     }
 
     /// What the session holds now.
-    pub fn stats(&self) -> Arc<SessionStats> {
+    #[cfg(test)]
+    pub(crate) fn stats(&self) -> Arc<SessionStats> {
         self.stats.clone()
     }
 
     /// Resolves once the peer is gone, for work that must stop with it (a remote command).
-    pub fn gone(&self) -> watch::Receiver<bool> {
+    pub(crate) fn gone(&self) -> watch::Receiver<bool> {
         self.gone.clone()
     }
 
     /// The next stream the peer opens; `None` once the connection ended.
-    pub async fn accept(&mut self) -> Option<Stream> {
+    pub(crate) async fn accept(&mut self) -> Option<Stream> {
         self.streams.recv().await
     }
 
     /// Flushes what the streams wrote (at most `grace`), then closes the connection.
-    pub async fn close(self, grace: Duration) {
+    pub(crate) async fn close(self, grace: Duration) {
         drop(self.frames);
         drop(self.streams);
         let Session { reader, writer, .. } = self;

@@ -11,7 +11,7 @@ use crate::provider::{Ends, Instance, InstanceState};
 
 /// The call that ends an instance's GPU billing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EndCall {
+pub(crate) enum EndCall {
     /// The container gets its signal; the DELETE follows after the grace period.
     Stop,
     /// One DELETE: a grace-0 deletion, or an instance that is not running yet.
@@ -19,7 +19,7 @@ pub enum EndCall {
 }
 
 /// The deletion grace period the pod asked for (30 s when unset, as the apiserver's default).
-pub fn grace_period(pod: &Pod) -> Duration {
+pub(crate) fn grace_period(pod: &Pod) -> Duration {
     Duration::from_secs(
         pod.metadata
             .deletion_grace_period_seconds
@@ -31,7 +31,7 @@ pub fn grace_period(pod: &Pod) -> Duration {
 
 /// Whether this instance still bills a GPU as far as this leader knows: live, not in a stopped
 /// state, and no stop of it accepted.
-pub fn bills_gpu(instance: &Instance, memory: &PodMemory) -> bool {
+pub(crate) fn bills_gpu(instance: &Instance, memory: &PodMemory) -> bool {
     instance.state.termination_ends() == Ends::GpuBilling
         && !memory.stopped.contains(&instance.id)
         && !memory.terminated.contains(&instance.id)
@@ -40,7 +40,7 @@ pub fn bills_gpu(instance: &Instance, memory: &PodMemory) -> bool {
 /// The calls a deleted pod's instances need now to end GPU billing: none for a pod not being
 /// deleted, nor for an instance that bills no GPU, nor for one whose call was sent or is under
 /// way (`memory`).
-pub fn due<'a>(
+pub(crate) fn due<'a>(
     pod: &Pod,
     live: impl IntoIterator<Item = &'a Instance>,
     memory: &PodMemory,
@@ -66,7 +66,7 @@ pub fn due<'a>(
 
 /// What a deleted pod still needs for an instance the list does not show.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Unlisted {
+pub(crate) enum Unlisted {
     /// Nothing: the pod may go once its listed instances are done.
     Nothing,
     /// An instance known by id (made or adopted by this leader, or recorded on the pod) that
@@ -82,7 +82,7 @@ pub enum Unlisted {
 
 /// What `unlisted` decides from.
 #[derive(Debug, Clone, Copy)]
-pub struct UnlistedFacts<'a> {
+pub(crate) struct UnlistedFacts<'a> {
     /// The instance this leader knows for the pod, else the one the pod records (none for a
     /// pod that ended: its instance was terminated before its phase was written).
     pub known: Option<&'a str>,
@@ -95,7 +95,7 @@ pub struct UnlistedFacts<'a> {
 }
 
 /// The deletion's call for what the list does not show.
-pub fn unlisted(facts: &UnlistedFacts<'_>) -> Unlisted {
+pub(crate) fn unlisted(facts: &UnlistedFacts<'_>) -> Unlisted {
     if let Some(id) = facts.known
         && !facts.terminated.contains(id)
         && !facts.listed.iter().any(|instance| instance.id == id)
@@ -111,7 +111,7 @@ pub fn unlisted(facts: &UnlistedFacts<'_>) -> Unlisted {
 /// Whether the instance `id` may be terminated for the deleted pod `uid`: one this leader made
 /// or adopted (`remembered`), or, for an id read from the pod's annotation (a user can edit it),
 /// one the cloud says (`looked_up`) is alive and tagged with this pod.
-pub fn ours_to_end(
+pub(crate) fn ours_to_end(
     id: &str,
     remembered: Option<&str>,
     uid: &str,

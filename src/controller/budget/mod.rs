@@ -199,10 +199,7 @@ pub(crate) async fn before_create<P: Provider>(
     let spend = ledger.spend();
     ctx.budget
         .show_spend(&ctx.metrics, namespace, spend.total());
-    let (price, cap, gpu) = price_of(ctx, pod);
-    if let Some(message) = budget::never_fits(namespace, budget, Some((gpu, price))) {
-        return Ok(Gate::TooSmall(message));
-    }
+    // The pods waiting before this one (a cached list of the namespace's pods).
     let namespace_pods = ctx
         .budget
         .namespace_pods(
@@ -212,6 +209,10 @@ pub(crate) async fn before_create<P: Provider>(
         )
         .await?;
     let ahead = ahead_of(pod, &namespace_pods, &ledger);
+    let (price, cap, gpu) = price_of(ctx, pod);
+    if let Some(message) = budget::never_fits(namespace, budget, Some((gpu, price))) {
+        return Ok(Gate::TooSmall(message));
+    }
     match budget::room(namespace, budget, spend, price, ahead) {
         Room::Wait(message) => Ok(Gate::Wait(message)),
         Room::Create => {

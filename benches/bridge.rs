@@ -283,7 +283,9 @@ async fn run(
 
     // `ssh -L` to the same sshd with the node's key.
     let ssh_at = sshd_address(simulator, &pod_id).await?;
-    let key_file = node_key(client).await?;
+    // The key lives in a directory only we read, removed however the bench ends.
+    let key_dir = tempfile::tempdir()?;
+    let key_file = node_key(client, key_dir.path()).await?;
     let local = support::webhook::free_port()?.port();
     let local_sink = support::webhook::free_port()?.port();
     let mut tunnel = ssh_forward(
@@ -314,7 +316,6 @@ async fn run(
         Ok(rows)
     });
     let _ = tunnel.kill();
-    let _ = std::fs::remove_file(&key_file);
     report(&result?, mib, pings);
     Ok(())
 }
@@ -322,10 +323,16 @@ async fn run(
 /// The address of this project's EndpointSlice for `web`'s port `name`, once ready at the
 /// leader's address.
 async fn slice_address(client: &kube::Client, name: &str) -> anyhow::Result<SocketAddr> {
+    // `v1` where the apiserver serves it (1.21 on), else `v1beta1` (the 1.20 test control plane).
+    let served = client
+        .list_api_group_resources("discovery.k8s.io/v1")
+        .await
+        .is_ok_and(|list| list.resources.iter().any(|r| r.name == "endpointslices"));
+    let version = if served { "v1" } else { "v1beta1" };
     let resource = kube::discovery::ApiResource {
         group: "discovery.k8s.io".into(),
-        version: "v1beta1".into(),
-        api_version: "discovery.k8s.io/v1beta1".into(),
+        version: version.into(),
+        api_version: format!("discovery.k8s.io/{version}"),
         kind: "EndpointSlice".into(),
         plural: "endpointslices".into(),
     };
@@ -374,9 +381,13 @@ async fn sshd_address(simulator: &SimulatorProcess, pod_id: &str) -> anyhow::Res
     Ok(SocketAddr::new(host, port))
 }
 
-/// The node's private key (the Secret the controller made), in a file only we read.
-async fn node_key(client: &kube::Client) -> anyhow::Result<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt as _;
+/// The node's private key (the Secret the controller made), written into `dir` by a file
+/// created for us alone (0600, never an existing one).
+async fn node_key(
+    client: &kube::Client,
+    dir: &std::path::Path,
+) -> anyhow::Result<std::path::PathBuf> {
+    use std::os::unix::fs::OpenOptionsExt as _;
     let secret = Api::<Secret>::namespaced(client.clone(), "default")
         .get("virtual-runpod-ssh")
         .await
@@ -385,9 +396,13 @@ async fn node_key(client: &kube::Client) -> anyhow::Result<std::path::PathBuf> {
     let key = data
         .get("ssh-privatekey")
         .context("no ssh-privatekey in the Secret")?;
-    let path = std::env::temp_dir().join(format!("bridge-bench-key-{}", std::process::id()));
-    std::fs::write(&path, &key.0)?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    let path = dir.join("node-key");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?
+        .write_all(&key.0)?;
     Ok(path)
 }
 

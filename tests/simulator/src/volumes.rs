@@ -246,7 +246,8 @@ pub(crate) fn delete(world: &mut World, id: &str) -> Reply {
 }
 
 /// The directory that holds a volume's files on this machine: every pod that mounts the volume
-/// sees it at its mount path (see `ssh::start`), so a file one pod writes is there for the next.
+/// and whose sshd runs sees it at its mount path (see `ssh::start`), so a file one pod writes is
+/// there for the next. Removed when the volume is deleted.
 pub(crate) fn directory(id: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("runpod-sim-volume-{id}"))
 }

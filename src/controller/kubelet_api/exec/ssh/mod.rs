@@ -24,6 +24,7 @@ const CIPHERS: &[russh::cipher::Name] = &[
     russh::cipher::AES_128_GCM,
     russh::cipher::CHACHA20_POLY1305,
     russh::cipher::AES_256_CTR,
+    russh::cipher::AES_192_CTR,
     russh::cipher::AES_128_CTR,
 ];
 

@@ -306,6 +306,16 @@ async fn scenarios(
         .await?;
     let reached = inbound(client, LEADER).await?;
     through_service(cp, pod_port)?;
+    // A Service whose only backend is a burst pod (no pod IP, so no Endpoints list it) is
+    // reachable outbound too: here from the pod itself, through the controller's listener.
+    let web = resolved(&pod_id, "web.e2e-net.svc").await?;
+    wait::until("the burst-only Service web, outbound", WAIT, || async {
+        Ok(
+            (echo(SocketAddr::new(web, 80), "hairpin").ok().as_deref() == Some("HAIRPIN"))
+                .then_some(()),
+        )
+    })
+    .await?;
 
     // A NetworkPolicy that denies everything to and from the pod: the bridge carries nothing
     // (it does not judge peer rules yet, so it fails closed and says so), until it is deleted.

@@ -1,7 +1,7 @@
 //! A Service's ready endpoints, read from its core/v1 Endpoints (served by every apiserver this
 //! project supports): which TCP ports it has, and where one connection to a port goes.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::RwLock;
 
@@ -118,7 +118,13 @@ pub struct ClusterEndpoints {
     pub controller: Option<IpAddr>,
     /// What is never dialled, as of the last round (`refresh`).
     never: RwLock<HashSet<IpAddr>>,
+    /// Ready burst pods behind each (Service, port): the controller's own listeners for them,
+    /// as of the last round. Burst pods have no pod IP, so no Endpoints list them.
+    bursts: RwLock<BurstBackends>,
 }
+
+/// The controller's listeners for ready burst pods, per (Service, Service port).
+pub(super) type BurstBackends = HashMap<(ServiceKey, u16), Vec<SocketAddr>>;
 
 impl ClusterEndpoints {
     pub fn new(
@@ -131,7 +137,13 @@ impl ClusterEndpoints {
             endpoints,
             controller,
             never: RwLock::default(),
+            bursts: RwLock::default(),
         }
+    }
+
+    /// The ready burst pods' listeners found in the last round.
+    pub(super) fn set_bursts(&self, bursts: BurstBackends) {
+        *self.bursts.write().unwrap_or_else(|e| e.into_inner()) = bursts;
     }
 
     /// Recomputes what is never dialled: the apiserver's addresses, every Service's cluster
@@ -159,8 +171,9 @@ impl ClusterEndpoints {
         *self.never.write().unwrap_or_else(|e| e.into_inner()) = never;
     }
 
-    /// Every Service, as the plan sees it.
+    /// Every Service, as the plan sees it: ready too where a ready burst pod backs it.
     pub fn views(&self) -> Vec<ServiceView> {
+        let bursts = self.bursts.read().unwrap_or_else(|e| e.into_inner());
         self.services
             .state()
             .iter()
@@ -168,7 +181,9 @@ impl ClusterEndpoints {
                 let at = ObjectRef::new(service.metadata.name.as_deref()?)
                     .within(service.metadata.namespace.as_deref()?);
                 let endpoints = self.endpoints.get(&at);
-                service_view(service, endpoints.as_deref())
+                let mut view = service_view(service, endpoints.as_deref())?;
+                view.ready |= bursts.keys().any(|(key, _)| *key == view.key);
+                Some(view)
             })
             .collect()
     }
@@ -178,11 +193,24 @@ impl bridge::Endpoints for ClusterEndpoints {
     fn pick(&self, service: &ServiceKey, port: u16) -> Option<SocketAddr> {
         let at = ObjectRef::new(&service.name).within(&service.namespace);
         let svc = self.services.get(&at)?;
-        let endpoints = self
+        let local = self
             .endpoints
-            .get(&ObjectRef::new(&service.name).within(&service.namespace))?;
-        let never = self.never.read().unwrap_or_else(|e| e.into_inner());
-        endpoint_for(&svc, &endpoints, port, fastrand::usize(..), &never)
+            .get(&ObjectRef::new(&service.name).within(&service.namespace))
+            .and_then(|endpoints| {
+                let never = self.never.read().unwrap_or_else(|e| e.into_inner());
+                endpoint_for(&svc, &endpoints, port, fastrand::usize(..), &never)
+            });
+        // The controller's own listeners, for burst pods behind the Service: never in an
+        // Endpoints object, so `never` (which holds the controller's address) does not apply.
+        let bursts = self.bursts.read().unwrap_or_else(|e| e.into_inner());
+        let burst = bursts
+            .get(&(service.clone(), port))
+            .filter(|listeners| !listeners.is_empty())
+            .map(|listeners| listeners[fastrand::usize(..listeners.len())]);
+        match (local, burst) {
+            (Some(local), Some(burst)) => Some(if fastrand::bool() { local } else { burst }),
+            (local, burst) => local.or(burst),
+        }
     }
 }
 

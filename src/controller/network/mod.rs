@@ -24,7 +24,7 @@ use kube::Resource as _;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 pub use runpod_contract::network::NetworkSettings;
-use runpod_contract::network::{CLUSTER_SERVICES, Selector, parse_selectors, plan};
+use runpod_contract::network::{CLUSTER_SERVICES, Selector, ServiceKey, parse_selectors, plan};
 use tokio::time::Instant;
 
 use crate::controller::context::Shared;
@@ -189,32 +189,36 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
             .collect();
         let (shared, cluster, views, policies, publisher_ref) =
             (&shared, &cluster, &views, &policies, &publisher);
-        let done: Vec<(String, Slot, HashMap<SliceKey, serde_json::Value>)> =
-            futures_util::stream::iter(jobs)
-                .map(|(uid, pod, mut slot)| async move {
-                    let mut slices = HashMap::new();
-                    let verdict = policy::judge(&pod, policies);
-                    said_blocked(shared, &pod, &verdict).await;
-                    outbound(shared, cluster, views, &pod, &mut slot, &verdict).await;
-                    if verdict.ingress_blocked_by.is_empty() {
-                        inbound(shared, cluster, publisher_ref, &pod, &mut slot, &mut slices).await;
-                    } else if let Slot::Up(bridge) = &mut slot {
-                        bridge
-                            .expose(&BTreeSet::new(), std::net::Ipv4Addr::UNSPECIFIED.into())
-                            .await;
-                    }
-                    (uid, slot, slices)
-                })
-                .buffer_unordered(CONCURRENT_PODS)
-                .collect()
-                .await;
+        let done: Vec<(String, Slot, Inbound)> = futures_util::stream::iter(jobs)
+            .map(|(uid, pod, mut slot)| async move {
+                let mut slices = Inbound::default();
+                let verdict = policy::judge(&pod, policies);
+                said_blocked(shared, &pod, &verdict).await;
+                outbound(shared, cluster, views, &pod, &mut slot, &verdict).await;
+                if verdict.ingress_blocked_by.is_empty() {
+                    inbound(shared, cluster, publisher_ref, &pod, &mut slot, &mut slices).await;
+                } else if let Slot::Up(bridge) = &mut slot {
+                    bridge
+                        .expose(&BTreeSet::new(), std::net::Ipv4Addr::UNSPECIFIED.into())
+                        .await;
+                }
+                (uid, slot, slices)
+            })
+            .buffer_unordered(CONCURRENT_PODS)
+            .collect()
+            .await;
         // Pods gone since the last round: their bridges are dropped here (and disconnect).
         slots.clear();
         let mut slices = HashMap::new();
-        for (uid, slot, pod_slices) in done {
+        let mut bursts = endpoints::BurstBackends::new();
+        for (uid, slot, pod_inbound) in done {
             slots.insert(uid, slot);
-            slices.extend(pod_slices);
+            slices.extend(pod_inbound.slices);
+            for (key, listeners) in pod_inbound.backends {
+                bursts.entry(key).or_default().extend(listeners);
+            }
         }
+        cluster.endpoints.set_bursts(bursts);
         publisher.publish(slices).await;
     }
 }
@@ -299,17 +303,26 @@ async fn outbound<P: Provider>(
     }
 }
 
+/// What one pod's inbound round found: the slices that point at its listeners, and, while it
+/// is Ready and its bridge up, the listeners behind each (Service, port) for other burst pods.
+#[derive(Default)]
+struct Inbound {
+    slices: HashMap<SliceKey, serde_json::Value>,
+    backends: endpoints::BurstBackends,
+}
+
 /// Listens for the pod's ports that Services selecting it target, and adds the slices that
-/// point there to `slices` (ready while the pod is Ready and its bridge is up; a pod whose
-/// bridge is down keeps its last slices, not ready).
+/// point there (ready while the pod is Ready and its bridge is up; a pod whose bridge is down
+/// keeps its last slices, not ready).
 async fn inbound<P: Provider>(
     shared: &Shared<P>,
     cluster: &Cluster,
     publisher: &Publisher,
     pod: &Pod,
     slot: &mut Slot,
-    slices: &mut HashMap<SliceKey, serde_json::Value>,
+    found: &mut Inbound,
 ) {
+    let slices = &mut found.slices;
     let Ok(address) = shared.settings.host_ip.parse::<std::net::IpAddr>() else {
         return;
     };
@@ -346,6 +359,23 @@ async fn inbound<P: Provider>(
     }
     let ready = pod_ready(pod);
     for service in &selecting {
+        if ready
+            && let (Some(namespace), Some(name)) = (
+                service.metadata.namespace.clone(),
+                service.metadata.name.clone(),
+            )
+        {
+            let key = ServiceKey { namespace, name };
+            for (port, listener) in
+                slices::burst_ports(service, pod, |target| bridge.inbound_port(target))
+            {
+                found
+                    .backends
+                    .entry((key.clone(), port))
+                    .or_default()
+                    .push(std::net::SocketAddr::new(address, listener));
+            }
+        }
         let body = slices::slice(
             service,
             pod,

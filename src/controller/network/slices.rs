@@ -59,6 +59,25 @@ pub(crate) fn target_port(port: &ServicePort, pod: &Pod) -> Option<u16> {
     }
 }
 
+/// Where connections to `service`'s ports reach `pod` through its bridge: (Service port, the
+/// controller's `own` port for its target) for each port that reaches the pod, so that other
+/// burst pods reach a Service whose backends are burst pods (which have no pod IP).
+pub(crate) fn burst_ports(
+    service: &Service,
+    pod: &Pod,
+    own: impl Fn(u16) -> Option<u16>,
+) -> Vec<(u16, u16)> {
+    service
+        .spec
+        .iter()
+        .flat_map(|spec| spec.ports.iter().flatten())
+        .filter_map(|port| {
+            let listener = own(target_port(port, pod)?)?;
+            Some((u16::try_from(port.port).ok()?, listener))
+        })
+        .collect()
+}
+
 /// The slice's name: the Service's, cut to leave room, and the pod's UID (unique per pair).
 pub(crate) fn slice_name(service: &str, pod_uid: &str) -> String {
     let service: String = service.chars().take(200).collect();
@@ -166,6 +185,20 @@ mod tests {
         let mut elsewhere = service(json!({"app": "web"}), ports);
         elsewhere.metadata.namespace = Some("other".into());
         assert!(!selects(&elsewhere, &pod()));
+    }
+
+    #[test]
+    fn a_burst_backend_is_each_service_port_whose_target_has_a_listener() {
+        let svc = service(
+            json!({"app": "web"}),
+            json!([{"name": "a", "port": 80, "targetPort": "http"},
+                   {"name": "b", "port": 9000, "targetPort": 9100},
+                   {"name": "e", "port": 53, "protocol": "UDP"}]),
+        );
+        // Only 8080 (the pod's `http`) has a listener, at 40001.
+        let own = |target: u16| (target == 8080).then_some(40001);
+        assert_eq!(burst_ports(&svc, &pod(), own), vec![(80, 40001)]);
+        assert!(burst_ports(&svc, &pod(), |_| None).is_empty());
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! installation allows, and one the installation does not allow refused with an Event.
 //! Inbound: a Service selecting the burst pod gets this project's EndpointSlice (read back from
 //! the apiserver: the leader's address, ready) whose address and port reach the pod's port, and
-//! `kubectl port-forward svc/NAME` reaches it too. A NetworkPolicy denying everything closes
+//! `kubectl port-forward svc/NAME` reaches it too; and the pod reaches that Service (whose only
+//! backend is a burst pod) outbound. A NetworkPolicy denying everything closes
 //! both directions (with an Event) until it is deleted. Both come back after the controller is
 //! SIGKILLed and restarted.
 

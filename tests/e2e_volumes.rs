@@ -833,15 +833,31 @@ async fn console_volume(
     size: u32,
     datacenter: &str,
 ) -> anyhow::Result<String> {
-    let made: Value = reqwest::Client::new()
-        .post(format!("{}/v2/network-volumes", simulator.url))
-        .bearer_auth(support::controller::API_KEY)
-        .json(&json!({"name": name, "size": size, "dataCenter": datacenter}))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
+    // The account's rate limit is shared with the controller's calls: a 429 (which creates
+    // nothing) is waited out as its Retry-After says, as a console user would.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let answer = loop {
+        let answer = reqwest::Client::new()
+            .post(format!("{}/v2/network-volumes", simulator.url))
+            .bearer_auth(support::controller::API_KEY)
+            .json(&json!({"name": name, "size": size, "dataCenter": datacenter}))
+            .send()
+            .await?;
+        if answer.status() != reqwest::StatusCode::TOO_MANY_REQUESTS
+            || std::time::Instant::now() > deadline
+        {
+            break answer;
+        }
+        let wait = answer
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(2)
+            .clamp(1, 30);
+        tokio::time::sleep(std::time::Duration::from_secs(wait)).await;
+    };
+    let made: Value = answer.error_for_status()?.json().await?;
     Ok(made["id"].as_str().context("volume id")?.to_owned())
 }
 

@@ -10,7 +10,10 @@
 //! the apiserver: the leader's address, ready) whose address and port reach the pod's port, and
 //! `kubectl port-forward svc/NAME` reaches it too; and the pod reaches that Service (whose only
 //! backend is a burst pod) outbound. A NetworkPolicy denying everything closes
-//! both directions (with an Event) until it is deleted. Both come back after the controller is
+//! both directions (with an Event) until it is deleted; policies with rules are judged per
+//! connection: egress to a pod by its labels (the endpoint's `targetRef`) and port, to an
+//! `ipBlock` on one port; ingress from a pod by its labels (found by the connection's source
+//! address), not from an address no such pod has. Both come back after the controller is
 //! SIGKILLed and restarted.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -86,6 +89,18 @@ async fn service(
     port: u16,
     endpoint: Option<(IpAddr, u16, bool)>,
 ) -> anyhow::Result<()> {
+    service_naming(client, ns, name, port, endpoint, None).await
+}
+
+/// `service`, whose endpoint names `pod` (`targetRef`, as the endpoints controller writes it).
+async fn service_naming(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    port: u16,
+    endpoint: Option<(IpAddr, u16, bool)>,
+    pod: Option<&str>,
+) -> anyhow::Result<()> {
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
     services
         .create(
@@ -108,7 +123,10 @@ async fn service(
                 &PostParams::default(),
                 &serde_json::from_value(json!({
                     "metadata": {"name": name},
-                    "subsets": [{key: [{"ip": ip.to_string()}],
+                    "subsets": [{key: [match pod {
+                                     None => json!({"ip": ip.to_string()}),
+                                     Some(pod) => json!({"ip": ip.to_string(), "targetRef": {"kind": "Pod", "namespace": ns, "name": pod}}),
+                                 }],
                                  "ports": [{"name": "main", "port": target, "protocol": "TCP"}]}]
                 }))?,
             )
@@ -318,8 +336,8 @@ async fn scenarios(
     })
     .await?;
 
-    // A NetworkPolicy that denies everything to and from the pod: the bridge carries nothing
-    // (it does not judge peer rules yet, so it fails closed and says so), until it is deleted.
+    // A NetworkPolicy that denies everything to and from the pod: the bridge carries nothing,
+    // and says so, until it is deleted.
     let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
         Api::namespaced(client.clone(), NS);
     policies
@@ -331,7 +349,7 @@ async fn scenarios(
             }))?,
         )
         .await?;
-    let said = support::pods::event(client, NS, POD, "NetworkPolicyNotApplied").await?;
+    let said = support::pods::event(client, NS, POD, "NetworkPolicyApplied").await?;
     ensure!(said.contains("deny-all"), "the policy Event: {said}");
     wait::until("outbound closed by the policy", WAIT, || async {
         let hosts = std::fs::read_to_string(hosts_file(&pod_id)).unwrap_or_default();
@@ -350,6 +368,8 @@ async fn scenarios(
     answers(db, 5432, "db-here").await?;
     let reached = inbound(client, LEADER).await?;
 
+    policies_by_rule(client, &pod_id, host, reached, (db, cache, mlflow)).await?;
+
     // The controller SIGKILLed: the next leader's bridge carries connections again, both ways.
     controller.kill();
     controller.restart()?;
@@ -362,6 +382,186 @@ async fn scenarios(
     .await?;
     ensure!(again.ip() == LEADER, "the slice moved to {again}");
     Ok(())
+}
+
+/// The address of a pod allowed in by the ingress rule, and of no pod.
+const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 5));
+const STRANGER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 6));
+
+/// NetworkPolicies with rules, judged per connection by the bridge; deleted at the end.
+async fn policies_by_rule(
+    client: &kube::Client,
+    pod_id: &str,
+    host: IpAddr,
+    reached: SocketAddr,
+    (db, cache, mlflow): (IpAddr, IpAddr, IpAddr),
+) -> anyhow::Result<()> {
+    // Pods that stand for a database and a client: on a node of their own that nothing runs.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "e2e-elsewhere"}}))?,
+        )
+        .await?;
+    stand_in(client, "db-0", "db", Some(host)).await?;
+    // An endpoint that names db-0 at another address is not db-0.
+    stand_in(client, "db-1", "db", Some(IpAddr::from([127, 0, 0, 7]))).await?;
+    stand_in(client, "client-0", "client", Some(CLIENT)).await?;
+    // The Service pg, whose endpoint names the pod db-0 (as the endpoints controller writes),
+    // and fake-db, whose endpoint (the same address) names db-1, which has another address.
+    let pg_port = greeter("pg-here")?;
+    let at = Some((host, pg_port, true));
+    service_naming(client, NS, "pg", 5433, at, Some("db-0")).await?;
+    service_naming(client, NS, "fake-db", 5434, at, Some("db-1")).await?;
+    let fake = resolved(pod_id, "fake-db").await?;
+    answers(fake, 5434, "pg-here").await?;
+    let pg = resolved(pod_id, "pg").await?;
+    answers(pg, 5433, "pg-here").await?;
+
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), NS);
+    let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), NS);
+    let cache_endpoint = {
+        let endpoints = endpoints.get("cache").await?;
+        endpoints.subsets.unwrap_or_default()[0]
+            .ports
+            .clone()
+            .unwrap_or_default()[0]
+            .port
+    };
+    policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "egress-by-rule"},
+                "spec": {"podSelector": {"matchLabels": {"app": "trainer"}},
+                         "policyTypes": ["Egress"],
+                         "egress": [
+                             {"to": [{"podSelector": {"matchLabels": {"role": "db"}}}],
+                              "ports": [{"port": pg_port, "protocol": "TCP"}]},
+                             {"to": [{"ipBlock": {"cidr": format!("{host}/32")}}],
+                              "ports": [{"port": cache_endpoint}]}
+                         ]}
+            }))?,
+        )
+        .await?;
+    policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "from-clients"},
+                "spec": {"podSelector": {"matchLabels": {"app": "trainer"}},
+                         "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]}
+            }))?,
+        )
+        .await?;
+    for (policy, direction) in [("egress-by-rule", "egress"), ("from-clients", "ingress")] {
+        wait::until(&format!("the Event applying {policy}"), WAIT, || async {
+            let events = support::pods::events(client, NS, POD).await?;
+            Ok(events
+                .iter()
+                .any(|(reason, message)| {
+                    reason == "NetworkPolicyApplied"
+                        && message.contains(policy)
+                        && message.contains(&format!("restricts its {direction}"))
+                })
+                .then_some(()))
+        })
+        .await?;
+    }
+    // Egress: db's endpoint names no pod and is on another port: closed; pg (a db pod) and the
+    // cache (the ipBlock, its port) still answer; mlflow (neither) is closed.
+    wait::until("db closed by the egress rules", WAIT, || async {
+        Ok((!talk(db, 5432).unwrap_or_default().starts_with("db-here")).then_some(()))
+    })
+    .await?;
+    answers(pg, 5433, "pg-here").await?;
+    answers(cache, 6380, "cache-here").await?;
+    ensure!(
+        !talk(fake, 5434).unwrap_or_default().starts_with("pg-here"),
+        "an endpoint naming a db pod at an address not its own was taken for it"
+    );
+    ensure!(
+        !talk(mlflow, 5000)
+            .unwrap_or_default()
+            .starts_with("mlflow-here"),
+        "mlflow reached though no egress rule allows it"
+    );
+    // Ingress: from the client pod's address, yes; from an address no such pod has, no.
+    wait::until("a stranger refused by the ingress rules", WAIT, || async {
+        Ok((echo_from(STRANGER, reached, "stranger")
+            .await
+            .unwrap_or_default()
+            != "STRANGER")
+            .then_some(()))
+    })
+    .await?;
+    let answer = echo_from(CLIENT, reached, "client here").await?;
+    ensure!(
+        answer == "CLIENT HERE",
+        "the client pod was not let in: {answer:?}"
+    );
+
+    for name in ["egress-by-rule", "from-clients"] {
+        policies
+            .delete(name, &kube::api::DeleteParams::default())
+            .await?;
+    }
+    answers(db, 5432, "db-here").await?;
+    wait::until("a stranger let in again", WAIT, || async {
+        Ok((echo_from(STRANGER, reached, "again")
+            .await
+            .unwrap_or_default()
+            == "AGAIN")
+            .then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+/// A pod labelled `role` on the node `e2e-elsewhere` (tolerating its taints), with `address`
+/// as its pod IP.
+async fn stand_in(
+    client: &kube::Client,
+    name: &str,
+    role: &str,
+    address: Option<IpAddr>,
+) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"role": role}},
+            "spec": {"nodeName": "e2e-elsewhere",
+                     "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "main", "image": "e2e/stand-in:1"}]}
+        }))?,
+    )
+    .await?;
+    if let Some(ip) = address {
+        pods.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]}}),
+            ),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// One line to `at` from the local address `source`, and what comes back ("" when closed).
+async fn echo_from(source: IpAddr, at: SocketAddr, text: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(source, 0))?;
+    let mut conn = tokio::time::timeout(Duration::from_secs(5), socket.connect(at)).await??;
+    conn.write_all(text.as_bytes()).await?;
+    let mut buf = [0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf)).await??;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
 /// The Service `web`'s EndpointSlice of this project, read from the apiserver, once it is ready

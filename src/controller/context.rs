@@ -204,7 +204,10 @@ impl<P> Shared<P> {
         self.snapshot.borrow().clone()
     }
 
-    /// Publishes an Event on the pod `about` refers to, once per reason and message.
+    /// Publishes an Event on the pod `about` refers to, once per reason and message. A new
+    /// message of a reason said before is an Event of its own: its action names the message
+    /// (the recorder folds Events of one reason and action into a series that keeps the first
+    /// message, which would hide what changed).
     pub async fn event(
         &self,
         about: &ObjectReference,
@@ -217,7 +220,13 @@ impl<P> Shared<P> {
         if !self.remember(&uid, |m| m.events.insert(key)) {
             return;
         }
-        self.event_as(about, warning, (reason, reason), message)
+        let action = {
+            use std::hash::{Hash as _, Hasher as _};
+            let mut hasher = std::hash::DefaultHasher::new();
+            message.hash(&mut hasher);
+            format!("{reason}-{:016x}", hasher.finish())
+        };
+        self.event_as(about, warning, (reason, &action), message)
             .await;
     }
 

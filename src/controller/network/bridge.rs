@@ -11,7 +11,7 @@
 //! the EndpointSlices this project keeps point there.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use runpod_contract::network::{
 };
 use tokio::sync::Semaphore;
 
+use super::guard::{Candidate, Guard};
 use crate::controller::kubelet_api::exec::ssh::{self, Forwarded, Session, SshError};
 use crate::controller::shell::Reach;
 
@@ -37,9 +38,10 @@ fn forward_key(forward: &Forward) -> String {
     format!("forward {}:{}", forward.address, forward.port)
 }
 
-/// Picks a ready endpoint of a Service's port (the cluster's current view).
+/// The ready endpoints of a Service's port (the cluster's current view): its local
+/// endpoints, and the burst pods behind it.
 pub(crate) trait Endpoints: Send + Sync + 'static {
-    fn pick(&self, service: &ServiceKey, port: u16) -> Option<SocketAddr>;
+    fn candidates(&self, service: &ServiceKey, port: u16) -> [Vec<Candidate>; 2];
 }
 
 type Routes = Arc<RwLock<HashMap<(Ipv4Addr, u16), ServiceKey>>>;
@@ -49,6 +51,7 @@ struct Dialer {
     pod: String,
     routes: Routes,
     endpoints: Arc<dyn Endpoints>,
+    guard: Arc<Guard>,
     permits: Arc<Semaphore>,
 }
 
@@ -66,16 +69,22 @@ impl Forwarded for Dialer {
                     .cloned()
                     .map(|service| (service, key.1))
             });
-        let endpoint = route
+        let groups = route
             .as_ref()
-            .and_then(|(service, port)| self.endpoints.pick(service, *port));
+            .map(|(service, port)| self.endpoints.candidates(service, *port));
         let permit = self.permits.clone().try_acquire_owned();
         let pod = self.pod.clone();
         let address = address.to_owned();
+        let guard = self.guard.clone();
         tokio::spawn(async move {
+            // A ready endpoint the pod's NetworkPolicies allow it to reach.
+            let endpoint = match groups {
+                Some(groups) => guard.choose(groups).await.map(|c| c.dial),
+                None => None,
+            };
             let (Some((service, _)), Some(endpoint), Ok(_permit)) = (route, endpoint, permit)
             else {
-                tracing::debug!(%pod, %address, port, "a connection the bridge cannot carry (no route, no ready endpoint, or too many); closed");
+                tracing::debug!(%pod, %address, port, "a connection the bridge cannot carry (no route, no ready endpoint its NetworkPolicies allow, or too many); closed");
                 let _ = channel.close().await;
                 return;
             };
@@ -110,6 +119,8 @@ pub(crate) struct Bridge {
     /// Inbound listeners by the pod's port: the controller's port, and its accept loop.
     inbound: HashMap<u16, (u16, tokio::task::AbortHandle)>,
     permits: Arc<Semaphore>,
+    /// The NetworkPolicies selecting the pod, applied to each connection either way.
+    guard: Arc<Guard>,
     /// The pod's sshd binds every remote forward to `127.0.0.1` (`GatewayPorts no`): plans are
     /// carried out on localhost (`on_localhost`).
     localhost: bool,
@@ -143,6 +154,7 @@ impl Bridge {
         reach: &Reach,
         uid: &str,
         endpoints: Arc<dyn Endpoints>,
+        guard: Arc<Guard>,
         localhost: bool,
     ) -> Result<Bridge, SshError> {
         let routes: Routes = Arc::default();
@@ -151,6 +163,7 @@ impl Bridge {
             pod: uid.to_owned(),
             routes: routes.clone(),
             endpoints,
+            guard: guard.clone(),
             permits: permits.clone(),
         });
         let session =
@@ -164,8 +177,18 @@ impl Bridge {
             failed: HashMap::new(),
             inbound: HashMap::new(),
             permits,
+            guard,
             localhost,
         })
+    }
+
+    /// The NetworkPolicies now selecting the pod (judged each round) and its named ports.
+    pub(crate) fn set_policy(
+        &self,
+        verdict: super::policy::Verdict,
+        own_ports: Vec<(String, u16)>,
+    ) {
+        self.guard.set(verdict, own_ports);
     }
 
     /// Whether the connection dropped (a new one is opened on the next round).
@@ -211,6 +234,7 @@ impl Bridge {
                         port,
                         self.session.clone(),
                         self.permits.clone(),
+                        self.guard.clone(),
                     ));
                     self.inbound.insert(port, (own, task.abort_handle()));
                 }
@@ -333,20 +357,27 @@ impl Bridge {
     }
 }
 
-/// Carries each connection to `listener` to the pod's `port` over the bridge's connection.
+/// Carries each connection to `listener` that the pod's NetworkPolicies allow from its source
+/// to the pod's `port` over the bridge's connection.
 async fn carry_inbound(
     listener: tokio::net::TcpListener,
     port: u16,
     session: Arc<tokio::sync::RwLock<Session>>,
     permits: Arc<Semaphore>,
+    guard: Arc<Guard>,
 ) {
-    while let Ok((mut client, _)) = listener.accept().await {
+    while let Ok((mut client, source)) = listener.accept().await {
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             continue;
         };
         let session = session.clone();
+        let guard = guard.clone();
         tokio::spawn(async move {
             let _permit = permit;
+            if !guard.allows_from(source.ip(), port).await {
+                tracing::debug!(port, %source, "a connection to the pod its NetworkPolicies do not allow; closed");
+                return;
+            }
             let opened = session.read().await.forward(port).await;
             match opened {
                 Ok(mut stream) => {

@@ -10,6 +10,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use runpod_contract::network::{ServiceKey, ServiceView};
 
 use super::bridge;
+use super::guard::Candidate;
 
 /// The plan's view of a Service: its TCP ports and whether any has a ready address.
 pub fn service_view(service: &Service, endpoints: Option<&Endpoints>) -> Option<ServiceView> {
@@ -41,24 +42,31 @@ pub fn service_view(service: &Service, endpoints: Option<&Endpoints>) -> Option<
     })
 }
 
-/// A ready address for `port` of `service`: the endpoint port named as the Service port is (or
-/// the only one, for a Service with one unnamed port), the `choice`-th ready address. An
-/// address in `never` (the apiserver's, every Service's cluster IP, the controller's own:
-/// Endpoints can be written by hand, and must not turn the bridge into a way to them) or a
-/// loopback, link-local or unspecified address is never picked, on any port.
-pub(super) fn endpoint_for(
+/// The ready addresses for `port` of `service`: the endpoint port named as the Service port is
+/// (or the only one, for a Service with one unnamed port). An address in `never` (the
+/// apiserver's, every Service's cluster IP, the controller's own: Endpoints can be written by
+/// hand, and must not turn the bridge into a way to them) or a loopback, link-local or
+/// unspecified address is never one, on any port.
+pub(super) fn endpoints_for(
     service: &Service,
     endpoints: &Endpoints,
     port: u16,
-    choice: usize,
     never: &HashSet<IpAddr>,
-) -> Option<SocketAddr> {
-    let service_port =
-        service.spec.as_ref()?.ports.as_ref()?.iter().find(|p| {
-            p.port == i32::from(port) && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
-        })?;
+) -> Vec<Candidate> {
+    let Some(service_port) = service
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.ports.as_ref())
+        .and_then(|ports| {
+            ports.iter().find(|p| {
+                p.port == i32::from(port) && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
+            })
+        })
+    else {
+        return Vec::new();
+    };
     let wanted = service_port.name.as_deref().unwrap_or("");
-    let candidates: Vec<SocketAddr> = endpoints
+    endpoints
         .subsets
         .iter()
         .flatten()
@@ -68,23 +76,24 @@ pub(super) fn endpoint_for(
                     && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
             })?;
             let port = u16::try_from(port.port).ok()?;
-            Some(
-                subset
-                    .addresses
-                    .iter()
-                    .flatten()
-                    .filter_map(move |a| a.ip.parse::<IpAddr>().ok())
-                    .map(move |ip| SocketAddr::new(ip, port)),
-            )
+            Some(subset.addresses.iter().flatten().filter_map(move |a| {
+                let ip = a.ip.parse::<IpAddr>().ok()?.to_canonical();
+                let pod = a
+                    .target_ref
+                    .as_ref()
+                    .filter(|r| r.kind.as_deref() == Some("Pod"))
+                    .and_then(|r| Some((r.namespace.clone()?, r.name.clone()?)));
+                Some(Candidate {
+                    dial: SocketAddr::new(ip, port),
+                    ip: Some(ip),
+                    pod,
+                    port,
+                })
+            }))
         })
         .flatten()
-        .map(|address| SocketAddr::new(address.ip().to_canonical(), address.port()))
-        .filter(|address| !never.contains(&address.ip()) && !special(address.ip()))
-        .collect();
-    if candidates.is_empty() {
-        return None;
-    }
-    candidates.get(choice % candidates.len()).copied()
+        .filter(|c| !never.contains(&c.dial.ip()) && !special(c.dial.ip()))
+        .collect()
 }
 
 /// Addresses the controller's own host answers on, or that are not a pod's.
@@ -124,7 +133,7 @@ pub struct ClusterEndpoints {
 }
 
 /// The controller's listeners for ready burst pods, per (Service, Service port).
-pub(super) type BurstBackends = HashMap<(ServiceKey, u16), Vec<SocketAddr>>;
+pub(super) type BurstBackends = HashMap<(ServiceKey, u16), Vec<Candidate>>;
 
 impl ClusterEndpoints {
     pub fn new(
@@ -190,27 +199,28 @@ impl ClusterEndpoints {
 }
 
 impl bridge::Endpoints for ClusterEndpoints {
-    fn pick(&self, service: &ServiceKey, port: u16) -> Option<SocketAddr> {
+    fn candidates(&self, service: &ServiceKey, port: u16) -> [Vec<Candidate>; 2] {
         let at = ObjectRef::new(&service.name).within(&service.namespace);
-        let svc = self.services.get(&at)?;
         let local = self
-            .endpoints
-            .get(&ObjectRef::new(&service.name).within(&service.namespace))
-            .and_then(|endpoints| {
+            .services
+            .get(&at)
+            .zip(
+                self.endpoints
+                    .get(&ObjectRef::new(&service.name).within(&service.namespace)),
+            )
+            .map(|(svc, endpoints)| {
                 let never = self.never.read().unwrap_or_else(|e| e.into_inner());
-                endpoint_for(&svc, &endpoints, port, fastrand::usize(..), &never)
-            });
+                endpoints_for(&svc, &endpoints, port, &never)
+            })
+            .unwrap_or_default();
         // The controller's own listeners, for burst pods behind the Service: never in an
         // Endpoints object, so `never` (which holds the controller's address) does not apply.
         let bursts = self.bursts.read().unwrap_or_else(|e| e.into_inner());
         let burst = bursts
             .get(&(service.clone(), port))
-            .filter(|listeners| !listeners.is_empty())
-            .map(|listeners| listeners[fastrand::usize(..listeners.len())]);
-        match (local, burst) {
-            (Some(local), Some(burst)) => Some(if fastrand::bool() { local } else { burst }),
-            (local, burst) => local.or(burst),
-        }
+            .cloned()
+            .unwrap_or_default();
+        [local, burst]
     }
 }
 
@@ -241,35 +251,46 @@ mod tests {
             {"name": "metrics", "port": 9187}
         ]));
         let eps = endpoints(serde_json::json!([{
-            "addresses": [{"ip": "10.1.0.7"}],
+            "addresses": [{"ip": "10.1.0.7",
+                           "targetRef": {"kind": "Pod", "namespace": "team", "name": "db-0"}}],
             "notReadyAddresses": [{"ip": "10.1.0.8"}],
             "ports": [{"name": "metrics", "port": 19187}, {"name": "sql", "port": 15432}]
         }]));
-        for choice in 0..4 {
-            assert_eq!(
-                endpoint_for(&svc, &eps, 5432, choice, &HashSet::new()),
-                Some("10.1.0.7:15432".parse().unwrap())
-            );
-        }
+        let dialled = |eps: &Endpoints, port, never: &HashSet<IpAddr>| -> Vec<SocketAddr> {
+            endpoints_for(&svc, eps, port, never)
+                .into_iter()
+                .map(|c| c.dial)
+                .collect()
+        };
+        let found = endpoints_for(&svc, &eps, 5432, &HashSet::new());
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].dial, "10.1.0.7:15432".parse().unwrap());
+        assert_eq!(found[0].ip, Some("10.1.0.7".parse().unwrap()));
+        assert_eq!(found[0].port, 15432);
         assert_eq!(
-            endpoint_for(&svc, &eps, 9187, 0, &HashSet::new()),
-            Some("10.1.0.7:19187".parse().unwrap())
+            found[0].pod,
+            Some(("team".to_owned(), "db-0".to_owned())),
+            "targetRef names the pod"
         );
-        assert_eq!(endpoint_for(&svc, &eps, 80, 0, &HashSet::new()), None);
+        assert_eq!(
+            dialled(&eps, 9187, &HashSet::new()),
+            ["10.1.0.7:19187".parse::<SocketAddr>().unwrap()]
+        );
+        assert!(dialled(&eps, 80, &HashSet::new()).is_empty());
         // Never what is excluded (the apiserver, cluster IPs, the controller) on any port,
         // whatever hand-written Endpoints say, also written as IPv4-mapped IPv6; never loopback.
         let never: HashSet<IpAddr> = ["10.1.0.7".parse().unwrap()].into();
-        assert_eq!(endpoint_for(&svc, &eps, 5432, 0, &never), None);
+        assert!(dialled(&eps, 5432, &never).is_empty());
         let mapped = endpoints(serde_json::json!([{
             "addresses": [{"ip": "::ffff:10.1.0.7"}],
             "ports": [{"name": "sql", "port": 15432}]
         }]));
-        assert_eq!(endpoint_for(&svc, &mapped, 5432, 0, &never), None);
+        assert!(dialled(&mapped, 5432, &never).is_empty());
         let local = endpoints(serde_json::json!([{
             "addresses": [{"ip": "127.0.0.1"}, {"ip": "169.254.169.254"}, {"ip": "::ffff:127.0.0.1"}],
             "ports": [{"name": "sql", "port": 5432}]
         }]));
-        assert_eq!(endpoint_for(&svc, &local, 5432, 0, &HashSet::new()), None);
+        assert!(dialled(&local, 5432, &HashSet::new()).is_empty());
         let view = service_view(&svc, Some(&eps)).unwrap();
         assert_eq!(view.tcp_ports, [5432, 9187]);
         assert!(view.ready);
@@ -282,7 +303,7 @@ mod tests {
             "notReadyAddresses": [{"ip": "10.1.0.8"}],
             "ports": [{"port": 8080}]
         }]));
-        assert_eq!(endpoint_for(&svc, &eps, 80, 0, &HashSet::new()), None);
+        assert!(endpoints_for(&svc, &eps, 80, &HashSet::new()).is_empty());
         assert!(!service_view(&svc, Some(&eps)).unwrap().ready);
         assert!(!service_view(&svc, None).unwrap().ready);
         let udp = service(serde_json::json!([{"port": 53, "protocol": "UDP"}]));

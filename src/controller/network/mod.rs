@@ -8,6 +8,7 @@
 
 pub(crate) mod bridge;
 mod endpoints;
+mod guard;
 pub(crate) mod policy;
 mod publish;
 pub(crate) mod slices;
@@ -133,6 +134,8 @@ struct Cluster {
     policies: Store<NetworkPolicy>,
     namespaces: Store<Namespace>,
     endpoints: Arc<ClusterEndpoints>,
+    /// Who a connection's peer is, for NetworkPolicy rules that name pods.
+    peers: Arc<guard::Peers>,
 }
 
 /// The leader's bridge loop (returns at once where the network is off or there is no shell).
@@ -150,10 +153,12 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
     let mut watches = Watches::default();
     let services = watches.mirror(Api::<Service>::all(client.clone()));
     let endpoints = watches.mirror(Api::<CoreEndpoints>::all(client.clone()));
+    let namespaces = watches.mirror(Api::<Namespace>::all(client.clone()));
     let cluster = Cluster {
         services: services.clone(),
         policies: watches.mirror(Api::<NetworkPolicy>::all(client.clone())),
-        namespaces: watches.mirror(Api::<Namespace>::all(client.clone())),
+        namespaces: namespaces.clone(),
+        peers: Arc::new(guard::Peers::new(client.clone(), namespaces)),
         endpoints: Arc::new(ClusterEndpoints::new(
             services,
             endpoints.clone(),
@@ -193,9 +198,16 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
             .map(|(uid, pod, mut slot)| async move {
                 let mut slices = Inbound::default();
                 let verdict = policy::judge(&pod, policies);
-                said_blocked(shared, &pod, &verdict).await;
+                said_restricted(shared, &pod, &verdict).await;
                 outbound(shared, cluster, views, &pod, &mut slot, &verdict).await;
-                if verdict.ingress_blocked_by.is_empty() {
+                if let Slot::Up(bridge) = &slot {
+                    bridge.set_policy(verdict.clone(), policy::named_ports(&pod));
+                }
+                if !verdict
+                    .ingress
+                    .as_ref()
+                    .is_some_and(policy::Restriction::denies_all)
+                {
                     inbound(shared, cluster, publisher_ref, &pod, &mut slot, &mut slices).await;
                 } else if let Slot::Up(bridge) = &mut slot {
                     bridge
@@ -244,7 +256,11 @@ async fn outbound<P: Provider>(
         views,
         &settings.cluster_domain,
     );
-    if !verdict.egress_blocked_by.is_empty() {
+    if verdict
+        .egress
+        .as_ref()
+        .is_some_and(policy::Restriction::denies_all)
+    {
         plan.forwards.clear();
         plan.hosts.clear();
     }
@@ -279,7 +295,18 @@ async fn outbound<P: Provider>(
         }
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let endpoints = cluster.endpoints.clone();
-        match connect(shared, pod, &namespace, &name, &uid, endpoints, *localhost).await {
+        let guard = Arc::new(guard::Guard::new(cluster.peers.clone()));
+        match connect(
+            shared,
+            pod,
+            &namespace,
+            &name,
+            &uid,
+            (endpoints, guard),
+            *localhost,
+        )
+        .await
+        {
             Ok(bridge) => *slot = Slot::Up(bridge),
             Err(reason) => {
                 tracing::debug!(namespace, pod = %name, %reason, "no bridge yet");
@@ -366,14 +393,24 @@ async fn inbound<P: Provider>(
             )
         {
             let key = ServiceKey { namespace, name };
-            for (port, listener) in
+            let this = pod
+                .metadata
+                .namespace
+                .clone()
+                .zip(pod.metadata.name.clone());
+            for (port, target, listener) in
                 slices::burst_ports(service, pod, |target| bridge.inbound_port(target))
             {
                 found
                     .backends
                     .entry((key.clone(), port))
                     .or_default()
-                    .push(std::net::SocketAddr::new(address, listener));
+                    .push(guard::Candidate {
+                        dial: std::net::SocketAddr::new(address, listener),
+                        ip: None,
+                        pod: this.clone(),
+                        port: target,
+                    });
             }
         }
         let body = slices::slice(
@@ -390,33 +427,53 @@ async fn inbound<P: Provider>(
     }
 }
 
-/// Says (once per reason and policies) which directions NetworkPolicies close.
-async fn said_blocked<P: Provider>(shared: &Shared<P>, pod: &Pod, verdict: &policy::Verdict) {
-    for (names, direction, what) in [
+/// Says (once per message) which NetworkPolicies the bridge applies to the pod, and how.
+async fn said_restricted<P: Provider>(shared: &Shared<P>, pod: &Pod, verdict: &policy::Verdict) {
+    let cloud = shared.provider.cloud().title;
+    for (restriction, direction, what, address) in [
         (
-            &verdict.egress_blocked_by,
+            &verdict.egress,
             "egress",
-            "no outbound connection to the cluster's Services",
+            "outbound connections to the cluster's Services",
+            "the endpoint it dials",
         ),
         (
-            &verdict.ingress_blocked_by,
+            &verdict.ingress,
             "ingress",
-            "no connection from the cluster's Services to it (no EndpointSlice)",
+            "connections from the cluster's Services to it",
+            "the connection's source as the controller sees it (kube-proxy may have replaced it with a node's address)",
         ),
     ] {
-        if names.is_empty() {
+        let Some(restriction) = restriction else {
             continue;
-        }
+        };
+        let names = restriction.by.join(", ");
+        let (warning, message) = if restriction.denies_all() {
+            (
+                false,
+                format!(
+                    "NetworkPolicy {names} selects this pod and allows no {direction}: the bridge to {cloud} carries no {what} (docs/networking.md)"
+                ),
+            )
+        } else {
+            let blocks = if restriction.has_ip_blocks() {
+                format!(", and ipBlock against {address}")
+            } else {
+                String::new()
+            };
+            (
+                restriction.has_ip_blocks() && direction == "ingress",
+                format!(
+                    "NetworkPolicy {names} selects this pod and restricts its {direction}: the bridge to {cloud} carries only the {what} that their rules allow, judged per TCP connection (peer pods by their labels and their namespace's labels, ports{blocks}; docs/networking.md)"
+                ),
+            )
+        };
         shared
             .event(
                 &pod.object_ref(&()),
-                true,
-                "NetworkPolicyNotApplied",
-                format!(
-                    "NetworkPolicy {} selects this pod and restricts its {direction} with rules the bridge to {cloud} cannot judge yet (only allow-all rules are): so that the policy is not ignored, the bridge carries {what} (docs/networking.md)",
-                    names.join(", "),
-                    cloud = shared.provider.cloud().title,
-                ),
+                warning,
+                "NetworkPolicyApplied",
+                message,
             )
             .await;
     }
@@ -496,13 +553,13 @@ async fn connect<P: Provider>(
     namespace: &str,
     name: &str,
     uid: &str,
-    endpoints: Arc<ClusterEndpoints>,
+    (endpoints, guard): (Arc<ClusterEndpoints>, Arc<guard::Guard>),
     localhost: bool,
 ) -> Result<Bridge, String> {
     let reach = shell::reach(shared, pod, namespace, name)
         .await
         .map_err(|refusal| refusal.message)?;
-    let bridge = Bridge::open(&reach, uid, endpoints, localhost)
+    let bridge = Bridge::open(&reach, uid, endpoints, guard, localhost)
         .await
         .map_err(|error| error.to_string())?;
     tracing::info!(namespace, pod = %name, "bridge to the cluster's Services connected");

@@ -1,25 +1,156 @@
-//! NetworkPolicies that select a burst pod, as the bridge honours them today: fail closed. A
-//! direction (egress: the pod's outbound connections; ingress: what Services route to it) that
-//! a policy restricts is carried only when every such policy allows everything in it (an empty
-//! rule `{}`); any other rule is one the bridge does not judge yet, so it carries nothing in
-//! that direction and says so in an Event, rather than ignore the policy.
+//! NetworkPolicies that select a burst pod, as the bridge applies them to the TCP connections
+//! it carries, rule by rule. Egress is judged per connection the pod opens, against the
+//! endpoint the bridge would dial (its pod's labels, its namespace's labels, the port, its
+//! address for `ipBlock`); ingress per connection a Service routes to the pod, against the
+//! connection's source (the pod that has that address, or the address itself for `ipBlock`).
+//! A peer the bridge cannot identify as a pod matches only `ipBlock` peers: fail closed.
+//! Everything here is pure; `peers` finds who a peer is.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule,
-};
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-/// What the policies selecting one pod let the bridge carry.
+/// A peer that is a pod: what the rules' selectors and named ports are judged against.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct PeerPod {
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
+    pub namespace_labels: BTreeMap<String, String>,
+    /// Its containers' named TCP ports.
+    pub ports: Vec<(String, u16)>,
+    /// Its pod IPs (an endpoint naming it at another address is not taken to be it).
+    pub ips: Vec<IpAddr>,
+}
+
+/// The other end of one connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer<'a> {
+    /// Its address, where it has one the bridge sees (a burst pod has none).
+    pub ip: Option<IpAddr>,
+    /// The pod it is, where the bridge could tell.
+    pub pod: Option<&'a PeerPod>,
+}
+
+/// One rule of a policy: peers (`from` or `to`; empty: any) and ports (empty: any).
+#[derive(Debug, Clone, PartialEq)]
+struct Rule {
+    /// The policy's namespace: a peer's `podSelector` alone selects pods there.
+    namespace: String,
+    peers: Vec<NetworkPolicyPeer>,
+    ports: Vec<NetworkPolicyPort>,
+}
+
+/// The policies restricting one direction of one pod: a connection is carried when any of
+/// their rules allows it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Restriction {
+    /// The policies' names, for the Event.
+    pub by: Vec<String>,
+    rules: Vec<Rule>,
+}
+
+/// What the policies selecting one pod let the bridge carry (`None`: that direction is not
+/// restricted).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Verdict {
-    /// Policies that restrict the pod's outbound connections with rules the bridge does not
-    /// judge (outbound is then not carried).
-    pub egress_blocked_by: Vec<String>,
-    /// Likewise for connections to the pod (its EndpointSlices are then not written).
-    pub ingress_blocked_by: Vec<String>,
+    /// The pod's outbound connections to the cluster's Services.
+    pub egress: Option<Restriction>,
+    /// Connections from the cluster's Services to the pod.
+    pub ingress: Option<Restriction>,
+}
+
+impl Restriction {
+    /// No rule allows anything: nothing in this direction is carried.
+    pub(crate) fn denies_all(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Whether some rule names pods (the peer must then be looked up).
+    pub(crate) fn names_pods(&self) -> bool {
+        self.rules.iter().any(|rule| {
+            rule.peers
+                .iter()
+                .any(|p| p.pod_selector.is_some() || p.namespace_selector.is_some())
+        })
+    }
+
+    /// Whether some rule names a port (judged against the ports of the pod it refers to).
+    pub(crate) fn names_ports(&self) -> bool {
+        self.rules.iter().any(|rule| {
+            rule.ports
+                .iter()
+                .any(|p| matches!(p.port, Some(IntOrString::String(_))))
+        })
+    }
+
+    /// Whether some rule has an `ipBlock` peer (judged against the address the bridge sees).
+    pub(crate) fn has_ip_blocks(&self) -> bool {
+        self.rules
+            .iter()
+            .any(|rule| rule.peers.iter().any(|p| p.ip_block.is_some()))
+    }
+
+    /// Whether a TCP connection with `peer` on `port` (the port of the pod the rule's port
+    /// names refer to: the destination's for egress, the selected pod's for ingress; `names`
+    /// are that pod's named ports) is allowed.
+    pub(crate) fn allows(&self, peer: Peer<'_>, port: u16, names: &[(String, u16)]) -> bool {
+        self.rules.iter().any(|rule| {
+            let port_ok =
+                rule.ports.is_empty() || rule.ports.iter().any(|p| port_matches(p, port, names));
+            let peer_ok = rule.peers.is_empty()
+                || rule
+                    .peers
+                    .iter()
+                    .any(|p| peer_matches(p, &rule.namespace, peer));
+            port_ok && peer_ok
+        })
+    }
+}
+
+fn port_matches(rule: &NetworkPolicyPort, port: u16, names: &[(String, u16)]) -> bool {
+    if rule.protocol.as_deref().unwrap_or("TCP") != "TCP" {
+        return false;
+    }
+    match &rule.port {
+        None => true,
+        Some(IntOrString::Int(first)) => {
+            let last = rule.end_port.unwrap_or(*first);
+            (*first..=last).contains(&i32::from(port))
+        }
+        Some(IntOrString::String(name)) => names.iter().any(|(n, p)| n == name && *p == port),
+    }
+}
+
+fn peer_matches(rule: &NetworkPolicyPeer, namespace: &str, peer: Peer<'_>) -> bool {
+    if let Some(block) = &rule.ip_block {
+        return peer
+            .ip
+            .is_some_and(|ip| in_block(ip, &block.cidr, block.except.as_deref()));
+    }
+    let Some(pod) = peer.pod else {
+        return false;
+    };
+    match (&rule.namespace_selector, &rule.pod_selector) {
+        (None, None) => false,
+        (None, Some(pods)) => pod.namespace == namespace && matches(pods, &pod.labels),
+        (Some(namespaces), pods) => {
+            matches(namespaces, &pod.namespace_labels)
+                && pods.as_ref().is_none_or(|s| matches(s, &pod.labels))
+        }
+    }
+}
+
+/// Whether `ip` is in `cidr` and in none of `except` (an unreadable CIDR contains nothing).
+fn in_block(ip: IpAddr, cidr: &str, except: Option<&[String]>) -> bool {
+    let within = |cidr: &str| {
+        cidr.parse::<ipnet::IpNet>()
+            .is_ok_and(|net| net.contains(&ip.to_canonical()))
+    };
+    within(cidr) && !except.unwrap_or_default().iter().any(|e| within(e))
 }
 
 /// Whether `selector` matches `labels` (matchLabels and matchExpressions; an empty selector
@@ -45,7 +176,18 @@ pub(crate) fn matches(selector: &LabelSelector, labels: &BTreeMap<String, String
     by_label && by_expression
 }
 
-/// The policies in `policies` that select `pod`, and what they leave the bridge to carry.
+/// The named TCP ports of a pod's containers.
+pub(crate) fn named_ports(pod: &Pod) -> Vec<(String, u16)> {
+    pod.spec
+        .iter()
+        .flat_map(|spec| spec.containers.iter())
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+        .filter_map(|p| Some((p.name.clone()?, u16::try_from(p.container_port).ok()?)))
+        .collect()
+}
+
+/// The policies in `policies` that select `pod`, and the rules of each direction they restrict.
 pub(crate) fn judge(pod: &Pod, policies: &[std::sync::Arc<NetworkPolicy>]) -> Verdict {
     let empty = BTreeMap::new();
     let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
@@ -66,122 +208,37 @@ pub(crate) fn judge(pod: &Pod, policies: &[std::sync::Arc<NetworkPolicy>]) -> Ve
             continue;
         }
         let name = policy.metadata.name.clone().unwrap_or_default();
+        let namespace = policy.metadata.namespace.clone().unwrap_or_default();
         let types: Vec<&str> = match &spec.policy_types {
             Some(types) => types.iter().map(String::as_str).collect(),
             None if spec.egress.is_some() => vec!["Ingress", "Egress"],
             None => vec!["Ingress"],
         };
-        if types.contains(&"Egress") && !spec.egress.iter().flatten().any(allows_all_egress) {
-            verdict.egress_blocked_by.push(name.clone());
+        if types.contains(&"Egress") {
+            let restriction = verdict.egress.get_or_insert_with(Restriction::default);
+            restriction.by.push(name.clone());
+            restriction
+                .rules
+                .extend(spec.egress.iter().flatten().map(|rule| Rule {
+                    namespace: namespace.clone(),
+                    peers: rule.to.clone().unwrap_or_default(),
+                    ports: rule.ports.clone().unwrap_or_default(),
+                }));
         }
-        if types.contains(&"Ingress") && !spec.ingress.iter().flatten().any(allows_all_ingress) {
-            verdict.ingress_blocked_by.push(name);
+        if types.contains(&"Ingress") {
+            let restriction = verdict.ingress.get_or_insert_with(Restriction::default);
+            restriction.by.push(name);
+            restriction
+                .rules
+                .extend(spec.ingress.iter().flatten().map(|rule| Rule {
+                    namespace: namespace.clone(),
+                    peers: rule.from.clone().unwrap_or_default(),
+                    ports: rule.ports.clone().unwrap_or_default(),
+                }));
         }
     }
     verdict
 }
 
-fn allows_all_egress(rule: &NetworkPolicyEgressRule) -> bool {
-    rule.to.as_ref().is_none_or(Vec::is_empty) && rule.ports.as_ref().is_none_or(Vec::is_empty)
-}
-
-fn allows_all_ingress(rule: &NetworkPolicyIngressRule) -> bool {
-    rule.from.as_ref().is_none_or(Vec::is_empty) && rule.ports.as_ref().is_none_or(Vec::is_empty)
-}
-
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use serde_json::json;
-
-    use super::*;
-
-    fn pod() -> Pod {
-        serde_json::from_value(json!({
-            "metadata": {"name": "p", "namespace": "team", "labels": {"app": "web", "tier": "gpu"}}
-        }))
-        .unwrap()
-    }
-
-    fn policy(name: &str, spec: serde_json::Value) -> Arc<NetworkPolicy> {
-        Arc::new(
-            serde_json::from_value(json!({
-                "metadata": {"name": name, "namespace": "team"},
-                "spec": spec
-            }))
-            .unwrap(),
-        )
-    }
-
-    #[test]
-    fn selectors_match_labels_and_expressions() {
-        let labels = pod().metadata.labels.unwrap();
-        let selector = |value| serde_json::from_value::<LabelSelector>(value).unwrap();
-        assert!(matches(&selector(json!({})), &labels));
-        assert!(matches(
-            &selector(json!({"matchLabels": {"app": "web"}})),
-            &labels
-        ));
-        assert!(!matches(
-            &selector(json!({"matchLabels": {"app": "db"}})),
-            &labels
-        ));
-        assert!(matches(
-            &selector(json!({"matchExpressions": [
-                {"key": "tier", "operator": "In", "values": ["gpu", "cpu"]},
-                {"key": "zone", "operator": "DoesNotExist"},
-                {"key": "app", "operator": "NotIn", "values": ["db"]}
-            ]})),
-            &labels
-        ));
-        assert!(!matches(
-            &selector(
-                json!({"matchExpressions": [{"key": "app", "operator": "Exists"}, {"key": "x", "operator": "Exists"}]})
-            ),
-            &labels
-        ));
-        assert!(!matches(
-            &selector(
-                json!({"matchExpressions": [{"key": "app", "operator": "Gt", "values": ["1"]}]})
-            ),
-            &labels
-        ));
-    }
-
-    #[test]
-    fn restricting_policies_block_their_direction_and_allow_all_rules_do_not() {
-        let policies = [
-            // Default deny of everything for every pod of the namespace.
-            policy(
-                "deny-all",
-                json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
-            ),
-            // Allows all egress: nothing blocked by it.
-            policy(
-                "egress-open",
-                json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{}]}),
-            ),
-            // A rule with peers the bridge does not judge.
-            policy(
-                "from-frontend",
-                json!({"podSelector": {"matchLabels": {"app": "web"}},
-                "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "frontend"}}}]}]}),
-            ),
-            // Selects other pods only.
-            policy(
-                "db-only",
-                json!({"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Egress"]}),
-            ),
-        ];
-        let verdict = judge(&pod(), &policies);
-        assert_eq!(verdict.egress_blocked_by, ["deny-all"]);
-        assert_eq!(verdict.ingress_blocked_by, ["deny-all", "from-frontend"]);
-        let open = judge(&pod(), &policies[1..2]);
-        assert_eq!(open, Verdict::default());
-        // Another namespace's policy never selects the pod.
-        let mut elsewhere = (*policies[0]).clone();
-        elsewhere.metadata.namespace = Some("other".into());
-        assert_eq!(judge(&pod(), &[Arc::new(elsewhere)]), Verdict::default());
-    }
-}
+mod tests;

@@ -59,21 +59,21 @@ pub(crate) fn target_port(port: &ServicePort, pod: &Pod) -> Option<u16> {
     }
 }
 
-/// Where connections to `service`'s ports reach `pod` through its bridge: (Service port, the
-/// controller's `own` port for its target) for each port that reaches the pod, so that other
+/// Where connections to `service`'s ports reach `pod` through its bridge: (Service port, its
+/// target port on the pod, the controller's `own` port for it) for each port that reaches the pod, so that other
 /// burst pods reach a Service whose backends are burst pods (which have no pod IP).
 pub(crate) fn burst_ports(
     service: &Service,
     pod: &Pod,
     own: impl Fn(u16) -> Option<u16>,
-) -> Vec<(u16, u16)> {
+) -> Vec<(u16, u16, u16)> {
     service
         .spec
         .iter()
         .flat_map(|spec| spec.ports.iter().flatten())
         .filter_map(|port| {
-            let listener = own(target_port(port, pod)?)?;
-            Some((u16::try_from(port.port).ok()?, listener))
+            let target = target_port(port, pod)?;
+            Some((u16::try_from(port.port).ok()?, target, own(target)?))
         })
         .collect()
 }
@@ -197,7 +197,7 @@ mod tests {
         );
         // Only 8080 (the pod's `http`) has a listener, at 40001.
         let own = |target: u16| (target == 8080).then_some(40001);
-        assert_eq!(burst_ports(&svc, &pod(), own), vec![(80, 40001)]);
+        assert_eq!(burst_ports(&svc, &pod(), own), vec![(80, 8080, 40001)]);
         assert!(burst_ports(&svc, &pod(), |_| None).is_empty());
     }
 

@@ -370,8 +370,31 @@ async fn scenarios(
 
     policies_by_rule(client, &pod_id, host, reached, (db, cache, mlflow)).await?;
 
-    // The controller SIGKILLed: the next leader's bridge carries connections again, both ways.
+    // The controller SIGKILLed mid-stream: the pod's open connection ends (no half-open hang),
+    // and the next leader's bridge carries new connections again, both ways.
+    let mut open = TcpStream::connect_timeout(&SocketAddr::new(db, 5432), Duration::from_secs(5))?;
+    open.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut greeting = [0u8; 8];
+    open.read_exact(&mut greeting)?;
+    ensure!(
+        &greeting[..7] == b"db-here",
+        "the open connection's greeting"
+    );
     controller.kill();
+    let mut rest = [0u8; 16];
+    match open.read(&mut rest) {
+        Ok(0) => {}
+        Ok(n) => anyhow::bail!("the open connection carried {n} bytes after the SIGKILL"),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            anyhow::bail!("the open connection hangs half-open after the controller's SIGKILL")
+        }
+        Err(_) => {}
+    }
     controller.restart()?;
     answers(db, 5432, "db-here").await?;
     answers(mlflow, 5000, "mlflow-here").await?;

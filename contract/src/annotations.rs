@@ -36,8 +36,12 @@ pub const OFFLOAD: &str = "runpod.io/offload";
 /// [`parse_max_pending_time`].
 pub const MAX_PENDING_TIME: &str = "runpod.io/max-pending-time";
 
+/// `"true"`: the pod's init containers may run in its main container's image, whatever image
+/// they name (a burst pod runs them in its one container, before the command).
+pub const INIT_IN_MAIN_IMAGE: &str = "runpod.io/init-in-main-image";
+
 /// Annotations a user may set on a pod or its owning Job; pod first, then Job.
-pub const USER_ANNOTATIONS: [&str; 22] = [
+pub const USER_ANNOTATIONS: [&str; 23] = [
     REQUIRED_GPU_MEMORY,
     GPU_TYPES,
     MAX_PRICE,
@@ -51,6 +55,7 @@ pub const USER_ANNOTATIONS: [&str; 22] = [
     MANAGED,
     OFFLOAD,
     MAX_PENDING_TIME,
+    INIT_IN_MAIN_IMAGE,
     crate::provider::PROVIDER,
     crate::vastai::GPU_TYPE,
     crate::vastai::GPU_FALLBACKS,

@@ -206,6 +206,15 @@ pub const NAMES: &[Name] = &[
         "how long a `delayed` pod waits for a local GPU before it is offloaded (overrides \
          `--max-pending-time`)",
     ),
+    Name {
+        on: "pod",
+        ..user(
+            INIT_IN_MAIN_IMAGE,
+            "`true`, `false`",
+            "`true`: the pod's init containers run in its container's image, whatever image \
+             they name (by default only those naming that image run; others are refused)",
+        )
+    },
     user(
         vastai::GPU_TYPE,
         "a Vast.ai GPU name",

@@ -106,6 +106,11 @@ pub struct ContainerView {
     #[serde(default)]
     pub name: String,
     #[serde(default)]
+    pub image: Option<String>,
+    /// An init container's own (`Always`: a sidecar).
+    #[serde(default)]
+    pub restart_policy: Option<String>,
+    #[serde(default)]
     pub command: Option<Vec<String>>,
     #[serde(default)]
     pub args: Option<Vec<String>>,

@@ -48,6 +48,10 @@ pub struct PodMemory {
     /// The end of the finished container's log, served by `kubectl logs` once the instance is
     /// gone (lost with this leader's memory).
     pub final_log: Option<std::sync::Arc<Vec<LogEntry>>>,
+    /// Likewise for each init container.
+    pub final_init_logs: Option<std::sync::Arc<crate::provider::InitLogs>>,
+    /// How far the pod's init containers got, as the container's log last said.
+    pub init_progress: Option<crate::provider::InitProgress>,
     /// Events already published (reason and message), so a reconcile loop does not repeat them.
     pub events: HashSet<String>,
     /// Failed reads of the finished container's log, counted while the API answers.

@@ -130,6 +130,46 @@ pub struct LogOptions {
     pub follow: bool,
     pub tail_lines: Option<u32>,
     pub since: Option<Timestamp>,
+    /// The init container whose lines are wanted (`None`: the pod's container).
+    pub container: Option<String>,
+}
+
+/// How far a pod's init containers got, as its cloud container's log says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InitProgress {
+    /// Each init container that started, in the order they started.
+    pub runs: Vec<InitRun>,
+    /// All of them are done: the container's own command runs.
+    pub initialized: bool,
+}
+
+/// One init container's runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InitRun {
+    pub name: String,
+    /// How often it started (more than once: it failed and was run again).
+    pub starts: u32,
+    /// The code of its last run that ended.
+    pub last_code: Option<i32>,
+    /// It runs now.
+    pub running: bool,
+}
+
+impl InitProgress {
+    /// The runs of the init container `name`, added when it has none yet.
+    pub fn run(&mut self, name: &str) -> &mut InitRun {
+        let at = match self.runs.iter().position(|run| run.name == name) {
+            Some(at) => at,
+            None => {
+                self.runs.push(InitRun {
+                    name: name.to_owned(),
+                    ..InitRun::default()
+                });
+                self.runs.len() - 1
+            }
+        };
+        &mut self.runs[at]
+    }
 }
 
 /// One log line with its timestamp, when the cloud gives one.
@@ -148,7 +188,13 @@ pub struct FinalLog {
     /// Warnings the cloud's adapter read in the log for the pod's Events, as the kubelet says
     /// them (`FailedPostStartHook`).
     pub warnings: Vec<(&'static str, String)>,
+    /// How far the init containers got, and the last lines of each (bounded as `lines`).
+    pub init: InitProgress,
+    pub init_lines: InitLogs,
 }
+
+/// Each init container's kept lines, by name.
+pub type InitLogs = Vec<(String, Vec<LogEntry>)>;
 
 /// At most this much of a finished container's log is kept in memory per pod.
 pub const FINAL_LOG_BYTES: usize = 32 * 1024;
@@ -168,7 +214,7 @@ impl FinalLog {
         FinalLog {
             exit_code,
             lines,
-            warnings: Vec::new(),
+            ..FinalLog::default()
         }
     }
 }
@@ -338,6 +384,15 @@ pub trait Provider: Send + Sync + 'static {
     /// cloud accepted; `false` when it would not (not running, or no such call on this cloud).
     fn restart(&self, _id: &str) -> impl Future<Output = Result<bool, ProviderError>> + Send {
         async { Ok(false) }
+    }
+
+    /// How far the pod's init containers got on instance `id`, read while it runs (a cloud
+    /// that runs none: nothing).
+    fn init_progress(
+        &self,
+        _id: &str,
+    ) -> impl Future<Output = Result<InitProgress, ProviderError>> + Send {
+        async { Ok(InitProgress::default()) }
     }
 
     /// Terminates and releases the instance; an instance already gone counts as done. `ends`

@@ -12,6 +12,8 @@ use super::ProvisionError;
 pub struct ProvisionRequest<'a> {
     pub pod: &'a Pod,
     pub env: &'a ResolvedEnv,
+    /// What the cluster supplied for each init container, in the pod's order.
+    pub init_env: &'a [ResolvedEnv],
     /// Files the container mounts (configMap, secret, downwardAPI, emptyDir).
     pub volumes: &'a Volumes,
     /// GPU types not to try for this pod (e.g. one that was placed outside its datacenters).

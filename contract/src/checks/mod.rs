@@ -110,7 +110,9 @@ pub fn validate_annotations(effective: &Effective<'_>) -> Vec<String> {
                 contract::CLOUD_TYPE => CloudType::parse_named(value).map(drop),
                 contract::PORTS => contract::parse_ports(value).map(drop),
                 contract::DISK => contract::parse_disk(value).map(drop),
-                contract::MANAGED | contract::OFFLOAD => contract::parse_flag(value).map(drop),
+                contract::MANAGED | contract::OFFLOAD | contract::INIT_IN_MAIN_IMAGE => {
+                    contract::parse_flag(value).map(drop)
+                }
                 contract::MAX_PENDING_TIME => contract::parse_max_pending_time(value).map(drop),
                 contract::provider::PROVIDER => {
                     contract::provider::ProviderChoice::parse(value).map(drop)
@@ -161,19 +163,7 @@ pub fn unsupported_shape(pod: &PodView) -> Vec<String> {
             contract::BURST_MODE
         ));
     }
-    if let Some(init) = spec
-        .init_containers
-        .as_ref()
-        .filter(|init| !init.is_empty())
-    {
-        let names: Vec<&str> = init.iter().map(|c| c.name.as_str()).collect();
-        problems.push(format!(
-            "it has init containers ({}), which RunPod cannot run; fold them into the \
-             container's command or set {}: never",
-            names.join(", "),
-            contract::BURST_MODE
-        ));
-    }
+    problems.extend(init_container_problems(pod));
     // A network volume is mounted by the cloud, not written by the wrapper.
     let claim_volumes: Vec<&str> = spec
         .volumes
@@ -196,6 +186,87 @@ pub fn unsupported_shape(pod: &PodView) -> Vec<String> {
                  emptyDir, downwardAPI and projected service-account volumes",
                 volume.name
             ));
+        }
+    }
+    problems
+}
+
+/// Why the pod's init containers cannot run where a burst pod runs them: in its one container,
+/// in order, before its command. So each must use the container's image (or the pod's
+/// [`contract::INIT_IN_MAIN_IMAGE`] says any may run there), set its own `command`, mount only
+/// what the container mounts where the container mounts it, and not be a sidecar; and the
+/// container must set a command (the wrapper that runs them runs it next).
+pub fn init_container_problems(pod: &PodView) -> Vec<String> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let inits = spec.init_containers.as_deref().unwrap_or_default();
+    let Some(main) = spec.containers.first() else {
+        return Vec::new();
+    };
+    if inits.is_empty() {
+        return Vec::new();
+    }
+    let never = format!("or set {}: never", contract::BURST_MODE);
+    let mut problems = Vec::new();
+    let any_image = pod
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(contract::INIT_IN_MAIN_IMAGE))
+        .is_some_and(|v| v == "true");
+    let main_mounts: Vec<(&str, &str)> = main
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| (m.name.as_str(), m.mount_path.trim_end_matches('/')))
+        .collect();
+    if main.command.is_none() && main.args.is_none() {
+        problems.push(format!(
+            "its init containers run in its container before the container's command, but the \
+             container sets no command: set `command` (the image's entrypoint), {never}"
+        ));
+    }
+    let other_image: Vec<&str> = inits
+        .iter()
+        .filter(|init| !any_image && init.image != main.image)
+        .map(|init| init.name.as_str())
+        .collect();
+    if !other_image.is_empty() {
+        problems.push(format!(
+            "it has init containers ({}) whose image is not the container's ({:?}), which \
+             RunPod cannot run: a burst pod runs its init containers in its one container; use \
+             the container's image, set {}: \"true\" if their commands exist in that image, \
+             fold them into the container's command, {never}",
+            other_image.join(", "),
+            main.image.as_deref().unwrap_or_default(),
+            contract::INIT_IN_MAIN_IMAGE,
+        ));
+    }
+    for init in inits {
+        let name = &init.name;
+        if init.command.is_none() {
+            problems.push(format!(
+                "init container {name:?} sets no command (its image's entrypoint is not known \
+                 here): set `command`, {never}"
+            ));
+        }
+        if init.restart_policy.as_deref() == Some("Always") {
+            problems.push(format!(
+                "init container {name:?} is a sidecar (restartPolicy: Always), which a burst pod \
+                 cannot run beside its container; {never}"
+            ));
+        }
+        for mount in init.volume_mounts.iter().flatten() {
+            let path = mount.mount_path.trim_end_matches('/');
+            if !main_mounts.contains(&(mount.name.as_str(), path)) {
+                problems.push(format!(
+                    "init container {name:?} mounts volume {:?} at {path:?}, where the container \
+                     does not mount it; a burst pod's init containers see the container's \
+                     mounts: mount it there in the container too, {never}",
+                    mount.name
+                ));
+            }
         }
     }
     problems
@@ -255,16 +326,32 @@ pub fn vastai_unsupported_shape(pod: &PodView) -> Vec<String> {
     let Some(container) = pod.spec.as_ref().and_then(|spec| spec.containers.first()) else {
         return Vec::new();
     };
+    let mut problems = Vec::new();
     let mounts = mounted_paths(container);
-    if mounts.is_empty() {
-        return Vec::new();
+    if !mounts.is_empty() {
+        problems.push(format!(
+            "it mounts volumes ({}), which Vast.ai instances cannot receive; pass the values as \
+             env or use {}: runpod",
+            mounts.join(", "),
+            contract::provider::PROVIDER
+        ));
     }
-    vec![format!(
-        "it mounts volumes ({}), which Vast.ai instances cannot receive; pass the values as \
-         env or use {}: runpod",
-        mounts.join(", "),
-        contract::provider::PROVIDER
-    )]
+    let inits: Vec<&str> = pod
+        .spec
+        .iter()
+        .flat_map(|spec| spec.init_containers.iter().flatten())
+        .map(|c| c.name.as_str())
+        .collect();
+    if !inits.is_empty() {
+        problems.push(format!(
+            "it has init containers ({}), which Vast.ai cannot run (nothing runs commands in \
+             its instances before the container's); use {}: runpod or fold them into the \
+             container's command",
+            inits.join(", "),
+            contract::provider::PROVIDER
+        ));
+    }
+    problems
 }
 
 /// Where the kubelet mounts the service-account token; the controller does not ship it.

@@ -247,6 +247,14 @@ impl<P: Provider> Provider for Gated<P> {
     }
 
     /// A read of the log too: not gated.
+    async fn init_progress(
+        &self,
+        id: &str,
+    ) -> Result<crate::provider::InitProgress, ProviderError> {
+        self.inner.init_progress(id).await
+    }
+
+    /// A read of the log too: not gated.
     async fn ssh_host_keys(&self, id: &str) -> Result<Vec<String>, ProviderError> {
         self.inner.ssh_host_keys(id).await
     }

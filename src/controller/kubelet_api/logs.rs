@@ -80,6 +80,7 @@ fn options(query: &LogQuery, now: Timestamp) -> Result<(LogOptions, bool), Strin
             follow,
             tail_lines,
             since,
+            container: None,
         },
         timestamps,
     ))
@@ -90,7 +91,7 @@ pub(super) async fn container_logs<P: Provider>(
     Path((namespace, name, container)): Path<(String, String, String)>,
     Query(query): Query<LogQuery>,
 ) -> Response {
-    let (options, timestamps) = match options(&query, Timestamp::now()) {
+    let (mut options, timestamps) = match options(&query, Timestamp::now()) {
         Ok(parsed) => parsed,
         Err(message) => return bad_request(message),
     };
@@ -114,9 +115,32 @@ pub(super) async fn container_logs<P: Provider>(
         )
             .into_response();
     }
+    // An init container's lines are its own part of the pod's one cloud container's log.
+    let init = pod.spec.as_ref().is_some_and(|s| {
+        s.init_containers
+            .iter()
+            .flatten()
+            .any(|c| c.name == container)
+    });
+    if init {
+        options.container = Some(container.clone());
+    }
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     // A finished container: its instance is terminated, so serve what was kept of its log.
-    if let Some(kept) = state.shared.remember(&uid, |m| m.final_log.clone()) {
+    let kept = state.shared.remember(&uid, |m| {
+        if init {
+            let logs = m.final_init_logs.clone()?;
+            let lines = logs
+                .iter()
+                .find(|(name, _)| *name == container)
+                .map(|(_, lines)| lines.clone())
+                .unwrap_or_default();
+            Some(std::sync::Arc::new(lines))
+        } else {
+            m.final_log.clone()
+        }
+    });
+    if let Some(kept) = kept {
         let text: String = kept_lines(&kept, &options)
             .map(|entry| log_line(entry, timestamps))
             .collect();

@@ -108,10 +108,11 @@ pub(crate) async fn reconcile<P: Provider>(
             if !live.is_empty() {
                 return Ok(Action::requeue(SHORT));
             }
-            // Only the kept log outlives the instance, for `kubectl logs` of a finished pod.
+            // Only the kept logs outlive the instance, for `kubectl logs` of a finished pod.
             ctx.remember(&uid, |m| {
                 *m = PodMemory {
                     final_log: m.final_log.take(),
+                    final_init_logs: m.final_init_logs.take(),
                     terminated: std::mem::take(&mut m.terminated),
                     ..PodMemory::default()
                 }

@@ -311,6 +311,7 @@ pub(super) async fn track<P: Provider>(
         }
         TrackStep::Disrupted(disruption) => disrupted(pod, uid, instance, disruption, ctx).await,
         TrackStep::Status => {
+            read_init_progress(ctx, pod, uid, instance).await;
             write::status(
                 ctx,
                 pod,
@@ -328,6 +329,37 @@ pub(super) async fn track<P: Provider>(
             )
             .await?;
             Ok(Action::requeue(settings.reconcile_interval))
+        }
+    }
+}
+
+/// Reads how far the pod's init containers got while its instance runs and they are not all
+/// done (a read of the log; a failed read keeps what was known).
+async fn read_init_progress<P: Provider>(
+    ctx: &Shared<P>,
+    pod: &Pod,
+    uid: &str,
+    instance: &Instance,
+) {
+    let has_inits = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|inits| !inits.is_empty());
+    let initialized = ctx.remember(uid, |m| {
+        m.init_progress.as_ref().is_some_and(|p| p.initialized)
+    });
+    if !has_inits
+        || initialized
+        || crate::controller::pods::status::inits::said_initialized(pod)
+        || instance.state != InstanceState::Running
+    {
+        return;
+    }
+    match ctx.provider.init_progress(&instance.id).await {
+        Ok(progress) => ctx.remember(uid, |m| m.init_progress = Some(progress)),
+        Err(error) => {
+            tracing::debug!(instance = %instance.id, %error, "reading the init containers' progress failed")
         }
     }
 }
@@ -463,6 +495,8 @@ async fn exit_code<P: Provider>(
             ctx.remember(uid, |m| {
                 m.exit_code = Some(code);
                 m.final_log = Some(std::sync::Arc::new(log.lines));
+                m.final_init_logs = Some(std::sync::Arc::new(log.init_lines));
+                m.init_progress = Some(log.init);
             });
             Ok(ExitCode::Read(code))
         }

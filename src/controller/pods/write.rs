@@ -114,7 +114,11 @@ pub(super) async fn status<P>(
     pod: &Pod,
     view: &View<'_>,
 ) -> Result<(), ReconcileError> {
-    let desired = status::desired(pod, view, &ctx.settings.host_ip, Timestamp::now());
+    let now = Timestamp::now();
+    let desired = status::desired(pod, view, &ctx.settings.host_ip, now);
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let progress = ctx.remember(uid, |m| m.init_progress.clone());
+    let desired = status::inits::with_inits(pod, desired, progress.as_ref(), now);
     let changed = status::changes(pod, &desired);
     if changed.is_empty() {
         return Ok(());

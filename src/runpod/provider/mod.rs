@@ -167,6 +167,18 @@ impl RunPodProvider {
         let mut base = translate::create_request(pod, &env, &origin, first)
             .map_err(|e| ProvisionError::Rejected(e.to_string()))?;
         let words = command_words(container, &env);
+        let init_envs: Vec<_> = pod
+            .spec
+            .iter()
+            .flat_map(|spec| spec.init_containers.iter().flatten())
+            .enumerate()
+            .map(|(index, init)| {
+                let resolved = request.init_env.get(index).cloned().unwrap_or_default();
+                (init, resolved.container_env(init))
+            })
+            .collect();
+        let inits = wrapper::Inits::of(&init_envs, &env)
+            .map_err(|e| ProvisionError::Rejected(format!("init containers: {e}")))?;
         // The ServiceAccount's ca.crt and namespace only where the wrapper runs a command; an
         // image run without one keeps its own start (and cannot be handed files).
         let service_account = if words.is_empty() {
@@ -190,6 +202,9 @@ impl RunPodProvider {
         if let Some(setup) = &setup {
             base.env.extend(setup.env.clone());
         }
+        if let Some(inits) = &inits {
+            base.env.extend(inits.env.clone());
+        }
         base.mounts = request.network_volume.map(volumes::mounts);
         let post_start = container
             .lifecycle
@@ -212,13 +227,41 @@ impl RunPodProvider {
                 .as_ref()
                 .and_then(|hooks| hooks.post_start.as_ref())
                 .is_some_and(|hook| hook.http_get.is_some());
-        if let Some(args) =
-            wrapper::wrapped_args(&words, completion(pod), setup.as_ref(), post_start, shell)
-                .map_err(|e| ProvisionError::Rejected(format!("command/args: {e}")))?
+        if let Some(args) = wrapper::wrapped_args(
+            &words,
+            completion(pod),
+            setup.as_ref(),
+            post_start,
+            shell,
+            inits.as_ref(),
+        )
+        .map_err(|e| ProvisionError::Rejected(format!("command/args: {e}")))?
         {
             base.args = Some(args);
         }
         Ok(base)
+    }
+
+    /// The container log's last `tail` lines (where the wrapper's markers are read).
+    async fn container_tail(
+        &self,
+        id: &str,
+        tail: u32,
+    ) -> Result<Vec<crate::runpod::logs::LogLine>, ProviderError> {
+        let request = LogRequest {
+            source: Some(LogSource::Container),
+            tail: Some(tail),
+            since: None,
+            follow: false,
+            after_id: None,
+            quiet: None,
+        };
+        let mut lines = self.client.logs(id, request);
+        let mut seen = Vec::new();
+        while let Some(line) = lines.next().await {
+            seen.push(line.map_err(provider_error)?);
+        }
+        Ok(seen)
     }
 
     async fn catalogue(
@@ -379,30 +422,43 @@ impl Provider for RunPodProvider {
     /// The code from the wrapper's exit line; the lines kept for `kubectl logs` without the
     /// wrapper's markers.
     async fn final_log(&self, id: &str) -> Result<FinalLog, ProviderError> {
-        let request = LogRequest {
-            source: Some(LogSource::Container),
-            tail: Some(FINAL_LOG_LINES),
-            since: None,
-            follow: false,
-            after_id: None,
-            quiet: None,
-        };
-        let mut lines = self.client.logs(id, request);
-        let mut seen = Vec::new();
-        while let Some(line) = lines.next().await {
-            seen.push(line.map_err(provider_error)?);
-        }
+        let seen = self.container_tail(id, FINAL_LOG_LINES).await?;
         let code = crate::provider::exit_code(seen.iter().map(|entry| entry.line.as_str()));
         let hook = wrapper::post_start_failure(seen.iter().map(|entry| entry.line.as_str()));
-        let kept = seen
-            .into_iter()
-            .filter(|entry| !wrapper::is_marker_line(&entry.line))
-            .map(|entry| LogEntry {
+        let init = wrapper::init_progress(seen.iter().map(|entry| entry.line.as_str()));
+        // Each line to its container: the main container's, or an init container's.
+        let mut kept = Vec::new();
+        let mut init_lines: Vec<(String, Vec<LogEntry>)> = init
+            .runs
+            .iter()
+            .map(|run| (run.name.clone(), Vec::new()))
+            .collect();
+        let mut owner = wrapper::LogOwner::default();
+        for entry in seen {
+            let whose = owner
+                .read(&entry.line)
+                .map(|whose| whose.map(str::to_owned));
+            let line = LogEntry {
                 timestamp: entry.ts,
                 line: entry.line,
-            })
-            .collect();
+            };
+            match whose {
+                None => {}
+                Some(None) => kept.push(line),
+                Some(Some(init)) => {
+                    if let Some((_, lines)) = init_lines.iter_mut().find(|(name, _)| *name == init)
+                    {
+                        lines.push(line);
+                    }
+                }
+            }
+        }
         let mut log = FinalLog::bounded(code, kept);
+        log.init = init;
+        log.init_lines = init_lines
+            .into_iter()
+            .map(|(name, lines)| (name, FinalLog::bounded(None, lines).lines))
+            .collect();
         if let Some(hook) = hook {
             log.warnings.push((
                 "FailedPostStartHook",
@@ -412,22 +468,19 @@ impl Provider for RunPodProvider {
         Ok(log)
     }
 
+    /// Read from the log's tail, as the exit code is.
+    async fn init_progress(
+        &self,
+        id: &str,
+    ) -> Result<crate::provider::InitProgress, ProviderError> {
+        let seen = self.container_tail(id, MAX_TAIL).await?;
+        Ok(wrapper::init_progress(seen.iter().map(|l| l.line.as_str())))
+    }
+
     async fn ssh_host_keys(&self, id: &str) -> Result<Vec<String>, ProviderError> {
-        let request = LogRequest {
-            source: Some(LogSource::Container),
-            tail: Some(MAX_TAIL),
-            since: None,
-            follow: false,
-            after_id: None,
-            quiet: None,
-        };
-        let mut lines = self.client.logs(id, request);
-        let mut seen = Vec::new();
-        while let Some(line) = lines.next().await {
-            seen.push(line.map_err(provider_error)?.line);
-        }
+        let seen = self.container_tail(id, MAX_TAIL).await?;
         Ok(wrapper::host_key_fingerprints(
-            seen.iter().map(String::as_str),
+            seen.iter().map(|l| l.line.as_str()),
         ))
     }
 
@@ -440,15 +493,18 @@ impl Provider for RunPodProvider {
             after_id: None,
             quiet: None,
         };
-        // The wrapper's markers are for the controller, not the user's log.
+        // The wrapper's markers are for the controller, not the user's log; each container's
+        // lines are its own (init containers run before the pod's container, in order).
+        let wanted = options.container;
+        let mut owner = wrapper::LogOwner::default();
         Box::pin(
             self.client
                 .logs(id, request)
-                .filter(|item| {
+                .filter(move |item| {
                     let ours = item
                         .as_ref()
-                        .is_ok_and(|line| wrapper::is_marker_line(&line.line));
-                    std::future::ready(!ours)
+                        .map_or(true, |line| owner.keeps(&line.line, wanted.as_deref()));
+                    std::future::ready(ours)
                 })
                 .map(|item| {
                     item.map(|line| LogEntry {

@@ -33,6 +33,8 @@
 //! at start reports the same code again, tries the self-stop again and exits with it, without
 //! running the command (or writing the volume files).
 
+use crate::provider::InitProgress;
+
 /// Where the wrapper records the code of a run that ended: on the container disk, not on a
 /// volume. The restart RunPod makes when the container's process exits is taken to keep the
 /// container, as the completion design already assumes for its log (where the controller finds
@@ -168,6 +170,34 @@ runpod_kubelet_main() {
 }
 "#;
 
+/// Running the init containers (see [`Inits`]): `runpod_kubelet_init NAME ENCODED` marks the
+/// log as the init container's from here on, decodes its command line (env prefix and words,
+/// shell-quoted, base64: never in the args RunPod shows), runs it as a child with signals
+/// passed on, and prints its code; a failure is retried after 10 s where `init_retry` is `yes`
+/// (restartPolicy OnFailure, Always), as the kubelet restarts a failed init container. Returns
+/// non-zero for a failure that ends the pod (or a signal), its code in `$rc`.
+const INIT: &str = r#"runpod_kubelet_init() {
+  init_name=$1
+  echo "runpod-kubelet: container=$init_name"
+  if ! line=$(printf '%s' "$2" | base64 -d 2>/dev/null) || ! eval "set -- $line"; then
+    echo "runpod-kubelet: could not read init container $init_name's command (the image needs base64)" >&2
+    rc=126
+    echo "runpod-kubelet: init-exit-code=$init_name=$rc"
+    return 1
+  fi
+  while :; do
+    runpod_kubelet_run "$@"
+    echo "runpod-kubelet: init-exit-code=$init_name=$rc"
+    [ "$rc" -eq 0 ] && return 0
+    [ -n "$signal" ] && return 1
+    [ "$init_retry" = yes ] || return 1
+    runpod_kubelet_run sleep 10
+    [ -n "$signal" ] && return 1
+    echo "runpod-kubelet: container=$init_name"
+  done
+}
+"#;
+
 /// Run once, report, stop (restartPolicy Never).
 const RUN_ONCE: &str = r#"runpod_kubelet_main "$@"
 runpod_kubelet_finish "$rc""#;
@@ -190,6 +220,119 @@ runpod_kubelet_finish "$code""#;
 const FOREVER_HOOKED: &str = r#"runpod_kubelet_main "$@"
 exit "$rc""#;
 
+/// What the wrapper prints when the log's lines become a container's (an init container's, or
+/// the main container's once its init containers are done), before the container's name.
+pub(crate) const CONTAINER_PREFIX: &str = "runpod-kubelet: container=";
+
+/// What the wrapper prints when an init container's run ended: `NAME=CODE`.
+pub(crate) const INIT_EXIT_PREFIX: &str = "runpod-kubelet: init-exit-code=";
+
+/// What the wrapper prints once the init containers are done: the lines after it are the
+/// main container's.
+pub(crate) const INITIALIZED: &str = "runpod-kubelet: initialized";
+
+/// Prefix of the env vars that carry the init containers' command lines, one per init
+/// container in order.
+const INIT_ENV_PREFIX: &str = "RUNPOD_KUBELET_INIT_";
+
+/// The pod's init containers as the wrapper runs them, in order, in the one container before
+/// its command: each one's name and its command line (an `env` prefix that gives it its own
+/// environment, then its words), carried in env. [`INITIALIZED`] marks where the container's
+/// own log starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Inits {
+    names: Vec<String>,
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+impl Inits {
+    /// The init containers of a pod whose main container has `main_env` (the container's
+    /// process environment): each one's command line gives it its own environment (`env -u`
+    /// for the main container's variables it lacks, then its own), as a container of its own
+    /// would have; `None` when there are none.
+    pub(crate) fn of(
+        inits: &[(
+            &k8s_openapi::api::core::v1::Container,
+            std::collections::BTreeMap<String, String>,
+        )],
+        main_env: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Option<Inits>, String> {
+        let mut steps = Vec::new();
+        for (init, env) in inits {
+            let words = runpod_contract::env::command_words(init, env);
+            if words.is_empty() {
+                return Err(format!("init container {:?} sets no command", init.name));
+            }
+            // Not the others' command lines either.
+            let mut line = vec!["env".to_owned()];
+            for index in 0..inits.len() {
+                line.extend(["-u".to_owned(), format!("{INIT_ENV_PREFIX}{index}")]);
+            }
+            for name in main_env.keys().filter(|name| !env.contains_key(*name)) {
+                line.extend(["-u".to_owned(), name.clone()]);
+            }
+            line.extend(env.iter().map(|(name, value)| format!("{name}={value}")));
+            line.extend(words);
+            steps.push((init.name.clone(), line));
+        }
+        Inits::new(&steps)
+    }
+
+    /// `steps`: (name, command line words) in order; `None` when there are none.
+    pub(crate) fn new(steps: &[(String, Vec<String>)]) -> Result<Option<Inits>, String> {
+        use base64::Engine as _;
+        if steps.is_empty() {
+            return Ok(None);
+        }
+        let mut env = std::collections::BTreeMap::new();
+        let mut names = Vec::new();
+        for (index, (name, words)) in steps.iter().enumerate() {
+            let line = shlex::try_join(words.iter().map(String::as_str))
+                .map_err(|e| format!("init container {name:?}: {e}"))?;
+            env.insert(
+                format!("{INIT_ENV_PREFIX}{index}"),
+                base64::engine::general_purpose::STANDARD.encode(line),
+            );
+            names.push(name.clone());
+        }
+        Ok(Some(Inits { names, env }))
+    }
+
+    /// The script's part that runs them once per container (a container RunPod restarts does
+    /// not run them again, as a restarted container on a node does not), then marks the main
+    /// container's log.
+    fn script(&self, completion: Completion, init_marker: &str) -> Result<String, String> {
+        let quote = |text: &str| {
+            shlex::try_quote(text)
+                .map(|q| q.into_owned())
+                .map_err(|e| format!("{text:?}: {e}"))
+        };
+        let failed = match completion {
+            Completion::Forever => "exit \"$rc\"",
+            Completion::RunOnce | Completion::UntilSuccess => "runpod_kubelet_finish \"$rc\"",
+        };
+        let retry = if completion == Completion::RunOnce {
+            "no"
+        } else {
+            "yes"
+        };
+        let marker = quote(init_marker)?;
+        let mut script = format!("init_retry={retry}\n{INIT}if [ ! -f {marker} ]; then\n");
+        for (index, name) in self.names.iter().enumerate() {
+            script.push_str(&format!(
+                "  runpod_kubelet_init {} \"${INIT_ENV_PREFIX}{index}\" || {failed}\n",
+                quote(name)?
+            ));
+        }
+        script.push_str(&format!("  : >{marker} 2>/dev/null\nfi\nunset"));
+        for index in 0..self.names.len() {
+            script.push_str(&format!(" {INIT_ENV_PREFIX}{index}"));
+        }
+        script.push_str(&format!("\necho '{INITIALIZED}'\n"));
+        Ok(script)
+    }
+}
+
 /// What the wrapper prints when the `postStart` hook failed, before the hook's exit code.
 pub(crate) const POST_START_FAILED_PREFIX: &str = "runpod-kubelet: post-start-hook-failed=";
 
@@ -208,6 +351,64 @@ pub(crate) fn is_marker_line(line: &str) -> bool {
     is_host_key_line(line)
         || line.starts_with(crate::provider::EXIT_CODE_PREFIX)
         || line.starts_with(POST_START_FAILED_PREFIX)
+        || line.starts_with(CONTAINER_PREFIX)
+        || line.starts_with(INIT_EXIT_PREFIX)
+        || line == INITIALIZED
+}
+
+/// Which container's log a line of the pod's log is, read in order: the main container's
+/// until the wrapper says an init container runs, and again once it says they are done.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LogOwner {
+    /// The init container whose lines these are (`None`: the main container's).
+    current: Option<String>,
+}
+
+impl LogOwner {
+    /// Reads `line`: `None` for a marker, else whose line it is (an init container's name;
+    /// `None`: the main container's).
+    pub(crate) fn read(&mut self, line: &str) -> Option<Option<&str>> {
+        let trimmed = line.trim();
+        if let Some(name) = trimmed.strip_prefix(CONTAINER_PREFIX) {
+            self.current = Some(name.to_owned());
+        } else if trimmed == INITIALIZED {
+            self.current = None;
+        }
+        (!is_marker_line(line)).then_some(self.current.as_deref())
+    }
+
+    /// Reads `line`: whether it is a line of `wanted` (an init container's name; `None`: the
+    /// main container), never a marker.
+    pub(crate) fn keeps(&mut self, line: &str, wanted: Option<&str>) -> bool {
+        self.read(line) == Some(wanted)
+    }
+}
+
+/// How far the init containers got, from the wrapper's lines in order.
+pub(crate) fn init_progress<'a>(lines: impl IntoIterator<Item = &'a str>) -> InitProgress {
+    let mut progress = InitProgress::default();
+    for line in lines {
+        let line = line.trim();
+        if line == INITIALIZED {
+            progress.initialized = true;
+            for run in &mut progress.runs {
+                run.running = false;
+            }
+        } else if let Some(name) = line.strip_prefix(CONTAINER_PREFIX) {
+            let run = progress.run(name);
+            run.starts += 1;
+            run.running = true;
+        } else if let Some((name, code)) = line
+            .strip_prefix(INIT_EXIT_PREFIX)
+            .and_then(|rest| rest.rsplit_once('='))
+        {
+            let run = progress.run(name);
+            // An unreadable code is no success.
+            run.last_code = Some(code.trim().parse().unwrap_or(1));
+            run.running = false;
+        }
+    }
+    progress
 }
 
 /// The code of the `postStart` hook that failed, if one did, from the wrapper's lines.
@@ -353,8 +554,15 @@ pub(crate) fn wrapped_args(
     setup: Option<&Setup>,
     post_start: Option<&[String]>,
     shell: bool,
+    inits: Option<&Inits>,
 ) -> Result<Option<String>, String> {
-    wrapped_args_hooked(words, completion, setup, post_start, shell, EXIT_MARKER)
+    wrapped_args_hooked(
+        words,
+        completion,
+        setup,
+        (post_start, shell, inits),
+        EXIT_MARKER,
+    )
 }
 
 /// [`wrapped_args`] without a hook, with the exit marker at `marker` (tests use a directory of
@@ -366,7 +574,7 @@ fn wrapped_args_at(
     setup: Option<&Setup>,
     marker: &str,
 ) -> Result<Option<String>, String> {
-    wrapped_args_hooked(words, completion, setup, None, false, marker)
+    wrapped_args_hooked(words, completion, setup, (None, false, None), marker)
 }
 
 /// [`wrapped_args`] with the exit marker at `marker`.
@@ -374,12 +582,11 @@ fn wrapped_args_hooked(
     words: &[String],
     completion: Completion,
     setup: Option<&Setup>,
-    post_start: Option<&[String]>,
-    shell: bool,
+    (post_start, shell, inits): (Option<&[String]>, bool, Option<&Inits>),
     marker: &str,
 ) -> Result<Option<String>, String> {
     let post_start = post_start.filter(|hook| !hook.is_empty());
-    let forever_wrapped = post_start.is_some() || shell;
+    let forever_wrapped = post_start.is_some() || shell || inits.is_some();
     // Always assigned: an env var of the same name must never run as a hook.
     let hook = match post_start {
         Some(hook) => {
@@ -400,6 +607,12 @@ fn wrapped_args_hooked(
     };
     if words.is_empty() {
         return match setup {
+            None if inits.is_some() => Err(
+                "the pod has init containers, which run in its container before the \
+                 container's command, but the container sets no command or args: set \
+                 `command` (the image's entrypoint)"
+                    .into(),
+            ),
             None => Ok(None),
             Some(_) => Err(
                 "the pod mounts configMap, secret, downwardAPI or emptyDir volumes, \
@@ -418,10 +631,14 @@ fn wrapped_args_hooked(
             format!("marker={marker}\n{hook}{PRELUDE}{SSHD}{RUNNING}")
         }
     };
+    let inits = match inits {
+        Some(inits) => inits.script(completion, &format!("{marker}-initialized"))?,
+        None => String::new(),
+    };
     let script = match (setup, completion) {
         (None, Completion::Forever) if !forever_wrapped => return Ok(None),
-        (None, _) => format!("{prelude}{body}"),
-        (Some(setup), _) => format!("{prelude}{}{body}", setup.script),
+        (None, _) => format!("{prelude}{inits}{body}"),
+        (Some(setup), _) => format!("{prelude}{}{inits}{body}", setup.script),
     };
     let all = ["sh", "-c", script.as_str(), SCRIPT_NAME]
         .into_iter()

@@ -8,7 +8,7 @@ fn words(list: &[&str]) -> Vec<String> {
 #[test]
 fn wrapped_args_split_back_into_the_script_and_the_exact_words() {
     let original = words(&["python", "train.py", "--name", "it's a \"test\" $HOME"]);
-    let args = wrapped_args(&original, Completion::RunOnce, None, None, false)
+    let args = wrapped_args(&original, Completion::RunOnce, None, None, false, None)
         .unwrap()
         .unwrap();
     let split = shlex::split(&args).unwrap();
@@ -339,6 +339,7 @@ fn a_forever_pod_with_a_shell_starts_sshd_and_ends_with_its_command() {
         None,
         None,
         true,
+        None,
     )
     .unwrap()
     .expect("wrapped");
@@ -360,11 +361,18 @@ fn a_forever_pod_with_a_shell_starts_sshd_and_ends_with_its_command() {
 #[test]
 fn forever_and_commandless_pods_are_not_wrapped() {
     assert_eq!(
-        wrapped_args(&words(&["serve"]), Completion::Forever, None, None, false),
+        wrapped_args(
+            &words(&["serve"]),
+            Completion::Forever,
+            None,
+            None,
+            false,
+            None
+        ),
         Ok(None)
     );
     assert_eq!(
-        wrapped_args(&[], Completion::RunOnce, None, None, false),
+        wrapped_args(&[], Completion::RunOnce, None, None, false, None),
         Ok(None)
     );
 }
@@ -484,7 +492,8 @@ fn a_failed_setup_is_reported_as_exit_code_126_without_running_the_command() {
 #[test]
 fn files_without_a_command_cannot_be_wrapped() {
     let setup = Setup::new(&[], &["/scratch".to_owned()]).unwrap().unwrap();
-    let error = wrapped_args(&[], Completion::Forever, Some(&setup), None, false).unwrap_err();
+    let error =
+        wrapped_args(&[], Completion::Forever, Some(&setup), None, false, None).unwrap_err();
     assert!(error.contains("set `command`"), "{error}");
     assert_eq!(Setup::new(&[], &[]), Ok(None));
 }
@@ -717,8 +726,7 @@ fn hooked_in(
         &words(list),
         completion,
         None,
-        Some(&words(hook)),
-        false,
+        (Some(&words(hook)), false, None),
         &marker,
     )
     .unwrap()
@@ -799,4 +807,191 @@ fn a_post_start_variable_in_the_environment_is_not_run() {
         .unwrap();
     assert_eq!(output.status.code(), Some(0));
     assert!(!planted.exists(), "an inherited post_start ran");
+}
+
+/// The script with `inits` before `list`, run in `dir` with the init containers' env and
+/// `env`: its stdout and exit code.
+fn run_with_inits(
+    dir: &std::path::Path,
+    inits: &[(&str, serde_json::Value)],
+    list: &[&str],
+    completion: Completion,
+    env: &[(&str, &str)],
+) -> (String, Option<i32>) {
+    let containers: Vec<(
+        k8s_openapi::api::core::v1::Container,
+        std::collections::BTreeMap<String, String>,
+    )> = inits
+        .iter()
+        .map(|(name, spec)| {
+            let mut spec = spec.clone();
+            spec["name"] = serde_json::json!(name);
+            let container: k8s_openapi::api::core::v1::Container =
+                serde_json::from_value(spec).unwrap();
+            let env = container
+                .env
+                .iter()
+                .flatten()
+                .map(|v| (v.name.clone(), v.value.clone().unwrap_or_default()))
+                .collect();
+            (container, env)
+        })
+        .collect();
+    let pairs: Vec<_> = containers.iter().map(|(c, e)| (c, e.clone())).collect();
+    let main_env: std::collections::BTreeMap<String, String> = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let inits = Inits::of(&pairs, &main_env).unwrap().unwrap();
+    let marker = dir.join("exit-code").display().to_string();
+    let args = wrapped_args_hooked(
+        &words(list),
+        completion,
+        None,
+        (None, false, Some(&inits)),
+        &marker,
+    )
+    .unwrap()
+    .unwrap();
+    let argv = shlex::split(&args).unwrap();
+    let output = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .envs(inits.env.iter())
+        .envs(env.iter().copied())
+        .env("DIR", dir)
+        .output()
+        .unwrap();
+    (
+        String::from_utf8(output.stdout).unwrap(),
+        output.status.code(),
+    )
+}
+
+#[test]
+fn init_containers_run_in_order_with_their_own_env_before_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stdout, code) = run_with_inits(
+        dir.path(),
+        &[
+            (
+                "fetch",
+                serde_json::json!({"command": ["sh", "-c", "echo \"$WHAT:${MAIN_ONLY:-unset}\" > \"$DIR/f\"; echo fetched"],
+                                   "env": [{"name": "WHAT", "value": "it's data"}]}),
+            ),
+            (
+                "check",
+                serde_json::json!({"command": ["sh", "-c", "test -f \"$DIR/f\" && echo checked"]}),
+            ),
+        ],
+        &[
+            "sh",
+            "-c",
+            "cat \"$DIR/f\"; echo \"main:$MAIN_ONLY:${WHAT:-unset}\"",
+        ],
+        Completion::RunOnce,
+        &[("MAIN_ONLY", "m")],
+    );
+    assert_eq!(
+        stdout,
+        "runpod-kubelet: container=fetch\nfetched\nrunpod-kubelet: init-exit-code=fetch=0\n\
+         runpod-kubelet: container=check\nchecked\nrunpod-kubelet: init-exit-code=check=0\n\
+         runpod-kubelet: initialized\nit's data:unset\nmain:m:unset\nrunpod-kubelet: exit-code=0\n"
+    );
+    assert_eq!(code, Some(0));
+    // A container RunPod restarts does not run them again (only the exit marker would replay a
+    // finished run; here the run is started afresh with the marker of the first removed).
+    std::fs::remove_file(dir.path().join("exit-code")).unwrap();
+    let (again, _) = run_with_inits(
+        dir.path(),
+        &[(
+            "fetch",
+            serde_json::json!({"command": ["sh", "-c", "echo fetched"]}),
+        )],
+        &["true"],
+        Completion::RunOnce,
+        &[],
+    );
+    assert!(!again.contains("fetched"), "{again}");
+    assert!(again.contains("runpod-kubelet: initialized"), "{again}");
+}
+
+#[test]
+fn a_failed_init_container_ends_a_run_once_pod_without_its_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stdout, code) = run_with_inits(
+        dir.path(),
+        &[(
+            "prep",
+            serde_json::json!({"command": ["sh", "-c", "echo failing; exit 3"]}),
+        )],
+        &["sh", "-c", "echo main ran"],
+        Completion::RunOnce,
+        &[],
+    );
+    assert_eq!(
+        stdout,
+        "runpod-kubelet: container=prep\nfailing\nrunpod-kubelet: init-exit-code=prep=3\n\
+         runpod-kubelet: exit-code=3\n"
+    );
+    assert_eq!(code, Some(3));
+    for line in stdout.lines().filter(|l| l.starts_with("runpod-kubelet:")) {
+        assert!(
+            is_marker_line(line),
+            "{line} is not kept out of kubectl logs"
+        );
+    }
+}
+
+#[test]
+fn the_log_is_split_by_container_and_read_for_the_init_containers_progress() {
+    let log = [
+        "runpod-kubelet: ssh-host-key=SHA256:abc",
+        "runpod-kubelet: container=fetch",
+        "fetching",
+        "runpod-kubelet: init-exit-code=fetch=2",
+        "runpod-kubelet: container=fetch",
+        "fetching again",
+        "runpod-kubelet: init-exit-code=fetch=0",
+        "runpod-kubelet: container=check",
+        "checked",
+        "runpod-kubelet: init-exit-code=check=0",
+        "runpod-kubelet: initialized",
+        "serving",
+    ];
+    let pick = |wanted: Option<&str>| -> Vec<&str> {
+        let mut owner = LogOwner::default();
+        log.iter()
+            .copied()
+            .filter(|l| owner.keeps(l, wanted))
+            .collect()
+    };
+    assert_eq!(pick(Some("fetch")), ["fetching", "fetching again"]);
+    assert_eq!(pick(Some("check")), ["checked"]);
+    assert_eq!(pick(None), ["serving"]);
+    let progress = init_progress(log.iter().copied());
+    assert!(progress.initialized);
+    assert_eq!(progress.runs.len(), 2);
+    assert_eq!(
+        (
+            progress.runs[0].starts,
+            progress.runs[0].last_code,
+            progress.runs[0].running
+        ),
+        (2, Some(0), false)
+    );
+    // Half-way: fetch failed once and runs again; nothing after it started.
+    let partial = init_progress(log[..5].iter().copied());
+    assert!(!partial.initialized);
+    assert_eq!(
+        (
+            partial.runs[0].starts,
+            partial.runs[0].last_code,
+            partial.runs[0].running
+        ),
+        (2, Some(2), true)
+    );
+    // A pod without init containers: every line is the container's.
+    let mut owner = LogOwner::default();
+    assert!(owner.keeps("plain", None));
+    assert!(!init_progress(["plain"]).initialized);
 }

@@ -407,6 +407,17 @@ impl Provider for VastaiProvider {
                 "the pod mounts files, which Vast.ai instances cannot receive".into(),
             ));
         }
+        if pod
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.init_containers.as_ref().is_some_and(|i| !i.is_empty()))
+        {
+            return Err(ProvisionError::Rejected(
+                "the pod has init containers, which Vast.ai cannot run (nothing runs commands \
+                 in its instances before the container's)"
+                    .into(),
+            ));
+        }
         let label = self.label(pod)?;
         let container = request.container()?;
         let env = request.env.container_env(container);

@@ -31,6 +31,7 @@ mod lifecycle;
 mod logs;
 mod pod_api;
 mod pods;
+mod process;
 mod query;
 mod ratelimit;
 mod reply;

@@ -51,7 +51,7 @@ impl<'a> Events<'a> {
         }
     }
 
-    fn push(&mut self, pod: &PodRecord, source: LogSource, line: String, at: Instant) {
+    pub(crate) fn push(&mut self, pod: &PodRecord, source: LogSource, line: String, at: Instant) {
         self.out.push(LogEvent {
             pod_id: pod.id.clone(),
             source,
@@ -75,6 +75,7 @@ pub(crate) fn script_for(image: &str, rules: &[ImageRule]) -> Script {
             outcome: rule.outcome.map(|o| (o, rule.after_ms)),
             logs: rule.logs.clone(),
             exit_code: rule.exit_code,
+            run: rule.run,
         })
         .unwrap_or_default()
 }
@@ -138,6 +139,37 @@ pub(crate) fn enter_running(pod: &mut PodRecord, at: Instant, ev: &mut Events<'_
     for line in pod.script.logs.clone() {
         ev.push(pod, LogSource::Container, line, at);
     }
+    if pod.script.run {
+        crate::process::start(&pod.id, &pod.args, &pod.env);
+    }
+}
+
+/// The command that runs for real ended with `code` (see `process`): as a scripted exit does,
+/// a wrapped pod stops (EXITED; the wrapper printed its code itself), any other container is
+/// restarted in place and its command run again.
+pub(crate) fn process_ended(pod: &mut PodRecord, code: i32, at: Instant, ev: &mut Events<'_>) {
+    if pod.status != PodStatus::Running {
+        return;
+    }
+    if pod.args.contains(WRAPPER_MARK) {
+        enter_stopped(pod, PodStatus::Exited, at);
+        ev.system(pod, "Container exited", at);
+    } else {
+        restarted_in_place(pod, code, at, ev);
+        crate::process::start(&pod.id, &pod.args, &pod.env);
+    }
+}
+
+/// RunPod restarts a container whose process ended (not under the wrapper) in place: the pod
+/// stays RUNNING, its uptime starts again.
+fn restarted_in_place(pod: &mut PodRecord, code: i32, at: Instant, ev: &mut Events<'_>) {
+    ev.system(
+        pod,
+        format!("Container exited with code {code}; restarting it"),
+        at,
+    );
+    pod.running_since = Some(at);
+    pod.phase_since = at;
 }
 
 /// EXITED or ERROR from `at` (runtime and ports gone).
@@ -229,13 +261,7 @@ fn process_exit(pod: &mut PodRecord, due: Instant, ev: &mut Events<'_>) {
     let wrapped = pod.args.contains(WRAPPER_MARK);
     match pod.script.exit_code {
         Some(code) if !wrapped => {
-            ev.system(
-                pod,
-                format!("Container exited with code {code}; restarting it"),
-                due,
-            );
-            pod.running_since = Some(due);
-            pod.phase_since = due;
+            restarted_in_place(pod, code, due, ev);
             for line in pod.script.logs.clone() {
                 ev.push(pod, LogSource::Container, line, due);
             }
@@ -322,6 +348,7 @@ fn publish_ports(pod: &mut PodRecord, rng: &mut fastrand::Rng, at: Instant, ev: 
 
 /// Ports gone (the container stopped or restarts): its sshd goes with them.
 pub(crate) fn unpublish(pod: &mut PodRecord) {
+    crate::process::stop(&pod.id);
     if pod.published.take().is_some() {
         crate::ssh::stop(&pod.id);
     }

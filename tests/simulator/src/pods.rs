@@ -91,6 +91,8 @@ pub(crate) struct Script {
     pub logs: Vec<String>,
     /// The process's exit code (see `ImageRule::exit_code`).
     pub exit_code: Option<i32>,
+    /// The command runs for real (see `ImageRule::run`).
+    pub run: bool,
 }
 
 /// A pod as the simulator keeps it.

@@ -304,6 +304,10 @@ pub struct ImageRule {
     /// pod stays RUNNING). Without it, the pod simply ends EXITED.
     #[serde(default)]
     pub exit_code: Option<i32>,
+    /// The container's command (`args`) runs for real, as a local process, once the pod runs:
+    /// its output is the container's log and its end the container's exit (see `process`).
+    #[serde(default)]
+    pub run: bool,
 }
 
 /// Where a scripted container ends up.

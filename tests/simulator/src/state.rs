@@ -148,6 +148,16 @@ impl World {
         let timing = lifecycle::Timing::from(scenario);
         let mut events = Events::new(clock);
         for pod in self.pods.iter_mut().filter(|p| !p.is_terminated()) {
+            for output in crate::process::drain(&pod.id) {
+                match output {
+                    crate::process::Output::Line(line, at) => {
+                        events.push(pod, LogSource::Container, line, at.min(now));
+                    }
+                    crate::process::Output::Exit(code, at) => {
+                        lifecycle::process_ended(pod, code, at.min(now), &mut events);
+                    }
+                }
+            }
             lifecycle::advance(pod, now, &timing, &mut self.rng, &mut events);
         }
         self.flush(events);

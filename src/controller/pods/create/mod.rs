@@ -194,6 +194,8 @@ async fn gate<P: Provider>(
 /// say of them.
 struct Inputs {
     env: ResolvedEnv,
+    /// Each init container's, in order.
+    init_env: Vec<ResolvedEnv>,
     volumes: Volumes,
     /// The network volume of the claim the pod mounts.
     network_volume: Option<VolumeMount>,
@@ -236,6 +238,22 @@ async fn inputs<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> Step<Inputs> {
             )))));
         }
     };
+    let mut init_env = Vec::new();
+    for init in pod
+        .spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+    {
+        match env::resolve(&source, pod, init).await {
+            Ok(env) => init_env.push(env),
+            Err(error) => {
+                return Ok(Break(End::Write(Box::new(gates::config_error(format!(
+                    "init container {:?}: {error}",
+                    init.name
+                ))))));
+            }
+        }
+    }
     let volumes = match volumes::resolve(&source, pod, container).await {
         Ok(volumes) => volumes,
         Err(error) => {
@@ -281,6 +299,7 @@ async fn inputs<P: Provider>(ctx: &Shared<P>, pod: &Pod) -> Step<Inputs> {
     .collect();
     Ok(Continue(Inputs {
         env,
+        init_env,
         volumes,
         network_volume,
         pull_credential,
@@ -339,6 +358,7 @@ async fn send<P: Provider>(
     let request = ProvisionRequest {
         pod: for_cloud,
         env: &inputs.env,
+        init_env: &inputs.init_env,
         volumes: &inputs.volumes,
         excluded_gpu_types: excluded,
         avoided_machines: &avoided,

@@ -640,5 +640,7 @@ impl RecordedEnd {
     }
 }
 
+pub(crate) mod inits;
+
 #[cfg(test)]
 mod tests;

@@ -223,6 +223,7 @@ async fn image_rules_script_exits_and_pull_errors() {
                 after_ms: 50,
                 logs: vec![],
                 exit_code: None,
+                run: false,
             },
             ImageRule {
                 pattern: "batch-job".into(),
@@ -230,6 +231,7 @@ async fn image_rules_script_exits_and_pull_errors() {
                 after_ms: 100,
                 logs: vec!["working".into(), "done".into()],
                 exit_code: None,
+                run: false,
             },
         ],
         ..fast()
@@ -299,6 +301,7 @@ async fn a_wrapped_command_stops_its_pod_and_an_unwrapped_one_restarts() {
             after_ms: 2500,
             logs: vec!["epoch 1".into()],
             exit_code: Some(3),
+            run: false,
         }],
         ..fast()
     };
@@ -315,21 +318,7 @@ async fn a_wrapped_command_stops_its_pod_and_an_unwrapped_one_restarts() {
         .wait_for(&wrapped_id, WAIT, |p| p["status"] == "EXITED")
         .await;
     assert!(seen.contains(&"RUNNING".to_owned()), "{seen:?}");
-    let response = api
-        .request(
-            reqwest::Method::GET,
-            &format!("/v2/pods/{wrapped_id}/logs?source=container&tail=10"),
-        )
-        .send()
-        .await
-        .unwrap();
-    let mut sse = crate::support::Sse::new(response);
-    let lines: Vec<String> = sse
-        .drain(Duration::from_millis(500))
-        .await
-        .iter()
-        .map(|e| e.line().to_owned())
-        .collect();
+    let lines = container_lines(&api, &wrapped_id).await;
     assert_eq!(
         lines.last().map(String::as_str),
         Some("runpod-kubelet: exit-code=3"),
@@ -390,4 +379,56 @@ async fn a_pods_env_fixes_the_utilization_it_reports() {
         json!([{"util": 90, "memoryUtil": 100}, {"util": 90, "memoryUtil": 100}]),
         "one figure per GPU, capped at 100"
     );
+}
+
+#[tokio::test]
+async fn a_command_that_runs_for_real_is_the_containers_log_and_its_end() {
+    let scenario = Scenario {
+        images: vec![ImageRule {
+            pattern: "runs".into(),
+            outcome: None,
+            after_ms: 0,
+            logs: Vec::new(),
+            exit_code: None,
+            run: true,
+        }],
+        ..fast()
+    };
+    let api = Api::start(scenario).await;
+    // The wrapper's mark in args: the pod stops when the process ends, as a wrapped one does.
+    let created = api
+        .create(
+            "real",
+            json!({"image": "me/runs:1", "env": {"WHO": "the pod"},
+                   "args": "sh -c 'echo \"hello from $WHO\"; echo oops >&2; echo \"runpod-kubelet: exit-code=4\"; exit 4'"}),
+        )
+        .await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let (_, seen) = api.wait_for(&id, WAIT, |p| p["status"] == "EXITED").await;
+    assert!(seen.contains(&"RUNNING".to_owned()), "{seen:?}");
+    let lines = container_lines(&api, &id).await;
+    for expected in ["hello from the pod", "oops", "runpod-kubelet: exit-code=4"] {
+        assert!(
+            lines.iter().any(|l| l == expected),
+            "{expected} missing: {lines:?}"
+        );
+    }
+}
+
+/// The last lines of the pod's container log.
+async fn container_lines(api: &Api, id: &str) -> Vec<String> {
+    let response = api
+        .request(
+            reqwest::Method::GET,
+            &format!("/v2/pods/{id}/logs?source=container&tail=10"),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut sse = crate::support::Sse::new(response);
+    sse.drain(Duration::from_millis(500))
+        .await
+        .iter()
+        .map(|e| e.line().to_owned())
+        .collect()
 }

@@ -17,6 +17,7 @@ async fn chatty() -> (Api, String) {
             after_ms: 0,
             logs: (1..=5).map(|i| format!("line {i}")).collect(),
             exit_code: None,
+            run: false,
         }],
         ..fast()
     };

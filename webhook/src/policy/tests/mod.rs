@@ -1658,3 +1658,86 @@ fn an_http_post_start_hook_runs_where_there_is_a_shell() {
         ["containers[main].lifecycle.postStart"]
     );
 }
+
+#[test]
+fn init_containers_in_the_containers_image_run_and_others_are_refused_by_name() {
+    let config = config();
+    let mut base = gpu_pod();
+    base["spec"]["containers"][0]["command"] = json!(["python", "train.py"]);
+    base["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "work", "mountPath": "/work/"}]);
+    base["spec"]["volumes"] = json!([{"name": "work", "emptyDir": {}}]);
+    let with_inits = |inits: Value| typed(&with(base.clone(), "/spec/initContainers", inits));
+    // Same image, own command, the container's mount at the same path: runs.
+    let good = with_inits(json!([{"name": "prep", "image": "pytorch/pytorch",
+        "command": ["sh", "-c", "touch /work/ready"],
+        "volumeMounts": [{"name": "work", "mountPath": "/work"}]}]));
+    assert!(
+        cannot_run(&good, &config).is_empty(),
+        "{:?}",
+        cannot_run(&good, &config)
+    );
+    // Another image: refused, named; allowed when the pod says its commands are there.
+    let other = json!([{"name": "fetch", "image": "busybox", "command": ["true"]}]);
+    let problems = cannot_run(&with_inits(other.clone()), &config);
+    assert!(
+        problems.len() == 1 && problems[0].contains("init containers (fetch)"),
+        "{problems:?}"
+    );
+    let allowed = annotate(
+        with(base.clone(), "/spec/initContainers", other),
+        contract::INIT_IN_MAIN_IMAGE,
+        "true",
+    );
+    assert!(cannot_run(&typed(&allowed), &config).is_empty());
+    // No command, a mount the container lacks, a sidecar: each refused, naming it.
+    let problems = cannot_run(
+        &with_inits(json!([
+            {"name": "bare", "image": "pytorch/pytorch"},
+            {"name": "elsewhere", "image": "pytorch/pytorch", "command": ["true"],
+             "volumeMounts": [{"name": "work", "mountPath": "/other"}]},
+            {"name": "proxy", "image": "pytorch/pytorch", "command": ["true"], "restartPolicy": "Always"}
+        ])),
+        &config,
+    );
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert!(
+        problems[0].contains("\"bare\" sets no command"),
+        "{problems:?}"
+    );
+    assert!(
+        problems[1].contains("\"elsewhere\" mounts volume \"work\" at \"/other\""),
+        "{problems:?}"
+    );
+    assert!(
+        problems[2].contains("\"proxy\" is a sidecar"),
+        "{problems:?}"
+    );
+    // The container must set a command: the init containers run before it.
+    let mut no_command = with(
+        base,
+        "/spec/initContainers",
+        json!([{"name": "prep",
+        "image": "pytorch/pytorch", "command": ["true"]}]),
+    );
+    no_command["spec"]["containers"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("command");
+    let problems = cannot_run(&typed(&no_command), &config);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("the container sets no command")),
+        "{problems:?}"
+    );
+    // A bad value of the annotation is refused as any other.
+    let annotations: BTreeMap<String, String> =
+        [(contract::INIT_IN_MAIN_IMAGE.to_owned(), "yes".to_owned())].into();
+    let effective = checks::Effective::resolve(&annotations, None);
+    let problems = checks::validate_annotations(&effective);
+    assert!(
+        problems.len() == 1 && problems[0].contains(contract::INIT_IN_MAIN_IMAGE),
+        "{problems:?}"
+    );
+}

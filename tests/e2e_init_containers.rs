@@ -126,7 +126,7 @@ async fn scenarios(cp: &ControlPlane, client: &kube::Client) -> anyhow::Result<(
          "env": [{"name": "GREETING", "value": "hello from init"}],
          "volumeMounts": [{"name": "work", "mountPath": dir}]},
         {"name": "wait", "image": "e2e/run:1",
-         "command": ["sh", "-c", format!("echo waiting; while [ ! -f {go} ]; do sleep 0.2; done; echo went")]}
+         "command": ["sh", "-c", format!("echo waiting; for i in $(seq 600); do [ -f {go} ] && break; sleep 0.2; done; echo went")]}
     ]);
     let main = format!("cat {dir}/data; echo \"main:$ONLY_MAIN:${{GREETING:-none}}\"");
     pods.create(

@@ -132,6 +132,8 @@ pub struct LogOptions {
     pub since: Option<Timestamp>,
     /// The init container whose lines are wanted (`None`: the pod's container).
     pub container: Option<String>,
+    /// The pod has init containers (its log has their lines too).
+    pub init_containers: bool,
 }
 
 /// How far a pod's init containers got, as its cloud container's log says.
@@ -156,6 +158,25 @@ pub struct InitRun {
 }
 
 impl InitProgress {
+    /// Takes in what a later read said, never going back: a read of the log's tail may have
+    /// lost lines an earlier one saw (that they were done, an earlier run).
+    pub fn merge(&mut self, newer: InitProgress) {
+        self.initialized |= newer.initialized;
+        for run in newer.runs {
+            let known = self.run(&run.name);
+            known.starts = known.starts.max(run.starts);
+            if run.last_code.is_some() {
+                known.last_code = run.last_code;
+            }
+            known.running = run.running;
+        }
+        if self.initialized {
+            for run in &mut self.runs {
+                run.running = false;
+            }
+        }
+    }
+
     /// The runs of the init container `name`, added when it has none yet.
     pub fn run(&mut self, name: &str) -> &mut InitRun {
         let at = match self.runs.iter().position(|run| run.name == name) {
@@ -484,6 +505,24 @@ fn no_volumes() -> ProviderError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn init_progress_never_goes_back() {
+        let mut known = InitProgress::default();
+        known.run("fetch").starts = 2;
+        known.run("fetch").last_code = Some(0);
+        known.initialized = true;
+        // A later tail that lost those lines and shows only the last init container running.
+        let mut later = InitProgress::default();
+        later.run("check").starts = 1;
+        later.run("check").running = true;
+        later.run("fetch").starts = 1;
+        known.merge(later);
+        assert!(known.initialized);
+        assert_eq!(known.runs[0].starts, 2);
+        assert_eq!(known.runs[0].last_code, Some(0));
+        assert!(!known.runs[1].running);
+    }
 
     #[test]
     fn a_final_log_keeps_the_newest_lines_within_its_bound() {

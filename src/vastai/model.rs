@@ -54,6 +54,12 @@ pub struct Offer {
     /// GB free on the machine.
     #[serde(default)]
     pub disk_space: Option<f64>,
+    /// Host RAM, MB.
+    #[serde(default)]
+    pub cpu_ram: Option<f64>,
+    /// CPU cores the instance gets.
+    #[serde(default)]
+    pub cpu_cores_effective: Option<f64>,
     /// Seconds of rental left.
     #[serde(default)]
     pub duration: Option<f64>,

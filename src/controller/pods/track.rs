@@ -357,7 +357,11 @@ async fn read_init_progress<P: Provider>(
         return;
     }
     match ctx.provider.init_progress(&instance.id).await {
-        Ok(progress) => ctx.remember(uid, |m| m.init_progress = Some(progress)),
+        Ok(progress) => ctx.remember(uid, |m| {
+            m.init_progress
+                .get_or_insert_with(Default::default)
+                .merge(progress)
+        }),
         Err(error) => {
             tracing::debug!(instance = %instance.id, %error, "reading the init containers' progress failed")
         }
@@ -496,7 +500,9 @@ async fn exit_code<P: Provider>(
                 m.exit_code = Some(code);
                 m.final_log = Some(std::sync::Arc::new(log.lines));
                 m.final_init_logs = Some(std::sync::Arc::new(log.init_lines));
-                m.init_progress = Some(log.init);
+                m.init_progress
+                    .get_or_insert_with(Default::default)
+                    .merge(log.init);
             });
             Ok(ExitCode::Read(code))
         }

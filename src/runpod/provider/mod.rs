@@ -433,7 +433,7 @@ impl Provider for RunPodProvider {
             .iter()
             .map(|run| (run.name.clone(), Vec::new()))
             .collect();
-        let mut owner = wrapper::LogOwner::default();
+        let mut owner = wrapper::LogOwner::for_window(seen.iter().map(|entry| entry.line.as_str()));
         for entry in seen {
             let whose = owner
                 .read(&entry.line)
@@ -496,7 +496,7 @@ impl Provider for RunPodProvider {
         // The wrapper's markers are for the controller, not the user's log; each container's
         // lines are its own (init containers run before the pod's container, in order).
         let wanted = options.container;
-        let mut owner = wrapper::LogOwner::default();
+        let mut owner = wrapper::LogOwner::new(options.init_containers);
         Box::pin(
             self.client
                 .logs(id, request)

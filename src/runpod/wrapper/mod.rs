@@ -188,8 +188,8 @@ const INIT: &str = r#"runpod_kubelet_init() {
   while :; do
     runpod_kubelet_run "$@"
     echo "runpod-kubelet: init-exit-code=$init_name=$rc"
-    [ "$rc" -eq 0 ] && return 0
     [ -n "$signal" ] && return 1
+    [ "$rc" -eq 0 ] && return 0
     [ "$init_retry" = yes ] || return 1
     runpod_kubelet_run sleep 10
     [ -n "$signal" ] && return 1
@@ -317,14 +317,21 @@ impl Inits {
             "yes"
         };
         let marker = quote(init_marker)?;
-        let mut script = format!("init_retry={retry}\n{INIT}if [ ! -f {marker} ]; then\n");
+        // Files that could not be written: no init container runs, the command's `exit 126`
+        // (set by the setup) ends the run.
+        let mut script = format!(
+            "init_retry={retry}\n{INIT}if [ -z \"$runpod_kubelet_setup_failed\" ] && [ ! -f {marker} ]; then\n"
+        );
         for (index, name) in self.names.iter().enumerate() {
             script.push_str(&format!(
                 "  runpod_kubelet_init {} \"${INIT_ENV_PREFIX}{index}\" || {failed}\n",
                 quote(name)?
             ));
         }
-        script.push_str(&format!("  : >{marker} 2>/dev/null\nfi\nunset"));
+        // `printf`, not `:`: a redirection that fails on a special built-in ends the shell.
+        script.push_str(&format!(
+            "  [ -z \"$signal\" ] || {failed}\n  printf '' >{marker} 2>/dev/null\nfi\nunset"
+        ));
         for index in 0..self.names.len() {
             script.push_str(&format!(" {INIT_ENV_PREFIX}{index}"));
         }
@@ -348,26 +355,72 @@ pub(crate) fn is_host_key_line(line: &str) -> bool {
 /// controller, kept out of `kubectl logs`.
 pub(crate) fn is_marker_line(line: &str) -> bool {
     let line = line.trim();
-    is_host_key_line(line)
-        || line.starts_with(crate::provider::EXIT_CODE_PREFIX)
-        || line.starts_with(POST_START_FAILED_PREFIX)
+    is_run_marker(line)
         || line.starts_with(CONTAINER_PREFIX)
         || line.starts_with(INIT_EXIT_PREFIX)
         || line == INITIALIZED
 }
 
+/// The markers of every wrapped run (host keys, exit codes, a failed hook), not the init
+/// containers' own.
+fn is_run_marker(line: &str) -> bool {
+    let line = line.trim();
+    is_host_key_line(line)
+        || line.starts_with(crate::provider::EXIT_CODE_PREFIX)
+        || line.starts_with(POST_START_FAILED_PREFIX)
+}
+
 /// Which container's log a line of the pod's log is, read in order: the main container's
-/// until the wrapper says an init container runs, and again once it says they are done.
+/// until the wrapper says an init container runs, and again once it says they are done. Only
+/// for a pod that has init containers (`split`): in any other a line that looks like the
+/// wrapper's is the container's own output.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LogOwner {
     /// The init container whose lines these are (`None`: the main container's).
     current: Option<String>,
+    split: bool,
 }
 
 impl LogOwner {
+    /// For a log of a pod with init containers (`split`).
+    pub(crate) fn new(split: bool) -> LogOwner {
+        LogOwner {
+            current: None,
+            split,
+        }
+    }
+
+    /// For a window of the log (a tail) that may start in an init container's lines: they
+    /// are that container's when the first marker in `lines` is its exit.
+    pub(crate) fn for_window<'a>(lines: impl IntoIterator<Item = &'a str>) -> LogOwner {
+        let mut split = false;
+        let mut current = None;
+        for line in lines {
+            let line = line.trim();
+            if let Some((name, _)) = line
+                .strip_prefix(INIT_EXIT_PREFIX)
+                .and_then(|rest| rest.rsplit_once('='))
+            {
+                if !split {
+                    current = Some(name.to_owned());
+                }
+                split = true;
+                break;
+            }
+            if line.starts_with(CONTAINER_PREFIX) || line == INITIALIZED {
+                split = true;
+                break;
+            }
+        }
+        LogOwner { current, split }
+    }
+
     /// Reads `line`: `None` for a marker, else whose line it is (an init container's name;
     /// `None`: the main container's).
     pub(crate) fn read(&mut self, line: &str) -> Option<Option<&str>> {
+        if !self.split {
+            return (!is_run_marker(line)).then_some(None);
+        }
         let trimmed = line.trim();
         if let Some(name) = trimmed.strip_prefix(CONTAINER_PREFIX) {
             self.current = Some(name.to_owned());
@@ -387,6 +440,9 @@ impl LogOwner {
 /// How far the init containers got, from the wrapper's lines in order.
 pub(crate) fn init_progress<'a>(lines: impl IntoIterator<Item = &'a str>) -> InitProgress {
     let mut progress = InitProgress::default();
+    // The last marker said an init container failed (an exit code right after it is that
+    // failure's, not the command's).
+    let mut failed_last = false;
     for line in lines {
         let line = line.trim();
         if line == INITIALIZED {
@@ -404,8 +460,21 @@ pub(crate) fn init_progress<'a>(lines: impl IntoIterator<Item = &'a str>) -> Ini
         {
             let run = progress.run(name);
             // An unreadable code is no success.
-            run.last_code = Some(code.trim().parse().unwrap_or(1));
+            let code = code.trim().parse().unwrap_or(1);
+            run.last_code = Some(code);
             run.running = false;
+            failed_last = code != 0;
+            continue;
+        } else if line.starts_with(crate::provider::EXIT_CODE_PREFIX)
+            && !failed_last
+            && !progress.runs.is_empty()
+        {
+            // The command's code, not an init container's failure: they were done (a tail
+            // may have lost the line that said so).
+            progress.initialized = true;
+        }
+        if is_marker_line(line) {
+            failed_last = false;
         }
     }
     progress
@@ -529,7 +598,7 @@ impl Setup {
             "runpod_kubelet_setup() {{\n  {steps}\n}}\n\
              runpod_kubelet_setup || {{ echo \"runpod-kubelet: could not write the pod's volume files \
              (the image needs sh, mkdir, base64 and a writable filesystem)\" >&2; \
-             set -- sh -c 'exit {SETUP_FAILED_CODE}'; }}\n{unset}",
+             runpod_kubelet_setup_failed=1; set -- sh -c 'exit {SETUP_FAILED_CODE}'; }}\n{unset}",
             steps = steps.join(" &&\n  "),
             unset = if unset.is_empty() {
                 String::new()
@@ -631,14 +700,20 @@ fn wrapped_args_hooked(
             format!("marker={marker}\n{hook}{PRELUDE}{SSHD}{RUNNING}")
         }
     };
+    // Always assigned before the setup: an env var of the same name must not skip them.
     let inits = match inits {
         Some(inits) => inits.script(completion, &format!("{marker}-initialized"))?,
         None => String::new(),
     };
+    let reset = if inits.is_empty() {
+        ""
+    } else {
+        "runpod_kubelet_setup_failed=\n"
+    };
     let script = match (setup, completion) {
         (None, Completion::Forever) if !forever_wrapped => return Ok(None),
-        (None, _) => format!("{prelude}{inits}{body}"),
-        (Some(setup), _) => format!("{prelude}{}{inits}{body}", setup.script),
+        (None, _) => format!("{prelude}{reset}{inits}{body}"),
+        (Some(setup), _) => format!("{prelude}{reset}{}{inits}{body}", setup.script),
     };
     let all = ["sh", "-c", script.as_str(), SCRIPT_NAME]
         .into_iter()

@@ -959,7 +959,7 @@ fn the_log_is_split_by_container_and_read_for_the_init_containers_progress() {
         "serving",
     ];
     let pick = |wanted: Option<&str>| -> Vec<&str> {
-        let mut owner = LogOwner::default();
+        let mut owner = LogOwner::new(true);
         log.iter()
             .copied()
             .filter(|l| owner.keeps(l, wanted))
@@ -990,8 +990,38 @@ fn the_log_is_split_by_container_and_read_for_the_init_containers_progress() {
         ),
         (2, Some(2), true)
     );
-    // A pod without init containers: every line is the container's.
-    let mut owner = LogOwner::default();
+    // A pod without init containers: every line is the container's, even one that looks like
+    // the wrapper's init markers; its run markers are still kept out.
+    let mut owner = LogOwner::new(false);
     assert!(owner.keeps("plain", None));
+    assert!(owner.keeps("runpod-kubelet: container=x", None));
+    assert!(owner.keeps("after", None));
+    assert!(!owner.keeps("runpod-kubelet: exit-code=0", None));
     assert!(!init_progress(["plain"]).initialized);
+    // A tail that starts inside a failed init container's output: those lines are its own.
+    let tail = [
+        "line 4999",
+        "line 5000",
+        "runpod-kubelet: init-exit-code=fetch=3",
+        "runpod-kubelet: exit-code=3",
+    ];
+    let mut owner = LogOwner::for_window(tail);
+    let fetch: Vec<&str> = tail
+        .iter()
+        .copied()
+        .filter(|l| owner.keeps(l, Some("fetch")))
+        .collect();
+    assert_eq!(fetch, ["line 4999", "line 5000"]);
+    let failed = init_progress(tail);
+    assert!(
+        !failed.initialized,
+        "an init container's failure is no initialization"
+    );
+    // A tail that lost the mark: the command's own exit says they were done.
+    let done = init_progress([
+        "runpod-kubelet: init-exit-code=fetch=0",
+        "output",
+        "runpod-kubelet: exit-code=0",
+    ]);
+    assert!(done.initialized);
 }

@@ -41,12 +41,24 @@ pub(crate) fn with_inits(
     let mut statuses = Vec::new();
     for init in &inits {
         let run = progress.runs.iter().find(|run| run.name == init.name);
+        let previous = current
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .find(|s| s.name == init.name)
+            .and_then(|s| s.state.clone());
+        // First seen running now, then kept (no write every reconcile).
+        let started_at = previous
+            .as_ref()
+            .and_then(|s| s.running.as_ref())
+            .and_then(|r| r.started_at.clone())
+            .unwrap_or(Time(now));
         let (state, done) = match run {
             _ if progress.initialized => (terminated(0), true),
             Some(run) if run.running => (
                 ContainerState {
                     running: Some(ContainerStateRunning {
-                        started_at: Some(Time(now)),
+                        started_at: Some(started_at),
                     }),
                     ..Default::default()
                 },
@@ -62,12 +74,6 @@ pub(crate) fn with_inits(
         if !done {
             incomplete.push(init.name.as_str());
         }
-        let previous = current
-            .init_container_statuses
-            .iter()
-            .flatten()
-            .find(|s| s.name == init.name)
-            .and_then(|s| s.state.clone());
         let started = state.running.is_some();
         statuses.push(ContainerStatus {
             name: init.name.clone(),
@@ -89,11 +95,15 @@ pub(crate) fn with_inits(
     if status.phase.as_deref() == Some("Running") {
         status.phase = Some("Pending".to_owned());
     }
+    // Its container has not started: what its instance does is the init containers' (a
+    // reason it waits for, a budget or a config error, is kept as it is).
     for container in status.container_statuses.iter_mut().flatten() {
-        container.state = Some(waiting(INITIALIZING, ""));
+        if container.state.as_ref().is_none_or(|s| s.waiting.is_none()) {
+            container.state = Some(waiting(INITIALIZING, ""));
+            container.container_id = None;
+        }
         container.ready = false;
         container.started = Some(false);
-        container.container_id = None;
     }
     let message = format!(
         "containers with incomplete status: [{}]",
@@ -302,6 +312,24 @@ mod tests {
                 .unwrap()
                 .waiting
                 .is_some()
+        );
+        // A container that waits for something else keeps saying so (a budget, say).
+        let mut budget = running_status();
+        budget.phase = Some("Pending".into());
+        budget.container_statuses.as_mut().unwrap()[0].state =
+            Some(waiting("BudgetExceeded", "over"));
+        let status = with_inits(&pod("Pending"), budget, None, Timestamp::now());
+        let main = &status.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(
+            main.state
+                .as_ref()
+                .unwrap()
+                .waiting
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("BudgetExceeded")
         );
         // A pod without init containers is left as it is.
         let mut plain = pod("Running");

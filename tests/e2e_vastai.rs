@@ -189,6 +189,9 @@ async fn scenarios(world: &World, vast_controller: &mut ControllerProcess) -> an
     deletion_destroys_the_instance(world)
         .await
         .context("deletion")?;
+    a_memory_request_no_machine_has_is_refused(world)
+        .await
+        .context("a memory request no machine has")?;
     orphans_are_destroyed_and_strangers_kept(world)
         .await
         .context("garbage collection")?;
@@ -578,6 +581,41 @@ async fn deletion_destroys_the_instance(world: &World) -> anyhow::Result<()> {
         .filter(|e| e["destroyed_at"].is_null())
         .collect();
     ensure!(live.is_empty(), "instances still billing: {live:?}");
+    Ok(())
+}
+
+/// A pod whose memory request no offered machine has fails with the reason (the most
+/// offered), and nothing is bought.
+async fn a_memory_request_no_machine_has_is_refused(world: &World) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), "e2e-vast");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "huge", "annotations": {"runpod.io/burst-mode": "always"}},
+        "spec": {"restartPolicy": "Never",
+                 "containers": [{"name": "main", "image": "e2e/server:1",
+                 "resources": {"requests": {"memory": "4000Gi"},
+                               "limits": {"nvidia.com/gpu": "1"}}}]}
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let failed = wait::until("the huge pod refused", WAIT, || async {
+        let pod = pods.get("huge").await?;
+        Ok((phase(&pod) == Some("Failed")).then_some(pod))
+    })
+    .await?;
+    let message = failed
+        .status
+        .as_ref()
+        .and_then(|s| s.message.clone())
+        .unwrap_or_default();
+    ensure!(
+        message.contains("GB of host RAM (the most offered: 128.0 GB)"),
+        "the refusal: {message}"
+    );
+    let uid = failed.metadata.uid.clone().context("uid")?;
+    ensure!(
+        labelled(&world.vast, &uid).await?.is_empty(),
+        "an instance was bought for a pod no machine can hold"
+    );
+    pods.delete("huge", &DeleteParams::default()).await?;
     Ok(())
 }
 

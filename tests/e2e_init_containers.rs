@@ -5,7 +5,7 @@
 //! not Initialized, its status running; `kubectl logs -c` shows each container's own lines,
 //! without the wrapper's markers. A failing init container (restartPolicy Never) fails the pod
 //! without the container's command ever running. An init container of another image is
-//! refused at admission, naming it.
+//! refused at admission, naming it. A `postStart` exec hook's marker is seen by the command.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -225,6 +225,31 @@ async fn scenarios(cp: &ControlPlane, client: &kube::Client) -> anyhow::Result<(
     ensure!(
         !never.contains("main ran"),
         "the container ran after its init container failed: {never:?}"
+    );
+
+    // A postStart exec hook runs beside the command, which waits for its marker.
+    let started = scratch.path().join("started").display().to_string();
+    let mut hooked = pod(
+        "hooked",
+        &dir,
+        json!([]),
+        &format!(
+            "for i in $(seq 300); do [ -f {started} ] && echo saw the hook && exit 0; sleep 0.1; done; exit 1"
+        ),
+    )?;
+    hooked.spec.as_mut().context("spec")?.containers[0].lifecycle = Some(serde_json::from_value(
+        json!({"postStart": {"exec": {"command": ["sh", "-c", format!("touch {started}")]}}}),
+    )?);
+    pods.create(&PostParams::default(), &hooked).await?;
+    let ended = wait::until("the hooked pod ended", WAIT, || async {
+        let pod = pods.get("hooked").await?;
+        Ok(matches!(phase(&pod), Some("Succeeded" | "Failed")).then_some(pod))
+    })
+    .await?;
+    ensure!(
+        phase(&ended) == Some("Succeeded") && logs(cp, "hooked", "main")? == "saw the hook\n",
+        "the command did not see the postStart hook's marker: {:?}",
+        ended.status
     );
 
     // An init container of another image: refused at admission, named.

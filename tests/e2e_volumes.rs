@@ -750,13 +750,24 @@ async fn job_pod(pods: &Api<Pod>, job: &str) -> anyhow::Result<String> {
 /// `kubectl exec POD -- sh -c SCRIPT` (a real kubectl through the apiserver): its stdout, or
 /// an error with its stderr. The simulator runs the script in the pod's working directory with
 /// the pod's files under `$RUNPOD_KUBELET_SSH_ROOT`.
+///
+/// A pod that turned Ready may not have its SSH address listed yet (the kubelet API answers
+/// so, "retry in a moment"): that answer is retried for up to a minute.
 fn exec(cp: &ControlPlane, pod: &str, script: &str) -> anyhow::Result<String> {
-    let output = std::process::Command::new("kubectl")
-        .args(["-n", NS, "exec", pod, "--", "sh", "-c", script])
-        .env("KUBECONFIG", &cp.kubeconfig)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .context("running kubectl exec")?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let output = loop {
+        let output = std::process::Command::new("kubectl")
+            .args(["-n", NS, "exec", pod, "--", "sh", "-c", script])
+            .env("KUBECONFIG", &cp.kubeconfig)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .context("running kubectl exec")?;
+        let not_yet = String::from_utf8_lossy(&output.stderr).contains("retry in a moment");
+        if output.status.success() || !not_yet || std::time::Instant::now() > deadline {
+            break output;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
     ensure!(
         output.status.success(),
         "kubectl exec {pod}: {}; {}",

@@ -400,7 +400,7 @@ async fn a_command_that_runs_for_real_is_the_containers_log_and_its_end() {
         .create(
             "real",
             json!({"image": "me/runs:1", "env": {"WHO": "the pod"},
-                   "args": "sh -c 'echo \"hello from $WHO\"; echo oops >&2; echo \"runpod-kubelet: exit-code=4\"; exit 4'"}),
+                   "args": "sh -c 'echo \"hello from $WHO\"; echo oops >&2; sleep 1; echo \"runpod-kubelet: exit-code=4\"; exit 4'"}),
         )
         .await;
     let id = created["id"].as_str().unwrap().to_owned();

@@ -11,14 +11,11 @@ use super::decide::{self, Note, TrackStep};
 use super::{ReconcileError, SHORT, finish, write};
 use crate::controller::clock::elapsed;
 use crate::controller::context::{Settings, Shared, Snapshot};
-use crate::controller::node::health::ApiHealth;
 use crate::controller::pods::status::{RecordedEnd, View};
 use crate::provider::{CloudName, Instance, InstanceState, Provider};
+use log_reads::{ExitCode, LOG_READ_ATTEMPTS, exit_code, read_init_progress};
 
-/// Failed reads of a finished container's log (while the API otherwise answers) before the
-/// pod is finished with its exit code unknown: a log endpoint that keeps refusing must not
-/// keep a stopped pod billing storage, nor its Job from completing.
-pub(super) const LOG_READ_ATTEMPTS: u32 = 5;
+mod log_reads;
 
 /// An instance that was there is missing from lists that had time to show it: RunPod is asked
 /// for it by id (at most once per settle time); only a 404 (or a terminated answer, or one
@@ -333,41 +330,6 @@ pub(super) async fn track<P: Provider>(
     }
 }
 
-/// Reads how far the pod's init containers got while its instance runs and they are not all
-/// done (a read of the log; a failed read keeps what was known).
-async fn read_init_progress<P: Provider>(
-    ctx: &Shared<P>,
-    pod: &Pod,
-    uid: &str,
-    instance: &Instance,
-) {
-    let has_inits = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.init_containers.as_ref())
-        .is_some_and(|inits| !inits.is_empty());
-    let initialized = ctx.remember(uid, |m| {
-        m.init_progress.as_ref().is_some_and(|p| p.initialized)
-    });
-    if !has_inits
-        || initialized
-        || crate::controller::pods::status::inits::said_initialized(pod)
-        || instance.state != InstanceState::Running
-    {
-        return;
-    }
-    match ctx.provider.init_progress(&instance.id).await {
-        Ok(progress) => ctx.remember(uid, |m| {
-            m.init_progress
-                .get_or_insert_with(Default::default)
-                .merge(progress)
-        }),
-        Err(error) => {
-            tracing::debug!(instance = %instance.id, %error, "reading the init containers' progress failed")
-        }
-    }
-}
-
 /// Whether an instance's placement is checked: not one the operator adopted (`runpod-kubelet
 /// adopt`), which is tracked as it is: it was made by the Go kubelet under its own rules, and
 /// replacing it would kill the running job adoption exists to keep.
@@ -467,61 +429,6 @@ fn exited(
         },
         started_at: instance.started_at,
         restarts,
-    }
-}
-
-/// The exit code of a finished container, as far as it can be known.
-enum ExitCode {
-    /// Read from the log (`None`: the log names no code).
-    Read(Option<i32>),
-    /// The log could not be read, [`LOG_READ_ATTEMPTS`] times.
-    Unreadable(String),
-}
-
-async fn exit_code<P: Provider>(
-    ctx: &Shared<P>,
-    pod: &Pod,
-    uid: &str,
-    instance: &Instance,
-) -> Result<ExitCode, ReconcileError> {
-    if let Some(code) = ctx.remember(uid, |m| m.exit_code) {
-        return Ok(ExitCode::Read(code));
-    }
-    match ctx.provider.final_log(&instance.id).await {
-        Ok(log) => {
-            let code = log.exit_code;
-            let warnings = log
-                .warnings
-                .iter()
-                .map(|(reason, message)| Note::warning(reason, message.clone()))
-                .collect();
-            write::notes(ctx, pod, warnings).await;
-            ctx.remember(uid, |m| {
-                m.exit_code = Some(code);
-                m.final_log = Some(std::sync::Arc::new(log.lines));
-                m.final_init_logs = Some(std::sync::Arc::new(log.init_lines));
-                m.init_progress
-                    .get_or_insert_with(Default::default)
-                    .merge(log.init);
-            });
-            Ok(ExitCode::Read(code))
-        }
-        Err(error) => {
-            // Failures while the whole API is down are not the log's: they are not counted.
-            let api_up = matches!(*ctx.health.borrow(), ApiHealth::Available);
-            let failures = ctx.remember(uid, |m| {
-                if api_up {
-                    m.log_read_failures += 1;
-                }
-                m.log_read_failures
-            });
-            warn!(instance = %instance.id, error = %error, failures, "reading the exit code from the log failed");
-            if failures >= LOG_READ_ATTEMPTS {
-                Ok(ExitCode::Unreadable(error.to_string()))
-            } else {
-                Err(ReconcileError::Provider(error))
-            }
-        }
     }
 }
 

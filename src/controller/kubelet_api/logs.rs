@@ -126,10 +126,7 @@ pub(super) async fn container_logs<P: Provider>(
     if init {
         options.container = Some(container.clone());
     }
-    options.init_containers = pod
-        .spec
-        .as_ref()
-        .is_some_and(|s| s.init_containers.as_ref().is_some_and(|i| !i.is_empty()));
+    options.init_containers = crate::controller::pods::status::inits::has_inits(&pod);
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     // A finished container: its instance is terminated, so serve what was kept of its log.
     let kept = state.shared.remember(&uid, |m| {

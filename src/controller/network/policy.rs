@@ -214,30 +214,33 @@ pub(crate) fn judge(pod: &Pod, policies: &[std::sync::Arc<NetworkPolicy>]) -> Ve
             None if spec.egress.is_some() => vec!["Ingress", "Egress"],
             None => vec!["Ingress"],
         };
+        let rule = |peers: &Option<Vec<NetworkPolicyPeer>>,
+                    ports: &Option<Vec<NetworkPolicyPort>>| Rule {
+            namespace: namespace.clone(),
+            peers: peers.clone().unwrap_or_default(),
+            ports: ports.clone().unwrap_or_default(),
+        };
         if types.contains(&"Egress") {
-            let restriction = verdict.egress.get_or_insert_with(Restriction::default);
-            restriction.by.push(name.clone());
-            restriction
-                .rules
-                .extend(spec.egress.iter().flatten().map(|rule| Rule {
-                    namespace: namespace.clone(),
-                    peers: rule.to.clone().unwrap_or_default(),
-                    ports: rule.ports.clone().unwrap_or_default(),
-                }));
+            let rules = spec.egress.iter().flatten().map(|r| rule(&r.to, &r.ports));
+            restrict(&mut verdict.egress, &name, rules);
         }
         if types.contains(&"Ingress") {
-            let restriction = verdict.ingress.get_or_insert_with(Restriction::default);
-            restriction.by.push(name);
-            restriction
-                .rules
-                .extend(spec.ingress.iter().flatten().map(|rule| Rule {
-                    namespace: namespace.clone(),
-                    peers: rule.from.clone().unwrap_or_default(),
-                    ports: rule.ports.clone().unwrap_or_default(),
-                }));
+            let rules = spec
+                .ingress
+                .iter()
+                .flatten()
+                .map(|r| rule(&r.from, &r.ports));
+            restrict(&mut verdict.ingress, &name, rules);
         }
     }
     verdict
+}
+
+/// Adds a policy's rules to what restricts one direction.
+fn restrict(direction: &mut Option<Restriction>, policy: &str, rules: impl Iterator<Item = Rule>) {
+    let restriction = direction.get_or_insert_with(Restriction::default);
+    restriction.by.push(policy.to_owned());
+    restriction.rules.extend(rules);
 }
 
 #[cfg(test)]

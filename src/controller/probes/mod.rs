@@ -91,15 +91,9 @@ pub(crate) async fn run<P: Provider>(
                 continue;
             };
             // As the kubelet, nothing probes a container before its init containers are done.
-            let initializing = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.init_containers.as_ref())
-                .is_some_and(|inits| !inits.is_empty())
-                && !crate::controller::pods::status::inits::said_initialized(&pod)
-                && !shared.remember(&uid, |m| {
-                    m.init_progress.as_ref().is_some_and(|p| p.initialized)
-                });
+            let known = shared.remember(&uid, |m| m.init_progress.clone());
+            let initializing =
+                !crate::controller::pods::status::inits::inits_done(&pod, known.as_ref());
             let probed = (has_probes(&pod) || has_post_start_http(&pod))
                 && !initializing
                 && pod.metadata.deletion_timestamp.is_none()

@@ -71,20 +71,17 @@ pub(crate) fn start(pod_id: &str, args: &str, env: &BTreeMap<String, String>) {
         .stderr(Stdio::piped())
         .process_group(0);
     let run = Arc::new(Mutex::new(Run::default()));
-    let child = match command.spawn() {
-        Ok(child) => Some(child),
+    let mut child = match command.spawn() {
+        Ok(child) => child,
         Err(error) => {
             let now = Instant::now();
-            let mut run = run.lock().unwrap_or_else(|e| e.into_inner());
-            run.output
-                .push(Output::Line(format!("exec {}: {error}", argv[0]), now));
-            run.output.push(Output::Exit(127, now));
-            None
-        }
-    };
-    let mut child = match child {
-        Some(child) => child,
-        None => {
+            run.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .output
+                .extend([
+                    Output::Line(format!("exec {}: {error}", argv[0]), now),
+                    Output::Exit(127, now),
+                ]);
             if let Ok(mut all) = runs().lock() {
                 all.insert(pod_id.to_owned(), run);
             }

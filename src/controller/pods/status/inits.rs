@@ -3,8 +3,8 @@
 //! the pod Pending (or ended), not Initialized, its container waiting `PodInitializing`.
 
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, Pod,
-    PodStatus,
+    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,
+    Pod, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -40,63 +40,83 @@ pub(crate) fn with_inits(
     let mut incomplete = Vec::new();
     let mut statuses = Vec::new();
     for init in &inits {
-        let run = progress.runs.iter().find(|run| run.name == init.name);
         let previous = current
             .init_container_statuses
             .iter()
             .flatten()
             .find(|s| s.name == init.name)
             .and_then(|s| s.state.clone());
-        // First seen running now, then kept (no write every reconcile).
-        let started_at = previous
-            .as_ref()
-            .and_then(|s| s.running.as_ref())
-            .and_then(|r| r.started_at.clone())
-            .unwrap_or(Time(now));
-        let (state, done) = match run {
-            _ if progress.initialized => (terminated(0), true),
-            Some(run) if run.running => (
-                ContainerState {
-                    running: Some(ContainerStateRunning {
-                        started_at: Some(started_at),
-                    }),
-                    ..Default::default()
-                },
-                false,
-            ),
-            Some(run) => match run.last_code {
-                Some(0) => (terminated(0), true),
-                Some(code) => (terminated(code), false),
-                None => (waiting(INITIALIZING, ""), false),
-            },
-            None => (waiting(INITIALIZING, ""), false),
-        };
-        if !done {
+        let shown = init_status(init, &progress, previous, now);
+        if !shown.ready {
             incomplete.push(init.name.as_str());
         }
-        let started = state.running.is_some();
-        statuses.push(ContainerStatus {
-            name: init.name.clone(),
-            image: init.image.clone().unwrap_or_default(),
-            ready: done,
-            restart_count: run.map_or(0, |run| {
-                i32::try_from(run.starts.saturating_sub(1)).unwrap_or(i32::MAX)
-            }),
-            started: Some(started),
-            state: Some(keep_times(previous, state)),
-            ..Default::default()
-        });
+        statuses.push(shown);
     }
     status.init_container_statuses = Some(statuses);
     if incomplete.is_empty() {
         return status;
     }
-    // Not initialized: the pod's container has not started.
+    not_initialized(&mut status, &current, &incomplete, now);
+    status
+}
+
+/// One init container's status from how far it got (ready: it is done).
+fn init_status(
+    init: &Container,
+    progress: &InitProgress,
+    previous: Option<ContainerState>,
+    now: Timestamp,
+) -> ContainerStatus {
+    let run = progress.runs.iter().find(|run| run.name == init.name);
+    // First seen running now, then kept (no write every reconcile).
+    let started_at = previous
+        .as_ref()
+        .and_then(|s| s.running.as_ref())
+        .and_then(|r| r.started_at.clone())
+        .unwrap_or(Time(now));
+    let (state, done) = match run {
+        _ if progress.initialized => (terminated(0), true),
+        Some(run) if run.running => (
+            ContainerState {
+                running: Some(ContainerStateRunning {
+                    started_at: Some(started_at),
+                }),
+                ..Default::default()
+            },
+            false,
+        ),
+        Some(run) => match run.last_code {
+            Some(0) => (terminated(0), true),
+            Some(code) => (terminated(code), false),
+            None => (waiting(INITIALIZING, ""), false),
+        },
+        None => (waiting(INITIALIZING, ""), false),
+    };
+    ContainerStatus {
+        name: init.name.clone(),
+        image: init.image.clone().unwrap_or_default(),
+        ready: done,
+        restart_count: run.map_or(0, |run| {
+            i32::try_from(run.starts.saturating_sub(1)).unwrap_or(i32::MAX)
+        }),
+        started: Some(state.running.is_some()),
+        state: Some(keep_times(previous, state)),
+        ..Default::default()
+    }
+}
+
+/// The pod whose init containers `incomplete` are not done: Pending (or ended), not
+/// Initialized nor Ready, its container not started (what its instance does is the init
+/// containers'; a reason it waits for, a budget or a config error, is kept as it is).
+fn not_initialized(
+    status: &mut PodStatus,
+    current: &PodStatus,
+    incomplete: &[&str],
+    now: Timestamp,
+) {
     if status.phase.as_deref() == Some("Running") {
         status.phase = Some("Pending".to_owned());
     }
-    // Its container has not started: what its instance does is the init containers' (a
-    // reason it waits for, a budget or a config error, is kept as it is).
     for container in status.container_statuses.iter_mut().flatten() {
         if container.state.as_ref().is_none_or(|s| s.waiting.is_none()) {
             container.state = Some(waiting(INITIALIZING, ""));
@@ -112,7 +132,7 @@ pub(crate) fn with_inits(
     for existing in status.conditions.iter_mut().flatten() {
         let replaced = match existing.type_.as_str() {
             "Initialized" => Some(condition(
-                &current,
+                current,
                 "Initialized",
                 false,
                 Some("ContainersNotInitialized"),
@@ -120,7 +140,7 @@ pub(crate) fn with_inits(
                 now,
             )),
             kind @ ("Ready" | "ContainersReady") => Some(condition(
-                &current,
+                current,
                 kind,
                 false,
                 Some("ContainersNotReady"),
@@ -133,16 +153,12 @@ pub(crate) fn with_inits(
             *existing = replaced;
         }
     }
-    status
 }
 
 /// Whether the pod's status already says its init containers are done (only ever written
 /// once they were).
 pub(crate) fn said_initialized(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.init_containers.as_ref())
-        .is_some_and(|inits| !inits.is_empty())
+    has_inits(pod)
         && pod
             .status
             .as_ref()
@@ -151,6 +167,20 @@ pub(crate) fn said_initialized(pod: &Pod) -> bool {
                 c.iter()
                     .any(|c| c.type_ == "Initialized" && c.status == "True")
             })
+}
+
+/// Whether the pod has init containers.
+pub(crate) fn has_inits(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|inits| !inits.is_empty())
+}
+
+/// Whether the pod's container may have started: it has no init containers, or they are done
+/// (its status says so, or `progress`, what its log said last).
+pub(crate) fn inits_done(pod: &Pod, progress: Option<&InitProgress>) -> bool {
+    !has_inits(pod) || said_initialized(pod) || progress.is_some_and(|p| p.initialized)
 }
 
 fn terminated(code: i32) -> ContainerState {
@@ -205,6 +235,16 @@ mod tests {
             .unwrap()
     }
 
+    fn waiting_reason(container: &ContainerStatus) -> Option<&str> {
+        container
+            .state
+            .as_ref()?
+            .waiting
+            .as_ref()?
+            .reason
+            .as_deref()
+    }
+
     fn condition_of(status: &PodStatus, kind: &str) -> (String, Option<String>) {
         let c = status
             .conditions
@@ -235,17 +275,7 @@ mod tests {
         );
         let main = &status.container_statuses.as_ref().unwrap()[0];
         assert!(!main.ready);
-        assert_eq!(
-            main.state
-                .as_ref()
-                .unwrap()
-                .waiting
-                .as_ref()
-                .unwrap()
-                .reason
-                .as_deref(),
-            Some("PodInitializing")
-        );
+        assert_eq!(waiting_reason(main), Some("PodInitializing"));
         assert_eq!(
             condition_of(&status, "Initialized"),
             ("False".into(), Some("ContainersNotInitialized".into()))
@@ -260,6 +290,22 @@ mod tests {
         let kept = with_inits(&said, running_status(), None, now);
         assert_eq!(kept.phase.as_deref(), Some("Running"));
         assert_eq!(condition_of(&kept, "Initialized").0, "True");
+    }
+
+    #[test]
+    fn a_container_may_have_started_once_its_init_containers_are_done() {
+        let mut plain = pod("Running");
+        plain.spec.as_mut().unwrap().init_containers = None;
+        assert!(inits_done(&plain, None));
+        assert!(!inits_done(&pod("Pending"), None));
+        let mut said = pod("Running");
+        said.status = Some(running_status());
+        assert!(inits_done(&said, None));
+        let read = InitProgress {
+            initialized: true,
+            ..InitProgress::default()
+        };
+        assert!(inits_done(&pod("Pending"), Some(&read)));
     }
 
     #[test]
@@ -320,17 +366,7 @@ mod tests {
             Some(waiting("BudgetExceeded", "over"));
         let status = with_inits(&pod("Pending"), budget, None, Timestamp::now());
         let main = &status.container_statuses.as_ref().unwrap()[0];
-        assert_eq!(
-            main.state
-                .as_ref()
-                .unwrap()
-                .waiting
-                .as_ref()
-                .unwrap()
-                .reason
-                .as_deref(),
-            Some("BudgetExceeded")
-        );
+        assert_eq!(waiting_reason(main), Some("BudgetExceeded"));
         // A pod without init containers is left as it is.
         let mut plain = pod("Running");
         plain.spec.as_mut().unwrap().init_containers = None;

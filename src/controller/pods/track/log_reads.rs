@@ -8,6 +8,7 @@ use super::super::{ReconcileError, write};
 use crate::controller::context::Shared;
 use crate::controller::node::health::ApiHealth;
 use crate::controller::pods::decide::Note;
+use crate::controller::pods::status::inits::inits_done;
 use crate::provider::{Instance, InstanceState, Provider};
 
 /// Failed reads of a finished container's log (while the API otherwise answers) before the
@@ -23,19 +24,8 @@ pub(super) async fn read_init_progress<P: Provider>(
     uid: &str,
     instance: &Instance,
 ) {
-    let has_inits = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.init_containers.as_ref())
-        .is_some_and(|inits| !inits.is_empty());
-    let initialized = ctx.remember(uid, |m| {
-        m.init_progress.as_ref().is_some_and(|p| p.initialized)
-    });
-    if !has_inits
-        || initialized
-        || crate::controller::pods::status::inits::said_initialized(pod)
-        || instance.state != InstanceState::Running
-    {
+    let known = ctx.remember(uid, |m| m.init_progress.clone());
+    if inits_done(pod, known.as_ref()) || instance.state != InstanceState::Running {
         return;
     }
     match ctx.provider.init_progress(&instance.id).await {

@@ -8,6 +8,7 @@ use clap::Args;
 use runpod_contract::vastai::VastPolicy;
 
 use super::client::{ConfigError, VastClient, VastConfig, VastKey};
+use super::limiter::Paces;
 
 /// `--vastai-*` client flags.
 #[derive(Debug, Clone, Args)]
@@ -28,6 +29,10 @@ pub struct VastArgs {
     /// lookups this long after it found none.
     #[arg(long, default_value = "2m", value_parser = crate::flags::seconds_or_duration, env = "RUNPOD_KUBELET_VASTAI_READ_LAG")]
     pub vastai_read_lag: Duration,
+    /// Tests only: Vast.ai's documented per-route limits divided by this (a simulator whose
+    /// limits are divided alike), so soaks run many lifecycles with the same shape of pacing.
+    #[arg(long, default_value_t = 1, hide = true, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub vastai_pace_divisor: u32,
 }
 
 impl VastArgs {
@@ -35,6 +40,7 @@ impl VastArgs {
         let mut config = VastConfig {
             api_url: self.vastai_api_url.clone(),
             request_timeout: self.vastai_timeout,
+            paces: Paces::default().divided(self.vastai_pace_divisor),
             ..VastConfig::default()
         };
         // The label lookups after an unclear create span the read lag.

@@ -82,6 +82,24 @@ impl Paces {
     pub fn none() -> Paces {
         Paces(HashMap::new())
     }
+
+    /// Every interval and window divided by `divisor` (tests against a simulator whose limits
+    /// are divided alike); 1 leaves them as they are.
+    pub fn divided(self, divisor: u32) -> Paces {
+        let divisor = divisor.max(1);
+        Paces(
+            self.0
+                .into_iter()
+                .map(|(route, pace)| {
+                    let pace = Pace {
+                        interval: pace.interval / divisor,
+                        window: pace.window.map(|(calls, length)| (calls, length / divisor)),
+                    };
+                    (route, pace)
+                })
+                .collect(),
+        )
+    }
 }
 
 #[derive(Debug, Default)]
@@ -165,6 +183,15 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn divided_paces_keep_their_shape() {
+        let paces = Paces::default().divided(10);
+        assert_eq!(paces.0[&Route::Create].interval, ms(460));
+        assert_eq!(paces.0[&Route::Search].window, Some((10, ms(6_000))));
+        assert_eq!(Paces::default().divided(1), Paces::default());
+        assert_eq!(Paces::default().divided(0), Paces::default());
     }
 
     #[test]

@@ -349,7 +349,10 @@ fn spawn(
         .create(true)
         .append(true)
         .open(log)?;
-    let child = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
+    // A long soak runs a copied binary while the tree is rebuilt.
+    let binary = std::env::var_os("RUNPOD_KUBELET_BIN")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_runpod-kubelet").into());
+    let child = Command::new(binary)
         .args(args)
         .args(["--kubelet-port", &kubelet_port.to_string()])
         .env("KUBECONFIG", kubeconfig)

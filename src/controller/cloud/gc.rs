@@ -123,6 +123,12 @@ impl Departed {
         self.known.clone_from(now_uids);
     }
 
+    /// Whether this replica terminated `instance` for a pod that left (a list may lag behind
+    /// that DELETE).
+    fn terminated_here(&self, instance: &Instance) -> bool {
+        self.terminated.contains_key(&instance.id)
+    }
+
     /// Whether `instance` belongs to a pod that left, and was not terminated here.
     fn collect_at_once(&self, instance: &Instance) -> bool {
         instance
@@ -153,8 +159,37 @@ pub(crate) fn cluster_list_due(
     })
 }
 
-/// Other nodes' instances whose pod is missing from a cluster list taken after the instance
-/// was first seen (its pod existed before it, so a pod missing from that list is really gone).
+/// This node's instances whose pod is missing from the node's pods but that are neither
+/// settled nor seen leaving (`orphans` does not take them yet): a pod deleted while this
+/// replica was not leading (or not running). The cluster's pods, listed afresh, decide at once
+/// instead of after the settle time: an instance's pod existed before it, so a pod missing
+/// from a list taken after the instance was seen is gone, and its instance bills for nothing.
+/// One this replica terminated itself is left alone (a list may lag behind that DELETE).
+pub(crate) fn unsettled_orphans<'a>(
+    snapshot: &'a Snapshot,
+    pod_uids: &HashSet<String>,
+    first_seen: &HashMap<String, Timestamp>,
+    carried: &HashSet<String>,
+    departed: &Departed,
+    collected: &[&Instance],
+) -> Vec<&'a Instance> {
+    orphans(
+        snapshot,
+        pod_uids,
+        first_seen,
+        Duration::ZERO,
+        carried,
+        &Departed::default(),
+    )
+    .into_iter()
+    .filter(|i| !departed.terminated_here(i))
+    .filter(|i| !collected.iter().any(|c| c.id == i.id))
+    .collect()
+}
+
+/// Instances (another node's, or this node's unsettled orphans) whose pod is missing from a
+/// cluster list taken after the instance was first seen (its pod existed before it, so a pod
+/// missing from that list is really gone).
 pub(crate) fn gone_elsewhere<'a>(
     settled_elsewhere: Vec<&'a Instance>,
     listed: &(Timestamp, HashSet<String>),
@@ -240,7 +275,7 @@ impl Collector {
             instances: elsewhere,
             confirmed_at: None,
         };
-        let settled_elsewhere = orphans(
+        let mut settled_elsewhere = orphans(
             &elsewhere_snapshot,
             &HashSet::new(),
             &self.first_seen,
@@ -248,6 +283,14 @@ impl Collector {
             &HashSet::new(),
             &Departed::default(),
         );
+        settled_elsewhere.extend(unsettled_orphans(
+            snapshot,
+            pod_uids,
+            &self.first_seen,
+            carried,
+            &self.departed,
+            &collect,
+        ));
         if cluster_list_due(
             self.cluster_uids.as_ref(),
             &settled_elsewhere,
@@ -448,6 +491,52 @@ mod tests {
         .map(|i| i.id.as_str())
         .collect();
         assert_eq!(found, ["orphan", "young"]);
+    }
+
+    #[test]
+    fn a_new_leader_asks_the_cluster_about_an_unsettled_orphan_at_once() {
+        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let snapshot = Snapshot {
+            taken_at: t0,
+            confirmed_at: None,
+            instances: vec![
+                instance("alive", "c1", "vr", Some("u-alive")),
+                instance("fresh", "c1", "vr", Some("u-gone")),
+                instance("ended-here", "c1", "vr", Some("u-ended")),
+                instance("settled", "c1", "vr", Some("u-old")),
+            ],
+        };
+        let uids: HashSet<String> = ["u-alive".to_owned()].into();
+        let seen: HashMap<String, Timestamp> = snapshot
+            .instances
+            .iter()
+            .map(|i| (i.id.clone(), t0))
+            .collect();
+        let mut departed = Departed::default();
+        departed.note(&uids, ["ended-here".to_owned()].into(), t0);
+        let collected = [&snapshot.instances[3]];
+        let found = unsettled_orphans(
+            &snapshot,
+            &uids,
+            &seen,
+            &HashSet::new(),
+            &departed,
+            &collected,
+        );
+        let ids =
+            |found: Vec<&Instance>| -> Vec<String> { found.iter().map(|i| i.id.clone()).collect() };
+        assert_eq!(ids(found.clone()), ["fresh"]);
+        // A fresh cluster list without its pod: gone, collected now. With it (this replica's
+        // cache lags): left alone.
+        let without: (Timestamp, HashSet<String>) = (t0, uids.clone());
+        assert_eq!(
+            ids(gone_elsewhere(found.clone(), &without, &seen)),
+            ["fresh"]
+        );
+        let with: (Timestamp, HashSet<String>) = (t0, ["u-gone".to_owned()].into());
+        assert!(gone_elsewhere(found.clone(), &with, &seen).is_empty());
+        assert!(!cluster_list_due(Some(&with), &found, t0));
+        assert!(cluster_list_due(Some(&without), &found, t0));
     }
 
     #[test]

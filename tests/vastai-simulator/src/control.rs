@@ -8,6 +8,8 @@
 //! - `POST /_sim/instances/{id}/outbid` → 204 (404 if not live, 409 if not a bid): a higher bid
 //!   took the machine; the instance reads `stopped` while it intends to run, storage billing.
 
+use std::time::Instant;
+
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -62,6 +64,9 @@ pub(crate) fn handle(
                     .map(|instance| {
                         let bid = instance.order.bid.is_some();
                         instance.outbid |= bid;
+                        if bid && instance.stopped_epoch.is_none() {
+                            instance.stopped_epoch = Some(shared.epoch(Instant::now()));
+                        }
                         bid
                     })
             });

@@ -33,7 +33,8 @@ pub struct Match {
 
 /// What a matching fault does. JSON: `{"kind":"status","status":502}`,
 /// `{"kind":"no_such_ask"}`, `{"kind":"create_then_fail","status":502}`,
-/// `{"kind":"create_then_stall","millis":5000}`, `{"kind":"delay","millis":200}`.
+/// `{"kind":"create_then_stall","millis":5000}`, `{"kind":"delay","millis":200}`,
+/// `{"kind":"empty_list"}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Effect {
@@ -53,6 +54,9 @@ pub enum Effect {
     CreateThenStall { millis: u64 },
     /// Answer normally after this delay (the side effect happens at once).
     Delay { millis: u64 },
+    /// List only: answer 200 with no instances, as a glitch or a lagging read replica might,
+    /// while they still exist and bill.
+    EmptyList,
 }
 
 impl Fault {
@@ -131,6 +135,7 @@ impl FaultSet {
     pub fn fire(&mut self, route: Route, offer_id: Option<u64>) -> Option<Effect> {
         let applies = |fault: &Fault| {
             fault.when.matches(route, offer_id)
+                && (route == Route::List || !matches!(fault.effect, Effect::EmptyList))
                 && (route == Route::Create
                     || !matches!(
                         fault.effect,

@@ -93,6 +93,8 @@ pub(crate) struct Instance {
     pub forced: Option<Status>,
     pub destroyed: Option<Instant>,
     pub destroyed_epoch: Option<f64>,
+    /// Epoch seconds of the first stop (a stop request, or outbid): GPU billing ended then.
+    pub stopped_epoch: Option<f64>,
     pub create_status: u16,
     /// Outbid (the control API's `outbid`): stopped while it still intends to run, as Vast.ai
     /// shows a bid that lost its machine; storage keeps billing.
@@ -139,6 +141,23 @@ impl Instance {
             }
             _ => (Status::Running, "running".to_owned()),
         }
+    }
+
+    /// Epoch seconds when GPU billing ended, as far as it has: the first stop, the destroy, the
+    /// container's own exit, or the create itself for a container that never starts.
+    pub fn gpu_billing_ended(&self, timings: Timings) -> Option<f64> {
+        let started = (timings.provisioning + timings.loading).as_secs_f64();
+        let natural = match &self.behaviour {
+            Behaviour::Exit { after_ms, .. } => {
+                Some(self.created_epoch + started + Duration::from_millis(*after_ms).as_secs_f64())
+            }
+            Behaviour::OciError | Behaviour::LoadingForever => Some(self.created_epoch),
+            Behaviour::Run => None,
+        };
+        [self.stopped_epoch, self.destroyed_epoch, natural]
+            .into_iter()
+            .flatten()
+            .reduce(f64::min)
     }
 
     /// Storage USD/h for this instance's disk.
@@ -302,6 +321,7 @@ pub(crate) mod tests {
             forced: None,
             destroyed: None,
             destroyed_epoch: None,
+            stopped_epoch: None,
             create_status: 200,
             outbid: false,
             gpu_cost: 0.0,

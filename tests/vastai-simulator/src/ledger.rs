@@ -41,6 +41,10 @@ pub struct LedgerEntry {
     /// Epoch seconds.
     pub created_at: f64,
     pub destroyed_at: Option<f64>,
+    /// Epoch seconds when GPU billing ended: the first stop, the destroy or the container's
+    /// own exit; `None` while it may still bill a GPU.
+    #[serde(default)]
+    pub gpu_billing_ended_at: Option<f64>,
     /// What the create call answered: 200, or e.g. 502 for a create whose answer was lost.
     pub create_status: u16,
     /// USD billed for compute (running only) and storage (create to destroy).
@@ -100,6 +104,7 @@ mod tests {
             status: Status::Running,
             created_at: 0.0,
             destroyed_at: destroyed.then_some(1.0),
+            gpu_billing_ended_at: destroyed.then_some(1.0),
             create_status: 200,
             gpu_cost: 0.0,
             storage_cost: 0.0,

@@ -380,6 +380,8 @@ pub(crate) fn create(
         Some(Effect::Delay { millis }) => (200, Duration::from_millis(millis)),
         _ => (200, Duration::ZERO),
     };
+    let created_epoch = shared.epoch(now);
+    let order_stopped = order.stopped;
     world.instances.insert(
         id,
         Instance {
@@ -387,13 +389,14 @@ pub(crate) fn create(
             offer,
             order,
             created: now,
-            created_epoch: shared.epoch(now),
+            created_epoch,
             behaviour,
             logs,
             host_ports,
             forced: None,
             destroyed: None,
             destroyed_epoch: None,
+            stopped_epoch: order_stopped.then_some(created_epoch),
             create_status: status,
             outbid: false,
             gpu_cost: 0.0,

@@ -156,6 +156,7 @@ async fn dispatch(State(shared): State<Arc<Shared>>, request: Request) -> Respon
                     Duration::ZERO,
                 )
             }
+            Some(Effect::EmptyList) => (list(&shared, world, &parts.uri, true), Duration::ZERO),
             Some(Effect::Delay { millis }) if route != Route::Create => (
                 handle(&shared, world, route, id, &parts.uri, &body, &base_url),
                 Duration::from_millis(millis),
@@ -205,7 +206,7 @@ fn handle(
                 .map(|instance| instance.to_json(now, timings));
             Reply::ok(json!({ "instances": instance }))
         }
-        Route::List => list(shared, world, uri),
+        Route::List => list(shared, world, uri, false),
         Route::Destroy => match world.instances.get_mut(&id) {
             Some(instance) if instance.destroyed.is_none() => {
                 instance.bill(now, timings);
@@ -215,7 +216,7 @@ fn handle(
             }
             _ => Reply::error(404, "not_found", format!("instance {id} not found")),
         },
-        Route::Manage => manage(world, id, body),
+        Route::Manage => manage(world, id, body, shared.epoch(now)),
         Route::Logs => logs::request(world, id, body, base_url, shared.scenario.log_ready_polls),
         Route::User => {
             let spent: f64 = world
@@ -231,7 +232,7 @@ fn handle(
 }
 
 /// `PUT /api/v0/instances/{id}/`: `{"state":"stopped"|"running"}` or `{"label":..}`.
-fn manage(world: &mut World, id: u64, body: &[u8]) -> Reply {
+fn manage(world: &mut World, id: u64, body: &[u8], now_epoch: f64) -> Reply {
     let Some(instance) = world
         .instances
         .get_mut(&id)
@@ -244,7 +245,12 @@ fn manage(world: &mut World, id: u64, body: &[u8]) -> Reply {
         value.get("state").and_then(Value::as_str),
         value.get("label"),
     ) {
-        (Some("stopped"), None) => instance.order.stopped = true,
+        (Some("stopped"), None) => {
+            instance.order.stopped = true;
+            if instance.stopped_epoch.is_none() {
+                instance.stopped_epoch = Some(now_epoch);
+            }
+        }
         (Some("running"), None) => instance.order.stopped = false,
         (None, Some(Value::String(label))) if label.len() <= 1024 => {
             instance.order.label = Some(label.clone())
@@ -261,7 +267,9 @@ fn manage(world: &mut World, id: u64, body: &[u8]) -> Reply {
 
 /// `GET /api/v1/instances/`: keyset pages of at most 25 by id, `select_filters` on stored
 /// columns, instances younger than the list lag left out.
-fn list(shared: &Shared, world: &World, uri: &Uri) -> Reply {
+/// `GET /api/v1/instances/`; `empty`: a glitch (or a lagging replica) that answers 200 with no
+/// instances while they exist and bill.
+fn list(shared: &Shared, world: &World, uri: &Uri, empty: bool) -> Reply {
     let query = Query::<HashMap<String, String>>::try_from_uri(uri)
         .map(|q| q.0)
         .unwrap_or_default();
@@ -331,7 +339,9 @@ fn list(shared: &Shared, world: &World, uri: &Uri) -> Reply {
     let mut rows: Vec<(u64, Map<String, Value>)> = world
         .instances
         .values()
-        .filter(|i| i.destroyed.is_none() && now.saturating_duration_since(i.created) >= lag)
+        .filter(|i| {
+            !empty && i.destroyed.is_none() && now.saturating_duration_since(i.created) >= lag
+        })
         .filter_map(|i| Some((i.id, i.to_json(now, timings).as_object()?.clone())))
         .filter(|(_, row)| parsed.iter().all(|filter| filter.accepts(row)))
         .collect();

@@ -140,6 +140,7 @@ impl Shared {
                         .0,
                     created_at: instance.created_epoch,
                     destroyed_at: instance.destroyed_epoch,
+                    gpu_billing_ended_at: instance.gpu_billing_ended(timings),
                     create_status: instance.create_status,
                     gpu_cost: instance.gpu_cost,
                     storage_cost: instance.storage_billed,

@@ -105,6 +105,9 @@ fn list_env(plural: &str, single: &str, default: &str) -> Vec<String> {
 struct Figures {
     label: String,
     backlog_use: f64,
+    /// The mean share of the quota the trailing minute held during the backlog.
+    trailing_use: f64,
+    rss_mib: f64,
     billing_ended: Option<f64>,
     billing_target: f64,
     terminated: Option<f64>,
@@ -137,8 +140,14 @@ async fn bench() -> anyhow::Result<()> {
     }
     println!("\n== controller_scale: {pods_wanted} pods, every run");
     println!(
-        "{:<28} {:>12} {:>22} {:>22} {:>6}",
-        "run", "backlog use", "GPU billing ended", "all terminated", "429s"
+        "{:<28} {:>12} {:>15} {:>22} {:>22} {:>6} {:>9}",
+        "run",
+        "backlog use",
+        "trailing min",
+        "GPU billing ended",
+        "all terminated",
+        "429s",
+        "peak RSS"
     );
     let show = |secs: Option<f64>, target: f64| {
         secs.map_or_else(
@@ -148,12 +157,14 @@ async fn bench() -> anyhow::Result<()> {
     };
     for figures in &all {
         println!(
-            "{:<28} {:>11.1}% {:>22} {:>22} {:>6}",
+            "{:<28} {:>11.1}% {:>14.1}% {:>22} {:>22} {:>6} {:>6.1} MiB",
             figures.label,
             figures.backlog_use,
+            figures.trailing_use,
             show(figures.billing_ended, figures.billing_target),
             show(figures.terminated, figures.terminated_target),
-            figures.refused
+            figures.refused,
+            figures.rss_mib
         );
     }
     Ok(())
@@ -350,11 +361,15 @@ async fn measure(
         .text()
         .await?;
     let pod_writes = metric(&metrics, "runpod_kubelet_pod_writes_total").unwrap_or(f64::NAN);
-    let rss_kib = std::fs::read_to_string(format!("/proc/{controller_pid}/status"))?
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(f64::NAN);
+    let status = std::fs::read_to_string(format!("/proc/{controller_pid}/status"))?;
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let rss_kib = kib("VmHWM:");
 
     println!("\n== controller_scale: {pods_wanted} pods, quota {quota}/min");
     println!(
@@ -388,14 +403,27 @@ async fn measure(
         pod_writes / pods_wanted as f64
     );
     println!(
-        "controller RSS   {:.1} MiB peak (target < 64)",
-        rss_kib / 1024.0
+        "controller RSS   {:.1} MiB peak (target < 64); now {:.1} MiB: heap {:.1}, code and files {:.1}",
+        rss_kib / 1024.0,
+        kib("VmRSS:") / 1024.0,
+        kib("RssAnon:") / 1024.0,
+        kib("RssFile:") / 1024.0
     );
     let answered = calls - refused;
     println!(
         "quota use        {:.0}% of the quota during the backlog ({answered} calls answered in {:.1} min; target >= 95%)",
         100.0 * answered as f64 / (f64::from(quota) * minutes_total),
         elapsed_minutes
+    );
+    let last_create_ms = exchanges
+        .iter()
+        .filter(|e| e["operation"] == "createPod" && e["status"] != 429)
+        .filter_map(|e| e["at_ms"].as_u64())
+        .max()
+        .unwrap_or(backlog_started_ms);
+    let trailing_use = trailing_minute_use(&exchanges, backlog_started_ms, last_create_ms, quota);
+    println!(
+        "trailing minute  {trailing_use:.1}% of the quota on average, each second of the backlog after its first minute (target >= 95%)"
     );
     ensure!(!created_at.is_empty(), "no pod got a RunPod pod");
 
@@ -415,12 +443,43 @@ async fn measure(
     Ok(Figures {
         label: String::new(),
         backlog_use,
+        trailing_use,
+        rss_mib: rss_kib / 1024.0,
         billing_ended,
         billing_target,
         terminated,
         terminated_target,
         refused: refused + refused_after,
     })
+}
+
+/// The mean share of `quota` that the answered calls of the trailing 60 s held, sampled each
+/// second from one minute after `from_ms` until `until_ms` (simulator time): what a strict
+/// server counting each call for a minute sees. `NaN` for a backlog shorter than that.
+fn trailing_minute_use(
+    exchanges: &[serde_json::Value],
+    from_ms: u64,
+    until_ms: u64,
+    quota: u32,
+) -> f64 {
+    let mut times: Vec<u64> = exchanges
+        .iter()
+        .filter(|e| e["status"] != 429)
+        .filter_map(|e| e["at_ms"].as_u64())
+        .collect();
+    times.sort_unstable();
+    let mut shares = Vec::new();
+    let mut at = from_ms + 60_000;
+    while at <= until_ms {
+        let first = times.partition_point(|t| *t + 60_000 <= at);
+        let last = times.partition_point(|t| *t <= at);
+        shares.push((last - first) as f64 / f64::from(quota));
+        at += 1000;
+    }
+    if shares.is_empty() {
+        return f64::NAN;
+    }
+    100.0 * shares.iter().sum::<f64>() / shares.len() as f64
 }
 
 fn unix_ms(at: SystemTime) -> u64 {

@@ -425,7 +425,7 @@ impl Soak {
             "its GPU billed {billed:.1} s after the deletion"
         );
         for replica in replicas.lock().await.iter_mut() {
-            replica.push_args(&["--create-settle", "5s"]);
+            replica.push_args(&["--create-settle", "30s"]);
             replica.restart()?;
         }
         Ok(())

@@ -215,19 +215,48 @@ impl<P> Shared<P> {
         reason: &str,
         message: String,
     ) {
+        use std::hash::{Hash as _, Hasher as _};
         let uid = about.uid.clone().unwrap_or_default();
-        let key = format!("{reason}\u{0}{message}");
-        if !self.remember(&uid, |m| m.events.insert(key)) {
+        let mut hasher = std::hash::DefaultHasher::new();
+        message.hash(&mut hasher);
+        let of_message = hasher.finish();
+        reason.hash(&mut hasher);
+        if !self.remember(&uid, |m| m.events.insert(hasher.finish())) {
             return;
         }
-        let action = {
-            use std::hash::{Hash as _, Hasher as _};
-            let mut hasher = std::hash::DefaultHasher::new();
-            message.hash(&mut hasher);
-            format!("{reason}-{:016x}", hasher.finish())
+        // Published as is, not through the recorder: each message is said once, so it never
+        // makes a series, and the recorder would keep every Event for six minutes (megabytes
+        // when a thousand pods start).
+        use k8s_openapi::api::events::v1::Event as K8sEvent;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let now = Timestamp::now();
+        let event = K8sEvent {
+            action: Some(format!("{reason}-{of_message:016x}")),
+            reason: Some(reason.to_owned()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(about.clone()),
+            note: Some(truncate(&message, 1000)),
+            metadata: kube::api::ObjectMeta {
+                namespace: about.namespace.clone(),
+                name: Some(format!(
+                    "{}.{:x}",
+                    about.name.as_deref().unwrap_or("runpod-kubelet"),
+                    now.as_nanosecond()
+                )),
+                ..Default::default()
+            },
+            reporting_controller: Some("runpod-kubelet".to_owned()),
+            reporting_instance: Some(self.settings.node_name.clone()),
+            type_: Some(if warning { "Warning" } else { "Normal" }.to_owned()),
+            ..Default::default()
         };
-        self.event_as(about, warning, (reason, &action), message)
-            .await;
+        let events: kube::Api<K8sEvent> = kube::Api::namespaced(
+            self.client.clone(),
+            about.namespace.as_deref().unwrap_or("default"),
+        );
+        if let Err(error) = events.create(&Default::default(), &event).await {
+            warn!(reason, error = %error, "could not publish an Event");
+        }
     }
 
     /// Publishes an Event every time it is said, with an action of its own, as the kubelet says

@@ -52,12 +52,14 @@ pub struct PodMemory {
     pub final_init_logs: Option<std::sync::Arc<crate::provider::InitLogs>>,
     /// How far the pod's init containers got, as the container's log last said.
     pub init_progress: Option<crate::provider::InitProgress>,
-    /// Events already published (reason and message), so a reconcile loop does not repeat them.
-    pub events: HashSet<String>,
+    /// Events already published (a hash of reason and message: a pod's messages can be long
+    /// and many), so a reconcile loop does not repeat them.
+    pub events: HashSet<u64>,
     /// Failed reads of the finished container's log, counted while the API answers.
     pub log_read_failures: u32,
-    /// The instance RunPod returned when asked by id while the lists omitted it, and when.
-    pub looked_up: Option<(Timestamp, Instance)>,
+    /// The instance RunPod returned when asked by id while the lists omitted it, and when
+    /// (boxed: rarely set, and every pod's memory would carry its size).
+    pub looked_up: Option<Box<(Timestamp, Instance)>>,
     /// When this leader began replacing an instance that vanished (the provisioning clock).
     pub replacing_since: Option<Timestamp>,
     /// What the pod's probes say of its container (`None`: no prober runs for it).

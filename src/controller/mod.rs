@@ -31,7 +31,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
@@ -344,7 +344,15 @@ fn pod_controller(
             tick_rx,
             |mut rx| async move { rx.recv().await.map(|t| (t, rx)) },
         );
-    let controller = Controller::new(pods, watch_config)
+    // The cache keeps every pod of the node for as long as it is there: without its
+    // `managedFields` (about half of a pod's memory, and nothing here reads them).
+    let (reader, writer) = reflector::store();
+    let watched = watcher(pods, watch_config)
+        .default_backoff()
+        .modify(|pod: &mut Pod| pod.metadata.managed_fields = None)
+        .reflect(writer)
+        .applied_objects();
+    let controller = Controller::for_stream(watched, reader)
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .reconcile_all_on(ticks)
         .graceful_shutdown_on(async move {

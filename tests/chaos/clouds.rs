@@ -107,8 +107,9 @@ impl Cloud {
             cluster,
             "--reconcile-interval",
             "2s",
+            // The default settle time, as in production.
             "--create-settle",
-            "5s",
+            "30s",
         ]
         .iter()
         .map(|s| (*s).to_owned())

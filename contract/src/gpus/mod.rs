@@ -207,10 +207,19 @@ pub fn normalize(name: &str) -> String {
         .collect()
 }
 
+/// Whether `name` normalizes to `wanted` (already normalized), without building a string:
+/// every admission review compares a Job's GPU names with every name in the catalogue.
+pub fn normalizes_to(name: &str, wanted: &str) -> bool {
+    name.chars()
+        .filter(|c| !c.is_whitespace() && *c != '_')
+        .flat_map(char::to_lowercase)
+        .eq(wanted.chars())
+}
+
 /// The model with this canonical name.
 pub fn by_name(name: &str) -> Option<&'static GpuModel> {
     let wanted = normalize(name);
-    CATALOGUE.iter().find(|m| normalize(m.name) == wanted)
+    CATALOGUE.iter().find(|m| normalizes_to(m.name, &wanted))
 }
 
 /// The models a name a user wrote stands for: its canonical model, else every model either
@@ -227,7 +236,7 @@ pub fn resolve(name: &str) -> Vec<&'static GpuModel> {
             m.runpod
                 .iter()
                 .chain(m.vastai)
-                .any(|own| normalize(own) == wanted)
+                .any(|own| normalizes_to(own, &wanted))
         })
         .collect()
 }
@@ -237,9 +246,11 @@ pub fn resolve(name: &str) -> Vec<&'static GpuModel> {
 /// the catalogue does not know (a GPU the cloud has started to sell since).
 pub fn identify(cloud: Cloud, name: &str, memory_gb: Option<f64>) -> Option<&'static GpuModel> {
     let wanted = normalize(name);
-    let mut matches = CATALOGUE
-        .iter()
-        .filter(|m| m.names_on(cloud).iter().any(|own| normalize(own) == wanted));
+    let mut matches = CATALOGUE.iter().filter(|m| {
+        m.names_on(cloud)
+            .iter()
+            .any(|own| normalizes_to(own, &wanted))
+    });
     let first = matches.next()?;
     let Some(memory) = memory_gb.filter(|m| m.is_finite()) else {
         return Some(first);
@@ -283,7 +294,7 @@ fn is_own_spelling(cloud: Cloud, normalized: &str) -> bool {
         && CATALOGUE
             .iter()
             .flat_map(|m| m.names_on(cloud))
-            .any(|own| normalize(own) == normalized)
+            .any(|own| normalizes_to(own, normalized))
 }
 
 /// A cloud's names to search for the wanted names, in order, each once: a canonical name (or

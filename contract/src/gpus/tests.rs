@@ -360,3 +360,21 @@ fn the_cheapest_fit_honours_types_memory_count_class_and_cap() {
     );
     assert!((fits.cheapest.unwrap().per_hour - 2.2).abs() < 1e-9);
 }
+
+#[test]
+fn normalizes_to_agrees_with_normalize() {
+    for name in [
+        "RTX_4090",
+        "rtx 4090",
+        "RTX 4090",
+        "A100-80GB",
+        "Ä100 x",
+        "",
+        " _ ",
+    ] {
+        let wanted = normalize(name);
+        assert!(normalizes_to(name, &wanted), "{name}");
+        assert!(!normalizes_to(name, &format!("{wanted}x")), "{name}");
+    }
+    assert!(!normalizes_to("RTX 4090", "rtx409"));
+}

@@ -34,7 +34,7 @@ pub(super) async fn confirm<P: Provider>(
         Some(instance) if is_for(&instance, uid, &ctx.settings) => {
             info!(instance = %id, cloud = ctx.provider.name(), "missing from the cloud's list but still there");
             ctx.remember(uid, |m| {
-                m.looked_up = Some((Timestamp::now(), instance.clone()));
+                m.looked_up = Some(Box::new((Timestamp::now(), instance.clone())));
             });
             track(pod, uid, &instance, snapshot, ctx).await
         }
@@ -112,7 +112,7 @@ async fn looked_up<P: Provider>(
     id: &str,
 ) -> Result<Option<Instance>, ReconcileError> {
     let recent = ctx.remember(uid, |m| m.looked_up.clone());
-    if let Some((at, instance)) = recent
+    if let Some((at, instance)) = recent.map(|boxed| *boxed)
         && instance.id == id
         && elapsed(at, Timestamp::now()) < ctx.settings.create_settle
     {
@@ -142,7 +142,9 @@ async fn held<P: Provider>(
     note: Note,
 ) -> Result<Action, ReconcileError> {
     if let Some(instance) = instance {
-        ctx.remember(uid, |m| m.looked_up = Some((Timestamp::now(), instance)));
+        ctx.remember(uid, |m| {
+            m.looked_up = Some(Box::new((Timestamp::now(), instance)));
+        });
     }
     write::notes(ctx, pod, vec![note]).await;
     Ok(Action::requeue(ctx.settings.reconcile_interval))

@@ -69,9 +69,8 @@ const MAX_ANNOUNCED_WAIT: Duration = Duration::from_secs(2 * 86_400);
 #[derive(Debug)]
 struct State {
     windows: Vec<Window>,
-    /// Requests sent whose answer has not arrived yet: number → (when sent, how many others
-    /// were then in flight, sent within the delivery margin before it).
-    in_flight: BTreeMap<u64, (Instant, u32)>,
+    /// Requests sent whose answer has not arrived yet: number → when sent.
+    in_flight: BTreeMap<u64, Instant>,
     /// Every request sent that a window may still count, oldest first.
     sent: SendLog,
     next_seq: u64,
@@ -93,7 +92,7 @@ impl State {
         for window in &mut self.windows {
             window.recover(now);
         }
-        let oldest_unanswered = self.in_flight.values().map(|(sent, _)| *sent).min();
+        let oldest_unanswered = self.in_flight.values().min().copied();
         let keep_from = self
             .windows
             .iter()
@@ -161,21 +160,14 @@ impl State {
         self.last_was_overdue = turn == Turn::Overdue;
         let seq = self.next_seq;
         self.next_seq += 1;
-        let racing_since = now.checked_sub(RESET_MARGIN).unwrap_or(now);
-        let racing = self
-            .in_flight
-            .values()
-            .filter(|(sent_at, _)| *sent_at >= racing_since)
-            .count();
-        self.in_flight
-            .insert(seq, (now, u32::try_from(racing).unwrap_or(u32::MAX)));
+        self.in_flight.insert(seq, now);
         self.sent.push_back((seq, now));
         Ok(seq)
     }
 
     /// Learns from an answer to request `seq` (still in flight).
     fn observe(&mut self, seq: u64, headers: &HeaderMap, now: Instant) {
-        let Some(&(sent_at, racing)) = self.in_flight.get(&seq) else {
+        let Some(&sent_at) = self.in_flight.get(&seq) else {
             return;
         };
         // An older answer's policy must not undo a newer one's.
@@ -209,9 +201,10 @@ impl State {
                     sent_at,
                     remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
                     reset_secs,
-                    racing,
                 };
-                self.windows[index].apply(report, now);
+                let in_flight = &self.in_flight;
+                let racing = |of: u64, of_sent: Instant| racing(in_flight, of, of_sent, seq);
+                self.windows[index].apply(report, now, racing);
                 applied[index] = true;
             }
         }
@@ -222,11 +215,15 @@ impl State {
         }
     }
 
+    /// Requests still unanswered (`answered` just was) that were sent within the delivery
+    /// margin before `seq`: they may have reached the server after it, so its count may not
+    /// have them. (Ones answered already are not counted again: in a burst answered in order
+    /// that left a sixth of the quota unused.)
     /// A 429 from a server that sends no counts: while no policy was ever announced, the
     /// configured quota was a guess, and what was sent before this request is an upper bound
     /// of the real one.
     fn learn_from_refusal(&mut self, seq: u64, now: Instant) {
-        let Some(&(sent_at, _)) = self.in_flight.get(&seq) else {
+        let Some(&sent_at) = self.in_flight.get(&seq) else {
             return;
         };
         if self.policy_seen {
@@ -245,12 +242,25 @@ impl State {
 
     /// Request `seq` ended without an answer (a timeout, a broken connection).
     fn unanswered(&mut self, seq: u64) {
-        if let Some(&(sent_at, _)) = self.in_flight.get(&seq) {
+        if let Some(&sent_at) = self.in_flight.get(&seq) {
             for window in &mut self.windows {
                 window.unreported(sent_at);
             }
         }
     }
+}
+
+/// Requests still unanswered (`answered` just was) that were sent within the delivery margin
+/// before `seq`: they may have reached the server after it, so its count may not have them.
+/// (Ones answered already are not counted again: in a burst answered in order that left a
+/// sixth of the quota unused.)
+fn racing(in_flight: &BTreeMap<u64, Instant>, seq: u64, sent_at: Instant, answered: u64) -> u32 {
+    let since = sent_at.checked_sub(RESET_MARGIN).unwrap_or(sent_at);
+    let count = in_flight
+        .range(..seq)
+        .filter(|(number, at)| **number != answered && **at >= since)
+        .count();
+    u32::try_from(count).unwrap_or(u32::MAX)
 }
 
 /// The shared limiter. Cheap to clone through `Arc`.

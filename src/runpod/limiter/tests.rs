@@ -258,7 +258,7 @@ async fn a_poll_becomes_overdue_while_creates_wait_for_a_far_reset() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_answer_caps_by_what_was_sent_around_it_and_older_answers_never_raise_it() {
+async fn an_answer_caps_by_what_was_sent_around_it_and_an_older_answer_settles_the_race() {
     let limiter = RateLimiter::new(60);
     let policy = r#""minute";q=60;w=60"#;
     first_answer(&limiter, policy).await;
@@ -269,18 +269,53 @@ async fn an_answer_caps_by_what_was_sent_around_it_and_older_answers_never_raise
     assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
     let third = limiter.acquire(Priority::Create).await;
     assert_eq!(limiter.windows(), vec![("minute".into(), 60, 3)]);
-    // An older, higher count never raises the estimate.
+    // The older request's higher count says the server took it first: the newer count has
+    // both, and only the third is not in it.
     earlier.observe(&headers(r#""minute";r=6;t=30"#, policy), None);
-    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 3)]);
-    // The newest count rules, less the one still unanswered when it was sent, just before
-    // it (it may have reached the server after it); the one already answered was counted.
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
+    // The newest count rules: nothing it may not have is unanswered (answered requests are
+    // not counted twice, or a burst answered in order would leave quota unused).
     third.observe(&headers(r#""minute";r=4;t=30"#, policy), None);
-    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 3)]);
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
     assert_eq!(limiter.in_flight(), 0);
     // Once that count is stale, what it left is still left (our own requests only free room
     // as time passes).
     tokio::time::sleep(Duration::from_secs(31)).await;
-    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 3)]);
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 4)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_older_answer_never_raises_a_count_sent_well_after_it() {
+    let limiter = RateLimiter::new(60);
+    let policy = r#""minute";q=60;w=60"#;
+    first_answer(&limiter, policy).await;
+    let old = limiter.acquire(Priority::Create).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let new = limiter.acquire(Priority::Create).await;
+    new.observe(&headers(r#""minute";r=5;t=30"#, policy), None);
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 5)]);
+    old.observe(&headers(r#""minute";r=9;t=30"#, policy), None);
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 5)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_answered_in_order_leaves_the_exact_count() {
+    let limiter = RateLimiter::new(60);
+    let policy = r#""minute";q=60;w=60"#;
+    first_answer(&limiter, policy).await;
+    let mut burst = Vec::new();
+    for _ in 0..20 {
+        burst.push(limiter.acquire(Priority::Create).await);
+    }
+    // The server took them in order; 60 - 1 (the first answer) - 20 are left.
+    for (index, permit) in burst.into_iter().enumerate() {
+        let left = 58 - index;
+        permit.observe(
+            &headers(&format!(r#""minute";r={left};t=30"#), policy),
+            None,
+        );
+    }
+    assert_eq!(limiter.windows(), vec![("minute".into(), 60, 39)]);
 }
 
 #[tokio::test(start_paused = true)]

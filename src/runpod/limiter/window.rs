@@ -38,9 +38,6 @@ pub(super) struct Report {
     pub sent_at: Instant,
     pub remaining: u32,
     pub reset_secs: u64,
-    /// Requests still unanswered when this one was sent, sent within the delivery margin
-    /// before it: they may have reached the server after it, so its `r` may not count them.
-    pub racing: u32,
 }
 
 /// What the newest answer said was left.
@@ -50,8 +47,14 @@ struct Ceiling {
     sent_at: Instant,
     /// `r` less the requests that may have raced the reported one.
     remaining: u32,
+    /// The lowest `r` answered for requests sent within the delivery margin of the one whose
+    /// `r` this is, and when that request was sent: the server took it last of those answered,
+    /// so its count has them all, whatever order they arrived in.
+    lowest: (u32, Instant),
     /// After this the count is stale: one probe may go to learn a new one.
     until: Instant,
+    /// From an answer (not the placeholder of a window whose state is unknown).
+    answered: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -94,7 +97,9 @@ impl Window {
                 seq: 0,
                 sent_at: now,
                 remaining: 0,
+                lowest: (0, now),
                 until: now,
+                answered: false,
             }),
             ..Window::new(name, quota, length)
         }
@@ -226,20 +231,52 @@ impl Window {
         self.length = length.clamp(Duration::from_secs(1), MAX_ANNOUNCED_WAIT);
     }
 
-    /// Takes a reported count, observed `now`, unless a newer request's count is known.
-    pub(super) fn apply(&mut self, report: Report, now: Instant) {
-        if self.ceiling.is_some_and(|ceiling| ceiling.seq > report.seq) {
+    /// Takes a reported count, observed `now`. The ceiling is the newest request's; its count
+    /// is the lowest answered among requests sent within the delivery margin of each other
+    /// (the server may have taken them in any order, and the one it took last has them all),
+    /// less `racing(seq, sent_at)`: requests still unanswered, sent just before, that it may
+    /// not have yet. An older request's answer only lowers (or, once its race is settled,
+    /// corrects) the newest's count; it never moves when the count goes stale.
+    pub(super) fn apply(
+        &mut self,
+        report: Report,
+        now: Instant,
+        racing: impl Fn(u64, Instant) -> u32,
+    ) {
+        let reported = report.remaining.min(self.quota);
+        let close = |a: Instant, b: Instant| a.max(b) <= a.min(b) + RESET_MARGIN;
+        if let Some(ceiling) = self.ceiling.as_mut()
+            && ceiling.seq > report.seq
+        {
+            if ceiling.answered && close(ceiling.sent_at, report.sent_at) {
+                if reported < ceiling.lowest.0 {
+                    ceiling.lowest = (reported, report.sent_at);
+                }
+                ceiling.remaining = ceiling
+                    .lowest
+                    .0
+                    .saturating_sub(racing(ceiling.seq, ceiling.sent_at));
+            }
             return;
         }
+        let lowest = match self.ceiling {
+            Some(previous)
+                if previous.answered
+                    && close(previous.lowest.1, report.sent_at)
+                    && previous.lowest.0 < reported =>
+            {
+                previous.lowest
+            }
+            _ => (reported, report.sent_at),
+        };
         let wait = Duration::from_secs(report.reset_secs).min(MAX_ANNOUNCED_WAIT);
         self.ceiling = Some(Ceiling {
             seq: report.seq,
             sent_at: report.sent_at,
-            remaining: report
-                .remaining
-                .min(self.quota)
-                .saturating_sub(report.racing),
+            remaining: lowest.0.saturating_sub(racing(report.seq, report.sent_at)),
+            lowest,
             until: now + wait + RESET_MARGIN,
+            answered: true,
         });
     }
 

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 # Slowest first, so the pool ends together (names of test targets; the rest follow).
 SLOW_FIRST = [
     "e2e_controller_crash",
+    "e2e_chaos",
     "e2e_controller_outage",
     "e2e_controller_node",
     "e2e_controller_review",

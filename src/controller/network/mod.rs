@@ -293,6 +293,11 @@ async fn outbound<P: Provider>(
         if Instant::now() < *retry_at {
             return;
         }
+        // A pod that reaches no Service and that no Service selects needs no connection (an
+        // SSH session per running pod is most of what a thousand pods cost in memory).
+        if plan.forwards.is_empty() && plan.hosts.is_empty() && !selected(cluster, pod) {
+            return;
+        }
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let endpoints = cluster.endpoints.clone();
         let guard = Arc::new(guard::Guard::new(cluster.peers.clone()));
@@ -341,6 +346,15 @@ struct Inbound {
 /// Listens for the pod's ports that Services selecting it target, and adds the slices that
 /// point there (ready while the pod is Ready and its bridge is up; a pod whose bridge is down
 /// keeps its last slices, not ready).
+/// Whether a Service of the cluster selects `pod` (its inbound listeners need the bridge).
+fn selected(cluster: &Cluster, pod: &Pod) -> bool {
+    cluster
+        .services
+        .state()
+        .iter()
+        .any(|service| slices::selects(service, pod))
+}
+
 async fn inbound<P: Provider>(
     shared: &Shared<P>,
     cluster: &Cluster,

@@ -33,6 +33,7 @@ use serde_json::json;
 use support::control_plane::{ControlPlane, ExtraFlags};
 use support::controller::{ControllerProcess, SimulatorProcess};
 use support::pods::{exit_code, namespace, node_ready_named, phase, provider_toleration, uid};
+use support::storms::Storms;
 use support::wait;
 use tokio::sync::Mutex;
 
@@ -44,10 +45,12 @@ const CONCURRENT: usize = 10;
 const BILLING_AFTER_GRACE: f64 = 60.0;
 /// Every wait for a pod is this generous: the leader may be down or settling.
 const POD_WAIT: Duration = Duration::from_secs(300);
-/// Kills and new faults come in storms, each followed by a calm in which the controller can
-/// make progress.
-const STORM: Duration = Duration::from_secs(20);
-const CALM: Duration = Duration::from_secs(25);
+/// Kills and new faults come in storms of 20 s, each followed by a calm of 25 s in which the
+/// controller can make progress.
+const STORMS: Storms = Storms {
+    storm: Duration::from_secs(20),
+    calm: Duration::from_secs(25),
+};
 
 fn main() -> std::process::ExitCode {
     support::harness::main("e2e_chaos", &ExtraFlags::default(), |cp| Box::pin(run(cp)))
@@ -302,7 +305,7 @@ impl Soak {
             kills.clone(),
             self.seed ^ 0x5eed,
         ));
-        let injector = tokio::spawn(injector(
+        let injector = tokio::spawn(STORMS.inject(
             simulator.clone(),
             self.cloud.faults(),
             stop.clone(),
@@ -697,12 +700,6 @@ impl Drive {
     }
 }
 
-/// Whether `since` (the start of the run) is in a storm now.
-fn stormy(since: tokio::time::Instant) -> bool {
-    let period = (STORM + CALM).as_millis();
-    since.elapsed().as_millis() % period < STORM.as_millis()
-}
-
 /// SIGKILLs a replica (leader or standby, at random) at random moments of the storms, and
 /// starts it again.
 async fn killer(replicas: Replicas, stop: Arc<AtomicBool>, kills: Arc<AtomicU32>, seed: u64) {
@@ -710,7 +707,7 @@ async fn killer(replicas: Replicas, stop: Arc<AtomicBool>, kills: Arc<AtomicU32>
     let since = tokio::time::Instant::now();
     while !stop.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(rng.u64(3000..10_000))).await;
-        if stop.load(Ordering::SeqCst) || !stormy(since) {
+        if stop.load(Ordering::SeqCst) || !STORMS.stormy(since) {
             continue;
         }
         let mut replicas = replicas.lock().await;
@@ -722,35 +719,4 @@ async fn killer(replicas: Replicas, stop: Arc<AtomicBool>, kills: Arc<AtomicU32>
             eprintln!("restarting replica {index} failed: {error:#}");
         }
     }
-}
-
-/// Keeps the cloud misbehaving during the storms; a calm clears what a storm left queued.
-async fn injector(
-    simulator: Arc<SimulatorProcess>,
-    faults: Vec<serde_json::Value>,
-    stop: Arc<AtomicBool>,
-    seed: u64,
-) -> u32 {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let mut injected = 0;
-    let since = tokio::time::Instant::now();
-    let mut cleared = false;
-    while !stop.load(Ordering::SeqCst) {
-        if !stormy(since) {
-            if !cleared && let Err(error) = simulator.clear_faults().await {
-                eprintln!("clearing the faults failed: {error:#}");
-            }
-            cleared = true;
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            continue;
-        }
-        cleared = false;
-        let fault = &faults[rng.usize(..faults.len())];
-        match simulator.inject(fault).await {
-            Ok(()) => injected += 1,
-            Err(error) => eprintln!("injecting a fault failed: {error:#}"),
-        }
-        tokio::time::sleep(Duration::from_millis(rng.u64(500..2500))).await;
-    }
-    injected
 }

@@ -31,6 +31,7 @@ use serde_json::json;
 use support::control_plane::{ControlPlane, ExtraFlags};
 use support::controller::{ControllerProcess, SimulatorProcess, run_command};
 use support::pods::{NODE, bound_gpu_pod, exit_code, live, namespace, node_ready, phase, uid};
+use support::storms::Storms;
 use support::wait;
 use tokio::sync::Mutex;
 
@@ -147,7 +148,8 @@ async fn crash_run(
         kills.clone(),
         seed ^ 0x5eed,
     ));
-    let injector = tokio::spawn(injector(simulator.clone(), stop.clone(), seed ^ 0xfa17));
+    let injector =
+        tokio::spawn(STORMS.inject(simulator.clone(), faults(), stop.clone(), seed ^ 0xfa17));
 
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut tasks = tokio::task::JoinSet::new();
@@ -493,18 +495,11 @@ async fn lifecycle(
     })
 }
 
-/// Storms and calms: kills and new faults come in storms of `STORM`, each followed by a calm of
-/// `CALM` in which the controller can make progress (a controller killed every few seconds
-/// while the cloud fails a third of its calls forever is not one that must finish pods, only
-/// one that must never double-bill or leak).
-const STORM: Duration = Duration::from_secs(20);
-const CALM: Duration = Duration::from_secs(10);
-
-/// Whether `since` (the start of the random run) is in a storm now.
-fn stormy(since: tokio::time::Instant) -> bool {
-    let period = (STORM + CALM).as_millis();
-    since.elapsed().as_millis() % period < STORM.as_millis()
-}
+/// Storms of 20 s and calms of 10 s (`support::storms`).
+const STORMS: Storms = Storms {
+    storm: Duration::from_secs(20),
+    calm: Duration::from_secs(10),
+};
 
 /// Kills the controller with SIGKILL at random moments of the storms and starts it again.
 async fn killer(
@@ -520,7 +515,7 @@ async fn killer(
         if stop.load(Ordering::SeqCst) {
             break;
         }
-        if !stormy(since) {
+        if !STORMS.stormy(since) {
             continue;
         }
         let mut process = controller.lock().await;
@@ -533,12 +528,10 @@ async fn killer(
     }
 }
 
-/// Keeps RunPod misbehaving: creates that fail after creating, 429s, slow answers, lists that
-/// omit every pod, whole-API outages.
-async fn injector(simulator: Arc<SimulatorProcess>, stop: Arc<AtomicBool>, seed: u64) -> u32 {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let mut injected = 0;
-    let faults = [
+/// What RunPod does wrong in the storms: creates that fail after creating, 429s, slow answers,
+/// lists that omit every pod, whole-API outages.
+fn faults() -> Vec<serde_json::Value> {
+    vec![
         json!({"when": {"operation": "createPod"}, "effect": {"kind": "create_then_fail", "status": 500}, "times": 1}),
         json!({"when": {"operation": "createPod"}, "effect": {"kind": "create_then_fail", "status": 502}, "times": 1}),
         json!({"when": {"operation": "createPod"}, "effect": {"kind": "status", "status": 503}, "times": 1}),
@@ -552,28 +545,7 @@ async fn injector(simulator: Arc<SimulatorProcess>, stop: Arc<AtomicBool>, seed:
         json!({"when": {"operation": "listPods"}, "effect": {"kind": "empty_list"}, "times": 2}),
         json!({"effect": {"kind": "status", "status": 503}, "times": 12}),
         json!({"effect": {"kind": "status", "status": 429, "retry_after": 1}, "times": 8}),
-    ];
-    let since = tokio::time::Instant::now();
-    let mut cleared = false;
-    while !stop.load(Ordering::SeqCst) {
-        if !stormy(since) {
-            // A calm is calm: what the storm left queued (an outage's remaining 503s) goes.
-            if !cleared && let Err(error) = simulator.clear_faults().await {
-                eprintln!("clearing the faults failed: {error:#}");
-            }
-            cleared = true;
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            continue;
-        }
-        cleared = false;
-        let fault = &faults[rng.usize(..faults.len())];
-        match simulator.inject(fault).await {
-            Ok(()) => injected += 1,
-            Err(error) => eprintln!("injecting a fault failed: {error:#}"),
-        }
-        tokio::time::sleep(Duration::from_millis(rng.u64(500..2500))).await;
-    }
-    injected
+    ]
 }
 
 /// Waits until every pod has converged, then checks the ledger.

@@ -13,5 +13,6 @@ pub mod nodes;
 pub mod pod_runner;
 pub mod pods;
 pub mod proxy;
+pub mod storms;
 pub mod wait;
 pub mod webhook;

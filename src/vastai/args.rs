@@ -29,9 +29,9 @@ pub struct VastArgs {
     /// lookups this long after it found none.
     #[arg(long, default_value = "2m", value_parser = crate::flags::seconds_or_duration, env = "RUNPOD_KUBELET_VASTAI_READ_LAG")]
     pub vastai_read_lag: Duration,
-    /// Tests only: Vast.ai's documented per-route limits divided by this (a simulator whose
-    /// limits are divided alike), so soaks run many lifecycles with the same shape of pacing.
-    #[arg(long, default_value_t = 1, hide = true, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    /// For tests against a simulator only: the client's pacing of Vast.ai's documented
+    /// per-route limits, divided by this (keep 1 against Vast.ai itself)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000), env = "RUNPOD_KUBELET_VASTAI_PACE_DIVISOR")]
     pub vastai_pace_divisor: u32,
 }
 

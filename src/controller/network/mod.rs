@@ -110,11 +110,13 @@ where
 enum Slot {
     Up(Bridge),
     /// `localhost`: the pod's sshd binds forwards to `127.0.0.1` only (learnt on a connection);
-    /// `failures`: connections that failed in a row.
+    /// `failures`: connections that failed in a row; `settled`: a bridge of this leader brought
+    /// the pod to a plan with nothing in it (its hosts block cleared) and was let go.
     Down {
         retry_at: Instant,
         localhost: bool,
         failures: u32,
+        settled: bool,
     },
 }
 
@@ -124,6 +126,7 @@ impl Slot {
             retry_at: Instant::now(),
             localhost,
             failures: 0,
+            settled: false,
         }
     }
 }
@@ -284,18 +287,18 @@ async fn outbound<P: Provider>(
         tracing::info!(namespace, pod = %name, "the pod's bridge connection dropped; reconnecting");
         *slot = Slot::fresh(bridge.on_localhost());
     }
+    // A pod that reaches no Service and that no Service selects needs no connection (an SSH
+    // session per running pod is most of what a thousand pods cost in memory), once a bridge
+    // of this leader has cleared what an earlier one may have written into it.
+    let idle = plan.forwards.is_empty() && plan.hosts.is_empty() && !selected(cluster, pod);
     if let Slot::Down {
         retry_at,
         localhost,
         failures,
+        settled,
     } = slot
     {
-        if Instant::now() < *retry_at {
-            return;
-        }
-        // A pod that reaches no Service and that no Service selects needs no connection (an
-        // SSH session per running pod is most of what a thousand pods cost in memory).
-        if plan.forwards.is_empty() && plan.hosts.is_empty() && !selected(cluster, pod) {
+        if Instant::now() < *retry_at || (*settled && idle) {
             return;
         }
         let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -324,13 +327,20 @@ async fn outbound<P: Provider>(
     }
     if let Slot::Up(bridge) = slot {
         let applied = bridge.apply(&plan).await;
-        for problem in applied.problems {
+        for problem in &applied.problems {
             tracing::warn!(namespace, pod = %name, %problem, "the pod's bridge");
         }
         if applied.sshd_binds_localhost {
             // Its forwards listen where the names do not point: start again on 127.0.0.1.
             tracing::info!(namespace, pod = %name, "the pod's sshd binds remote forwards to 127.0.0.1 only (GatewayPorts no): one Service per port, on 127.0.0.1");
             *slot = Slot::fresh(true);
+        } else if idle && applied.problems.is_empty() {
+            *slot = Slot::Down {
+                retry_at: Instant::now(),
+                localhost: bridge.on_localhost(),
+                failures: 0,
+                settled: true,
+            };
         }
     }
 }

@@ -202,9 +202,7 @@ impl State {
                     remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
                     reset_secs,
                 };
-                let in_flight = &self.in_flight;
-                let racing = |of: u64, of_sent: Instant| racing(in_flight, of, of_sent, seq);
-                self.windows[index].apply(report, now, racing);
+                self.windows[index].apply(report, now, &self.sent);
                 applied[index] = true;
             }
         }
@@ -248,19 +246,6 @@ impl State {
             }
         }
     }
-}
-
-/// Requests still unanswered (`answered` just was) that were sent within the delivery margin
-/// before `seq`: they may have reached the server after it, so its count may not have them.
-/// (Ones answered already are not counted again: in a burst answered in order that left a
-/// sixth of the quota unused.)
-fn racing(in_flight: &BTreeMap<u64, Instant>, seq: u64, sent_at: Instant, answered: u64) -> u32 {
-    let since = sent_at.checked_sub(RESET_MARGIN).unwrap_or(sent_at);
-    let count = in_flight
-        .range(..seq)
-        .filter(|(number, at)| **number != answered && **at >= since)
-        .count();
-    u32::try_from(count).unwrap_or(u32::MAX)
 }
 
 /// The shared limiter. Cheap to clone through `Arc`.

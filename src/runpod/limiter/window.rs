@@ -40,6 +40,16 @@ pub(super) struct Report {
     pub reset_secs: u64,
 }
 
+/// One answer's count, kept while answers to requests sent within the delivery margin of it
+/// come in.
+#[derive(Debug, Clone, Copy)]
+struct Reported {
+    seq: u64,
+    sent_at: Instant,
+    remaining: u32,
+    until: Instant,
+}
+
 /// What the newest answer said was left.
 #[derive(Debug, Clone, Copy)]
 struct Ceiling {
@@ -47,14 +57,8 @@ struct Ceiling {
     sent_at: Instant,
     /// `r` less the requests that may have raced the reported one.
     remaining: u32,
-    /// The lowest `r` answered for requests sent within the delivery margin of the one whose
-    /// `r` this is, and when that request was sent: the server took it last of those answered,
-    /// so its count has them all, whatever order they arrived in.
-    lowest: (u32, Instant),
     /// After this the count is stale: one probe may go to learn a new one.
     until: Instant,
-    /// From an answer (not the placeholder of a window whose state is unknown).
-    answered: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -63,6 +67,8 @@ pub(super) struct Window {
     pub quota: u32,
     pub length: Duration,
     ceiling: Option<Ceiling>,
+    /// Counts reported for requests sent within the delivery margin of the newest reported one.
+    reported: VecDeque<Reported>,
     /// The quota before a 429 lowered it (servers without headers), and when it was last
     /// lowered or raised again.
     guessed: Option<(u32, Instant)>,
@@ -85,6 +91,7 @@ impl Window {
             quota: quota.max(1),
             length: length.clamp(Duration::from_secs(1), MAX_ANNOUNCED_WAIT),
             ceiling: None,
+            reported: VecDeque::new(),
             guessed: None,
         }
     }
@@ -97,9 +104,7 @@ impl Window {
                 seq: 0,
                 sent_at: now,
                 remaining: 0,
-                lowest: (0, now),
                 until: now,
-                answered: false,
             }),
             ..Window::new(name, quota, length)
         }
@@ -231,53 +236,52 @@ impl Window {
         self.length = length.clamp(Duration::from_secs(1), MAX_ANNOUNCED_WAIT);
     }
 
-    /// Takes a reported count, observed `now`. The ceiling is the newest request's; its count
-    /// is the lowest answered among requests sent within the delivery margin of each other
-    /// (the server may have taken them in any order, and the one it took last has them all),
-    /// less `racing(seq, sent_at)`: requests still unanswered, sent just before, that it may
-    /// not have yet. An older request's answer only lowers (or, once its race is settled,
-    /// corrects) the newest's count; it never moves when the count goes stale.
-    pub(super) fn apply(
-        &mut self,
-        report: Report,
-        now: Instant,
-        racing: impl Fn(u64, Instant) -> u32,
-    ) {
-        let reported = report.remaining.min(self.quota);
-        let close = |a: Instant, b: Instant| a.max(b) <= a.min(b) + RESET_MARGIN;
-        if let Some(ceiling) = self.ceiling.as_mut()
-            && ceiling.seq > report.seq
-        {
-            if ceiling.answered && close(ceiling.sent_at, report.sent_at) {
-                if reported < ceiling.lowest.0 {
-                    ceiling.lowest = (reported, report.sent_at);
-                }
-                ceiling.remaining = ceiling
-                    .lowest
-                    .0
-                    .saturating_sub(racing(ceiling.seq, ceiling.sent_at));
-            }
-            return;
-        }
-        let lowest = match self.ceiling {
-            Some(previous)
-                if previous.answered
-                    && close(previous.lowest.1, report.sent_at)
-                    && previous.lowest.0 < reported =>
-            {
-                previous.lowest
-            }
-            _ => (reported, report.sent_at),
-        };
+    /// Takes a reported count, observed `now`. The ceiling is the newest reported request's
+    /// (`C`). Its count is the lowest `r` reported for requests sent within the delivery margin
+    /// before `C` (the server may have taken them in any order; the one it took last has every
+    /// one of them), less the requests sent in that margin before `C` that have no count here
+    /// (still unanswered, or ended without one: the server may have taken them after). It goes
+    /// stale at `C`'s reset. An older request's count only corrects `C`'s ceiling while it
+    /// stands; it never brings back one that went away, nor moves when it goes stale.
+    pub(super) fn apply(&mut self, report: Report, now: Instant, sent: &SendLog) {
         let wait = Duration::from_secs(report.reset_secs).min(MAX_ANNOUNCED_WAIT);
-        self.ceiling = Some(Ceiling {
+        self.reported.push_back(Reported {
             seq: report.seq,
             sent_at: report.sent_at,
-            remaining: lowest.0.saturating_sub(racing(report.seq, report.sent_at)),
-            lowest,
+            remaining: report.remaining.min(self.quota),
             until: now + wait + RESET_MARGIN,
-            answered: true,
         });
+        let Some(newest) = self.reported.iter().max_by_key(|r| r.seq).copied() else {
+            return;
+        };
+        let from = newest
+            .sent_at
+            .checked_sub(RESET_MARGIN)
+            .unwrap_or(newest.sent_at);
+        self.reported.retain(|r| r.sent_at >= from);
+        let Some(lowest) = self.reported.iter().min_by_key(|r| r.remaining).copied() else {
+            return;
+        };
+        let uncounted = sent
+            .iter()
+            .filter(|(seq, at)| *seq < newest.seq && *at >= from)
+            .filter(|(seq, _)| !self.reported.iter().any(|r| r.seq == *seq))
+            .count();
+        let remaining = lowest
+            .remaining
+            .saturating_sub(u32::try_from(uncounted).unwrap_or(u32::MAX));
+        if report.seq == newest.seq {
+            self.ceiling = Some(Ceiling {
+                seq: newest.seq,
+                sent_at: newest.sent_at,
+                remaining,
+                until: newest.until,
+            });
+        } else if let Some(ceiling) = self.ceiling.as_mut()
+            && ceiling.seq == newest.seq
+        {
+            ceiling.remaining = remaining;
+        }
     }
 
     /// A request sent at `sent_at` ended without a count for this window: if it was the probe

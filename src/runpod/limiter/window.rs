@@ -262,9 +262,12 @@ impl Window {
         let Some(lowest) = self.reported.iter().min_by_key(|r| r.remaining).copied() else {
             return;
         };
+        // The log is in send order: only its tail from `from` is looked at (every answer comes
+        // through here).
+        let first = sent.partition_point(|(_, at)| *at < from);
         let uncounted = sent
-            .iter()
-            .filter(|(seq, at)| *seq < newest.seq && *at >= from)
+            .range(first..)
+            .filter(|(seq, _)| *seq < newest.seq)
             .filter(|(seq, _)| !self.reported.iter().any(|r| r.seq == *seq))
             .count();
         let remaining = lowest

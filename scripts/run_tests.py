@@ -120,9 +120,13 @@ def main():
         # CI shows only the end of the log: repeat what each failure said last.
         for name, output in failed:
             lines = output.splitlines()
-            said = [l for l in lines if "panicked" in l or "assert" in l or "Error" in l]
+            said = [l for l in lines
+                    if any(k in l for k in ("panicked", "assert", "Error", "FAILED", "seed", "| "))]
+            # The tail first, then what the test said: CI's view keeps the end.
+            print(f"\n==== {name}: its last lines")
+            print("\n".join(lines[-60:]))
             print(f"\n==== {name}: what it said")
-            print("\n".join(said[-20:] + ["..."] + lines[-60:]))
+            print("\n".join(said[-30:]))
         print(f"FAILED: {', '.join(n for n, _ in failed)}")
         sys.exit(1)
 

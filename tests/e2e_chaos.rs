@@ -192,33 +192,30 @@ impl std::fmt::Display for Report {
 }
 
 impl Report {
+    /// Every problem found, not only the first: a leak often comes with the pod it was for.
     fn verdict(&self) -> anyhow::Result<()> {
-        ensure!(
-            self.duplicates.is_empty(),
-            "pods with more than one instance:\n  {}",
-            self.duplicates.join("\n  ")
-        );
-        ensure!(
-            self.leaks.is_empty(),
-            "instances alive at the end:\n  {}",
-            self.leaks.join("\n  ")
-        );
-        ensure!(
-            self.over.is_empty(),
+        let over = format!(
             "GPU billing went on longer than the grace period plus {BILLING_AFTER_GRACE} s after \
-             these deletions:\n  {}",
-            self.over.join("\n  ")
+             these deletions"
         );
-        ensure!(
-            self.stuck.is_empty(),
-            "pods that did not end as they should:\n  {}",
-            self.stuck.join("\n  ")
-        );
-        ensure!(
-            self.kills >= 3,
-            "too few SIGKILLs ({}) to mean anything",
-            self.kills
-        );
+        let mut problems = Vec::new();
+        for (what, found) in [
+            ("pods with more than one instance", &self.duplicates),
+            ("instances alive at the end", &self.leaks),
+            (over.as_str(), &self.over),
+            ("pods that did not end as they should", &self.stuck),
+        ] {
+            if !found.is_empty() {
+                problems.push(format!("{what}:\n  {}", found.join("\n  ")));
+            }
+        }
+        if self.kills < 3 {
+            problems.push(format!(
+                "too few SIGKILLs ({}) to mean anything",
+                self.kills
+            ));
+        }
+        ensure!(problems.is_empty(), "{}", problems.join("\n"));
         Ok(())
     }
 }
@@ -337,9 +334,17 @@ impl Soak {
             };
             tasks.spawn(async move {
                 let name = pod.name.clone();
-                tokio::time::timeout(POD_WAIT, pod.drive())
+                let cleanup = (pod.client.clone(), pod.cloud);
+                let driven = tokio::time::timeout(POD_WAIT, pod.drive())
                     .await
-                    .with_context(|| format!("{name} ({kind:?}) did not end in {POD_WAIT:?}"))?
+                    .with_context(|| format!("{name} ({kind:?}) did not end in {POD_WAIT:?}"))
+                    .and_then(|driven| driven);
+                if driven.is_err() {
+                    // Counted as stuck; removed so that its instance, if any, is not also
+                    // counted as a leak at the end (the controller must still end it).
+                    give_up(&cleanup.0, cleanup.1, &name, kind).await;
+                }
+                driven
             });
             tokio::time::sleep(Duration::from_millis(rng.u64(50..500))).await;
         }
@@ -519,6 +524,30 @@ impl Soak {
             .iter()
             .map(|raw| clouds::entry(self.cloud, raw))
             .collect())
+    }
+}
+
+/// Removes what a failed lifecycle left: its Job (with its pod) or its pod, at once.
+async fn give_up(client: &kube::Client, cloud: Cloud, name: &str, kind: Kind) {
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        propagation_policy: Some(kube::api::PropagationPolicy::Background),
+        ..DeleteParams::default()
+    };
+    let removed = match kind {
+        Kind::JobCompletes | Kind::JobFails => {
+            Api::<Job>::namespaced(client.clone(), cloud.namespace())
+                .delete(name, &params)
+                .await
+                .map(|_| ())
+        }
+        _ => Api::<Pod>::namespaced(client.clone(), cloud.namespace())
+            .delete(name, &params)
+            .await
+            .map(|_| ()),
+    };
+    if let Err(error) = removed {
+        eprintln!("removing {name} after its lifecycle failed: {error}");
     }
 }
 

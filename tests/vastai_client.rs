@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use runpod_contract::{PortProtocol, PortSpec};
@@ -504,6 +505,73 @@ async fn pacing_keeps_under_the_limits_and_backoff_rides_out_429s() {
     sim.shutdown().await;
 }
 
+/// Vast.ai refuses every create for its penalty after one came early, and each refusal starts
+/// the penalty again: creates queued at the interval must wait it out, not walk into it.
+#[tokio::test]
+async fn a_refused_create_waits_out_the_penalty_instead_of_restarting_it() {
+    // The documented limits, 10 times faster: creates 450 ms apart, a 1.2 s penalty.
+    let scenario = Scenario {
+        rate_limits: RateLimits::default().scaled(10),
+        offers: (0..8)
+            .map(|i| {
+                let mut offer = Scenario::default().offers[0].clone();
+                offer.id = 9000 + i;
+                offer
+            })
+            .collect(),
+        ..fast_scenario()
+    };
+    let (sim, other_tool) = start(scenario).await;
+    let offers = other_tool
+        .search(&OfferQuery {
+            limit: 20,
+            ..rtx_4090()
+        })
+        .await
+        .unwrap();
+    assert!(offers.len() >= 5, "{} offers", offers.len());
+    let paced = Arc::new(
+        VastClient::new(
+            VastConfig {
+                paces: Paces::default().divided(10),
+                ..config(&sim)
+            },
+            VastKey::new(KEY.into()).unwrap(),
+        )
+        .unwrap(),
+    );
+    // Another client of the same key buys just before: our first create comes early.
+    let pod = label("uid-other-tool");
+    other_tool
+        .buy(&pod, &offers[..1], &request(&pod))
+        .await
+        .unwrap();
+    let buys: Vec<_> = offers[1..5]
+        .iter()
+        .enumerate()
+        .map(|(i, offer)| {
+            let paced = paced.clone();
+            let offer = offer.clone();
+            tokio::spawn(async move {
+                let pod = label(&format!("uid-queued-{i}"));
+                paced
+                    .buy(&pod, std::slice::from_ref(&offer), &request(&pod))
+                    .await
+            })
+        })
+        .collect();
+    for buy in buys {
+        buy.await.unwrap().unwrap();
+    }
+    let refused = sim.rate_limited(Route::Create);
+    assert!(
+        (1..=2).contains(&refused),
+        "one early create is refused and the queue waits out the penalty; {refused} refusals"
+    );
+    assert_eq!(live_instances(&sim.ledger()).len(), 5);
+    sim.shutdown().await;
+}
+
 #[tokio::test]
 async fn keys_stay_secret_and_bad_settings_are_named() {
     let (sim, client) = start(fast_scenario()).await;
@@ -562,6 +630,7 @@ async fn vastai_calls_429s_and_the_pacer_show_in_the_provider_labelled_metrics()
                 Pace {
                     interval: ms(10),
                     window: Some((10, ms(60_000))),
+                    penalty: Duration::ZERO,
                 },
             )])),
             ..config(&sim)

@@ -193,18 +193,26 @@ impl VastClient {
         body: Option<&Value>,
     ) -> Result<bytes::Bytes, VastError> {
         let asked = tokio::time::Instant::now();
-        let (start, left) = {
-            let mut pacer = self.pacer();
-            let start = pacer.reserve(route, asked);
-            (start, pacer.window_left(route, asked))
-        };
-        if let Some(metrics) = &self.metrics {
-            metrics.waited(route.as_str(), start.saturating_duration_since(asked));
-            if let Some((window, remaining)) = left {
+        loop {
+            let (reservation, left) = {
+                let mut pacer = self.pacer();
+                let now = tokio::time::Instant::now();
+                (pacer.reservation(route, now), pacer.window_left(route, now))
+            };
+            if let Some((window, remaining)) = left
+                && let Some(metrics) = &self.metrics
+            {
                 metrics.quota(&window, remaining);
             }
+            tokio::time::sleep_until(reservation.start).await;
+            // Refused while this call waited: going out now would land in the route's hold.
+            if self.pacer().still_good(route, reservation) {
+                break;
+            }
         }
-        tokio::time::sleep_until(start).await;
+        if let Some(metrics) = &self.metrics {
+            metrics.waited(route.as_str(), asked.elapsed());
+        }
         let sent = tokio::time::Instant::now();
         let mut request = self
             .http
@@ -231,9 +239,10 @@ impl VastClient {
             metrics.record(route.as_str(), outcome, sent.elapsed());
         }
         if let Err(VastError::RateLimited { .. }) = &result {
-            // No Retry-After: hold the route for a backoff of our own.
-            let hold = self.config.retry.backoff(0);
-            self.pacer().hold(route, tokio::time::Instant::now() + hold);
+            // No Retry-After: the route shuts for its penalty, or a backoff of our own.
+            let backoff = self.config.retry.backoff(0);
+            self.pacer()
+                .refused(route, tokio::time::Instant::now(), backoff);
         }
         result
     }

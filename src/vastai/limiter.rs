@@ -40,6 +40,10 @@ pub struct Pace {
     pub interval: Duration,
     /// At most `.0` calls per `.1`.
     pub window: Option<(u32, Duration)>,
+    /// How long the route stays shut after a refusal. Vast.ai's create refuses every call for
+    /// its penalty after one came early, and each refusal starts the penalty again: calls
+    /// paced at the interval into a penalty would be refused for as long as they queue.
+    pub penalty: Duration,
 }
 
 impl Pace {
@@ -47,7 +51,14 @@ impl Pace {
         Pace {
             interval,
             window: None,
+            penalty: Duration::ZERO,
         }
+    }
+
+    /// The same pace, shut for `penalty` after a refusal.
+    pub const fn with_penalty(mut self, penalty: Duration) -> Pace {
+        self.penalty = penalty;
+        self
     }
 }
 
@@ -66,9 +77,13 @@ impl Default for Paces {
                 Pace {
                     interval: ms(6_000),
                     window: Some((10, ms(60_000))),
+                    penalty: Duration::ZERO,
                 },
             ),
-            (Route::Create, Pace::interval(ms(4_600))),
+            (
+                Route::Create,
+                Pace::interval(ms(4_600)).with_penalty(ms(12_500)),
+            ),
             (Route::Destroy, Pace::interval(ms(3_100))),
             (Route::Get, Pace::interval(ms(2_100))),
             (Route::List, Pace::interval(ms(1_100))),
@@ -94,6 +109,7 @@ impl Paces {
                     let pace = Pace {
                         interval: pace.interval / divisor,
                         window: pace.window.map(|(calls, length)| (calls, length / divisor)),
+                        penalty: pace.penalty / divisor,
                     };
                     (route, pace)
                 })
@@ -106,6 +122,16 @@ impl Paces {
 struct Slot {
     next: Option<Instant>,
     recent: VecDeque<Instant>,
+    /// How many refusals the route has had: a call reserved before one must not go out into
+    /// the hold it started.
+    refusals: u64,
+}
+
+/// A reserved call: when it may start, and the route's refusals when it was reserved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    pub start: Instant,
+    refusals: u64,
 }
 
 /// Reserves call times per route.
@@ -125,6 +151,11 @@ impl Pacer {
 
     /// When a call on `route` asked for at `now` may start; the slot is taken.
     pub fn reserve(&mut self, route: Route, now: Instant) -> Instant {
+        self.reservation(route, now).start
+    }
+
+    /// [`Pacer::reserve`], remembering the route's refusals so far for [`Pacer::still_good`].
+    pub fn reservation(&mut self, route: Route, now: Instant) -> Reservation {
         let pace = self.paces.0.get(&route).copied();
         let slot = self.slots.entry(route).or_default();
         let mut start = slot.next.map_or(now, |next| next.max(now));
@@ -150,7 +181,18 @@ impl Pacer {
         }
         let interval = pace.map_or(Duration::ZERO, |pace| pace.interval);
         slot.next = Some(start + interval);
-        start
+        Reservation {
+            start,
+            refusals: slot.refusals,
+        }
+    }
+
+    /// Whether a call reserved earlier may go out now: not if the route was refused since
+    /// (it would land in the hold that refusal started); it reserves again instead.
+    pub fn still_good(&self, route: Route, reservation: Reservation) -> bool {
+        self.slots
+            .get(&route)
+            .is_none_or(|slot| slot.refusals == reservation.refusals)
     }
 
     /// For a route with a quota window: its name (`search/60s`) and the calls left in the
@@ -175,6 +217,19 @@ impl Pacer {
         let slot = self.slots.entry(route).or_default();
         slot.next = Some(slot.next.map_or(until, |next| next.max(until)));
     }
+
+    /// A 429 on `route` at `now`: the route is shut for its penalty or `backoff`, whichever
+    /// is longer, and calls reserved before it reserve again.
+    pub fn refused(&mut self, route: Route, now: Instant, backoff: Duration) {
+        let penalty = self
+            .paces
+            .0
+            .get(&route)
+            .map_or(Duration::ZERO, |pace| pace.penalty);
+        self.hold(route, now + backoff.max(penalty));
+        let slot = self.slots.entry(route).or_default();
+        slot.refusals += 1;
+    }
 }
 
 #[cfg(test)]
@@ -189,6 +244,7 @@ mod tests {
     fn divided_paces_keep_their_shape() {
         let paces = Paces::default().divided(10);
         assert_eq!(paces.0[&Route::Create].interval, ms(460));
+        assert_eq!(paces.0[&Route::Create].penalty, ms(1_250));
         assert_eq!(paces.0[&Route::Search].window, Some((10, ms(6_000))));
         assert_eq!(Paces::default().divided(1), Paces::default());
         assert_eq!(Paces::default().divided(0), Paces::default());
@@ -215,6 +271,7 @@ mod tests {
             Pace {
                 interval: Duration::ZERO,
                 window: Some((3, ms(60_000))),
+                penalty: Duration::ZERO,
             },
         )])));
         for _ in 0..3 {
@@ -233,5 +290,33 @@ mod tests {
         // A shorter hold never brings a later slot forward.
         pacer.hold(Route::List, start + ms(1));
         assert_eq!(pacer.reserve(Route::List, start), start + ms(5_000));
+    }
+
+    /// Calls queued at the create interval must not walk into the penalty one refusal starts:
+    /// Vast.ai restarts the penalty on each early call, so they would all be refused.
+    #[test]
+    fn a_refusal_shuts_the_route_for_its_penalty_and_queued_calls_reserve_again() {
+        let start = Instant::now();
+        let mut pacer = Pacer::new(Paces::default());
+        let first = pacer.reservation(Route::Create, start);
+        let queued = pacer.reservation(Route::Create, start);
+        assert_eq!(queued.start, start + ms(4_600));
+        // The first call is refused (another client of the key went just before).
+        pacer.refused(Route::Create, start + ms(100), ms(700));
+        assert!(!pacer.still_good(Route::Create, first));
+        assert!(
+            !pacer.still_good(Route::Create, queued),
+            "reserved before the refusal"
+        );
+        let again = pacer.reservation(Route::Create, start + ms(4_600));
+        assert_eq!(
+            again.start,
+            start + ms(12_600),
+            "the whole penalty, not the backoff"
+        );
+        assert!(pacer.still_good(Route::Create, again));
+        // A route without a penalty holds for the backoff only.
+        pacer.refused(Route::Get, start, ms(700));
+        assert_eq!(pacer.reserve(Route::Get, start), start + ms(700));
     }
 }

@@ -238,10 +238,9 @@ impl<P> Shared<P> {
             note: Some(truncate(&message, 1000)),
             metadata: kube::api::ObjectMeta {
                 namespace: about.namespace.clone(),
-                name: Some(format!(
-                    "{}.{:x}",
+                name: Some(event_name(
                     about.name.as_deref().unwrap_or("runpod-kubelet"),
-                    now.as_nanosecond()
+                    now.as_nanosecond(),
                 )),
                 ..Default::default()
             },
@@ -342,6 +341,20 @@ impl<P> Shared<P> {
     }
 }
 
+/// An Event's name: the object's, shortened so that the whole stays a DNS subdomain of at most
+/// 253 characters (a pod's own name may take all of them, and the apiserver would refuse the
+/// Event), then the time in hex.
+fn event_name(object: &str, nanos: i128) -> String {
+    let suffix = format!(".{nanos:x}");
+    let mut end = object.len().min(253 - suffix.len());
+    while !object.is_char_boundary(end) {
+        end -= 1;
+    }
+    // A label ends with a letter or digit: no `-.` or `..` where it was cut.
+    let prefix = object[..end].trim_end_matches(['-', '.']);
+    format!("{prefix}{suffix}")
+}
+
 fn truncate(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_owned();
@@ -358,6 +371,22 @@ mod tests {
     use super::*;
     use crate::controller::fixtures::instance;
     use crate::provider::InstanceState;
+
+    #[test]
+    fn an_event_name_stays_a_dns_subdomain_whatever_the_pod_name() {
+        let nanos = 1_800_000_000_123_456_789_i128;
+        assert_eq!(event_name("train-0", nanos), format!("train-0.{nanos:x}"));
+        for long in [
+            "a".repeat(253),
+            format!("{}-b", "a".repeat(235)),
+            format!("{}.b", "c".repeat(235)),
+        ] {
+            let name = event_name(&long, nanos);
+            assert!(name.len() <= 253, "{} characters", name.len());
+            assert!(name.ends_with(&format!(".{nanos:x}")), "{name}");
+            assert!(!name.contains("-.") && !name.contains(".."), "{name}");
+        }
+    }
 
     /// Exec, port-forward, hooks and logs reach the instance this leader tracks, not whichever
     /// a list happens to name first (a duplicate on its way out, say).

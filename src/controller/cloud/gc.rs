@@ -220,6 +220,10 @@ pub(crate) struct Collector {
     cluster_uids: Option<(Timestamp, HashSet<String>)>,
     /// Pods this replica saw leave the node.
     departed: Departed,
+    /// Instances this collector terminated, and when: a lagging list may show them a while
+    /// yet, and a second DELETE (or a cluster list for them) would spend quota for nothing.
+    /// Asked again once a settle time has passed, should the first not have taken.
+    collected: HashMap<String, Timestamp>,
 }
 
 impl Collector {
@@ -237,6 +241,15 @@ impl Collector {
                 .chain(elsewhere)
                 .any(|i| &i.id == id)
         });
+        let first_seen = &self.first_seen;
+        self.collected.retain(|id, _| first_seen.contains_key(id));
+    }
+
+    /// Whether this collector terminated `instance` less than `settle` before `now`.
+    fn collected_lately(&self, instance: &Instance, settle: Duration, now: Timestamp) -> bool {
+        self.collected
+            .get(&instance.id)
+            .is_some_and(|at| elapsed(*at, now) < settle)
     }
 
     /// Notes the pods that left the node since the last look (`pod_uids` is the node's pods
@@ -291,6 +304,8 @@ impl Collector {
             &self.departed,
             &collect,
         ));
+        let now = snapshot.taken_at;
+        settled_elsewhere.retain(|i| !self.collected_lately(i, settle, now));
         if cluster_list_due(
             self.cluster_uids.as_ref(),
             &settled_elsewhere,
@@ -306,6 +321,7 @@ impl Collector {
         if let Some(listed) = &self.cluster_uids {
             collect.extend(gone_elsewhere(settled_elsewhere, listed, &self.first_seen));
         }
+        collect.retain(|i| !self.collected_lately(i, settle, now));
         // All at once: each waits in the rate limiter by what it ends (a running orphan's
         // GPU before any stopped instance's storage), not behind the one before it.
         let terminations = collect.into_iter().map(|orphan| async move {
@@ -317,13 +333,22 @@ impl Collector {
             {
                 Ok(()) => {
                     shared.metrics.garbage_collected.inc();
+                    Some(orphan.id.clone())
                 }
                 Err(error) => {
-                    warn!(instance = %orphan.id, error = %error, "garbage collection failed")
+                    warn!(instance = %orphan.id, error = %error, "garbage collection failed");
+                    None
                 }
             }
         });
-        futures_util::future::join_all(terminations).await;
+        let ended: Vec<String> = futures_util::future::join_all(terminations)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        for id in ended {
+            self.collected.insert(id, now);
+        }
     }
 
     /// Logs, counts and (when the set changes) puts an Event on the node for instances tagged
@@ -537,6 +562,37 @@ mod tests {
         assert!(gone_elsewhere(found.clone(), &with, &seen).is_empty());
         assert!(!cluster_list_due(Some(&with), &found, t0));
         assert!(cluster_list_due(Some(&without), &found, t0));
+    }
+
+    /// A lagging list shows an instance the collector just terminated: no second DELETE
+    /// until a settle time has passed, and nothing kept once no list shows it.
+    #[test]
+    fn an_instance_the_collector_ended_is_left_alone_for_a_settle_time() {
+        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let soon: Timestamp = "2026-01-01T00:00:20Z".parse().unwrap();
+        let settled: Timestamp = "2026-01-01T00:00:31Z".parse().unwrap();
+        let settle = Duration::from_secs(30);
+        let ended = instance("ended", "c", "n", Some("u-gone"));
+        let snapshot = |taken_at, instances| Snapshot {
+            taken_at,
+            instances,
+            confirmed_at: None,
+        };
+        let mut collector = Collector::default();
+        collector.see(&snapshot(t0, vec![ended.clone()]), &[]);
+        assert!(!collector.collected_lately(&ended, settle, t0));
+        collector.collected.insert("ended".to_owned(), t0);
+        collector.see(&snapshot(soon, vec![ended.clone()]), &[]);
+        assert!(collector.collected_lately(&ended, settle, soon));
+        assert!(
+            !collector.collected_lately(&ended, settle, settled),
+            "asked again should the first DELETE not have taken"
+        );
+        collector.see(&snapshot(settled, Vec::new()), &[]);
+        assert!(
+            collector.collected.is_empty(),
+            "forgotten once no list shows it"
+        );
     }
 
     #[test]

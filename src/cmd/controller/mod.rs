@@ -28,6 +28,7 @@ pub(crate) mod args;
 mod check_key;
 mod clouds;
 mod drain;
+mod kube_http;
 mod kubelet_tls;
 
 use args::{ControllerArgs, ControllerCommand};
@@ -53,7 +54,7 @@ pub(crate) async fn kube_client(
     if config.proxy_url.is_some() && config.proxy_url == env_proxy() {
         config.proxy_url = None;
     }
-    Ok((kube::Client::try_from(config.clone())?, config))
+    Ok((kube_http::client(config.clone())?, config))
 }
 
 /// The proxy the environment names for HTTPS, as the Kubernetes client would read it.

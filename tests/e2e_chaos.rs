@@ -43,8 +43,12 @@ const LIFECYCLES: usize = 50;
 const CONCURRENT: usize = 10;
 /// How long a deleted pod's GPU may bill beyond its grace period.
 const BILLING_AFTER_GRACE: f64 = 60.0;
-/// Every wait for a pod is this generous: the leader may be down or settling.
-const POD_WAIT: Duration = Duration::from_secs(300);
+/// Every wait for a pod is this generous: the leader may be down or settling, and a pod may
+/// meet several faults in a row. In the long Vast.ai run one pod's create took 5 minutes: 7
+/// creates answered `no_such_ask`, two answered 5xx after buying (each waits the 30 s
+/// settle time before another), 429s and leader changes; a pod that does not end in 10 is
+/// stuck.
+const POD_WAIT: Duration = Duration::from_secs(600);
 /// Kills and new faults come in storms of 20 s, each followed by a calm of 25 s in which the
 /// controller can make progress.
 const STORMS: Storms = Storms {

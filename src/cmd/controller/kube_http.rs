@@ -37,9 +37,9 @@ pub(crate) fn client(config: kube::Config) -> anyhow::Result<kube::Client> {
         .pool_idle_timeout(IDLE_TIMEOUT)
         .http1_max_buf_size(MAX_BUFFER)
         .build(connector);
-    let retry = config.default_retry.then(|| {
-        tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry())
-    });
+    let retry = config
+        .default_retry
+        .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(retry)

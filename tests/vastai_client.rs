@@ -505,6 +505,39 @@ async fn pacing_keeps_under_the_limits_and_backoff_rides_out_429s() {
     sim.shutdown().await;
 }
 
+/// Pods that searched together got the same cheapest offers: one bought by another pod since
+/// is skipped, not bought again (refused, it would spend a create slot).
+#[tokio::test]
+async fn an_offer_bought_for_one_pod_is_not_tried_for_the_next() {
+    let mut scenario = fast_scenario();
+    scenario.offers = (0..3)
+        .map(|i| {
+            let mut offer = Scenario::default().offers[0].clone();
+            offer.id = 9000 + i;
+            offer
+        })
+        .collect();
+    let (sim, client) = start(scenario).await;
+    let offers = client.search(&rtx_4090()).await.unwrap();
+    assert_eq!(offers.len(), 3);
+    let first = label("uid-first");
+    let bought = client.buy(&first, &offers, &request(&first)).await.unwrap();
+    assert!(matches!(bought, Bought::Created { offer_id, .. } if offer_id == offers[0].id));
+    // The second pod's search was made at the same time: the same list.
+    let second = label("uid-second");
+    let bought = client
+        .buy(&second, &offers, &request(&second))
+        .await
+        .unwrap();
+    assert!(matches!(bought, Bought::Created { offer_id, .. } if offer_id == offers[1].id));
+    assert_eq!(
+        sim.requests(Route::Create),
+        2,
+        "the bought offer was not tried again"
+    );
+    sim.shutdown().await;
+}
+
 /// Vast.ai refuses every create for its penalty after one came early, and each refusal starts
 /// the penalty again: creates queued at the interval must wait it out, not walk into it.
 #[tokio::test]

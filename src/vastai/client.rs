@@ -136,6 +136,10 @@ pub struct VastClient {
     pacer: Arc<Mutex<Pacer>>,
     config: Arc<VastConfig>,
     recent: Arc<Mutex<HashMap<String, u64>>>,
+    /// Offers this client bought or found gone lately (`placement`): pods that searched at the
+    /// same time got the same cheapest offers, and each create on one already taken is refused
+    /// but spends a create slot (4.6 s).
+    pub(super) taken_offers: Arc<Mutex<HashMap<u64, tokio::time::Instant>>>,
     /// Every call is counted here (provider `vastai`), when set.
     metrics: Option<CloudApi>,
 }
@@ -156,6 +160,7 @@ impl VastClient {
             pacer: Arc::new(Mutex::new(Pacer::new(config.paces.clone()))),
             config: Arc::new(config),
             recent: Arc::default(),
+            taken_offers: Arc::default(),
             metrics: None,
         })
     }

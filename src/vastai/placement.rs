@@ -90,6 +90,33 @@ pub fn after_create(result: &Result<u64, VastError>) -> Next {
     }
 }
 
+/// How long an offer this client bought, or found gone, is skipped: longer than searches lag.
+const OFFER_TAKEN_FOR: Duration = Duration::from_secs(120);
+
+impl VastClient {
+    fn offer_taken(&self, offer_id: u64) -> bool {
+        let now = tokio::time::Instant::now();
+        self.taken()
+            .get(&offer_id)
+            .is_some_and(|at| now.saturating_duration_since(*at) < OFFER_TAKEN_FOR)
+    }
+
+    fn take_offer(&self, offer_id: u64) {
+        let now = tokio::time::Instant::now();
+        let mut taken = self.taken();
+        taken.retain(|_, at| now.saturating_duration_since(*at) < OFFER_TAKEN_FOR);
+        taken.insert(offer_id, now);
+    }
+
+    fn taken(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, tokio::time::Instant>> {
+        self.taken_offers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// The instance to adopt among those carrying the label: the oldest (there should be one).
 fn oldest(found: &[Instance]) -> Option<u64> {
     found.iter().map(|instance| instance.id).min()
@@ -118,7 +145,17 @@ impl VastClient {
             let Some(priced) = request.priced_for(offer) else {
                 continue;
             };
+            // Bought by another pod since this search, or found gone: a create would be
+            // refused and take a create slot.
+            if self.offer_taken(offer.id) {
+                continue;
+            }
             let result = self.create_once(offer.id, &priced).await;
+            if matches!(result, Ok(_) | Err(VastError::NoSuchAsk { .. }))
+                || matches!(after_create(&result), Next::Confirm)
+            {
+                self.take_offer(offer.id);
+            }
             match after_create(&result) {
                 Next::Done(instance_id) => {
                     return Ok(Bought::Created {

@@ -5,6 +5,7 @@
 //! like with like.
 
 mod cheapest;
+mod index;
 pub mod pod_price;
 mod prices;
 
@@ -218,39 +219,26 @@ pub fn normalizes_to(name: &str, wanted: &str) -> bool {
 
 /// The model with this canonical name.
 pub fn by_name(name: &str) -> Option<&'static GpuModel> {
-    let wanted = normalize(name);
-    CATALOGUE.iter().find(|m| normalizes_to(m.name, &wanted))
+    index::INDEX.canonical(&normalize(name))
 }
 
 /// The models a name a user wrote stands for: its canonical model, else every model either
 /// cloud sells under that name (Vast.ai's `A100 SXM4` is both `A100` and `A100-80GB`). Empty
 /// for a name no cloud uses.
 pub fn resolve(name: &str) -> Vec<&'static GpuModel> {
-    if let Some(model) = by_name(name) {
+    let wanted = normalize(name);
+    if let Some(model) = index::INDEX.canonical(&wanted) {
         return vec![model];
     }
-    let wanted = normalize(name);
-    CATALOGUE
-        .iter()
-        .filter(|m| {
-            m.runpod
-                .iter()
-                .chain(m.vastai)
-                .any(|own| normalizes_to(own, &wanted))
-        })
-        .collect()
+    index::INDEX.sold_by_either_as(&wanted)
 }
 
 /// The model a cloud's own name for the GPU it sells denotes; where one name covers several
 /// memory sizes, the size closest to `memory_gb` (the largest when unknown). `None` for a name
 /// the catalogue does not know (a GPU the cloud has started to sell since).
 pub fn identify(cloud: Cloud, name: &str, memory_gb: Option<f64>) -> Option<&'static GpuModel> {
-    let wanted = normalize(name);
-    let mut matches = CATALOGUE.iter().filter(|m| {
-        m.names_on(cloud)
-            .iter()
-            .any(|own| normalizes_to(own, &wanted))
-    });
+    let matches = index::INDEX.sold_as(cloud, &normalize(name));
+    let mut matches = matches.into_iter();
     let first = matches.next()?;
     let Some(memory) = memory_gb.filter(|m| m.is_finite()) else {
         return Some(first);
@@ -290,11 +278,7 @@ pub fn preference(
 
 /// Whether `normalized` is a name `cloud` itself sells GPUs under (and not a canonical name).
 fn is_own_spelling(cloud: Cloud, normalized: &str) -> bool {
-    by_name(normalized).is_none()
-        && CATALOGUE
-            .iter()
-            .flat_map(|m| m.names_on(cloud))
-            .any(|own| normalizes_to(own, normalized))
+    index::INDEX.canonical(normalized).is_none() && index::INDEX.is_sold_as(cloud, normalized)
 }
 
 /// A cloud's names to search for the wanted names, in order, each once: a canonical name (or

@@ -378,3 +378,69 @@ fn normalizes_to_agrees_with_normalize() {
     }
     assert!(!normalizes_to("RTX 4090", "rtx409"));
 }
+
+/// The index answers as a scan of the catalogue would, for every name either cloud or the
+/// catalogue uses, in any spelling.
+#[test]
+fn the_index_answers_as_a_scan_of_the_catalogue() {
+    let scan_by_name = |name: &str| {
+        let wanted = normalize(name);
+        CATALOGUE.iter().find(|m| normalizes_to(m.name, &wanted))
+    };
+    let scan_sold_as = |cloud: Cloud, name: &str| -> Vec<&'static GpuModel> {
+        let wanted = normalize(name);
+        CATALOGUE
+            .iter()
+            .filter(|m| {
+                m.names_on(cloud)
+                    .iter()
+                    .any(|own| normalizes_to(own, &wanted))
+            })
+            .collect()
+    };
+    let mut names: Vec<String> = Vec::new();
+    for model in CATALOGUE {
+        names.push(model.name.to_owned());
+        names.extend(
+            model
+                .runpod
+                .iter()
+                .chain(model.vastai)
+                .map(|n| (*n).to_owned()),
+        );
+    }
+    let spellings: Vec<String> = names
+        .iter()
+        .flat_map(|n| {
+            [
+                n.clone(),
+                n.to_uppercase(),
+                n.replace(' ', "_"),
+                format!("{n}x"),
+            ]
+        })
+        .collect();
+    for name in &spellings {
+        assert_eq!(by_name(name), scan_by_name(name), "{name}");
+        for cloud in [Cloud::RunPod, Cloud::VastAi] {
+            let scanned = scan_sold_as(cloud, name);
+            assert_eq!(
+                identify(cloud, name, None),
+                scanned.first().copied(),
+                "{name} on {cloud:?}"
+            );
+        }
+        let either: Vec<&GpuModel> = CATALOGUE
+            .iter()
+            .filter(|m| {
+                let wanted = normalize(name);
+                m.runpod
+                    .iter()
+                    .chain(m.vastai)
+                    .any(|own| normalizes_to(own, &wanted))
+            })
+            .collect();
+        let expected = scan_by_name(name).map_or(either, |model| vec![model]);
+        assert_eq!(resolve(name), expected, "{name}");
+    }
+}

@@ -219,15 +219,19 @@ impl Pacer {
     }
 
     /// A 429 on `route` at `now`: the route is shut for its penalty or `backoff`, whichever
-    /// is longer, and calls reserved before it reserve again.
+    /// is longer, and every call reserved before it reserves again, from the end of the hold
+    /// on. The queue restarts there: the slots it had reserved are given up (a hold counted
+    /// after them would delay the route by the whole queue once more), and so are the window
+    /// places they took.
     pub fn refused(&mut self, route: Route, now: Instant, backoff: Duration) {
         let penalty = self
             .paces
             .0
             .get(&route)
             .map_or(Duration::ZERO, |pace| pace.penalty);
-        self.hold(route, now + backoff.max(penalty));
         let slot = self.slots.entry(route).or_default();
+        slot.next = Some(now + backoff.max(penalty));
+        slot.recent.retain(|at| *at <= now);
         slot.refusals += 1;
     }
 }
@@ -318,5 +322,51 @@ mod tests {
         // A route without a penalty holds for the backoff only.
         pacer.refused(Route::Get, start, ms(700));
         assert_eq!(pacer.reserve(Route::Get, start), start + ms(700));
+    }
+
+    /// A refusal delays a queue by the hold, not by the hold after the whole queue: five
+    /// creates queued 4.6 s apart, the first refused, go out from the penalty's end on.
+    #[test]
+    fn a_refused_queue_restarts_at_the_end_of_the_hold() {
+        let start = Instant::now();
+        let mut pacer = Pacer::new(Paces::default());
+        let queued: Vec<Reservation> = (0..5)
+            .map(|_| pacer.reservation(Route::Create, start))
+            .collect();
+        assert_eq!(queued[4].start, start + ms(18_400));
+        pacer.refused(Route::Create, start + ms(100), ms(700));
+        // Each waiter wakes at its old slot and reserves again, in that order.
+        let starts: Vec<Instant> = queued
+            .iter()
+            .map(|old| {
+                assert!(!pacer.still_good(Route::Create, *old));
+                pacer.reservation(Route::Create, old.start).start
+            })
+            .collect();
+        let expected: Vec<Instant> = (0..5).map(|k| start + ms(12_600 + 4_600 * k)).collect();
+        assert_eq!(starts, expected);
+    }
+
+    /// Search slots given up by a refusal do not fill its window.
+    #[test]
+    fn a_refusal_frees_the_window_places_of_the_calls_it_sends_back() {
+        let start = Instant::now();
+        let mut pacer = Pacer::new(Paces(HashMap::from([(
+            Route::Search,
+            Pace {
+                interval: Duration::ZERO,
+                window: Some((3, ms(60_000))),
+                penalty: Duration::ZERO,
+            },
+        )])));
+        let _sent = pacer.reservation(Route::Search, start);
+        let _later = pacer.reservation(Route::Search, start + ms(1_000));
+        let _latest = pacer.reservation(Route::Search, start + ms(2_000));
+        pacer.refused(Route::Search, start + ms(500), ms(700));
+        assert_eq!(
+            pacer.reserve(Route::Search, start + ms(1_200)),
+            start + ms(1_200),
+            "one place is used, by the call sent before the refusal"
+        );
     }
 }

@@ -4,13 +4,13 @@
 //! and lets each one's read buffer grow to hyper's 400 KiB: with a hundred reconcile workers
 //! that was 12 MiB of a 1,000-pod controller's 46 MiB heap (heap profile, issue 47). Here at
 //! most [`MAX_IDLE`] idle connections are kept, and a read buffer stops at [`MAX_BUFFER`]
-//! (a larger response is read in more pieces). Everything else is kube's: its TLS, auth,
-//! headers, timeouts and retries of 429s and 5xx.
+//! (a larger response is read in more pieces). The rest is kube's: its TLS, auth, headers,
+//! timeouts and retries of 429s and 5xx; not its per-request debug spans.
 
 use std::time::Duration;
 
 use hyper_timeout::TimeoutConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::ConfigExt as _;
 use tower::ServiceBuilder;
 
@@ -35,6 +35,8 @@ pub(crate) fn client(config: kube::Config) -> anyhow::Result<kube::Client> {
     let http = hyper_util::client::legacy::Builder::new(TokioExecutor::new())
         .pool_max_idle_per_host(MAX_IDLE)
         .pool_idle_timeout(IDLE_TIMEOUT)
+        // Without a timer the pool closes an idle connection only when it next looks at it.
+        .pool_timer(TokioTimer::new())
         .http1_max_buf_size(MAX_BUFFER)
         .build(connector);
     let retry = config

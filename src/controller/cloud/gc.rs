@@ -346,8 +346,11 @@ impl Collector {
             .into_iter()
             .flatten()
             .collect();
+        // From when the DELETEs were answered: they may have waited in the pacer for longer
+        // than the settle time.
+        let answered = Timestamp::now();
         for id in ended {
-            self.collected.insert(id, now);
+            self.collected.insert(id, answered);
         }
     }
 

@@ -93,6 +93,17 @@ fn request(label: &Label) -> CreateRequest {
     }
 }
 
+/// `count` copies of the scenario's first offer, ids 9000 on: one per create a test makes.
+fn numbered_offers(count: u64) -> Vec<vastai_simulator::OfferSpec> {
+    (0..count)
+        .map(|i| {
+            let mut offer = Scenario::default().offers[0].clone();
+            offer.id = 9000 + i;
+            offer
+        })
+        .collect()
+}
+
 fn rtx_4090() -> OfferQuery {
     OfferQuery {
         gpu_names: vec!["RTX 4090".into()],
@@ -366,13 +377,7 @@ async fn a_vanished_offer_moves_on_and_unclear_lookups_stop_buying() {
 async fn lists_page_through_many_instances_by_label() {
     let mut scenario = fast_scenario();
     scenario.list_lag_ms = 0;
-    scenario.offers = (0..30)
-        .map(|i| {
-            let mut offer = Scenario::default().offers[0].clone();
-            offer.id = 9000 + i;
-            offer
-        })
-        .collect();
+    scenario.offers = numbered_offers(30);
     let (sim, client) = start(scenario).await;
     let offers = client
         .search(&OfferQuery {
@@ -510,13 +515,7 @@ async fn pacing_keeps_under_the_limits_and_backoff_rides_out_429s() {
 #[tokio::test]
 async fn an_offer_bought_for_one_pod_is_not_tried_for_the_next() {
     let mut scenario = fast_scenario();
-    scenario.offers = (0..3)
-        .map(|i| {
-            let mut offer = Scenario::default().offers[0].clone();
-            offer.id = 9000 + i;
-            offer
-        })
-        .collect();
+    scenario.offers = numbered_offers(3);
     let (sim, client) = start(scenario).await;
     let offers = client.search(&rtx_4090()).await.unwrap();
     assert_eq!(offers.len(), 3);
@@ -545,13 +544,7 @@ async fn a_refused_create_waits_out_the_penalty_instead_of_restarting_it() {
     // The documented limits, 10 times faster: creates 450 ms apart, a 1.2 s penalty.
     let scenario = Scenario {
         rate_limits: RateLimits::default().scaled(10),
-        offers: (0..8)
-            .map(|i| {
-                let mut offer = Scenario::default().offers[0].clone();
-                offer.id = 9000 + i;
-                offer
-            })
-            .collect(),
+        offers: numbered_offers(8),
         ..fast_scenario()
     };
     let (sim, other_tool) = start(scenario).await;

@@ -244,6 +244,17 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    fn three_searches_a_minute() -> Pacer {
+        Pacer::new(Paces(HashMap::from([(
+            Route::Search,
+            Pace {
+                interval: Duration::ZERO,
+                window: Some((3, ms(60_000))),
+                penalty: Duration::ZERO,
+            },
+        )])))
+    }
+
     #[test]
     fn divided_paces_keep_their_shape() {
         let paces = Paces::default().divided(10);
@@ -270,14 +281,7 @@ mod tests {
     #[test]
     fn a_window_caps_the_calls_in_it() {
         let start = Instant::now();
-        let mut pacer = Pacer::new(Paces(HashMap::from([(
-            Route::Search,
-            Pace {
-                interval: Duration::ZERO,
-                window: Some((3, ms(60_000))),
-                penalty: Duration::ZERO,
-            },
-        )])));
+        let mut pacer = three_searches_a_minute();
         for _ in 0..3 {
             assert_eq!(pacer.reserve(Route::Search, start), start);
         }
@@ -351,14 +355,7 @@ mod tests {
     #[test]
     fn a_refusal_frees_the_window_places_of_the_calls_it_sends_back() {
         let start = Instant::now();
-        let mut pacer = Pacer::new(Paces(HashMap::from([(
-            Route::Search,
-            Pace {
-                interval: Duration::ZERO,
-                window: Some((3, ms(60_000))),
-                penalty: Duration::ZERO,
-            },
-        )])));
+        let mut pacer = three_searches_a_minute();
         let _sent = pacer.reservation(Route::Search, start);
         let _later = pacer.reservation(Route::Search, start + ms(1_000));
         let _latest = pacer.reservation(Route::Search, start + ms(2_000));

@@ -212,12 +212,6 @@ impl Pacer {
         ))
     }
 
-    /// After a 429 on `route`: nothing starts there before `until`.
-    pub fn hold(&mut self, route: Route, until: Instant) {
-        let slot = self.slots.entry(route).or_default();
-        slot.next = Some(slot.next.map_or(until, |next| next.max(until)));
-    }
-
     /// A 429 on `route` at `now`: the route is shut for its penalty or `backoff`, whichever
     /// is longer, and every call reserved before it reserves again, from the end of the hold
     /// on. The queue restarts there: the slots it had reserved are given up (a hold counted
@@ -289,15 +283,12 @@ mod tests {
     }
 
     #[test]
-    fn a_hold_delays_the_route_only() {
+    fn a_refusal_delays_the_route_only() {
         let start = Instant::now();
         let mut pacer = Pacer::new(Paces::none());
-        pacer.hold(Route::List, start + ms(5_000));
+        pacer.refused(Route::List, start, ms(5_000));
         assert_eq!(pacer.reserve(Route::List, start), start + ms(5_000));
         assert_eq!(pacer.reserve(Route::Get, start), start);
-        // A shorter hold never brings a later slot forward.
-        pacer.hold(Route::List, start + ms(1));
-        assert_eq!(pacer.reserve(Route::List, start), start + ms(5_000));
     }
 
     /// Calls queued at the create interval must not walk into the penalty one refusal starts:

@@ -151,12 +151,13 @@ impl VastClient {
                 continue;
             }
             let result = self.create_once(offer.id, &priced).await;
-            if matches!(result, Ok(_) | Err(VastError::NoSuchAsk { .. }))
-                || matches!(after_create(&result), Next::Confirm)
+            let next = after_create(&result);
+            if matches!(next, Next::Done(_) | Next::Confirm)
+                || matches!(result, Err(VastError::NoSuchAsk { .. }))
             {
                 self.take_offer(offer.id);
             }
-            match after_create(&result) {
+            match next {
                 Next::Done(instance_id) => {
                     return Ok(Bought::Created {
                         instance_id,

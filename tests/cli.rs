@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::process::Command;
 
 fn runpod_kubelet(args: &[&str]) -> std::process::Output {
@@ -276,11 +278,7 @@ fn the_webhook_exits_cleanly_after_sigterm_and_its_drain() {
          current-context: x\n",
     )
     .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = support::webhook::free_port().unwrap().port();
     let listen = format!("127.0.0.1:{port}");
     let mut webhook = Command::new(env!("CARGO_BIN_EXE_runpod-kubelet"))
         .args(["webhook", "--listen", &listen, "--shutdown-drain", "200ms"])

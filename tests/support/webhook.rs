@@ -142,9 +142,31 @@ impl Drop for WebhookProcess {
     }
 }
 
+/// A port for a process the test starts later. Drawn below the kernel's ephemeral range (as
+/// `cluster.sh` draws the control plane's), so no outgoing connection can take it between now
+/// and the bind; a port drawn once in this process is not drawn again.
 pub fn free_port() -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?)
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static DRAWN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (15000u16, ephemeral_low.max(15001));
+    let mut drawn = DRAWN.lock().unwrap_or_else(|e| e.into_inner());
+    let drawn = drawn.get_or_insert_with(HashSet::new);
+    for _ in 0..500 {
+        let port = fastrand::u16(low..high);
+        if drawn.contains(&port) {
+            continue;
+        }
+        if let Ok(listener) = TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+            drawn.insert(port);
+            return Ok(listener.local_addr()?);
+        }
+    }
+    anyhow::bail!("no free port below {high} after 500 draws")
 }
 
 /// A minimal HTTPS GET over HTTP/1.1, returning the raw response head and body.

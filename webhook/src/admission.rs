@@ -13,9 +13,9 @@ pub async fn admit<C: ClusterView>(
     cluster: &C,
     config: &PolicyConfig,
 ) -> Result<(AdmissionResponse, Outcome), BadReview> {
-    let request = review::parse(body)?;
-    let Some(creation) = review::pod_creation(&request)? else {
-        return Ok((AdmissionResponse::allow(&request), Outcome::Unchanged));
+    let review::Reviewed { uid, creation } = review::read(body)?;
+    let Some(creation) = creation else {
+        return Ok((AdmissionResponse::allow(&uid), Outcome::Unchanged));
     };
     let verdict = match policy::screen(&creation.pod, &creation.namespace, config) {
         Some(reason) => Verdict::Allow {
@@ -28,14 +28,14 @@ pub async fn admit<C: ClusterView>(
             Err(error) => {
                 tracing::warn!(%error, namespace = %creation.namespace, "admission refused: lookup failed");
                 let message = format!("runpod-kubelet {error}; the request can be retried");
-                let response = AdmissionResponse::deny(&request, 500, "InternalError", message);
+                let response = AdmissionResponse::deny(&uid, 500, "InternalError", message);
                 return Ok((response, Outcome::Error));
             }
         },
     };
     log_verdict(&creation, &verdict);
     let denied = matches!(verdict, Verdict::Deny { .. });
-    let response = review::respond(&request, &creation, verdict);
+    let response = review::respond(&uid, &creation, verdict);
     let outcome = match (denied, response.allowed, response.is_patched()) {
         (true, _, _) => Outcome::Rejected,
         (false, false, _) => Outcome::Error,

@@ -20,7 +20,7 @@ use crate::pod::PodView;
 #[cfg(test)]
 pub(crate) use checks::view_gpu_count;
 pub use checks::{detect_ports, gpu_count};
-pub use mutation::Mutation;
+pub use mutation::{Mutation, Op};
 use runpod_contract::checks;
 pub use runpod_contract::config::{OwningJob, PolicyConfig};
 pub use runpod_contract::policy::{Untouched, cannot_run, opt_in, screen};

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::contract::{self, BurstMode};
@@ -30,11 +31,109 @@ pub struct Mutation {
     pub require_nodes: Option<Value>,
 }
 
+/// One JSON Patch operation, serialised as it is sent: a struct, not a `serde_json::Value`
+/// object, so a review does not allocate a map and its keys for each operation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Op {
+    op: &'static str,
+    path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<OpValue>,
+}
+
+/// What an `add` puts at its path; what this webhook always adds the same way is typed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+enum OpValue {
+    Text(String),
+    Members(BTreeMap<String, String>),
+    Json(Value),
+    Toleration(ProviderToleration),
+    Tolerations([ProviderToleration; 1]),
+    Preference(LocalPreference),
+    Preferences([LocalPreference; 1]),
+    NodeAffinity(NodeAffinity),
+    Affinity {
+        #[serde(rename = "nodeAffinity")]
+        node_affinity: NodeAffinity,
+    },
+}
+
+/// The toleration of `cloud`'s virtual-node taint, as added to a pod.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct ProviderToleration {
+    key: &'static str,
+    operator: &'static str,
+    value: &'static str,
+    effect: &'static str,
+}
+
+impl ProviderToleration {
+    fn of(cloud: Cloud) -> Self {
+        Self {
+            key: contract::PROVIDER_TAINT_KEY,
+            operator: "Equal",
+            value: cloud.as_str(),
+            effect: "NoSchedule",
+        }
+    }
+}
+
+/// The preferred node-affinity term for nodes that are not virtual-kubelet nodes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct LocalPreference {
+    weight: i32,
+    preference: LocalTerm,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct LocalTerm {
+    #[serde(rename = "matchExpressions")]
+    match_expressions: [LocalExpression; 1],
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct LocalExpression {
+    key: &'static str,
+    operator: &'static str,
+    values: [&'static str; 1],
+}
+
+impl LocalPreference {
+    fn new() -> Self {
+        Self {
+            weight: LOCAL_PREFERENCE_WEIGHT,
+            preference: LocalTerm {
+                match_expressions: [LocalExpression {
+                    key: contract::NODE_TYPE_LABEL,
+                    operator: "NotIn",
+                    values: [contract::NODE_TYPE_VALUE],
+                }],
+            },
+        }
+    }
+}
+
+/// A pod's new `nodeAffinity`: the local preference, the node binding, or both.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct NodeAffinity {
+    #[serde(
+        rename = "preferredDuringSchedulingIgnoredDuringExecution",
+        skip_serializing_if = "Option::is_none"
+    )]
+    preferred: Option<[LocalPreference; 1]>,
+    #[serde(
+        rename = "requiredDuringSchedulingIgnoredDuringExecution",
+        skip_serializing_if = "Option::is_none"
+    )]
+    required: Option<Value>,
+}
+
 impl Mutation {
     /// The JSON Patch operations for this mutation of `pod`. Built from the pod as reviewed, so
     /// a missing (or null) parent gets one `add` of the whole parent and existing ones get
     /// `add`s of their members; keys are escaped as JSON Pointer tokens.
-    pub fn patch(&self, pod: &PodView) -> Vec<Value> {
+    pub fn patch(&self, pod: &PodView) -> Vec<Op> {
         let mut ops = Vec::new();
         let annotations = pod.meta().annotations.as_ref();
         for key in &self.remove_annotations {
@@ -66,13 +165,16 @@ impl Mutation {
             ops.push(add(&["spec"], json!({})));
         }
         if self.add_toleration {
-            let present = spec.is_some_and(|s| s.tolerations.is_some());
-            add_item(
-                &mut ops,
-                &["spec", "tolerations"],
-                present,
-                provider_toleration_json(self.cloud),
-            );
+            let toleration = ProviderToleration::of(self.cloud);
+            // Appended to the list, or the whole list where there is none.
+            ops.push(if spec.is_some_and(|s| s.tolerations.is_some()) {
+                add_value(
+                    &["spec", "tolerations", "-"],
+                    OpValue::Toleration(toleration),
+                )
+            } else {
+                add_value(&["spec", "tolerations"], OpValue::Tolerations([toleration]))
+            });
         }
         if !self.set_node_selector.is_empty() {
             let present = spec.is_some_and(|s| s.node_selector.is_some());
@@ -89,24 +191,26 @@ impl Mutation {
 
     /// The node-affinity additions (the local preference, the node binding), in one `add` where
     /// their parent is missing.
-    fn affinity(&self, spec: Option<&crate::pod::SpecView>, ops: &mut Vec<Value>) {
+    fn affinity(&self, spec: Option<&crate::pod::SpecView>, ops: &mut Vec<Op>) {
         if !self.prefer_local_nodes && self.require_nodes.is_none() {
             return;
         }
         let affinity = spec.and_then(|s| s.affinity.as_ref());
         let node_affinity = affinity.and_then(|a| a.node_affinity.as_ref());
-        let mut members = serde_json::Map::new();
-        if self.prefer_local_nodes {
-            members.insert(PREFERRED.to_owned(), json!([local_preference_json()]));
-        }
-        if let Some(required) = &self.require_nodes {
-            members.insert(REQUIRED.to_owned(), required.clone());
-        }
+        let members = || NodeAffinity {
+            preferred: self.prefer_local_nodes.then(|| [LocalPreference::new()]),
+            required: self.require_nodes.clone(),
+        };
         match (affinity, node_affinity) {
-            (None, _) => ops.push(add(&["spec", "affinity"], json!({"nodeAffinity": members}))),
-            (Some(_), None) => ops.push(add(
+            (None, _) => ops.push(add_value(
+                &["spec", "affinity"],
+                OpValue::Affinity {
+                    node_affinity: members(),
+                },
+            )),
+            (Some(_), None) => ops.push(add_value(
                 &["spec", "affinity", "nodeAffinity"],
-                Value::Object(members),
+                OpValue::NodeAffinity(members()),
             )),
             (Some(_), Some(node_affinity)) => {
                 let preferred = node_affinity
@@ -114,13 +218,13 @@ impl Mutation {
                     .as_ref();
                 if self.prefer_local_nodes {
                     ops.push(match preferred {
-                        None => add(
+                        None => add_value(
                             &["spec", "affinity", "nodeAffinity", PREFERRED],
-                            json!([local_preference_json()]),
+                            OpValue::Preferences([LocalPreference::new()]),
                         ),
-                        Some(_) => add(
+                        Some(_) => add_value(
                             &["spec", "affinity", "nodeAffinity", PREFERRED, "-"],
-                            local_preference_json(),
+                            OpValue::Preference(LocalPreference::new()),
                         ),
                     });
                 }
@@ -136,7 +240,7 @@ impl Mutation {
     }
 
     /// Removals, highest index first so that each index still points at its item.
-    fn removals(&self, ops: &mut Vec<Value>) {
+    fn removals(&self, ops: &mut Vec<Op>) {
         let mut tolerations = self.remove_tolerations.clone();
         tolerations.sort_unstable_by(|a, b| b.cmp(a));
         for index in tolerations {
@@ -289,7 +393,7 @@ pub(super) fn schedule_onto_cloud(
     }
 }
 
-/// The toleration exactly as this webhook adds it ([`provider_toleration_json`]): these four
+/// The toleration exactly as this webhook adds it ([`ProviderToleration`]): these four
 /// fields and no `tolerationSeconds`.
 pub(super) fn is_our_toleration(toleration: &TolerationView) -> bool {
     toleration.key.as_deref() == Some(contract::PROVIDER_TAINT_KEY)
@@ -303,12 +407,12 @@ pub(super) fn is_our_toleration(toleration: &TolerationView) -> bool {
         && toleration.toleration_seconds.is_none()
 }
 
-/// The preferred node-affinity term exactly as this webhook adds it ([`local_preference_json`]).
+/// The preferred node-affinity term exactly as this webhook adds it ([`LocalPreference`]).
 pub(super) fn is_our_preference(term: &PreferredTermView) -> bool {
     term.weight == LOCAL_PREFERENCE_WEIGHT && is_our_preference_term(&term.preference)
 }
 
-/// The `preference` of [`local_preference_json`]: one `NotIn` expression on the node type.
+/// The `preference` of [`LocalPreference`]: one `NotIn` expression on the node type.
 fn is_our_preference_term(term: &NodeSelectorTermView) -> bool {
     let [expression] = term.match_expressions.as_deref().unwrap_or_default() else {
         return false;
@@ -350,42 +454,31 @@ fn tolerates_provider_taint(toleration: &TolerationView, cloud: Cloud) -> bool {
     effect_matches && key_matches
 }
 
-fn provider_toleration_json(cloud: Cloud) -> Value {
-    json!({
-        "key": contract::PROVIDER_TAINT_KEY,
-        "operator": "Equal",
-        "value": cloud.as_str(),
-        "effect": "NoSchedule",
-    })
-}
-
 const LOCAL_PREFERENCE_WEIGHT: i32 = 100;
 
-/// Prefer nodes that are not virtual-kubelet nodes.
-fn local_preference_json() -> Value {
-    json!({
-        "weight": LOCAL_PREFERENCE_WEIGHT,
-        "preference": {
-            "matchExpressions": [{
-                "key": contract::NODE_TYPE_LABEL,
-                "operator": "NotIn",
-                "values": [contract::NODE_TYPE_VALUE],
-            }],
-        },
-    })
+fn add(path: &[&str], value: Value) -> Op {
+    add_value(path, OpValue::Json(value))
 }
 
-fn add(path: &[&str], value: Value) -> Value {
-    json!({"op": "add", "path": pointer(path), "value": value})
+fn add_value(path: &[&str], value: OpValue) -> Op {
+    Op {
+        op: "add",
+        path: pointer(path),
+        value: Some(value),
+    }
 }
 
-fn remove(path: &[&str]) -> Value {
-    json!({"op": "remove", "path": pointer(path)})
+fn remove(path: &[&str]) -> Op {
+    Op {
+        op: "remove",
+        path: pointer(path),
+        value: None,
+    }
 }
 
 /// Adds map entries: the whole map when it is missing, else one member at a time.
 fn add_members(
-    ops: &mut Vec<Value>,
+    ops: &mut Vec<Op>,
     path: &[&str],
     present: bool,
     entries: &BTreeMap<String, String>,
@@ -394,21 +487,10 @@ fn add_members(
         for (key, value) in entries {
             let mut member = path.to_vec();
             member.push(key);
-            ops.push(add(&member, Value::String(value.clone())));
+            ops.push(add_value(&member, OpValue::Text(value.clone())));
         }
     } else {
-        ops.push(add(path, json!(entries)));
-    }
-}
-
-/// Appends to a list: the whole list when it is missing, else at its end.
-fn add_item(ops: &mut Vec<Value>, path: &[&str], present: bool, item: Value) {
-    if present {
-        let mut end = path.to_vec();
-        end.push("-");
-        ops.push(add(&end, item));
-    } else {
-        ops.push(add(path, json!([item])));
+        ops.push(add_value(path, OpValue::Members(entries.clone())));
     }
 }
 
@@ -417,7 +499,13 @@ fn pointer(tokens: &[&str]) -> String {
     let mut pointer = String::new();
     for token in tokens {
         pointer.push('/');
-        pointer.push_str(&token.replace('~', "~0").replace('/', "~1"));
+        for c in token.chars() {
+            match c {
+                '~' => pointer.push_str("~0"),
+                '/' => pointer.push_str("~1"),
+                c => pointer.push(c),
+            }
+        }
     }
     pointer
 }

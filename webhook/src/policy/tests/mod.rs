@@ -80,7 +80,8 @@ fn typed(raw: &Value) -> PodView {
 
 /// The JSON Patch of a mutation of `raw`.
 fn patch_for(raw: &Value, mutation: &Mutation) -> json_patch::Patch {
-    serde_json::from_value(Value::Array(mutation.patch(&typed(raw)))).expect("valid JSON Patch")
+    let operations = serde_json::to_value(mutation.patch(&typed(raw))).expect("serialisable");
+    serde_json::from_value(operations).expect("valid JSON Patch")
 }
 
 /// Decides, applies the patch to the raw pod, and returns both.

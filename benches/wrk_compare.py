@@ -428,7 +428,8 @@ def main():
         if ("webhook", 1) in results:
             p99 = results[("webhook", 1)]["percentiles"].get(99, float("nan"))
             nginx_p99 = results[("nginx", 1)]["percentiles"].get(99, float("nan"))
-            print(f"  p99 @ 1 conn: {p99:.3f} ms = {p99 / nginx_p99:.1f} x nginx's {nginx_p99:.3f} ms "
+            times = p99 / nginx_p99 if nginx_p99 > 0 else float("nan")
+            print(f"  p99 @ 1 conn: {p99:.3f} ms = {times:.1f} x nginx's {nginx_p99:.3f} ms "
                   f"(target <= {TARGET_P99_RATIO_AT_1:.1f} x): "
                   f"{met(p99 <= TARGET_P99_RATIO_AT_1 * nginx_p99)}")
         print(f"  webhook peak RSS: {rss:.1f} MiB (target < {TARGET_RSS_MIB:.0f} MiB): "

@@ -43,6 +43,10 @@ const LIFECYCLES: usize = 50;
 const CONCURRENT: usize = 10;
 /// How long a deleted pod's GPU may bill beyond its grace period.
 const BILLING_AFTER_GRACE: f64 = 60.0;
+/// Fewer SIGKILLs than this in a soak prove nothing about crashes; the lifecycles are paced so
+/// that this many come while pods are in flight (the killer strikes in storms only, and a
+/// short run may otherwise see two).
+const MIN_KILLS: u32 = 3;
 /// Every wait for a pod is this generous: the leader may be down or settling, and a pod may
 /// meet several faults in a row. In the long Vast.ai run one pod's create took 5 minutes: 7
 /// creates answered `no_such_ask`, two answered 5xx after buying (each waits the 30 s
@@ -213,7 +217,7 @@ impl Report {
                 problems.push(format!("{what}:\n  {}", found.join("\n  ")));
             }
         }
-        if self.kills < 3 {
+        if self.kills < MIN_KILLS {
             problems.push(format!(
                 "too few SIGKILLs ({}) to mean anything",
                 self.kills
@@ -326,6 +330,11 @@ impl Soak {
                 if let Some(result) = tasks.join_next().await {
                     collect(result);
                 }
+            }
+            // The last lifecycle starts after the MIN_KILLS-th SIGKILL, the others in step.
+            let due = MIN_KILLS as usize * index / self.lifecycles.saturating_sub(1).max(1);
+            while (kills.load(Ordering::SeqCst) as usize) < due {
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
             let kind = Kind::pick(&mut rng);
             let wait = Duration::from_millis(rng.u64(0..4000));

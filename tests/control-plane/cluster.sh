@@ -212,13 +212,18 @@ running_pids() {
 }
 
 # A port is taken if something accepts a connection on it. Ports are drawn
-# below the kernel's ephemeral range so outgoing connections cannot grab them.
+# below the kernel's ephemeral range so outgoing connections cannot grab them,
+# from 15000 to 24000: the tests draw theirs from 24000 up (tests/support/webhook.rs),
+# so a port drawn here but not bound yet is not drawn by a test too.
 USED_PORTS=" "
 free_port() { # VAR: assigns a free port to VAR
-  local lo _hi p i
+  local lo _hi p i top=24000
   read -r lo _hi </proc/sys/net/ipv4/ip_local_port_range || true
+  if ((${lo:-32768} < top)); then top=$lo; fi
+  # An ephemeral range that starts this low leaves nothing below it.
+  if ((top <= 15100)); then top=24000; fi
   for ((i = 0; i < 200; i++)); do
-    p=$((15000 + (RANDOM * 32768 + RANDOM) % (${lo:-32768} - 15000)))
+    p=$((15000 + (RANDOM * 32768 + RANDOM) % (top - 15000)))
     [[ $USED_PORTS == *" $p "* ]] && continue
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && ! ss -Hltn "sport = :$p" 2>/dev/null | grep -q .; then
       USED_PORTS+="$p "

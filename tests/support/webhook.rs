@@ -142,9 +142,11 @@ impl Drop for WebhookProcess {
     }
 }
 
-/// A port for a process the test starts later. Drawn below the kernel's ephemeral range (as
-/// `cluster.sh` draws the control plane's), so no outgoing connection can take it between now
-/// and the bind; a port drawn once in this process is not drawn again.
+/// A port for a process the test starts later. Drawn below the kernel's ephemeral range, so no
+/// outgoing connection can take it between now and the bind, and from 24000 up, above the
+/// control plane's draws (`cluster.sh`: 15000 to 24000), which bind theirs seconds later. A
+/// port drawn once in this process is not drawn again. Where the ephemeral range leaves no room
+/// below it, the kernel picks.
 pub fn free_port() -> anyhow::Result<SocketAddr> {
     use std::collections::HashSet;
     use std::sync::Mutex;
@@ -153,7 +155,11 @@ pub fn free_port() -> anyhow::Result<SocketAddr> {
         .ok()
         .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
         .unwrap_or(32768);
-    let (low, high) = (15000u16, ephemeral_low.max(15001));
+    let (low, high) = (24000u16, ephemeral_low);
+    if high <= low + 100 {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        return Ok(listener.local_addr()?);
+    }
     let mut drawn = DRAWN.lock().unwrap_or_else(|e| e.into_inner());
     let drawn = drawn.get_or_insert_with(HashSet::new);
     for _ in 0..500 {

@@ -1,7 +1,8 @@
-//! AdmissionReview in and out. The body is parsed in one pass into the envelope and request, with
-//! the object kept as borrowed raw JSON, and the object once into the [`PodView`] the policy
-//! reads; the response is written directly, with the patch in base64 as the apiserver expects.
-//! Anything malformed is a [`BadReview`] (HTTP 400), never a panic.
+//! AdmissionReview in and out. A pod review is read in one pass, its object straight into the
+//! [`PodView`] the policy reads ([`read`]); what that does not take is read again in parts (the
+//! envelope and request with the object kept as raw JSON, then the object) so that each error
+//! says which part is malformed. The response is written directly, with the patch in base64 as
+//! the apiserver expects. Anything malformed is a [`BadReview`] (HTTP 400), never a panic.
 
 use base64::Engine;
 use k8s_openapi::api::core::v1::Pod;

@@ -4,6 +4,7 @@
 
 pub mod adoption;
 pub(crate) mod budget;
+pub(crate) mod cached;
 pub(crate) mod clock;
 pub(crate) mod cloud;
 pub mod context;
@@ -27,8 +28,9 @@ pub mod usage;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cached::CachedPod;
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -294,7 +296,7 @@ fn spawn_node_tasks<P: Provider>(
 /// Reconciles the node's pods until shutdown; no pod write starts once the lease may be
 /// someone else's.
 async fn reconcile_pods<P: Provider>(
-    controller: Controller<Pod>,
+    controller: Controller<CachedPod>,
     fence: Fence,
     metrics: Arc<ControllerMetrics>,
     shared: Arc<Shared<Gated<P>>>,
@@ -335,8 +337,8 @@ fn pod_controller(
     name: &str,
     concurrency: u16,
     stop: tokio::sync::oneshot::Receiver<()>,
-) -> (Controller<Pod>, mpsc::Sender<()>) {
-    let pods: Api<Pod> = Api::all(client.clone());
+) -> (Controller<CachedPod>, mpsc::Sender<()>) {
+    let pods: Api<CachedPod> = Api::all(client.clone());
     let watch_config = watcher::Config::default().fields(&format!("spec.nodeName={name}"));
     let (tick_tx, tick_rx) = mpsc::channel::<()>(1);
     let ticks =
@@ -344,12 +346,10 @@ fn pod_controller(
             tick_rx,
             |mut rx| async move { rx.recv().await.map(|t| (t, rx)) },
         );
-    // The cache keeps every pod of the node for as long as it is there: without its
-    // `managedFields` (about half of a pod's memory, and nothing here reads them).
+    // The cache keeps every pod of the node for as long as it is there, compactly (`cached`).
     let (reader, writer) = reflector::store();
     let watched = watcher(pods, watch_config)
         .default_backoff()
-        .modify(|pod: &mut Pod| pod.metadata.managed_fields = None)
         .reflect(writer)
         .applied_objects();
     let controller = Controller::for_stream(watched, reader)

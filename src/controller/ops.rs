@@ -5,6 +5,7 @@
 //! waiting, and nothing routes requests to it (the apiserver reaches the kubelet API through
 //! the node's address, which is the leader's).
 
+use crate::controller::cached::PodStore;
 use std::sync::Arc;
 
 use axum::Router;
@@ -12,8 +13,6 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::Store;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -56,7 +55,7 @@ fn app(registry: Option<Arc<Registry>>, readiness: watch::Receiver<LeaderReadine
 
 /// The leader's readiness: our node exists, pod cache synced, RunPod listed and reachable.
 pub(crate) fn leader_ready<P: crate::provider::Provider>(
-    pods: Store<Pod>,
+    pods: PodStore,
     shared: Arc<Shared<P>>,
     node_uid: NodeUid,
 ) -> Arc<dyn Fn() -> Result<(), String> + Send + Sync> {

@@ -3,6 +3,7 @@
 //! dropped, terminated instances removed. The first pass of a leader (a restart included) must
 //! succeed before it creates anything in a namespace with a budget.
 
+use crate::controller::cached::{self, PodStore};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,7 +13,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::ListParams;
-use kube::runtime::reflector::Store;
 use tracing::{debug, warn};
 
 use super::{ledgers, write};
@@ -22,7 +22,7 @@ use runpod_contract::budget::budget_of;
 use runpod_contract::budget::ledger::{LEDGER_LABEL, LEDGER_NAMESPACE, Ledger, Listed};
 
 /// Runs a sync after each new list until the leader stops.
-pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>, store: Store<Pod>) {
+pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>, store: PodStore) {
     let mut snapshots = shared.snapshot.clone();
     loop {
         if snapshots.changed().await.is_err() {
@@ -39,7 +39,7 @@ pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>, store: Store<Pod>) 
         }
         // A namespace whose ledger could not be written is marked (no create there until a
         // later pass writes it); the others go on.
-        match once(&shared, &store.state(), &snapshot).await {
+        match once(&shared, &cached::decoded(&store), &snapshot).await {
             Ok(()) => shared.budget.synced.store(true, Ordering::Release),
             Err(error) => warn!(%error, "reading the budget ledgers failed"),
         }

@@ -3,13 +3,12 @@
 //! pod are garbage-collected (only once the pod cache has synced; never untagged instances or
 //! another cluster's or node's).
 
+use crate::controller::cached::{self, PodStore};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::reflector::Store;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, warn};
 
@@ -177,7 +176,7 @@ async fn failed_list<P: Provider>(
 /// that every pod is reconciled against it.
 pub(crate) async fn run<P: Provider>(
     shared: Arc<Shared<P>>,
-    store: Store<Pod>,
+    store: PodStore,
     snapshot_tx: watch::Sender<Option<Arc<Snapshot>>>,
     health: watch::Sender<ApiHealth>,
     ticks: mpsc::Sender<()>,
@@ -249,7 +248,9 @@ pub(crate) async fn run<P: Provider>(
         snapshot_tx.send_replace(Some(snapshot.clone()));
         let _ = ticks.try_send(());
         debug!(instances = snapshot.instances.len(), "snapshot published");
-        usage.observe(&shared, &store.state(), &snapshot).await;
+        usage
+            .observe(&shared, &cached::decoded(&store), &snapshot)
+            .await;
 
         collect_garbage(
             &shared,
@@ -279,7 +280,7 @@ async fn list_within_timeout<P: Provider>(provider: &P) -> Result<Vec<Instance>,
 /// orphaned.
 async fn collect_garbage<P: Provider>(
     shared: &Shared<P>,
-    store: &Store<Pod>,
+    store: &PodStore,
     collector: &mut Collector,
     snapshot: &Snapshot,
     carried: &HashSet<String>,

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::controller::cached;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
@@ -11,7 +12,6 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::reflector::ObjectRef;
 use serde::Deserialize;
 
 use super::ApiState;
@@ -96,7 +96,7 @@ pub(super) async fn container_logs<P: Provider>(
         Ok(parsed) => parsed,
         Err(message) => return bad_request(message),
     };
-    let Some(pod) = state.pods.get(&ObjectRef::new(&name).within(&namespace)) else {
+    let Some(pod) = cached::get(&state.pods, &namespace, &name) else {
         return (
             StatusCode::NOT_FOUND,
             format!("pod {namespace}/{name} is not on this node\n"),

@@ -17,6 +17,7 @@ pub mod serving;
 pub(crate) mod spdy;
 pub(crate) mod stats;
 
+use crate::controller::cached::PodStore;
 use std::sync::Arc;
 
 use axum::Router;
@@ -25,8 +26,6 @@ use axum::http::{StatusCode, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::Store;
 use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
 use tokio::net::TcpListener;
@@ -38,7 +37,7 @@ use authz::Authorizer;
 
 struct ApiState<P> {
     shared: Arc<Shared<P>>,
-    pods: Store<Pod>,
+    pods: PodStore,
     /// The controller's own metrics, as on the plain listener.
     registry: Arc<prometheus_client::registry::Registry>,
 }
@@ -143,11 +142,11 @@ async fn not_implemented<P: Provider>(State(state): State<Arc<ApiState<P>>>) -> 
 }
 
 /// Serves the kubelet API until the task is dropped.
-pub async fn serve<P: Provider>(
+pub(crate) async fn serve<P: Provider>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     shared: Arc<Shared<P>>,
-    pods: Store<Pod>,
+    pods: PodStore,
     registry: Arc<prometheus_client::registry::Registry>,
 ) {
     let authorizer = Arc::new(Authorizer::new(

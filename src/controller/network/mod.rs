@@ -13,6 +13,7 @@ pub(crate) mod policy;
 mod publish;
 pub(crate) mod slices;
 
+use crate::controller::cached::{self, PodStore};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,7 +79,11 @@ impl Watches {
             + 'static,
     {
         let (reader, writer) = reflector::store();
-        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        // Without `managedFields`: often half an object's memory, and nothing here reads them
+        // (these are every Service, Endpoints, Namespace and policy of the cluster).
+        let watched = watcher(api, watcher::Config::default())
+            .modify(|object: &mut K| object.meta_mut().managed_fields = None);
+        let stream = reflector::reflector(writer, watched)
             .default_backoff()
             .applied_objects();
         let task = tokio::spawn(async move {
@@ -142,7 +147,7 @@ struct Cluster {
 }
 
 /// The leader's bridge loop (returns at once where the network is off or there is no shell).
-pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
+pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: PodStore) {
     if !shared.settings.network.enabled {
         return;
     }
@@ -185,8 +190,7 @@ pub async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
         cluster.endpoints.refresh();
         let views = cluster.endpoints.views();
         let policies = cluster.policies.state();
-        let jobs: Vec<(String, Arc<Pod>, Slot)> = pods
-            .state()
+        let jobs: Vec<(String, Arc<Pod>, Slot)> = cached::decoded(&pods)
             .into_iter()
             .filter(|pod| bridged(&shared, pod))
             .filter_map(|pod| {

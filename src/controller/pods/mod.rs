@@ -24,6 +24,7 @@ use tracing::instrument;
 
 pub(crate) use tolerations::outage_tolerations;
 
+use super::cached::CachedPod;
 use super::context::Shared;
 use super::memory::PodMemory;
 use crate::provider::{Ends, Provider, ProviderError};
@@ -39,6 +40,9 @@ pub(crate) enum ReconcileError {
     Provider(#[from] ProviderError),
     #[error("recording how the pod ended: {0}")]
     Record(#[from] serde_json::Error),
+    /// The pod's cached text does not decode (a bug: it was written by the cache itself).
+    #[error("reading the cached pod: {0}")]
+    Cache(serde_json::Error),
 }
 
 impl ReconcileError {
@@ -55,6 +59,7 @@ impl ReconcileError {
             }
             ReconcileError::Provider(ProviderError::Unavailable(_)) => "cloud_unavailable",
             ReconcileError::Record(_) => "record",
+            ReconcileError::Cache(_) => "cache",
         }
     }
 }
@@ -66,12 +71,13 @@ fn pods_in(client: &kube::Client, namespace: Option<&str>) -> Api<Pod> {
     Api::namespaced(client.clone(), namespace.unwrap_or("default"))
 }
 
-/// Reconciles one pod.
-#[instrument(skip_all, fields(pod = %format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or(""), pod.metadata.name.as_deref().unwrap_or(""))))]
+/// Reconciles one pod (decoded from the cache here, once per reconcile).
+#[instrument(skip_all, fields(pod = %format!("{}/{}", cached.metadata.namespace.as_deref().unwrap_or(""), cached.metadata.name.as_deref().unwrap_or(""))))]
 pub(crate) async fn reconcile<P: Provider>(
-    pod: Arc<Pod>,
+    cached: Arc<CachedPod>,
     ctx: Arc<Shared<P>>,
 ) -> Result<Action, ReconcileError> {
+    let pod = cached.pod().map_err(ReconcileError::Cache)?;
     let settings = &ctx.settings;
     let on_node =
         pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(settings.node_name.as_str());
@@ -174,6 +180,7 @@ mod tests {
     #[test]
     fn every_error_kind_has_its_own_metric_label() {
         let record = serde_json::from_str::<u8>("x").unwrap_err();
+        let cache = serde_json::from_str::<u8>("y").unwrap_err();
         let cases = [
             (api(409), "conflict"),
             (api(404), "not_found"),
@@ -191,6 +198,7 @@ mod tests {
                 "cloud_unavailable",
             ),
             (ReconcileError::Record(record), "record"),
+            (ReconcileError::Cache(cache), "cache"),
         ];
         for (error, label) in cases {
             assert_eq!(error.metric_label(), label, "{error}");

@@ -13,13 +13,13 @@ pub(crate) mod spec;
 pub(crate) mod state;
 pub(crate) mod tls;
 
+use crate::controller::cached::{self, PodStore};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
-use kube::runtime::reflector::Store;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -71,13 +71,16 @@ impl Drop for Running {
 /// what the probes say shows in the status at once, not at the next list.
 pub(crate) async fn run<P: Provider>(
     shared: Arc<Shared<P>>,
-    pods: Store<Pod>,
+    pods: PodStore,
     ticks: mpsc::Sender<()>,
 ) {
     if !runs_here(&shared) {
         return;
     }
     let mut probers: HashMap<String, Running> = HashMap::new();
+    // Whether each pod has anything to probe: fixed for a pod's life (its containers' probes
+    // and hooks cannot change), so a pod is decoded for it once, not every second.
+    let mut probeable: HashMap<String, bool> = HashMap::new();
     let mut look = tokio::time::interval(LOOK_EVERY);
     look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -86,17 +89,27 @@ pub(crate) async fn run<P: Provider>(
             continue;
         };
         let mut wanted = HashSet::new();
-        for pod in pods.state() {
-            let Some(uid) = pod.metadata.uid.clone() else {
+        let state = pods.state();
+        probeable.retain(|uid, _| state.iter().any(|pod| pod.uid() == Some(uid.as_str())));
+        for cached in state {
+            let Some(uid) = cached.metadata.uid.clone() else {
+                continue;
+            };
+            let has_any = *probeable.entry(uid.clone()).or_insert_with(|| {
+                cached::decode(&cached)
+                    .is_some_and(|pod| has_probes(&pod) || has_post_start_http(&pod))
+            });
+            if !has_any || cached.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let Some(pod) = cached::decode(&cached) else {
                 continue;
             };
             // As the kubelet, nothing probes a container before its init containers are done.
             let known = shared.remember(&uid, |m| m.init_progress.clone());
             let initializing =
                 !crate::controller::pods::status::inits::inits_done(&pod, known.as_ref());
-            let probed = (has_probes(&pod) || has_post_start_http(&pod))
-                && !initializing
-                && pod.metadata.deletion_timestamp.is_none()
+            let probed = !initializing
                 && !is_terminal(&pod)
                 && running_instance(&shared, &snapshot, &uid).is_some();
             if !probed {
@@ -184,16 +197,17 @@ fn has_post_start_http(pod: &Pod) -> bool {
         .is_some_and(|c| spec::post_start_http(c).is_some())
 }
 
-fn find(pods: &Store<Pod>, uid: &str) -> Option<Arc<Pod>> {
+fn find(pods: &PodStore, uid: &str) -> Option<Arc<Pod>> {
     pods.state()
-        .into_iter()
-        .find(|pod| pod.metadata.uid.as_deref() == Some(uid))
+        .iter()
+        .find(|pod| pod.uid() == Some(uid))
+        .and_then(|pod| cached::decode(pod))
 }
 
 /// One pod's prober: runs each due probe, counts, publishes what it means, restarts.
 async fn probe_pod<P: Provider>(
     shared: Arc<Shared<P>>,
-    pods: Store<Pod>,
+    pods: PodStore,
     uid: String,
     ticks: mpsc::Sender<()>,
 ) {

@@ -12,12 +12,12 @@
 //! is terminated with one call. The workers keep the rest: a DELETE once the container stopped
 //! or the grace period passed, and removing the pod.
 
+use crate::controller::cached::{self, PodStore};
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::reflector::Store;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
@@ -35,7 +35,7 @@ const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// Looks at the deleted pods every second, or at once when `shared.ends_due` is notified, and
 /// starts the calls `due` names. The calls live in this task's set: they end with it.
-pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
+pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: PodStore) {
     let mut calls: JoinSet<()> = JoinSet::new();
     let mut interval = tokio::time::interval(SWEEP_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -48,8 +48,14 @@ pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: Store<Pod>) {
         let Some(snapshot) = shared.latest() else {
             continue;
         };
-        for pod in pods.state() {
-            start_due(&shared, &snapshot, &pod, &mut calls);
+        // Only a deleted pod has calls due: the others are not decoded.
+        for cached in pods.state() {
+            if cached.metadata.deletion_timestamp.is_none() {
+                continue;
+            }
+            if let Some(pod) = cached::decode(&cached) {
+                start_due(&shared, &snapshot, &pod, &mut calls);
+            }
         }
     }
 }

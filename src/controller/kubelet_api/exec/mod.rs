@@ -10,12 +10,12 @@ pub mod ssh;
 
 use std::sync::Arc;
 
+use crate::controller::cached;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::ObjectRef;
 
 use super::ApiState;
 use super::spdy::session::Session;
@@ -118,7 +118,7 @@ fn exec_pod<P: Provider>(
     name: &str,
     container: Option<&str>,
 ) -> Result<Arc<Pod>, Box<Response>> {
-    let Some(pod) = state.pods.get(&ObjectRef::new(name).within(namespace)) else {
+    let Some(pod) = cached::get(&state.pods, namespace, name) else {
         return Err(Box::new(refuse(
             StatusCode::NOT_FOUND,
             format!("pod {namespace}/{name} is not on this node"),

@@ -3,13 +3,13 @@
 //! dropped, terminated instances removed. The first pass of a leader (a restart included) must
 //! succeed before it creates anything in a namespace with a budget.
 
-use crate::controller::cached::{self, PodStore};
+use crate::controller::cached::{CachedPod, PodStore};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::ListParams;
@@ -39,7 +39,7 @@ pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>, store: PodStore) {
         }
         // A namespace whose ledger could not be written is marked (no create there until a
         // later pass writes it); the others go on.
-        match once(&shared, &cached::decoded(&store), &snapshot).await {
+        match once(&shared, &store.state(), &snapshot).await {
             Ok(()) => shared.budget.synced.store(true, Ordering::Release),
             Err(error) => warn!(%error, "reading the budget ledgers failed"),
         }
@@ -54,7 +54,7 @@ fn stale_after(settings: &crate::controller::context::Settings) -> Duration {
 
 /// Pods whose create marker is younger than `stale`: a create sent for them may not show in
 /// the list yet.
-fn recently_marked(pods: &[Arc<Pod>], now: Timestamp, stale: Duration) -> BTreeSet<String> {
+fn recently_marked(pods: &[Arc<CachedPod>], now: Timestamp, stale: Duration) -> BTreeSet<String> {
     pods.iter()
         .filter_map(|pod| {
             let marked: Timestamp = pod
@@ -120,7 +120,7 @@ where
 /// node knows: from its ledger lines and from the pods bound here.
 fn by_namespace(
     listed: Vec<ConfigMap>,
-    pods: &[Arc<Pod>],
+    pods: &[Arc<CachedPod>],
     node: &str,
 ) -> (
     BTreeMap<String, Option<ConfigMap>>,
@@ -159,7 +159,7 @@ fn by_namespace(
 /// ledger.
 fn live_by_namespace(
     instances: &[Instance],
-    pods: &[Arc<Pod>],
+    pods: &[Arc<CachedPod>],
     namespace_of: &BTreeMap<String, String>,
 ) -> BTreeMap<String, BTreeMap<String, Listed>> {
     let mut live: BTreeMap<String, BTreeMap<String, Listed>> = BTreeMap::new();
@@ -197,7 +197,7 @@ fn live_by_namespace(
 /// One pass over every ledger this node has a line in or should have.
 async fn once<P: Provider>(
     shared: &Shared<P>,
-    pods: &[Arc<Pod>],
+    pods: &[Arc<CachedPod>],
     snapshot: &Snapshot,
 ) -> Result<(), kube::Error> {
     let node = &shared.settings.node_name;
@@ -336,7 +336,7 @@ mod tests {
         assert!(!asked.lock().unwrap().contains(&"i-recorded".to_owned()));
     }
 
-    fn pod(uid: &str, marked: Option<&str>) -> Arc<Pod> {
+    fn pod(uid: &str, marked: Option<&str>) -> Arc<CachedPod> {
         let mut pod = serde_json::json!({"metadata": {"name": uid, "uid": uid}});
         if let Some(at) = marked {
             pod["metadata"]["annotations"] =

@@ -3,7 +3,7 @@
 //! pod are garbage-collected (only once the pod cache has synced; never untagged instances or
 //! another cluster's or node's).
 
-use crate::controller::cached::{self, PodStore};
+use crate::controller::cached::PodStore;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -248,9 +248,7 @@ pub(crate) async fn run<P: Provider>(
         snapshot_tx.send_replace(Some(snapshot.clone()));
         let _ = ticks.try_send(());
         debug!(instances = snapshot.instances.len(), "snapshot published");
-        usage
-            .observe(&shared, &cached::decoded(&store), &snapshot)
-            .await;
+        usage.observe(&shared, &store.state(), &snapshot).await;
 
         collect_garbage(
             &shared,

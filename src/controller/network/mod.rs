@@ -13,7 +13,7 @@ pub(crate) mod policy;
 mod publish;
 pub(crate) mod slices;
 
-use crate::controller::cached::{self, PodStore};
+use crate::controller::cached::{self, CachedPod, PodStore};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -190,7 +190,8 @@ pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: PodStore) {
         cluster.endpoints.refresh();
         let views = cluster.endpoints.views();
         let policies = cluster.policies.state();
-        let jobs: Vec<(String, Arc<Pod>, Slot)> = cached::decoded(&pods)
+        let jobs: Vec<(String, Arc<CachedPod>, Slot)> = pods
+            .state()
             .into_iter()
             .filter(|pod| bridged(&shared, pod))
             .filter_map(|pod| {
@@ -202,8 +203,12 @@ pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: PodStore) {
         let (shared, cluster, views, policies, publisher_ref) =
             (&shared, &cluster, &views, &policies, &publisher);
         let done: Vec<(String, Slot, Inbound)> = futures_util::stream::iter(jobs)
-            .map(|(uid, pod, mut slot)| async move {
+            .map(|(uid, cached, mut slot)| async move {
                 let mut slices = Inbound::default();
+                // Decoded here, so that at most CONCURRENT_PODS pods are decoded at once.
+                let Some(pod) = cached::decode(&cached) else {
+                    return (uid, slot, slices);
+                };
                 let verdict = policy::judge(&pod, policies);
                 said_restricted(shared, &pod, &verdict).await;
                 outbound(shared, cluster, views, &pod, &mut slot, &verdict).await;
@@ -526,13 +531,8 @@ fn pod_ready(pod: &Pod) -> bool {
 }
 
 /// Whether `pod` gets a bridge: running on its instance, with an SSH path (not `ports: none`).
-fn bridged<P: Provider>(shared: &Shared<P>, pod: &Pod) -> bool {
-    let running = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|phase| phase == "Running");
-    running
+fn bridged<P: Provider>(shared: &Shared<P>, pod: &CachedPod) -> bool {
+    pod.phase() == Some("Running")
         && !runpod_contract::exposes_nothing(
             pod.metadata.annotations.as_ref(),
             shared.settings.admission.expose_no_ports,

@@ -78,7 +78,7 @@ async fn end_listed<P: Provider>(
     now: Timestamp,
     ctx: &Shared<P>,
 ) -> Result<bool, ReconcileError> {
-    let grace = ends::grace_period(pod);
+    let grace = ends::grace_period(&pod.metadata);
     let mut pending = false;
     let mut billing_due = false;
     for instance in live {
@@ -208,14 +208,18 @@ async fn remove<P: Provider>(
 }
 
 /// Says `notes` on the pod (for the deletion's calls outside the reconcile).
-pub(crate) async fn say<P: Provider>(ctx: &Shared<P>, pod: &Pod, notes: Vec<Note>) {
+pub(crate) async fn say<P: Provider>(
+    ctx: &Shared<P>,
+    pod: &impl kube::Resource<DynamicType = ()>,
+    notes: Vec<Note>,
+) {
     write::notes(ctx, pod, notes).await;
 }
 
 /// Terminates the pod's `instance` once, and says so on the pod.
 pub(crate) async fn terminate<P: Provider>(
     ctx: &Shared<P>,
-    pod: &Pod,
+    pod: &impl kube::Resource<DynamicType = ()>,
     uid: &str,
     instance: &Instance,
     why: &str,

@@ -47,10 +47,11 @@ fn time_left(pod: &Pod, now: Timestamp) -> Duration {
         .as_ref()
         .and_then(|end| Duration::try_from(end.0.duration_since(now)).ok())
         .unwrap_or(Duration::ZERO)
-        .min(grace_period(pod))
+        .min(grace_period(&pod.metadata))
 }
 
 /// What the `preStop` hook did before the stop.
+#[derive(Default)]
 pub(crate) struct PreStop {
     /// When the hook started: the grace period ran from then (`None`: no hook ran).
     pub began: Option<Timestamp>,

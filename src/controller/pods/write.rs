@@ -3,7 +3,6 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::Resource as _;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use runpod_contract::{COST_PER_HR, DATACENTER, ENDPOINTS, GPU_TYPE};
@@ -96,7 +95,11 @@ pub(super) async fn apply<P: Provider>(
 }
 
 /// Records decided Events on the pod, in order.
-pub(super) async fn notes<P>(ctx: &Shared<P>, pod: &Pod, notes: Vec<Note>) {
+pub(super) async fn notes<P>(
+    ctx: &Shared<P>,
+    pod: &impl kube::Resource<DynamicType = ()>,
+    notes: Vec<Note>,
+) {
     for note in notes {
         ctx.event(
             &pod.object_ref(&()),

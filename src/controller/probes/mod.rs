@@ -202,6 +202,7 @@ fn find(pods: &PodStore, uid: &str) -> Option<Arc<Pod>> {
         .iter()
         .find(|pod| pod.uid() == Some(uid))
         .and_then(|pod| cached::decode(pod))
+        .map(Arc::new)
 }
 
 /// One pod's prober: runs each due probe, counts, publishes what it means, restarts.

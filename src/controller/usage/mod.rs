@@ -8,6 +8,7 @@
 pub mod idle;
 pub(crate) mod watch;
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -90,7 +91,9 @@ pub struct PodUsage {
 /// One pod's report in a list: the Kubernetes pod, the cloud's shares, and when its instance
 /// started (a fallback for the start times Kubernetes does not have yet).
 pub struct Report<'a> {
-    pub pod: &'a Pod,
+    /// Decoded for the report where the pod comes from the cache (which keeps its spec as
+    /// text), borrowed otherwise.
+    pub pod: Cow<'a, Pod>,
     pub usage: &'a Usage,
     pub started_at: Option<Timestamp>,
 }
@@ -155,7 +158,7 @@ impl UsageLedger {
     /// previous list restarts its integration: nothing is known of the gap, so nothing is
     /// added for it.
     fn fold(&mut self, uid: &str, at: Timestamp, report: &Report<'_>, was_live: bool) -> f64 {
-        let pod = report.pod;
+        let pod = &*report.pod;
         let status = pod.status.as_ref();
         let start_time = status
             .and_then(|s| s.start_time.as_ref())
@@ -308,7 +311,7 @@ mod tests {
         let existing: HashSet<String> = ["a".into(), "b".into()].into();
         let mut ledger = UsageLedger::default();
         let report = |pod, usage| Report {
-            pod,
+            pod: Cow::Borrowed(pod),
             usage,
             started_at: None,
         };
@@ -351,7 +354,7 @@ mod tests {
         let existing: HashSet<String> = ["a".into()].into();
         let busy = share(0.5);
         let report = || Report {
-            pod: &a,
+            pod: Cow::Borrowed(&a),
             usage: &busy,
             started_at: None,
         };
@@ -392,7 +395,7 @@ mod tests {
         ledger.observe(
             at(0),
             [Report {
-                pod: &bare,
+                pod: Cow::Borrowed(&bare),
                 usage: &usage,
                 started_at: Some(at(-60)),
             }],
@@ -407,7 +410,7 @@ mod tests {
         ledger.observe(
             at(10),
             [Report {
-                pod: &bare,
+                pod: Cow::Borrowed(&bare),
                 usage: &usage,
                 started_at: Some(at(-60)),
             }],

@@ -7,8 +7,9 @@ use kube::Resource as _;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::controller::cached::{self, CachedPod};
 use k8s_openapi::jiff::Timestamp;
+use std::borrow::Cow;
 
 use super::Report;
 use super::idle::{self, IdleSettings, Spell};
@@ -27,7 +28,7 @@ pub(crate) struct PodFigures {
 }
 
 /// A pod is over once it has succeeded or failed, or is being deleted.
-fn ended(pod: &Pod) -> bool {
+fn ended(pod: &CachedPod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
         || pod
             .status
@@ -39,8 +40,8 @@ fn ended(pod: &Pod) -> bool {
 /// The live instance of each pod that has not ended, by pod UID.
 pub(crate) fn pairs<'a>(
     snapshot: &'a Snapshot,
-    pods: &'a HashMap<String, Arc<Pod>>,
-) -> Vec<(&'a Arc<Pod>, &'a Instance)> {
+    pods: &'a HashMap<String, Arc<CachedPod>>,
+) -> Vec<(&'a Arc<CachedPod>, &'a Instance)> {
     snapshot
         .instances
         .iter()
@@ -53,7 +54,10 @@ pub(crate) fn pairs<'a>(
 }
 
 /// Each pod's series: GPU figures from its live report, cost from its live instance.
-pub(crate) fn pod_figures(pairs: &[(&Arc<Pod>, &Instance)], provider: &str) -> Vec<PodFigures> {
+pub(crate) fn pod_figures(
+    pairs: &[(&Arc<CachedPod>, &Instance)],
+    provider: &str,
+) -> Vec<PodFigures> {
     pairs
         .iter()
         .map(|(pod, instance)| PodFigures {
@@ -71,7 +75,7 @@ pub(crate) fn pod_figures(pairs: &[(&Arc<Pod>, &Instance)], provider: &str) -> V
 
 /// When the pod's wait on this node began: its `PodScheduled` condition's transition (an
 /// offloaded pod waited on its own node first), else its creation.
-fn waiting_since(pod: &Pod) -> Option<Timestamp> {
+fn waiting_since(pod: &CachedPod) -> Option<Timestamp> {
     let scheduled = pod
         .status
         .as_ref()
@@ -88,7 +92,7 @@ fn waiting_since(pod: &Pod) -> Option<Timestamp> {
 
 /// The longest wait, from scheduling onto the node, of a pod with no running instance yet.
 pub(crate) fn longest_wait(
-    pods: &HashMap<String, Arc<Pod>>,
+    pods: &HashMap<String, Arc<CachedPod>>,
     snapshot: &Snapshot,
     now: Timestamp,
 ) -> std::time::Duration {
@@ -130,10 +134,10 @@ impl UsageWatch {
     pub(crate) async fn observe<P: Provider>(
         &mut self,
         shared: &Shared<P>,
-        pods: &[Arc<Pod>],
+        pods: &[Arc<CachedPod>],
         snapshot: &Snapshot,
     ) {
-        let by_uid: HashMap<String, Arc<Pod>> = pods
+        let by_uid: HashMap<String, Arc<CachedPod>> = pods
             .iter()
             .filter_map(|p| Some((p.metadata.uid.clone()?, p.clone())))
             .collect();
@@ -143,10 +147,12 @@ impl UsageWatch {
             let mut ledger = shared.usage_ledger();
             ledger.observe(
                 snapshot.taken_at,
+                // One pod decoded at a time (for its containers), let go once folded in.
                 pairs.iter().filter_map(|(pod, instance)| {
+                    let usage = instance.usage.as_ref()?;
                     Some(Report {
-                        pod,
-                        usage: instance.usage.as_ref()?,
+                        pod: Cow::Owned(cached::decode(pod)?),
+                        usage,
                         started_at: instance.started_at,
                     })
                 }),
@@ -202,7 +208,7 @@ impl UsageWatch {
     async fn idle<P: Provider>(
         &mut self,
         shared: &Shared<P>,
-        pairs: &[(&Arc<Pod>, &Instance)],
+        pairs: &[(&Arc<CachedPod>, &Instance)],
         now: Timestamp,
     ) {
         let settings: IdleSettings = shared.settings.idle;
@@ -244,7 +250,7 @@ mod tests {
     use crate::provider::{Tags, Usage};
     use serde_json::json;
 
-    fn pod(uid: &str, phase: &str, created: &str) -> Arc<Pod> {
+    fn pod(uid: &str, phase: &str, created: &str) -> Arc<CachedPod> {
         Arc::new(
             serde_json::from_value(json!({
                 "metadata": {"name": format!("p-{uid}"), "namespace": "ns", "uid": uid,
@@ -305,7 +311,7 @@ mod tests {
                 },
             ],
         };
-        let pods: HashMap<String, Arc<Pod>> = [
+        let pods: HashMap<String, Arc<CachedPod>> = [
             ("a".to_owned(), pod("a", "Running", "2026-01-01T00:00:00Z")),
             ("b".to_owned(), pod("b", "Running", "2026-01-01T00:00:00Z")),
             (
@@ -334,7 +340,7 @@ mod tests {
     #[test]
     fn the_longest_wait_counts_pods_without_a_running_instance() {
         let now: Timestamp = "2026-01-01T01:00:00Z".parse().unwrap();
-        let pods: HashMap<String, Arc<Pod>> = [
+        let pods: HashMap<String, Arc<CachedPod>> = [
             (
                 "run".to_owned(),
                 pod("run", "Running", "2026-01-01T00:00:00Z"),
@@ -363,13 +369,14 @@ mod tests {
         );
         // An offloaded pod, created an hour ago, waited on its own node until bound here 2
         // minutes ago: its wait here is 2 minutes.
-        let mut offloaded: Pod = (*pod("moved", "Pending", "2026-01-01T00:00:00Z")).clone();
+        let mut offloaded: CachedPod = (*pod("moved", "Pending", "2026-01-01T00:00:00Z")).clone();
         offloaded.status.as_mut().unwrap().conditions = Some(
             serde_json::from_value(json!([{"type": "PodScheduled", "status": "True",
                 "lastTransitionTime": "2026-01-01T00:58:00Z"}]))
             .unwrap(),
         );
-        let moved: HashMap<String, Arc<Pod>> = [("moved".to_owned(), Arc::new(offloaded))].into();
+        let moved: HashMap<String, Arc<CachedPod>> =
+            [("moved".to_owned(), Arc::new(offloaded))].into();
         assert_eq!(
             longest_wait(&moved, &snapshot, now),
             std::time::Duration::from_secs(120)

@@ -12,11 +12,10 @@
 //! is terminated with one call. The workers keep the rest: a DELETE once the container stopped
 //! or the grace period passed, and removing the pod.
 
-use crate::controller::cached::{self, PodStore};
+use crate::controller::cached::{self, CachedPod, PodStore};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
@@ -48,14 +47,8 @@ pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: PodStore) {
         let Some(snapshot) = shared.latest() else {
             continue;
         };
-        // Only a deleted pod has calls due: the others are not decoded.
-        for cached in pods.state() {
-            if cached.metadata.deletion_timestamp.is_none() {
-                continue;
-            }
-            if let Some(pod) = cached::decode(&cached) {
-                start_due(&shared, &snapshot, &pod, &mut calls);
-            }
+        for pod in pods.state() {
+            start_due(&shared, &snapshot, &pod, &mut calls);
         }
     }
 }
@@ -64,7 +57,7 @@ pub(crate) async fn run<P: Provider>(shared: Arc<Shared<P>>, pods: PodStore) {
 fn start_due<P: Provider>(
     shared: &Arc<Shared<P>>,
     snapshot: &Snapshot,
-    pod: &Arc<Pod>,
+    pod: &Arc<CachedPod>,
     calls: &mut JoinSet<()>,
 ) {
     if pod.metadata.deletion_timestamp.is_none() {
@@ -74,7 +67,7 @@ fn start_due<P: Provider>(
         return;
     };
     let started: Vec<(Instance, EndCall)> = shared.remember(&uid, |memory| {
-        let due: Vec<(Instance, EndCall)> = due(pod, snapshot.for_pod(&uid), memory)
+        let due: Vec<(Instance, EndCall)> = due(&pod.metadata, snapshot.for_pod(&uid), memory)
             .into_iter()
             .map(|(instance, call)| (instance.clone(), call))
             .collect();
@@ -98,7 +91,7 @@ fn start_due<P: Provider>(
 /// Sends one call and records what it did; a failure is tried again at the next look.
 async fn end<P: Provider>(
     shared: Arc<Shared<P>>,
-    pod: Arc<Pod>,
+    pod: Arc<CachedPod>,
     uid: String,
     instance: Instance,
     call: EndCall,
@@ -108,14 +101,19 @@ async fn end<P: Provider>(
         EndCall::Stop => {
             // As the kubelet: the preStop hook first, inside the grace period (which then runs
             // from the hook's start), then the signal; the hook's Event after the stop.
-            let hook = hooks::pre_stop(&shared, &pod, &uid).await;
+            // The hook needs the spec: the pod is decoded for it alone, not held while the
+            // stop waits for the quota.
+            let hook = match cached::decode(&pod) {
+                Some(decoded) => hooks::pre_stop(&shared, &decoded, &uid).await,
+                None => hooks::PreStop::default(),
+            };
             stop(&shared, &uid, &id, hook.began).await;
-            finish::say(&shared, &pod, hook.note.into_iter().collect()).await;
+            finish::say(&shared, &*pod, hook.note.into_iter().collect()).await;
         }
         EndCall::Terminate => {
             // The same bookkeeping, Event and metric as every other termination.
             let ended =
-                finish::terminate(&shared, &pod, &uid, &instance, "the pod was deleted").await;
+                finish::terminate(&shared, &*pod, &uid, &instance, "the pod was deleted").await;
             if let Err(error) = ended {
                 warn!(instance = %id, %error, "terminating a deleted pod's instance failed; trying again");
                 tokio::time::sleep(RETRY_AFTER).await;

@@ -11,6 +11,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
+
 use proptest::prelude::*;
 
 use super::*;
@@ -85,7 +87,7 @@ async fn mass_deletion(earlier: usize, now: usize, workers: usize, quota: u32) -
     tokio::time::sleep(Duration::from_millis(10)).await;
     let mut stops = Vec::new();
     for (index, (pod, running)) in pods.iter().enumerate() {
-        let calls = due(pod, [running], &memory.lock().unwrap()[index]);
+        let calls = due(&pod.metadata, [running], &memory.lock().unwrap()[index]);
         for (instance, call) in calls {
             assert_eq!(call, EndCall::Stop);
             let id = instance.id.clone();
@@ -108,7 +110,7 @@ async fn mass_deletion(earlier: usize, now: usize, workers: usize, quota: u32) -
     }
     // A second look finds nothing more to send: each stop is asked for once.
     for (index, (pod, running)) in pods.iter().enumerate() {
-        assert!(due(pod, [running], &memory.lock().unwrap()[index]).is_empty());
+        assert!(due(&pod.metadata, [running], &memory.lock().unwrap()[index]).is_empty());
     }
     // Each stop task is in the limiter's line from its first poll on.
     tokio::time::sleep(Duration::from_millis(1)).await;

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::controller::memory::PodMemory;
 use crate::provider::{Ends, Instance, InstanceState};
@@ -19,10 +19,9 @@ pub(crate) enum EndCall {
 }
 
 /// The deletion grace period the pod asked for (30 s when unset, as the apiserver's default).
-pub(crate) fn grace_period(pod: &Pod) -> Duration {
+pub(crate) fn grace_period(meta: &ObjectMeta) -> Duration {
     Duration::from_secs(
-        pod.metadata
-            .deletion_grace_period_seconds
+        meta.deletion_grace_period_seconds
             .unwrap_or(30)
             .max(0)
             .unsigned_abs(),
@@ -41,14 +40,14 @@ pub(crate) fn bills_gpu(instance: &Instance, memory: &PodMemory) -> bool {
 /// deleted, nor for an instance that bills no GPU, nor for one whose call was sent or is under
 /// way (`memory`).
 pub(crate) fn due<'a>(
-    pod: &Pod,
+    meta: &ObjectMeta,
     live: impl IntoIterator<Item = &'a Instance>,
     memory: &PodMemory,
 ) -> Vec<(&'a Instance, EndCall)> {
-    if pod.metadata.deletion_timestamp.is_none() {
+    if meta.deletion_timestamp.is_none() {
         return Vec::new();
     }
-    let grace = grace_period(pod);
+    let grace = grace_period(meta);
     live.into_iter()
         .filter(|instance| bills_gpu(instance, memory))
         .filter(|instance| !memory.ending.contains(&instance.id))

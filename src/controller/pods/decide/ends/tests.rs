@@ -1,5 +1,7 @@
 use std::collections::HashMap;
 
+use k8s_openapi::api::core::v1::Pod;
+
 use super::*;
 use crate::controller::fixtures::instance;
 use crate::provider::Instance;
@@ -22,7 +24,7 @@ fn in_state(id: &str, state: InstanceState) -> Instance {
 }
 
 fn calls(pod: &Pod, live: &[Instance], memory: &PodMemory) -> Vec<(String, EndCall)> {
-    due(pod, live, memory)
+    due(&pod.metadata, live, memory)
         .into_iter()
         .map(|(instance, call)| (instance.id.clone(), call))
         .collect()
@@ -81,9 +83,15 @@ fn nothing_is_sent_twice() {
 
 #[test]
 fn the_grace_period_defaults_to_thirty_seconds() {
-    assert_eq!(grace_period(&deleted(None)), Duration::from_secs(30));
-    assert_eq!(grace_period(&deleted(Some(5))), Duration::from_secs(5));
-    assert_eq!(grace_period(&deleted(Some(-1))), Duration::ZERO);
+    assert_eq!(
+        grace_period(&deleted(None).metadata),
+        Duration::from_secs(30)
+    );
+    assert_eq!(
+        grace_period(&deleted(Some(5)).metadata),
+        Duration::from_secs(5)
+    );
+    assert_eq!(grace_period(&deleted(Some(-1)).metadata), Duration::ZERO);
 }
 
 #[test]

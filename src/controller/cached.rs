@@ -153,6 +153,17 @@ mod tests {
     }
 
     #[test]
+    fn the_cached_pod_is_referred_to_as_the_pod_itself() {
+        // Events said on a cached pod (a deleted pod's billing calls) name the Pod.
+        use kube::Resource as _;
+        let pod: Pod = serde_json::from_value(full_pod()).unwrap();
+        let cached = CachedPod::from(pod.clone());
+        assert_eq!(cached.object_ref(&()), pod.object_ref(&()));
+        assert_eq!(cached.object_ref(&()).kind.as_deref(), Some("Pod"));
+        assert_eq!(cached.phase(), Some("Running"));
+    }
+
+    #[test]
     fn a_pod_without_spec_or_status_decodes_without_them() {
         let cached: CachedPod =
             serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ns"}})).unwrap();

@@ -6,8 +6,9 @@
 //! heap for its spec that way, and about 1 KB as text: with 1,000 pods on the node, the cache
 //! takes about 5 MB instead of 16 MB. The metadata and the status stay decoded: they are what
 //! the loops over every pod read (uid, annotations, deletion, phase, conditions), and they
-//! change, where the spec of a pod is all but fixed. Where a loop does need the spec, it
-//! decodes one pod at a time and lets it go, so that no moment holds every pod decoded.
+//! change, where the spec of a pod is all but fixed. Where a loop over the node's pods needs
+//! the spec, it decodes one pod at a time and lets it go. What holds a decoded pod longer: each
+//! reconcile in flight (at most `--concurrency` of them), and each prober during a probe.
 
 use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -37,7 +38,14 @@ impl From<Pod> for CachedPod {
         // Serialising k8s-openapi's own types to a string cannot fail (no maps with non-string
         // keys, no failing Serialize impls); were it to, the pod reads as having no spec, which
         // every reader treats as a pod not (yet) to act on.
-        let spec = serde_json::to_string(&spec).unwrap_or_else(|_| "null".to_owned());
+        let spec = serde_json::to_string(&spec).unwrap_or_else(|error| {
+            tracing::warn!(
+                pod = metadata.name.as_deref().unwrap_or_default(),
+                %error,
+                "a pod's spec could not be cached; it is read as having none"
+            );
+            "null".to_owned()
+        });
         CachedPod {
             metadata,
             status,

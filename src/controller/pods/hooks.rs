@@ -65,10 +65,7 @@ pub(crate) struct PreStop {
 /// the kubelet says it.
 pub(crate) async fn pre_stop<P: Provider>(shared: &Shared<P>, pod: &Pod, uid: &str) -> PreStop {
     let began = Timestamp::now();
-    let none = PreStop {
-        began: None,
-        note: None,
-    };
+    let none = PreStop::default();
     let Some(check) = pre_stop_check(pod) else {
         return none;
     };

@@ -13,7 +13,7 @@ pub(crate) mod spec;
 pub(crate) mod state;
 pub(crate) mod tls;
 
-use crate::controller::cached::{self, PodStore};
+use crate::controller::cached::{self, CachedPod, PodStore};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,7 +31,6 @@ use self::state::{Probed, Probing, Verdict, next_run};
 use crate::controller::context::{Shared, Snapshot};
 use crate::controller::kubelet_api::exec::ssh::{self, Session};
 use crate::controller::node::exec_key::ExecAccess;
-use crate::controller::pods::status::is_terminal;
 use crate::controller::shell;
 use crate::provider::{Instance, InstanceState, Provider, ShellAccess};
 
@@ -78,9 +77,9 @@ pub(crate) async fn run<P: Provider>(
         return;
     }
     let mut probers: HashMap<String, Running> = HashMap::new();
-    // Whether each pod has anything to probe: fixed for a pod's life (its containers' probes
-    // and hooks cannot change), so a pod is decoded for it once, not every second.
-    let mut probeable: HashMap<String, bool> = HashMap::new();
+    // What each pod's spec says for probing: fixed for a pod's life (its containers' probes
+    // and hooks, its init containers), so a pod is decoded for it once, not every second.
+    let mut probeable: HashMap<String, Probeable> = HashMap::new();
     let mut look = tokio::time::interval(LOOK_EVERY);
     look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -90,29 +89,29 @@ pub(crate) async fn run<P: Provider>(
         };
         let mut wanted = HashSet::new();
         let state = pods.state();
-        probeable.retain(|uid, _| state.iter().any(|pod| pod.uid() == Some(uid.as_str())));
-        for cached in state {
+        let present: HashSet<&str> = state.iter().filter_map(|pod| pod.uid()).collect();
+        probeable.retain(|uid, _| present.contains(uid.as_str()));
+        for cached in &state {
             let Some(uid) = cached.metadata.uid.clone() else {
                 continue;
             };
-            let has_any = *probeable.entry(uid.clone()).or_insert_with(|| {
-                cached::decode(&cached)
-                    .is_some_and(|pod| has_probes(&pod) || has_post_start_http(&pod))
-            });
-            if !has_any || cached.metadata.deletion_timestamp.is_some() {
+            let kind = *probeable
+                .entry(uid.clone())
+                .or_insert_with(|| Probeable::of(cached));
+            if !kind.any
+                || cached.metadata.deletion_timestamp.is_some()
+                || matches!(cached.phase(), Some("Succeeded" | "Failed"))
+            {
                 continue;
             }
-            let Some(pod) = cached::decode(&cached) else {
-                continue;
-            };
-            // As the kubelet, nothing probes a container before its init containers are done.
-            let known = shared.remember(&uid, |m| m.init_progress.clone());
-            let initializing =
-                !crate::controller::pods::status::inits::inits_done(&pod, known.as_ref());
-            let probed = !initializing
-                && !is_terminal(&pod)
-                && running_instance(&shared, &snapshot, &uid).is_some();
-            if !probed {
+            // As the kubelet, nothing probes a container before its init containers are done
+            // (the pod's status says so, or what its log said last).
+            let initializing = kind.inits
+                && !said_initialized(cached)
+                && !shared.remember(&uid, |m| {
+                    m.init_progress.as_ref().is_some_and(|p| p.initialized)
+                });
+            if initializing || running_instance(&shared, &snapshot, &uid).is_none() {
                 continue;
             }
             wanted.insert(uid.clone());
@@ -197,6 +196,42 @@ fn has_post_start_http(pod: &Pod) -> bool {
         .is_some_and(|c| spec::post_start_http(c).is_some())
 }
 
+/// What a pod's spec says for the prober.
+#[derive(Clone, Copy)]
+struct Probeable {
+    /// It has probes, or a `postStart` HTTP hook.
+    any: bool,
+    /// It has init containers (nothing is probed before they are done).
+    inits: bool,
+}
+
+impl Probeable {
+    fn of(cached: &CachedPod) -> Probeable {
+        cached::decode(cached).map_or(
+            Probeable {
+                any: false,
+                inits: false,
+            },
+            |pod| Probeable {
+                any: has_probes(&pod) || has_post_start_http(&pod),
+                inits: crate::controller::pods::status::inits::has_inits(&pod),
+            },
+        )
+    }
+}
+
+/// Whether the pod's status says its init containers are done.
+fn said_initialized(cached: &CachedPod) -> bool {
+    cached
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == "Initialized" && c.status == "True")
+        })
+}
+
 fn find(pods: &PodStore, uid: &str) -> Option<Arc<Pod>> {
     pods.state()
         .iter()
@@ -218,6 +253,9 @@ async fn probe_pod<P: Provider>(
     let Some(container) = pod.spec.as_ref().and_then(|spec| spec.containers.first()) else {
         return;
     };
+    // What the prober needs of the container is taken now; the decoded pod is not kept (a
+    // pod is decoded again for each step that reaches it, and let go after it).
+    let container_name = container.name.clone();
     let (specs, mut unrunnable) = spec::specs(container);
     let post_start = match spec::post_start_http(container) {
         Some(Ok(check)) => Some(check),
@@ -233,6 +271,7 @@ async fn probe_pod<P: Provider>(
             .event(&pod.object_ref(&()), true, "ProbeNotRun", message)
             .await;
     }
+    drop(pod);
     let mut prober = Prober {
         has_startup: specs.iter().any(|s| s.kind == Kind::Startup),
         has_readiness: specs.iter().any(|s| s.kind == Kind::Readiness),
@@ -276,55 +315,55 @@ async fn probe_pod<P: Provider>(
             tokio::time::sleep(LOOK_EVERY).await;
             continue;
         }
-        let Some(pod) = find(&pods, &uid) else {
-            return;
-        };
         if let (Some(start), Some(check)) = (start, post_start.as_ref()) {
-            let hook = (start, check, container.name.as_str());
+            let Some(pod) = find(&pods, &uid) else {
+                return;
+            };
+            let hook = (start, check, container_name.as_str());
             post_start_step(&shared, &pod, &uid, &mut prober, &mut session, hook).await;
             continue;
         }
-        probe_step(
-            &shared,
-            &pod,
-            &uid,
-            &mut prober,
-            &mut session,
-            &specs,
-            &container.name,
-        )
-        .await;
+        let probes = (specs.as_slice(), container_name.as_str());
+        if !probe_step(&shared, &pods, &uid, &mut prober, &mut session, probes).await {
+            return;
+        }
     }
 }
 
 /// Runs the probe due now, if any: counts its answer, says a failure that counts, restarts the
 /// container when a threshold is reached, and publishes what the probes say.
+/// The pod is decoded only once a probe is due (not across the wait for one); `false` when
+/// the pod is gone.
 async fn probe_step<P: Provider>(
     shared: &Shared<P>,
-    pod: &Pod,
+    pods: &PodStore,
     uid: &str,
     prober: &mut Prober,
     session: &mut Option<Session>,
-    specs: &[Spec],
-    container: &str,
-) {
+    (specs, container): (&[Spec], &str),
+) -> bool {
     let due = match prober.next_due(specs) {
         Ok(due) => due,
         Err(wait) => {
             tokio::time::sleep(wait).await;
-            return;
+            return true;
         }
     };
+    let Some(decoded) = find(pods, uid) else {
+        return false;
+    };
+    let pod = &*decoded;
     prober.last_run.insert(due.kind, Instant::now());
     let Some(live) = reach(shared, pod, uid, prober, session).await else {
+        drop(decoded);
         tokio::time::sleep(LOOK_EVERY).await;
-        return;
+        return true;
     };
     let answer = run::check(&live, &due.check, due.timeout).await;
     if let Err(Failure::Unreached(why)) = &answer {
         // The link, not the container: nothing is counted, and the connection is made anew.
         prober.unreachable(shared, pod, uid, why).await;
-        return;
+        return true;
     }
     *session = Some(live);
     prober.reached(shared, uid);
@@ -343,6 +382,7 @@ async fn probe_step<P: Provider>(
         *session = None;
     }
     prober.publish(shared, uid);
+    true
 }
 
 /// Sends the `postStart` hook to the container start `hook.0` (instance, restart count), once

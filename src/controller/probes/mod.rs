@@ -14,6 +14,7 @@ pub(crate) mod state;
 pub(crate) mod tls;
 
 use crate::controller::cached::{self, CachedPod, PodStore};
+use crate::controller::pods::status::inits;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,11 +107,9 @@ pub(crate) async fn run<P: Provider>(
             }
             // As the kubelet, nothing probes a container before its init containers are done
             // (the pod's status says so, or what its log said last).
-            let initializing = kind.inits
-                && !said_initialized(cached)
-                && !shared.remember(&uid, |m| {
-                    m.init_progress.as_ref().is_some_and(|p| p.initialized)
-                });
+            let initializing = !shared.remember(&uid, |m| {
+                inits::initialized(kind.inits, cached.status.as_ref(), m.init_progress.as_ref())
+            });
             if initializing || running_instance(&shared, &snapshot, &uid).is_none() {
                 continue;
             }
@@ -214,22 +213,10 @@ impl Probeable {
             },
             |pod| Probeable {
                 any: has_probes(&pod) || has_post_start_http(&pod),
-                inits: crate::controller::pods::status::inits::has_inits(&pod),
+                inits: inits::has_inits(&pod),
             },
         )
     }
-}
-
-/// Whether the pod's status says its init containers are done.
-fn said_initialized(cached: &CachedPod) -> bool {
-    cached
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| {
-            c.iter()
-                .any(|c| c.type_ == "Initialized" && c.status == "True")
-        })
 }
 
 fn find(pods: &PodStore, uid: &str) -> Option<Arc<Pod>> {

@@ -76,18 +76,7 @@ pub(crate) fn pod_figures(
 /// When the pod's wait on this node began: its `PodScheduled` condition's transition (an
 /// offloaded pod waited on its own node first), else its creation.
 fn waiting_since(pod: &CachedPod) -> Option<Timestamp> {
-    let scheduled = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|conditions| {
-            conditions
-                .iter()
-                .find(|c| c.type_ == "PodScheduled" && c.status == "True")
-        })
-        .and_then(|c| c.last_transition_time.as_ref())
-        .map(|t| t.0);
-    scheduled.or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    crate::controller::pods::status::scheduled_or_created(&pod.metadata, pod.status.as_ref())
 }
 
 /// The longest wait, from scheduling onto the node, of a pod with no running instance yet.

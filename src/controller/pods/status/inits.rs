@@ -158,15 +158,15 @@ fn not_initialized(
 /// Whether the pod's status already says its init containers are done (only ever written
 /// once they were).
 pub(crate) fn said_initialized(pod: &Pod) -> bool {
-    has_inits(pod)
-        && pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| {
-                c.iter()
-                    .any(|c| c.type_ == "Initialized" && c.status == "True")
-            })
+    has_inits(pod) && status_says_initialized(pod.status.as_ref())
+}
+
+/// Whether `status` has the `Initialized` condition true.
+fn status_says_initialized(status: Option<&PodStatus>) -> bool {
+    status.and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
+        c.iter()
+            .any(|c| c.type_ == "Initialized" && c.status == "True")
+    })
 }
 
 /// Whether the pod has init containers.
@@ -180,7 +180,17 @@ pub(crate) fn has_inits(pod: &Pod) -> bool {
 /// Whether the pod's container may have started: it has no init containers, or they are done
 /// (its status says so, or `progress`, what its log said last).
 pub(crate) fn inits_done(pod: &Pod, progress: Option<&InitProgress>) -> bool {
-    !has_inits(pod) || said_initialized(pod) || progress.is_some_and(|p| p.initialized)
+    initialized(has_inits(pod), pod.status.as_ref(), progress)
+}
+
+/// [`inits_done`] from its parts: whether the pod has init containers (fixed for its life),
+/// its status and `progress` (what a cached pod's readers have without decoding its spec).
+pub(crate) fn initialized(
+    has_inits: bool,
+    status: Option<&PodStatus>,
+    progress: Option<&InitProgress>,
+) -> bool {
+    !has_inits || status_says_initialized(status) || progress.is_some_and(|p| p.initialized)
 }
 
 fn terminated(code: i32) -> ContainerState {

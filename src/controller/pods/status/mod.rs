@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
     ContainerStatus, Pod, PodCondition, PodStatus,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Patch;
 
@@ -23,9 +23,16 @@ pub(crate) fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
 
 /// When the pod was bound to the node (its clock for the provisioning timeout).
 pub(crate) fn bound_at(pod: &Pod) -> Option<Timestamp> {
-    let scheduled = pod
-        .status
-        .as_ref()
+    scheduled_or_created(&pod.metadata, pod.status.as_ref())
+}
+
+/// The transition of the pod's `PodScheduled` condition, else its creation: from the parts a
+/// cached pod keeps decoded, so the cache's readers need not decode its spec.
+pub(crate) fn scheduled_or_created(
+    metadata: &ObjectMeta,
+    status: Option<&PodStatus>,
+) -> Option<Timestamp> {
+    let scheduled = status
         .and_then(|s| s.conditions.as_ref())
         .and_then(|c| {
             c.iter()
@@ -33,7 +40,7 @@ pub(crate) fn bound_at(pod: &Pod) -> Option<Timestamp> {
         })
         .and_then(|c| c.last_transition_time.as_ref())
         .map(|t| t.0);
-    scheduled.or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    scheduled.or_else(|| metadata.creation_timestamp.as_ref().map(|t| t.0))
 }
 
 /// What the pod's one container is doing, as far as the controller knows.

@@ -52,7 +52,13 @@ def build(extra):
     """Builds every test target; returns [(name, kind, package_dir, executable)]."""
     cmd = ["cargo", "test", "--workspace", "--no-run", "--message-format=json-render-diagnostics"]
     cmd += extra
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, check=True, text=True).stdout
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, check=False, text=True)
+    if done.returncode != 0:
+        # A linker killed by SIGBUS is most often a full disk: say how full it is.
+        subprocess.run(["df", "-h", "."], check=False)
+        subprocess.run(["du", "-sh", os.environ.get("CARGO_TARGET_DIR", "target")], check=False)
+        sys.exit(f"building the test binaries failed (exit {done.returncode})")
+    out = done.stdout
     binaries = []
     for line in out.splitlines():
         try:

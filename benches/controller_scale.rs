@@ -108,6 +108,10 @@ struct Figures {
     /// The mean share of the quota the trailing minute held during the backlog.
     trailing_use: f64,
     rss_mib: f64,
+    /// RSS after the steady minute, every pod running.
+    running_mib: f64,
+    /// The peak of the whole run, deletions included.
+    peak_mib: f64,
     billing_ended: Option<f64>,
     billing_target: f64,
     terminated: Option<f64>,
@@ -140,14 +144,16 @@ async fn bench() -> anyhow::Result<()> {
     }
     println!("\n== controller_scale: {pods_wanted} pods, every run");
     println!(
-        "{:<28} {:>12} {:>15} {:>22} {:>22} {:>6} {:>9}",
+        "{:<28} {:>12} {:>15} {:>22} {:>22} {:>6} {:>13} {:>13} {:>13}",
         "run",
         "backlog use",
         "trailing min",
         "GPU billing ended",
         "all terminated",
         "429s",
-        "peak RSS"
+        "RSS, created",
+        "RSS, running",
+        "RSS, peak"
     );
     let show = |secs: Option<f64>, target: f64| {
         secs.map_or_else(
@@ -157,14 +163,16 @@ async fn bench() -> anyhow::Result<()> {
     };
     for figures in &all {
         println!(
-            "{:<28} {:>11.1}% {:>14.1}% {:>22} {:>22} {:>6} {:>6.1} MiB",
+            "{:<28} {:>11.1}% {:>14.1}% {:>22} {:>22} {:>6} {:>9.1} MiB {:>9.1} MiB {:>9.1} MiB",
             figures.label,
             figures.backlog_use,
             figures.trailing_use,
             show(figures.billing_ended, figures.billing_target),
             show(figures.terminated, figures.terminated_target),
             figures.refused,
-            figures.rss_mib
+            figures.rss_mib,
+            figures.running_mib,
+            figures.peak_mib
         );
     }
     Ok(())
@@ -215,6 +223,9 @@ async fn one_run(
         .env("KUBECONFIG", &control_plane.kubeconfig)
         .env("RUNPOD_API_KEY", API_KEY)
         .env("RUNPOD_KUBELET_LOG_LEVEL", &log_level)
+        // As the chart runs the controller (tests/chart.rs holds the chart to it).
+        .env("MIMALLOC_PURGE_DELAY", "0")
+        .env("MIMALLOC_ARENA_EAGER_COMMIT", "0")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
         .spawn()
@@ -362,13 +373,7 @@ async fn measure(
         .await?;
     let pod_writes = metric(&metrics, "runpod_kubelet_pod_writes_total").unwrap_or(f64::NAN);
     let status = std::fs::read_to_string(format!("/proc/{controller_pid}/status"))?;
-    let kib = |field: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            .unwrap_or(f64::NAN)
-    };
+    let kib = |field: &str| kib_of(&status, field);
     let rss_kib = kib("VmHWM:");
 
     println!("\n== controller_scale: {pods_wanted} pods, quota {quota}/min");
@@ -436,21 +441,47 @@ async fn measure(
         (after - before) as f64 * 60.0 / steady_secs as f64,
         created_at.len()
     );
+    let status = std::fs::read_to_string(format!("/proc/{controller_pid}/status"))?;
+    let running_kib = kib_of(&status, "VmRSS:");
+    println!(
+        "controller RSS   {:.1} MiB with {} pods running: heap {:.1}, code and files {:.1} (target < 64)",
+        running_kib / 1024.0,
+        created_at.len(),
+        kib_of(&status, "RssAnon:") / 1024.0,
+        kib_of(&status, "RssFile:") / 1024.0
+    );
 
     let backlog_use = 100.0 * answered as f64 / (f64::from(quota) * minutes_total);
     let (billing_ended, billing_target, terminated, terminated_target, refused_after) =
         mass_deletion(client, simulator, &bound_at, quota).await?;
+    let status = std::fs::read_to_string(format!("/proc/{controller_pid}/status"))?;
+    let peak_kib = kib_of(&status, "VmHWM:");
+    println!(
+        "controller RSS   {:.1} MiB peak over the whole run, deletions included",
+        peak_kib / 1024.0
+    );
     Ok(Figures {
         label: String::new(),
         backlog_use,
         trailing_use,
         rss_mib: rss_kib / 1024.0,
+        running_mib: running_kib / 1024.0,
+        peak_mib: peak_kib / 1024.0,
         billing_ended,
         billing_target,
         terminated,
         terminated_target,
         refused: refused + refused_after,
     })
+}
+
+/// A `/proc/PID/status` field in KiB (`NaN` when absent).
+fn kib_of(status: &str, field: &str) -> f64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(f64::NAN)
 }
 
 /// The mean share of `quota` that the answered calls of the trailing 60 s held, sampled each

@@ -507,6 +507,37 @@ fn common_labels_reach_every_pod() {
     assert!(pods >= 5, "only {pods} pod templates");
 }
 
+/// The controller runs with the allocator settings its memory figures were measured with
+/// (`benches/controller_scale.rs` sets the same), and the webhook without them.
+#[test]
+fn the_controller_gives_freed_memory_back() {
+    let objects = render(&["runpod.apiKey=k"]);
+    let mut controllers = 0;
+    for deployment in of_kind(&objects, "Deployment") {
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        let args = container["args"].as_array().cloned().unwrap_or_default();
+        let env = container["env"].as_array().cloned().unwrap_or_default();
+        let value = |name: &str| {
+            env.iter()
+                .find(|e| e["name"] == name)
+                .map(|e| e["value"].clone())
+        };
+        if args.first().and_then(Value::as_str) == Some("controller") {
+            controllers += 1;
+            assert_eq!(value("MIMALLOC_PURGE_DELAY"), Some(Value::from("0")));
+            assert_eq!(value("MIMALLOC_ARENA_EAGER_COMMIT"), Some(Value::from("0")));
+        } else {
+            assert_eq!(
+                value("MIMALLOC_PURGE_DELAY"),
+                None,
+                "{}",
+                deployment["metadata"]["name"]
+            );
+        }
+    }
+    assert!(controllers >= 1, "no controller Deployment rendered");
+}
+
 /// The binary's version, the chart's `version` and `appVersion` and the CHANGELOG agree: a
 /// released version has its CHANGELOG section, a development version is the Unreleased one's.
 #[test]

@@ -291,6 +291,13 @@ spec:
               valueFrom:
                 fieldRef:
                   fieldPath: metadata.name
+            # The controller's heap rises and falls with its pods: mimalloc gives freed pages
+            # back at once instead of a second later, and commits its arenas as they are used
+            # (benches/README.md, the 1,000-pod figures). extraEnv can override both.
+            - name: MIMALLOC_PURGE_DELAY
+              value: "0"
+            - name: MIMALLOC_ARENA_EAGER_COMMIT
+              value: "0"
             {{- with include "runpod-kubelet.cloudEnv" $root | trim }}{{ . | nindent 12 }}{{ end }}
             {{- with include "runpod-kubelet.extraEnv" $root | trim }}{{ . | nindent 12 }}{{ end }}
           {{- with include "runpod-kubelet.extraEnvFrom" $root | trim }}{{ . | nindent 10 }}{{ end }}

@@ -25,15 +25,10 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(120);
 /// Consecutive failed lists before the node says the API is unavailable.
 const FAILURES_BEFORE_UNAVAILABLE: u32 = 3;
 
-/// Instances of this cluster and node.
-pub(crate) fn ours<'a>(
-    instances: &'a [Instance],
-    settings: &'a Settings,
-) -> impl Iterator<Item = &'a Instance> + 'a {
-    instances.iter().filter(|i| {
-        i.tags.cluster_id.as_deref() == Some(settings.cluster_id.as_str())
-            && i.tags.node_name.as_deref() == Some(settings.node_name.as_str())
-    })
+/// Tagged with this cluster's id and this node's name.
+fn is_ours(instance: &Instance, settings: &Settings) -> bool {
+    instance.tags.cluster_id.as_deref() == Some(settings.cluster_id.as_str())
+        && instance.tags.node_name.as_deref() == Some(settings.node_name.as_str())
 }
 
 /// Instances missing from a list are carried forward from the previous one until
@@ -187,7 +182,9 @@ pub(crate) async fn run<P: Provider>(
     let mut failures = 0u32;
     // Whether any list of this process succeeded: a key refused before is a wrong key.
     let mut key_worked = false;
-    let mut previous: Vec<Instance> = Vec::new();
+    // The last snapshot published, for carrying forward what the next list omits: shared with
+    // the snapshot's readers, not a second copy of every instance.
+    let mut previous: Option<Arc<Snapshot>> = None;
     let mut taken: VecDeque<Timestamp> = VecDeque::new();
     let mut missing_from: HashMap<String, u32> = HashMap::new();
     let mut collector = Collector::default();
@@ -229,14 +226,18 @@ pub(crate) async fn run<P: Provider>(
         });
         collector.report_foreign(&shared, &instances).await;
         let elsewhere: Vec<Instance> = gc::other_nodes(&instances, &settings).cloned().collect();
-        let listed: Vec<Instance> = ours(&instances, &settings).cloned().collect();
-        let (instances, carried_now) = carry_forward(&previous, listed, &missing_from);
+        // Moved, not copied: the cloud's whole list is not needed past this point.
+        let listed: Vec<Instance> = instances
+            .into_iter()
+            .filter(|i| is_ours(i, &settings))
+            .collect();
+        let previous_instances = previous.as_ref().map_or(&[][..], |p| &p.instances[..]);
+        let (instances, carried_now) = carry_forward(previous_instances, listed, &missing_from);
         if !carried_now.is_empty() {
             debug!(missing = ?carried_now, "instances missing from this list kept until more lists omit them");
         }
         missing_from = carried_now;
         let carried: HashSet<String> = missing_from.keys().cloned().collect();
-        previous.clone_from(&instances);
         // The list is as of when it was asked for, not when it arrived.
         let snapshot = Arc::new(Snapshot {
             taken_at: started,
@@ -246,6 +247,7 @@ pub(crate) async fn run<P: Provider>(
         record(&snapshot, &metrics, provider.name());
         collector.see(&snapshot, &elsewhere);
         snapshot_tx.send_replace(Some(snapshot.clone()));
+        previous = Some(Arc::clone(&snapshot));
         let _ = ticks.try_send(());
         debug!(instances = snapshot.instances.len(), "snapshot published");
         usage.observe(&shared, &store.state(), &snapshot).await;
@@ -343,7 +345,7 @@ mod tests {
 
     #[test]
     fn only_this_cluster_and_node_are_ours() {
-        let all = vec![
+        let all = [
             instance("mine", "c1", "vr", Some("u1")),
             instance("other-cluster", "c2", "vr", Some("u1")),
             instance("other-node", "c1", "vr2", Some("u1")),
@@ -353,7 +355,11 @@ mod tests {
             },
         ];
         let settings = settings();
-        let ids: Vec<_> = ours(&all, &settings).map(|i| i.id.as_str()).collect();
+        let ids: Vec<_> = all
+            .iter()
+            .filter(|i| is_ours(i, &settings))
+            .map(|i| i.id.as_str())
+            .collect();
         assert_eq!(ids, ["mine"]);
     }
 

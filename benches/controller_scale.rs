@@ -151,9 +151,9 @@ async fn bench() -> anyhow::Result<()> {
         "GPU billing ended",
         "all terminated",
         "429s",
-        "RSS, created",
+        "peak, created",
         "RSS, running",
-        "RSS, peak"
+        "peak, all"
     );
     let show = |secs: Option<f64>, target: f64| {
         secs.map_or_else(

@@ -55,8 +55,14 @@ def build(extra):
     done = subprocess.run(cmd, stdout=subprocess.PIPE, check=False, text=True)
     if done.returncode != 0:
         # A linker killed by SIGBUS is most often a full disk: say how full it is.
-        subprocess.run(["df", "-h", "."], check=False)
-        subprocess.run(["du", "-sh", os.environ.get("CARGO_TARGET_DIR", "target")], check=False)
+        meta = subprocess.run(["cargo", "metadata", "--no-deps", "--format-version", "1"],
+                              stdout=subprocess.PIPE, check=False, text=True)
+        try:
+            target = json.loads(meta.stdout)["target_directory"]
+        except (json.JSONDecodeError, KeyError):
+            target = os.environ.get("CARGO_TARGET_DIR", "target")
+        subprocess.run(["df", "-h", target], check=False)
+        subprocess.run(["du", "-sh", target], check=False)
         sys.exit(f"building the test binaries failed (exit {done.returncode})")
     out = done.stdout
     binaries = []

@@ -536,6 +536,37 @@ fn the_controller_gives_freed_memory_back() {
         }
     }
     assert!(controllers >= 1, "no controller Deployment rendered");
+
+    // A user's own value replaces the default: one entry per name (server-side apply refuses
+    // a list with two).
+    let objects = render(&[
+        "runpod.apiKey=k",
+        "extraEnv[0].name=MIMALLOC_PURGE_DELAY",
+        "extraEnv[0].value=250",
+    ]);
+    let mut checked = 0;
+    for deployment in of_kind(&objects, "Deployment") {
+        for container in deployment["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let env = container["env"].as_array().cloned().unwrap_or_default();
+            let mut names: Vec<&str> = env.iter().filter_map(|e| e["name"].as_str()).collect();
+            let all = names.len();
+            names.sort_unstable();
+            names.dedup();
+            assert_eq!(names.len(), all, "repeated env names: {env:?}");
+            let purge: Vec<&Value> = env
+                .iter()
+                .filter(|e| e["name"] == "MIMALLOC_PURGE_DELAY")
+                .map(|e| &e["value"])
+                .collect();
+            assert_eq!(purge, [&Value::from(250)], "the user's value, once");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "only {checked} containers checked");
 }
 
 /// The binary's version, the chart's `version` and `appVersion` and the CHANGELOG agree: a

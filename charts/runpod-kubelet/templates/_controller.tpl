@@ -293,11 +293,18 @@ spec:
                   fieldPath: metadata.name
             # The controller's heap rises and falls with its pods: mimalloc gives freed pages
             # back at once instead of a second later, and commits its arenas as they are used
-            # (benches/README.md, the 1,000-pod figures). extraEnv can override both.
+            # (benches/README.md, the 1,000-pod figures). A name set in extraEnv is left to it
+            # (one entry per name: server-side apply refuses duplicates).
+            {{- $userEnv := list }}
+            {{- range $root.Values.extraEnv }}{{ $userEnv = append $userEnv .name }}{{ end }}
+            {{- if not (has "MIMALLOC_PURGE_DELAY" $userEnv) }}
             - name: MIMALLOC_PURGE_DELAY
               value: "0"
+            {{- end }}
+            {{- if not (has "MIMALLOC_ARENA_EAGER_COMMIT" $userEnv) }}
             - name: MIMALLOC_ARENA_EAGER_COMMIT
               value: "0"
+            {{- end }}
             {{- with include "runpod-kubelet.cloudEnv" $root | trim }}{{ . | nindent 12 }}{{ end }}
             {{- with include "runpod-kubelet.extraEnv" $root | trim }}{{ . | nindent 12 }}{{ end }}
           {{- with include "runpod-kubelet.extraEnvFrom" $root | trim }}{{ . | nindent 10 }}{{ end }}

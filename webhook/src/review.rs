@@ -268,11 +268,27 @@ pub struct AdmissionResponse {
     pub status: Option<Status>,
     /// Base64 of the JSON Patch.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub patch: Option<String>,
+    pub patch: Option<Base64Patch>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub patch_type: Option<&'static str>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+}
+
+/// A JSON Patch in base64, as the response carries it. Made only by encoding, so it holds
+/// nothing but the base64 alphabet, which JSON never escapes: [`encode`] copies it as it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Base64Patch(String);
+
+impl Base64Patch {
+    pub(crate) fn encode(json: &[u8]) -> Self {
+        Self(base64::engine::general_purpose::STANDARD.encode(json))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 /// The refusal shown to the user (`metav1.Status`).
@@ -319,7 +335,9 @@ impl AdmissionResponse {
     /// The decoded JSON Patch, if any (tests and fuzzing).
     pub fn decoded_patch(&self) -> Option<Vec<u8>> {
         let patch = self.patch.as_ref()?;
-        base64::engine::general_purpose::STANDARD.decode(patch).ok()
+        base64::engine::general_purpose::STANDARD
+            .decode(patch.as_str())
+            .ok()
     }
 }
 
@@ -338,10 +356,11 @@ pub(crate) fn respond(uid: &str, creation: &PodCreation, verdict: Verdict) -> Ad
             response.warnings = warnings;
             let operations = mutation.patch(&creation.pod);
             if !operations.is_empty() {
-                match serde_json::to_vec(&operations) {
-                    Ok(json) => {
-                        response.patch =
-                            Some(base64::engine::general_purpose::STANDARD.encode(json));
+                // Sized for a typical patch, so it is written without regrowing.
+                let mut json = Vec::with_capacity(PATCH_CAPACITY);
+                match serde_json::to_writer(&mut json, &operations) {
+                    Ok(()) => {
+                        response.patch = Some(Base64Patch::encode(&json));
                         response.patch_type = Some("JSONPatch");
                     }
                     Err(error) => {
@@ -359,23 +378,58 @@ pub(crate) fn respond(uid: &str, creation: &PodCreation, verdict: Verdict) -> Ad
     }
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ReviewOut<'a> {
-    api_version: &'static str,
-    kind: &'static str,
-    response: &'a AdmissionResponse,
+/// Room for a typical patch (a Job's GPU pod: about 700 bytes) and its review around it.
+const PATCH_CAPACITY: usize = 1024;
+const REVIEW_CAPACITY: usize = 2048;
+
+/// Serialises the response in its review envelope, member by member in the order of
+/// [`AdmissionResponse`]'s fields. The patch ([`Base64Patch`]) is copied as it is instead of
+/// being scanned for escapes: it is the longest string of an answer.
+pub fn encode(response: &AdmissionResponse) -> Vec<u8> {
+    let mut out = Vec::with_capacity(REVIEW_CAPACITY);
+    out.extend_from_slice(br#"{"apiVersion":""#);
+    out.extend_from_slice(API_VERSION.as_bytes());
+    out.extend_from_slice(br#"","kind":""#);
+    out.extend_from_slice(KIND.as_bytes());
+    out.extend_from_slice(br#"","response":{"uid":"#);
+    // Writing plain data into a Vec cannot fail; an empty body would be answered as a 500.
+    if write_json(&mut out, &response.uid).is_err() {
+        return Vec::new();
+    }
+    out.extend_from_slice(if response.allowed {
+        br#","allowed":true"#.as_slice()
+    } else {
+        br#","allowed":false"#.as_slice()
+    });
+    if let Some(status) = &response.status {
+        out.extend_from_slice(br#","status":"#);
+        if write_json(&mut out, status).is_err() {
+            return Vec::new();
+        }
+    }
+    if let Some(patch) = &response.patch {
+        out.extend_from_slice(br#","patch":""#);
+        out.extend_from_slice(patch.as_str().as_bytes());
+        out.push(b'"');
+    }
+    if let Some(patch_type) = response.patch_type {
+        out.extend_from_slice(br#","patchType":"#);
+        if write_json(&mut out, patch_type).is_err() {
+            return Vec::new();
+        }
+    }
+    if !response.warnings.is_empty() {
+        out.extend_from_slice(br#","warnings":"#);
+        if write_json(&mut out, &response.warnings).is_err() {
+            return Vec::new();
+        }
+    }
+    out.extend_from_slice(b"}}");
+    out
 }
 
-/// Serialises the response in its review envelope.
-pub(crate) fn encode(response: &AdmissionResponse) -> Vec<u8> {
-    let review = ReviewOut {
-        api_version: API_VERSION,
-        kind: KIND,
-        response,
-    };
-    // Plain data types always serialise; an empty body would be answered as a 500 upstream.
-    serde_json::to_vec(&review).unwrap_or_default()
+fn write_json<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> serde_json::Result<()> {
+    serde_json::to_writer(out, value)
 }
 
 #[cfg(test)]
@@ -401,6 +455,48 @@ mod tests {
         .unwrap();
         let request = parse(&body)?;
         pod_creation(&request)
+    }
+
+    /// The envelope as serde writes it, field by field.
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct ReviewOut<'a> {
+        api_version: &'static str,
+        kind: &'static str,
+        response: &'a AdmissionResponse,
+    }
+
+    /// The hand-written envelope is byte for byte what serde writes, whatever the response
+    /// holds: escapes in the uid, the message and the warnings.
+    #[test]
+    fn the_answer_is_written_as_serde_writes_it() {
+        let mut patched = AdmissionResponse::allow("u-\"1\"");
+        patched.patch = Some(Base64Patch::encode(b"[{\"op\":1}]"));
+        patched.patch_type = Some("JSONPatch");
+        patched.warnings = vec!["a \"quoted\"\nwarning \u{1}".to_owned(), "é".to_owned()];
+        let responses = [
+            AdmissionResponse::allow("u"),
+            AdmissionResponse::allow(""),
+            AdmissionResponse::deny("u\\2", 403, "Forbidden", "no \"GPU\"\t<here>".to_owned()),
+            patched,
+        ];
+        for response in &responses {
+            let expected = serde_json::to_vec(&ReviewOut {
+                api_version: API_VERSION,
+                kind: KIND,
+                response,
+            })
+            .unwrap();
+            assert_eq!(
+                String::from_utf8(encode(response)).unwrap(),
+                String::from_utf8(expected).unwrap()
+            );
+        }
+        // Every byte base64 can hold is one JSON writes as it is.
+        let every_byte: Vec<u8> = (0..=255).collect();
+        let patch = Base64Patch::encode(&every_byte);
+        let written = serde_json::to_string(patch.as_str()).unwrap();
+        assert_eq!(written, format!("\"{}\"", patch.as_str()));
     }
 
     #[test]

@@ -13,6 +13,8 @@ use crate::{CloudType, PortSpec};
 
 mod fields;
 mod inits;
+#[cfg(test)]
+mod tests;
 
 pub use fields::{
     Handler, handler_runs, unapplied_security_context, unapplied_security_context_message,
@@ -45,20 +47,20 @@ pub struct Effective<'a> {
 
 impl<'a> Effective<'a> {
     pub fn resolve(pod: &'a BTreeMap<String, String>, job: Option<&'a OwningJob>) -> Self {
+        // Walks the annotations there are (a handful) instead of looking up every user
+        // annotation in both maps; the pod's own value replaces its Job's.
         let mut values = BTreeMap::new();
-        for key in contract::USER_ANNOTATIONS {
-            if let Some(value) = pod.get(key) {
+        if let Some(job) = job {
+            for (key, value) in &job.annotations {
+                if let Some(key) = user_annotation(key) {
+                    let job = Some(job.name.as_str());
+                    values.insert(key, Sourced { value, job });
+                }
+            }
+        }
+        for (key, value) in pod {
+            if let Some(key) = user_annotation(key) {
                 values.insert(key, Sourced { value, job: None });
-            } else if let Some((value, job)) =
-                job.and_then(|job| job.annotations.get(key).map(|v| (v, job.name.as_str())))
-            {
-                values.insert(
-                    key,
-                    Sourced {
-                        value,
-                        job: Some(job),
-                    },
-                );
             }
         }
         Self { values }
@@ -87,6 +89,14 @@ impl<'a> Effective<'a> {
     fn iter(&self) -> impl Iterator<Item = (&'static str, &Sourced<'a>)> {
         self.values.iter().map(|(key, sourced)| (*key, sourced))
     }
+}
+
+/// The user annotation `key` names, as the contract spells it.
+fn user_annotation(key: &str) -> Option<&'static str> {
+    contract::USER_ANNOTATIONS
+        .iter()
+        .find(|known| **known == key)
+        .copied()
 }
 
 /// Every malformed annotation, each with what is wrong and how to fix it.

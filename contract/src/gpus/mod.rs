@@ -202,6 +202,14 @@ pub const CATALOGUE: &[GpuModel] = &[
 /// How names are compared: case, spaces and underscores (the Vast.ai CLI's spelling of a space)
 /// ignored, so `RTX_4090`, `rtx 4090` and `RTX 4090` are one name.
 pub fn normalize(name: &str) -> String {
+    // GPU names are ASCII: byte by byte, without the Unicode case tables.
+    if name.is_ascii() {
+        return name
+            .bytes()
+            .filter(|b| !b.is_ascii_whitespace() && *b != b'\x0b' && *b != b'_')
+            .map(|b| char::from(b.to_ascii_lowercase()))
+            .collect();
+    }
     name.chars()
         .filter(|c| !c.is_whitespace() && *c != '_')
         .flat_map(char::to_lowercase)
@@ -231,6 +239,15 @@ pub fn resolve(name: &str) -> Vec<&'static GpuModel> {
         return vec![model];
     }
     index::INDEX.sold_by_either_as(&wanted)
+}
+
+/// Whether some model answers to `name` (what [`resolve`] finds is not empty), without
+/// collecting the models: every review of a Job's pod checks each of its GPU names.
+pub fn is_known(name: &str) -> bool {
+    let wanted = normalize(name);
+    index::INDEX.canonical(&wanted).is_some()
+        || index::INDEX.is_sold_as(Cloud::RunPod, &wanted)
+        || index::INDEX.is_sold_as(Cloud::VastAi, &wanted)
 }
 
 /// The model a cloud's own name for the GPU it sells denotes; where one name covers several
@@ -341,7 +358,7 @@ pub fn unknown(name: &str) -> String {
 /// Checks a comma-separated list of GPU names: well formed, and every name known.
 pub fn check_list(value: &str) -> Result<(), String> {
     let names = crate::split_list(value)?;
-    match names.iter().find(|name| resolve(name).is_empty()) {
+    match names.iter().find(|name| !is_known(name)) {
         Some(name) => Err(unknown(name)),
         None => Ok(()),
     }

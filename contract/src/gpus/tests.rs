@@ -444,3 +444,45 @@ fn the_index_answers_as_a_scan_of_the_catalogue() {
         assert_eq!(resolve(name), expected, "{name}");
     }
 }
+
+/// `is_known` answers as `resolve` does, for every name either cloud or the catalogue uses,
+/// their other spellings, and names nobody uses.
+#[test]
+fn is_known_agrees_with_resolve() {
+    let mut names: Vec<String> = Vec::new();
+    for model in CATALOGUE {
+        names.push(model.name.to_owned());
+        names.extend(model.runpod.iter().map(|n| (*n).to_owned()));
+        names.extend(model.vastai.iter().map(|n| (*n).to_owned()));
+    }
+    let spelled: Vec<String> = names
+        .iter()
+        .flat_map(|n| [n.to_lowercase(), n.replace(' ', "_"), format!(" {n} ")])
+        .collect();
+    names.extend(spelled);
+    names.extend(["", "H1OO", "NVIDIA", "RTX 9999", "a100 sxm4 80"].map(str::to_owned));
+    for name in &names {
+        assert_eq!(is_known(name), !resolve(name).is_empty(), "{name:?}");
+    }
+    assert!(is_known("NVIDIA RTX A6000") && !is_known("RTX 9999"));
+}
+
+/// The ASCII path of `normalize` drops and folds exactly what the Unicode one does.
+#[test]
+fn normalize_reads_ascii_as_the_unicode_rules_do() {
+    let by_chars = |name: &str| -> String {
+        name.chars()
+            .filter(|c| !c.is_whitespace() && *c != '_')
+            .flat_map(char::to_lowercase)
+            .collect()
+    };
+    for byte in 0u8..128 {
+        let name = format!("RTX{}A_6000 x", char::from(byte));
+        assert_eq!(normalize(&name), by_chars(&name), "byte {byte:#x}");
+    }
+    assert_eq!(
+        normalize("NVIDIA  RTX\u{a0}A6000"),
+        by_chars("NVIDIA  RTX\u{a0}A6000")
+    );
+    assert_eq!(normalize("Ä100"), "ä100");
+}

@@ -496,9 +496,14 @@ fn add_members(
 
 /// A JSON Pointer (RFC 6901) from unescaped tokens.
 fn pointer(tokens: &[&str]) -> String {
-    let mut pointer = String::new();
+    let length = tokens.iter().map(|token| token.len() + 1).sum();
+    let mut pointer = String::with_capacity(length);
     for token in tokens {
         pointer.push('/');
+        if !token.contains(['~', '/']) {
+            pointer.push_str(token);
+            continue;
+        }
         for c in token.chars() {
             match c {
                 '~' => pointer.push_str("~0"),

@@ -17,8 +17,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context as _, bail};
+use runpod_kubelet::flags as runpod_flags;
 use runpod_webhook::admission::admit;
 use runpod_webhook::cluster::MemoryCluster;
+use runpod_webhook::contract::vastai::VastPolicy;
 use runpod_webhook::policy::PolicyConfig;
 use serde_json::Value;
 
@@ -77,20 +79,25 @@ fn fixture() -> anyhow::Result<(Vec<u8>, MemoryCluster)> {
     Ok((serde_json::to_vec(&review)?, cluster))
 }
 
-/// The flags `benches/wrk_compare.py` starts the webhook with.
-fn config() -> PolicyConfig {
-    PolicyConfig {
-        allowed_datacenters: vec!["EU-RO-1".into(), "US-TX-3".into()],
+/// The policy the binary builds from the flags `benches/wrk_compare.py` starts the webhook with
+/// (`--datacenter-ids EU-RO-1,US-TX-3 --max-gpu-price 0.5`), the other flags at their defaults.
+fn config() -> anyhow::Result<PolicyConfig> {
+    let datacenters = ["EU-RO-1".to_owned(), "US-TX-3".to_owned()];
+    let mut config = PolicyConfig::from_flags(&[], &datacenters, 0.5, None);
+    config.vastai = VastPolicy {
         max_gpu_price: Some(0.5),
-        ..PolicyConfig::default()
-    }
+        ..VastPolicy::default()
+    };
+    config.allowed_cloud_types =
+        vec![runpod_flags::cloud_type("SECURE").map_err(anyhow::Error::msg)?];
+    Ok(config)
 }
 
 fn run() -> anyhow::Result<()> {
     let rounds = env_number("WEBHOOK_REVIEW_ROUNDS", 5)?.max(1);
     let iterations = env_number("WEBHOOK_REVIEW_ITERATIONS", 50_000)?.max(1);
     let (body, cluster) = fixture()?;
-    let config = config();
+    let config = config()?;
     let runtime = tokio::runtime::Builder::new_current_thread().build()?;
     let review = || {
         runtime.block_on(async {

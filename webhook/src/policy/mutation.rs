@@ -514,3 +514,23 @@ fn pointer(tokens: &[&str]) -> String {
     }
     pointer
 }
+
+#[cfg(test)]
+mod tests {
+    use super::pointer;
+
+    /// RFC 6901: `~` is written `~0` and `/` is written `~1`, plain tokens as they are.
+    #[test]
+    fn pointers_escape_tilde_and_slash() {
+        assert_eq!(
+            pointer(&["metadata", "annotations"]),
+            "/metadata/annotations"
+        );
+        assert_eq!(
+            pointer(&["a~b/c", "runpod.io/ports"]),
+            "/a~0b~1c/runpod.io~1ports"
+        );
+        assert_eq!(pointer(&["~1", ""]), "/~01/");
+        assert_eq!(pointer(&[]), "");
+    }
+}

@@ -20,4 +20,7 @@ pub mod teams;
 pub mod vastai;
 pub mod volumes;
 
+#[cfg(test)]
+mod test_support;
+
 pub use annotations::*;

@@ -387,15 +387,20 @@ const REVIEW_CAPACITY: usize = 2048;
 /// being scanned for escapes: it is the longest string of an answer.
 pub fn encode(response: &AdmissionResponse) -> Vec<u8> {
     let mut out = Vec::with_capacity(REVIEW_CAPACITY);
+    // Plain data types always serialise; an empty body would be answered as a 500 upstream.
+    match write_review(&mut out, response) {
+        Ok(()) => out,
+        Err(_) => Vec::new(),
+    }
+}
+
+fn write_review(out: &mut Vec<u8>, response: &AdmissionResponse) -> serde_json::Result<()> {
     out.extend_from_slice(br#"{"apiVersion":""#);
     out.extend_from_slice(API_VERSION.as_bytes());
     out.extend_from_slice(br#"","kind":""#);
     out.extend_from_slice(KIND.as_bytes());
     out.extend_from_slice(br#"","response":{"uid":"#);
-    // Writing plain data into a Vec cannot fail; an empty body would be answered as a 500.
-    if write_json(&mut out, &response.uid).is_err() {
-        return Vec::new();
-    }
+    serde_json::to_writer(&mut *out, &response.uid)?;
     out.extend_from_slice(if response.allowed {
         br#","allowed":true"#.as_slice()
     } else {
@@ -403,9 +408,7 @@ pub fn encode(response: &AdmissionResponse) -> Vec<u8> {
     });
     if let Some(status) = &response.status {
         out.extend_from_slice(br#","status":"#);
-        if write_json(&mut out, status).is_err() {
-            return Vec::new();
-        }
+        serde_json::to_writer(&mut *out, status)?;
     }
     if let Some(patch) = &response.patch {
         out.extend_from_slice(br#","patch":""#);
@@ -414,22 +417,14 @@ pub fn encode(response: &AdmissionResponse) -> Vec<u8> {
     }
     if let Some(patch_type) = response.patch_type {
         out.extend_from_slice(br#","patchType":"#);
-        if write_json(&mut out, patch_type).is_err() {
-            return Vec::new();
-        }
+        serde_json::to_writer(&mut *out, patch_type)?;
     }
     if !response.warnings.is_empty() {
         out.extend_from_slice(br#","warnings":"#);
-        if write_json(&mut out, &response.warnings).is_err() {
-            return Vec::new();
-        }
+        serde_json::to_writer(&mut *out, &response.warnings)?;
     }
     out.extend_from_slice(b"}}");
-    out
-}
-
-fn write_json<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> serde_json::Result<()> {
-    serde_json::to_writer(out, value)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,11 +1,6 @@
 use super::*;
 
-fn map(entries: &[(&str, &str)]) -> BTreeMap<String, String> {
-    entries
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
+use crate::test_support::string_map as map;
 
 /// The pod's own value wins over its Job's, a Job's value says where it came from, and only
 /// user annotations are taken.

@@ -197,12 +197,7 @@ pub fn runpod_annotations(effective: &checks::Effective<'_>) -> Vec<(&'static st
 mod tests {
     use super::*;
 
-    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use crate::test_support::string_map as annotations;
 
     #[test]
     fn only_a_pod_that_opted_in_is_priced_at_a_bid() {

@@ -279,12 +279,7 @@ pub fn requirements(
 mod tests {
     use super::*;
 
-    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use crate::test_support::string_map as annotations;
 
     fn europe() -> VastPolicy {
         VastPolicy::from_flags(&["Europe".into()], &[], false, true, 0.98, Some(1.0)).unwrap()

@@ -43,9 +43,16 @@ pub struct Interruptible {
 pub fn interruptible(
     annotations: &BTreeMap<String, String>,
 ) -> Result<Option<Interruptible>, String> {
+    interruptible_in(|key| annotations.get(key).map(String::as_str))
+}
+
+/// [`interruptible`] for annotations read through `annotation` (effective annotations are not
+/// a map of their own).
+pub fn interruptible_in<'a>(
+    annotation: impl Fn(&str) -> Option<&'a str>,
+) -> Result<Option<Interruptible>, String> {
     let get = |key: &str| {
-        annotations
-            .get(key)
+        annotation(key)
             .map(|value| value.trim())
             .filter(|value| !value.is_empty())
     };

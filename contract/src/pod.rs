@@ -11,6 +11,9 @@ use std::fmt;
 
 use std::marker::PhantomData;
 
+/// The view's strings: most of a pod's (names, keys, ports) fit inline, so reading one allocates for
+/// few of them.
+pub use compact_str::CompactString;
 use serde::Deserialize;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, IgnoredAny, MapAccess, Visitor};
@@ -30,15 +33,15 @@ pub struct PodView {
 #[serde(rename_all = "camelCase")]
 pub struct MetaView {
     #[serde(default)]
-    pub name: Option<String>,
+    pub name: Option<CompactString>,
     #[serde(default)]
-    pub generate_name: Option<String>,
+    pub generate_name: Option<CompactString>,
     #[serde(default)]
-    pub namespace: Option<String>,
+    pub namespace: Option<CompactString>,
     #[serde(default)]
-    pub labels: Option<BTreeMap<String, String>>,
+    pub labels: Option<BTreeMap<CompactString, CompactString>>,
     #[serde(default)]
-    pub annotations: Option<BTreeMap<String, String>>,
+    pub annotations: Option<BTreeMap<CompactString, CompactString>>,
     #[serde(default)]
     pub owner_references: Option<Vec<OwnerView>>,
 }
@@ -64,13 +67,13 @@ impl PodView {
 #[serde(rename_all = "camelCase")]
 pub struct OwnerView {
     #[serde(default)]
-    pub api_version: String,
+    pub api_version: CompactString,
     #[serde(default)]
-    pub kind: String,
+    pub kind: CompactString,
     #[serde(default)]
-    pub name: String,
+    pub name: CompactString,
     #[serde(default)]
-    pub uid: String,
+    pub uid: CompactString,
 }
 
 /// `spec` of a pod.
@@ -86,14 +89,14 @@ pub struct SpecView {
     #[serde(default)]
     pub tolerations: Option<Vec<TolerationView>>,
     #[serde(default)]
-    pub node_selector: Option<BTreeMap<String, String>>,
+    pub node_selector: Option<BTreeMap<CompactString, CompactString>>,
     #[serde(default, deserialize_with = "object")]
     pub affinity: Option<AffinityView>,
     #[serde(default)]
-    pub runtime_class_name: Option<String>,
+    pub runtime_class_name: Option<CompactString>,
     /// A pod that names its node is bound by its author, not by the webhook.
     #[serde(default)]
-    pub node_name: Option<String>,
+    pub node_name: Option<CompactString>,
     /// Kept as written: only which fields are set is read ([`crate::checks::unapplied_security_context`]).
     #[serde(default)]
     pub security_context: Option<serde_json::Value>,
@@ -104,16 +107,16 @@ pub struct SpecView {
 #[serde(rename_all = "camelCase")]
 pub struct ContainerView {
     #[serde(default)]
-    pub name: String,
+    pub name: CompactString,
     #[serde(default)]
-    pub image: Option<String>,
+    pub image: Option<CompactString>,
     /// An init container's own (`Always`: a sidecar).
     #[serde(default)]
-    pub restart_policy: Option<String>,
+    pub restart_policy: Option<CompactString>,
     #[serde(default)]
-    pub command: Option<Vec<String>>,
+    pub command: Option<Vec<CompactString>>,
     #[serde(default)]
-    pub args: Option<Vec<String>>,
+    pub args: Option<Vec<CompactString>>,
     #[serde(default)]
     pub ports: Option<Vec<PortView>>,
     #[serde(default, deserialize_with = "object")]
@@ -140,9 +143,9 @@ pub struct PortView {
     #[serde(default)]
     pub container_port: i32,
     #[serde(default)]
-    pub name: Option<String>,
+    pub name: Option<CompactString>,
     #[serde(default)]
-    pub protocol: Option<String>,
+    pub protocol: Option<CompactString>,
 }
 
 /// A `volumeMounts` entry.
@@ -150,9 +153,9 @@ pub struct PortView {
 #[serde(rename_all = "camelCase")]
 pub struct MountView {
     #[serde(default)]
-    pub name: String,
+    pub name: CompactString,
     #[serde(default)]
-    pub mount_path: String,
+    pub mount_path: CompactString,
 }
 
 /// `resources`: only the GPU quantity ([`crate::GPU_RESOURCE`]) is read.
@@ -170,12 +173,12 @@ pub struct ResourcesView {
 pub struct GpuQuantity {
     /// Must equal [`crate::GPU_RESOURCE`] (serde needs the literal; a test checks it).
     #[serde(default, rename = "nvidia.com/gpu")]
-    pub gpu: Option<String>,
+    pub gpu: Option<CompactString>,
     /// Only whether it is set is read (a limit no cloud container enforces).
     #[serde(default)]
-    pub memory: Option<serde_json::Value>,
+    pub memory: Option<IgnoredAny>,
     #[serde(default)]
-    pub cpu: Option<serde_json::Value>,
+    pub cpu: Option<IgnoredAny>,
 }
 
 impl ResourcesView {
@@ -191,13 +194,13 @@ impl ResourcesView {
 #[serde(rename_all = "camelCase")]
 pub struct TolerationView {
     #[serde(default)]
-    pub key: Option<String>,
+    pub key: Option<CompactString>,
     #[serde(default)]
-    pub operator: Option<String>,
+    pub operator: Option<CompactString>,
     #[serde(default)]
-    pub value: Option<String>,
+    pub value: Option<CompactString>,
     #[serde(default)]
-    pub effect: Option<String>,
+    pub effect: Option<CompactString>,
     #[serde(default)]
     pub toleration_seconds: Option<i64>,
 }
@@ -242,32 +245,32 @@ pub struct NodeSelectorTermView {
 #[derive(Debug, Default, Deserialize)]
 pub struct RequirementView {
     #[serde(default)]
-    pub key: String,
+    pub key: CompactString,
     #[serde(default)]
-    pub operator: String,
+    pub operator: CompactString,
     #[serde(default)]
-    pub values: Option<Vec<String>>,
+    pub values: Option<Vec<CompactString>>,
 }
 
 /// A volume: its name and what kind of source it has.
 #[derive(Debug, Default)]
 pub struct VolumeView {
-    pub name: String,
+    pub name: CompactString,
     /// It has a configMap, secret, emptyDir or downwardAPI source.
     pub simple_source: bool,
     /// Its projected source, if any.
     pub projected: Option<ProjectedView>,
     /// The first other source, by its key as the user wrote it (`hostPath`, `nfs`...).
-    pub other_source: Option<String>,
+    pub other_source: Option<CompactString>,
     /// The claim of a `persistentVolumeClaim` volume (judged by its StorageClass).
-    pub claim: Option<String>,
+    pub claim: Option<CompactString>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ClaimSource {
     #[serde(default)]
-    claim_name: String,
+    claim_name: CompactString,
 }
 
 /// A projected volume's sources.
@@ -390,7 +393,7 @@ enum VolumeKey {
     Simple,
     Projected,
     Claim,
-    Other(String),
+    Other(CompactString),
 }
 
 impl<'de> Deserialize<'de> for VolumeKey {
@@ -414,7 +417,7 @@ impl Visitor<'_> for VolumeKeyVisitor {
             "configMap" | "secret" | "emptyDir" | "downwardAPI" => VolumeKey::Simple,
             "projected" => VolumeKey::Projected,
             "persistentVolumeClaim" => VolumeKey::Claim,
-            other => VolumeKey::Other(other.to_owned()),
+            other => VolumeKey::Other(other.into()),
         })
     }
 }

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use compact_str::CompactString;
+
 use crate as contract;
 use crate::PortSpec;
 use crate::checks;
@@ -115,7 +117,11 @@ pub fn tolerates_the_seed_taint(pod: &PodView) -> bool {
 }
 
 fn label<'a>(pod: &'a PodView, key: &str) -> Option<&'a str> {
-    pod.meta().labels.as_ref()?.get(key).map(String::as_str)
+    pod.meta()
+        .labels
+        .as_ref()?
+        .get(key)
+        .map(CompactString::as_str)
 }
 
 /// The ports a cloud opens for a pod: the effective `runpod.io/ports` the webhook wrote, else
@@ -187,8 +193,8 @@ mod tests {
         let mut out = pod(equal);
         out.metadata.as_mut().unwrap().labels = Some(
             [(
-                contract::BURST_LABEL.to_owned(),
-                contract::BURST_DISABLED.to_owned(),
+                contract::BURST_LABEL.into(),
+                contract::BURST_DISABLED.into(),
             )]
             .into(),
         );

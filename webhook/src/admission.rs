@@ -53,7 +53,7 @@ async fn lookup_context<C: ClusterView>(
     let namespace_labels: BTreeMap<String, String> =
         cluster.namespace_labels(&creation.namespace).await?;
     let job = match policy::owning_job(&creation.pod) {
-        Some((name, uid)) => cluster.job(&creation.namespace, &name, &uid).await?,
+        Some((name, uid)) => cluster.job(&creation.namespace, name, uid).await?,
         None => None,
     };
     let namespace_annotations = cluster.namespace_annotations(&creation.namespace).await;

@@ -2,6 +2,8 @@
 //! (probes, hooks, limits), said at admission and in the controller's Event; and the one rule
 //! for which probe and hook handlers the controller runs.
 
+use compact_str::CompactString;
+
 use crate as contract;
 use crate::pod::PodView;
 
@@ -91,7 +93,8 @@ pub fn unhonoured(pod: &PodView, in_container: bool) -> Vec<String> {
                 unhonoured.push(at(field));
             }
         }
-        let given = |words: &Option<Vec<String>>| words.as_ref().is_some_and(|w| !w.is_empty());
+        let given =
+            |words: &Option<Vec<CompactString>>| words.as_ref().is_some_and(|w| !w.is_empty());
         let wrapped = given(&container.command) || given(&container.args);
         if let Some(hooks) = container.lifecycle.as_ref().and_then(|l| l.as_object()) {
             for (hook, value) in hooks {
@@ -120,7 +123,8 @@ pub fn unhonoured(pod: &PodView, in_container: bool) -> Vec<String> {
             ("memory", limits.and_then(|l| l.memory.as_ref())),
             ("cpu", limits.and_then(|l| l.cpu.as_ref())),
         ] {
-            if value.is_some_and(|value| !value.is_null()) {
+            // `null` reads as `None`.
+            if value.is_some() {
                 unhonoured.push(at(&format!("resources.limits.{resource}")));
             }
         }

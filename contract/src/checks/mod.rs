@@ -46,7 +46,12 @@ pub struct Effective<'a> {
 }
 
 impl<'a> Effective<'a> {
-    pub fn resolve(pod: &'a BTreeMap<String, String>, job: Option<&'a OwningJob>) -> Self {
+    /// `pod`: the pod's annotations, as the view (compact strings) or a typed pod holds them.
+    pub fn resolve<K, V>(pod: &'a BTreeMap<K, V>, job: Option<&'a OwningJob>) -> Self
+    where
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
         // Walks the annotations there are (a handful) instead of looking up every user
         // annotation in both maps; the pod's own value replaces its Job's.
         let mut values = BTreeMap::new();
@@ -59,7 +64,8 @@ impl<'a> Effective<'a> {
             }
         }
         for (key, value) in pod {
-            if let Some(key) = user_annotation(key) {
+            if let Some(key) = user_annotation(key.as_ref()) {
+                let value = value.as_ref();
                 values.insert(key, Sourced { value, job: None });
             }
         }
@@ -68,6 +74,11 @@ impl<'a> Effective<'a> {
 
     pub fn get(&self, key: &str) -> Option<&Sourced<'a>> {
         self.values.get(key)
+    }
+
+    /// The value in force for `key`, wherever it comes from.
+    pub fn value(&self, key: &str) -> Option<&'a str> {
+        self.values.get(key).map(|sourced| sourced.value)
     }
 
     /// Every value in force, as a plain map (for readers that take annotations).
@@ -154,7 +165,7 @@ pub fn validate_annotations(effective: &Effective<'_>) -> Vec<String> {
         }
     }
     // Read together: one may contradict the other.
-    if let Err(problem) = contract::interruptible::interruptible(&effective.values()) {
+    if let Err(problem) = contract::interruptible::interruptible_in(|key| effective.value(key)) {
         problems.push(format!("annotation {problem}"));
     }
     problems
@@ -344,8 +355,9 @@ fn unsupported_volume_kind(volume: &VolumeView) -> Option<String> {
     Some(
         volume
             .other_source
-            .clone()
-            .unwrap_or_else(|| "unknown".to_owned()),
+            .as_deref()
+            .unwrap_or("unknown")
+            .to_owned(),
     )
 }
 
@@ -469,15 +481,11 @@ pub fn cap_below_market(
     cheapest_per_gpu: &BTreeMap<String, f64>,
 ) -> Option<String> {
     let billed_gpus = gpus.max(1);
-    let (cap, source) = match effective.get(contract::MAX_PRICE) {
-        Some(sourced) => (
-            contract::parse_price(sourced.value).ok()?,
-            format!("annotation {}{}", contract::MAX_PRICE, sourced.origin()),
-        ),
-        None => (
-            config.max_gpu_price? * f64::from(billed_gpus),
-            "this cluster's --max-gpu-price".to_owned(),
-        ),
+    // The cap's source is only written into the warning, so it is only said then.
+    let asked = effective.get(contract::MAX_PRICE);
+    let cap = match asked {
+        Some(sourced) => contract::parse_price(sourced.value).ok()?,
+        None => config.max_gpu_price? * f64::from(billed_gpus),
     };
     let cloud = effective
         .get(contract::CLOUD_TYPE)
@@ -486,6 +494,10 @@ pub fn cap_below_market(
     let per_gpu = *cheapest_per_gpu.get(cloud.as_str())?;
     let cheapest = per_gpu * f64::from(billed_gpus);
     (cap + 1e-9 < cheapest).then(|| {
+        let source = match asked {
+            Some(sourced) => format!("annotation {}{}", contract::MAX_PRICE, sourced.origin()),
+            None => "this cluster's --max-gpu-price".to_owned(),
+        };
         format!(
             "runpod-kubelet: the price cap of {cap} USD/h ({source}) is below the cheapest \
              {cloud} GPU on RunPod right now ({per_gpu} USD/h per GPU x {billed_gpus}); the pod \

@@ -31,7 +31,12 @@ fn effective_annotations_take_the_pods_first_then_its_jobs() {
     ];
     expected.sort();
     assert_eq!(seen, expected);
-    assert_eq!(Effective::resolve(&BTreeMap::new(), None).iter().count(), 0);
+    assert_eq!(
+        Effective::resolve(&BTreeMap::<String, String>::new(), None)
+            .iter()
+            .count(),
+        0
+    );
     // Every user annotation is taken, from the pod and from the Job alike.
     let all: BTreeMap<String, String> = contract::USER_ANNOTATIONS
         .iter()
@@ -43,7 +48,7 @@ fn effective_annotations_take_the_pods_first_then_its_jobs() {
     };
     for effective in [
         Effective::resolve(&all, None),
-        Effective::resolve(&BTreeMap::new(), Some(&job)),
+        Effective::resolve(&BTreeMap::<String, String>::new(), Some(&job)),
     ] {
         assert_eq!(effective.iter().count(), contract::USER_ANNOTATIONS.len());
     }

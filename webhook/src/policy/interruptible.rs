@@ -2,12 +2,14 @@
 //! to Vast.ai (RunPod stays on-demand); the warning shows what it bids beside the on-demand
 //! price, and that an outbid pod fails with `DisruptionTarget`.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use runpod_contract::checks::Effective;
 use runpod_contract::config::PolicyConfig;
 use runpod_contract::gpus::GpuPrices;
 use runpod_contract::interruptible::{self, INTERRUPTIBLE, Interruptible};
+use runpod_contract::pod::CompactString;
 use runpod_contract::provider::{self, Cloud};
 
 /// What admission does about a pod's interruptible wish.
@@ -83,13 +85,13 @@ impl Asked {
 }
 
 /// The pod's annotations with the namespace's interruptible default added when neither the
-/// pod nor its Job says anything (a malformed label adds nothing: it is refused later).
-pub(super) fn with_namespace_default(
-    pod: &BTreeMap<String, String>,
+/// pod nor its Job says anything (a malformed label adds nothing: it is refused later). Copied
+/// only when the default is added.
+pub(super) fn with_namespace_default<'a>(
+    pod: &'a BTreeMap<CompactString, CompactString>,
     effective: &Effective<'_>,
     namespace_labels: &BTreeMap<String, String>,
-) -> BTreeMap<String, String> {
-    let mut annotations = pod.clone();
+) -> Cow<'a, BTreeMap<CompactString, CompactString>> {
     let silent = effective.get(INTERRUPTIBLE).is_none()
         && effective.get(interruptible::BID_PER_HOUR).is_none();
     if silent
@@ -97,9 +99,12 @@ pub(super) fn with_namespace_default(
             .get(INTERRUPTIBLE)
             .is_some_and(|label| interruptible::namespace_default(label) == Ok(true))
     {
-        annotations.insert(INTERRUPTIBLE.to_owned(), "true".to_owned());
+        let mut annotations = pod.clone();
+        annotations.insert(INTERRUPTIBLE.into(), "true".into());
+        Cow::Owned(annotations)
+    } else {
+        Cow::Borrowed(pod)
     }
-    annotations
 }
 
 /// Judges the pod's (or its Job's, or its namespace's) interruptible wish for `cloud`. `Err`:
@@ -113,7 +118,7 @@ pub(super) fn judge(
     config: &PolicyConfig,
     prices: &BTreeMap<Cloud, GpuPrices>,
 ) -> Result<Judged, String> {
-    let own = interruptible::interruptible(&effective.values())?;
+    let own = interruptible::interruptible_in(|key| effective.value(key))?;
     let said_by_pod = effective.get(INTERRUPTIBLE).is_some()
         || effective.get(interruptible::BID_PER_HOUR).is_some();
     let asked = match (own, said_by_pod, namespace_labels.get(INTERRUPTIBLE)) {
@@ -306,11 +311,21 @@ mod tests {
             [(INTERRUPTIBLE.to_owned(), "true".to_owned())].into();
         let silent = BTreeMap::new();
         let priced = with_namespace_default(&silent, &Effective::resolve(&silent, None), &labels);
-        assert_eq!(priced.get(INTERRUPTIBLE).map(String::as_str), Some("true"));
-        let refuses: BTreeMap<String, String> =
-            [(INTERRUPTIBLE.to_owned(), "false".to_owned())].into();
+        assert_eq!(
+            priced.get(INTERRUPTIBLE).map(CompactString::as_str),
+            Some("true")
+        );
+        let refuses: BTreeMap<CompactString, CompactString> =
+            [(INTERRUPTIBLE.into(), "false".into())].into();
         let kept = with_namespace_default(&refuses, &Effective::resolve(&refuses, None), &labels);
-        assert_eq!(kept.get(INTERRUPTIBLE).map(String::as_str), Some("false"));
+        assert!(
+            matches!(kept, Cow::Borrowed(_)),
+            "nothing to add, nothing copied"
+        );
+        assert_eq!(
+            kept.get(INTERRUPTIBLE).map(CompactString::as_str),
+            Some("false")
+        );
         let unlabelled = with_namespace_default(
             &silent,
             &Effective::resolve(&silent, None),

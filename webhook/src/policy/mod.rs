@@ -72,13 +72,13 @@ pub enum Verdict {
 }
 
 /// The owning Job of a pod, if any (ownerReference of kind Job in group batch).
-pub fn owning_job(pod: &PodView) -> Option<(String, String)> {
+pub fn owning_job(pod: &PodView) -> Option<(&str, &str)> {
     pod.meta()
         .owner_references
         .as_ref()?
         .iter()
         .find(|owner| owner.kind == "Job" && owner.api_version.starts_with("batch/"))
-        .map(|owner| (owner.name.clone(), owner.uid.clone()))
+        .map(|owner| (owner.name.as_str(), owner.uid.as_str()))
 }
 
 /// Decides what happens to a pod at creation.
@@ -129,7 +129,8 @@ fn rejection(pod: &PodView, namespace: &str, problems: &[String]) -> String {
     let name = pod
         .meta()
         .name
-        .clone()
+        .as_ref()
+        .map(|name| name.as_str().to_owned())
         .or_else(|| pod.meta().generate_name.as_ref().map(|g| format!("{g}*")))
         .unwrap_or_else(|| "<unnamed>".to_owned());
     format!(

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use runpod_contract::pod::CompactString;
+
 use runpod_contract::checks;
 use runpod_contract::policy::Untouched;
 use runpod_contract::provider::{self, Cloud};
@@ -17,7 +19,7 @@ use crate::contract::{self, BurstMode};
 use crate::pod::PodView;
 
 /// A pod without annotations.
-static NO_ANNOTATIONS: BTreeMap<String, String> = BTreeMap::new();
+static NO_ANNOTATIONS: BTreeMap<CompactString, CompactString> = BTreeMap::new();
 
 /// A step's result: what it found, or the verdict that ends the review (boxed: a verdict is
 /// large and the early end is the rare path).
@@ -30,7 +32,7 @@ pub(super) struct Review<'a> {
     pub context: &'a Context,
     pub config: &'a PolicyConfig,
     /// The pod's own annotations.
-    pub annotations: &'a BTreeMap<String, String>,
+    pub annotations: &'a BTreeMap<CompactString, CompactString>,
     /// The pod's annotations, else its Job's.
     pub effective: checks::Effective<'a>,
     pub gpus: u32,
@@ -165,7 +167,10 @@ impl<'a> Review<'a> {
             .get(provider::CHEAPEST_CHOICE)
             .and_then(|record| runpod_contract::gpus::recorded_choice(record))
             .is_some_and(|cloud| {
-                annotations.get(provider::PROVIDER).map(String::as_str) == Some(cloud.as_str())
+                annotations
+                    .get(provider::PROVIDER)
+                    .map(CompactString::as_str)
+                    == Some(cloud.as_str())
             });
         Mutation {
             remove_annotations: contract::CONTROLLER_ANNOTATIONS
@@ -459,7 +464,10 @@ impl<'a> Review<'a> {
         // The cloud is written on the pod (the controllers' offloaders and users read it
         // there) unless it is the default and nothing else was asked for.
         let cloud = chosen.cloud;
-        let asked = self.annotations.get(provider::PROVIDER).map(String::as_str);
+        let asked = self
+            .annotations
+            .get(provider::PROVIDER)
+            .map(CompactString::as_str);
         let inherited = set.contains_key(provider::PROVIDER);
         let differs = asked != Some(cloud.as_str());
         if inherited

@@ -27,6 +27,14 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    const ALL: [Outcome; 5] = [
+        Outcome::Mutated,
+        Outcome::Unchanged,
+        Outcome::Rejected,
+        Outcome::Invalid,
+        Outcome::Error,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Mutated => "mutated",
@@ -46,7 +54,9 @@ struct OutcomeLabel {
 /// The webhook's registry and the handles to record into it.
 pub struct Metrics {
     registry: Registry,
-    admissions: Family<OutcomeLabel, Counter>,
+    /// Each outcome's series of `admissions`, in [`Outcome::ALL`]'s order: a review counts
+    /// without hashing its label into the family.
+    by_outcome: [Counter; 5],
     latency: Histogram,
     certificate_expiry: Gauge,
 }
@@ -69,17 +79,13 @@ impl Default for Metrics {
         );
         // Every outcome from the start, at 0: an error ratio needs its series before the first
         // error, and a family without series is not exported at all.
-        for outcome in [
-            Outcome::Mutated,
-            Outcome::Unchanged,
-            Outcome::Rejected,
-            Outcome::Invalid,
-            Outcome::Error,
-        ] {
-            let _ = admissions.get_or_create(&OutcomeLabel {
-                outcome: outcome.as_str(),
-            });
-        }
+        let by_outcome = Outcome::ALL.map(|outcome| {
+            admissions
+                .get_or_create(&OutcomeLabel {
+                    outcome: outcome.as_str(),
+                })
+                .clone()
+        });
         let certificate_expiry = Gauge::default();
         registry.register(
             "certificate_expiry_timestamp_seconds",
@@ -88,7 +94,7 @@ impl Default for Metrics {
         );
         Self {
             registry,
-            admissions,
+            by_outcome,
             latency,
             certificate_expiry,
         }
@@ -97,11 +103,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn record(&self, outcome: Outcome, elapsed: Duration) {
-        self.admissions
-            .get_or_create(&OutcomeLabel {
-                outcome: outcome.as_str(),
-            })
-            .inc();
+        self.by_outcome[outcome as usize].inc();
         self.latency.observe(elapsed.as_secs_f64());
     }
 
@@ -117,5 +119,29 @@ impl Metrics {
             tracing::error!(%error, "metrics encoding failed");
         }
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_outcome_counts_in_its_own_series() {
+        let metrics = Metrics::default();
+        for (times, outcome) in Outcome::ALL.into_iter().enumerate() {
+            for _ in 0..=times {
+                metrics.record(outcome, Duration::from_micros(10));
+            }
+        }
+        let text = metrics.render();
+        for (times, outcome) in Outcome::ALL.into_iter().enumerate() {
+            let series = format!(
+                "runpod_kubelet_admissions_total{{outcome=\"{}\"}} {}",
+                outcome.as_str(),
+                times + 1
+            );
+            assert!(text.contains(&series), "{series} in\n{text}");
+        }
     }
 }

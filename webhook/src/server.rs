@@ -51,17 +51,25 @@ impl<C: ClusterView> AppState<C> {
     }
 }
 
-/// The webhook's routes: `POST /mutate`, `/healthz`, `/readyz`, `/metrics`.
+/// Where reviews are posted.
+pub(crate) const MUTATE_PATH: &str = "/mutate";
+
+/// The webhook's routes: `POST /mutate`, `/healthz`, `/readyz`, `/metrics`. The listener sends
+/// `POST /mutate` to [`mutate`] itself; the route stays for other callers of the router.
 pub fn router<C: ClusterView>(state: Arc<AppState<C>>) -> Router {
     Router::new()
-        .route("/mutate", post(mutate::<C>))
+        .route(
+            MUTATE_PATH,
+            post(|State(state), body| mutate::<C>(state, body)),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz::<C>))
         .route("/metrics", get(metrics::<C>))
         .with_state(state)
 }
 
-async fn mutate<C: ClusterView>(State(state): State<Arc<AppState<C>>>, body: Body) -> Response {
+/// Answers one review.
+pub(crate) async fn mutate<C: ClusterView>(state: Arc<AppState<C>>, body: Body) -> Response {
     let started = Instant::now();
     let bytes = match tokio::time::timeout(
         BODY_READ_TIMEOUT,

@@ -51,6 +51,41 @@ async fn gpu_pod_review_gets_a_json_patch_over_both_protocols() {
     }
 }
 
+/// Reviews skip the router (`POST /mutate` goes to its handler directly): the apiserver's query
+/// string still reaches it, and every other method or path is still the router's to refuse.
+#[tokio::test]
+async fn reviews_are_answered_with_the_apiservers_query_and_other_methods_are_refused() {
+    let server = start(opted_in_cluster(), policy(), Duration::from_secs(60)).await;
+    let body = serde_json::to_vec(&review(gpu_pod())).unwrap();
+    for h2 in [false, true] {
+        let reply = request(
+            server.addr,
+            &server.ca_pem,
+            "POST",
+            "/mutate?timeout=10s",
+            body.clone(),
+            h2,
+        )
+        .await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(parse(&reply.body)["response"]["patchType"], "JSONPatch");
+        assert_eq!(
+            reply.content_type.as_deref(),
+            Some("application/json"),
+            "h2: {h2}"
+        );
+        for (method, path, status) in [
+            ("GET", "/mutate", 405),
+            ("PUT", "/mutate", 405),
+            ("POST", "/mutate/", 404),
+            ("POST", "/Mutate", 404),
+        ] {
+            let reply = request(server.addr, &server.ca_pem, method, path, body.clone(), h2).await;
+            assert_eq!(reply.status, status, "{method} {path} (h2: {h2})");
+        }
+    }
+}
+
 #[tokio::test]
 async fn forbidden_datacenter_is_a_403_review_with_the_ids() {
     let server = start(opted_in_cluster(), policy(), Duration::from_secs(60)).await;

@@ -76,6 +76,7 @@ pub async fn serve_tls<C: ClusterView>(
             acceptor: TlsAcceptor::from(tls),
             builders: Arc::new(builders(&options)),
             router: router(Arc::clone(&state)),
+            state: Arc::clone(&state),
             closing: closing_rx,
             idle_timeout: options.idle_timeout,
             header_read_timeout: options.header_read_timeout,
@@ -110,15 +111,15 @@ fn builders(options: &ServeOptions) -> Builders {
     Builders { http1, http2 }
 }
 
-struct Server {
+struct Server<C> {
     listener: TcpListener,
     /// One permit per open connection.
     slots: Arc<Semaphore>,
     connections: JoinSet<()>,
-    template: Connection,
+    template: Connection<C>,
 }
 
-impl Server {
+impl<C: ClusterView> Server<C> {
     /// Accepts and serves connections until `until` resolves.
     async fn accept_until(&mut self, until: impl Future<Output = ()>) {
         tokio::pin!(until);

@@ -128,6 +128,7 @@ pub struct Reply {
     pub body: Bytes,
     pub alpn: Option<Vec<u8>>,
     pub leaf: Vec<u8>,
+    pub content_type: Option<String>,
 }
 
 pub async fn tls_connect(
@@ -176,12 +177,18 @@ pub async fn request(
         sender.send_request(req).await.unwrap()
     };
     let status = response.status();
+    let content_type = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     Reply {
         status,
         body,
         alpn: negotiated,
         leaf,
+        content_type,
     }
 }
 

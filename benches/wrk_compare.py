@@ -72,6 +72,11 @@ def parse_args():
                              "webhook's runtime)")
     parser.add_argument("--profile", action="store_true",
                         help="also profile the webhook at 64 connections with perf")
+    parser.add_argument("--keep-control-plane-running", action="store_true",
+                        help="do not pause the control plane while wrk runs (by default its "
+                             "processes are stopped with SIGSTOP during each run, so that they "
+                             "do not take the cores from either server; the webhook answers "
+                             "from its watch caches)")
     return parser.parse_args()
 
 
@@ -267,6 +272,18 @@ class Servers:
             raise RuntimeError(f"cluster.sh start failed:\n{result.stderr}")
         return Path(result.stdout.strip().splitlines()[-1])
 
+    def control_plane_pids(self):
+        """The control plane's processes (cluster.sh's pid files), alive ones only."""
+        pids = []
+        for pid_file in sorted((self.cluster_dir / "pids").glob("*.pid")):
+            try:
+                pid = int(pid_file.read_text().strip())
+                os.kill(pid, 0)
+            except (OSError, ValueError):
+                continue
+            pids.append(pid)
+        return pids
+
     def spawn(self, name, command, env=None):
         log_path = self.work / f"{name}.log"
         with open(log_path, "wb") as log_file:
@@ -305,11 +322,32 @@ def run_wrk(url, connections, seconds, threads, review, lua):
     return parse_wrk(result.stdout)
 
 
-def measure(name, url, pids, connections, args, review, lua):
+class Paused:
+    """SIGSTOP to `pids` for the duration of a `with` block, SIGCONT after (also on error)."""
+
+    def __init__(self, pids):
+        self.pids = pids
+
+    def signal(self, number):
+        for pid in self.pids:
+            try:
+                os.kill(pid, number)
+            except OSError:
+                pass
+
+    def __enter__(self):
+        self.signal(signal.SIGSTOP)
+
+    def __exit__(self, *exc):
+        self.signal(signal.SIGCONT)
+
+
+def measure(name, url, pids, connections, args, review, lua, paused):
     if args.warmup > 0:
         run_wrk(url, connections, args.warmup, args.threads, review, lua)
     before = cpu_seconds(pids)
-    figures = run_wrk(url, connections, args.seconds, args.threads, review, lua)
+    with Paused(paused):
+        figures = run_wrk(url, connections, args.seconds, args.threads, review, lua)
     used = cpu_seconds(pids) - before
     figures["cpu_us"] = 1e6 * used / figures["requests"] if figures["requests"] else float("nan")
     figures["cores"] = used / whole_seconds(args.seconds)
@@ -394,17 +432,19 @@ def main():
         cpus = os.cpu_count()
         print(f"\nwrk_compare: POST /mutate over TLS, keep-alive; wrk {args.threads} thread(s); "
               f"{args.warmup:g} s warm-up + {args.seconds:g} s per run; {cpus} CPU(s); nginx "
-              f"worker_processes {args.nginx_workers}")
+              f"worker_processes {args.nginx_workers}; control plane "
+              f"{'running' if args.keep_control_plane_running else 'paused'} during each run")
         print(f"review {review.stat().st_size} bytes; both answer the webhook's {len(answer)}-byte "
               "answer (nginx as a fixed body)\n")
         header = (f"{'server':<8} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p90 ms':>8} "
                   f"{'p99 ms':>8} {'CPU/req':>9} {'cores':>6}")
         print(header)
         results = {}
+        paused = [] if args.keep_control_plane_running else servers.control_plane_pids()
         for count in connections:
             for name, url, pids in (("webhook", webhook_url, [webhook.pid]),
                                     ("nginx", nginx_url, process_tree(nginx.pid))):
-                figures = measure(name, f"{url}/mutate", pids, count, args, review, lua)
+                figures = measure(name, f"{url}/mutate", pids, count, args, review, lua, paused)
                 results[(name, count)] = figures
                 p = figures["percentiles"]
                 print(f"{name:<8} {count:>5} {figures['rps']:>9.0f} {p.get(50, 0):>8.3f} "
@@ -413,6 +453,14 @@ def main():
         rss = peak_rss_mib(webhook.pid)
         if webhook.poll() is not None:
             raise RuntimeError(f"the webhook exited during the runs: {tail(webhook_log)}")
+        # Every review was answered as the first one was (none refused for a failed lookup).
+        status, metrics = https(f"{webhook_url}/metrics", ca)
+        counted = {outcome: float(value) for outcome, value in re.findall(
+            r'^runpod_kubelet_admissions_total\{outcome="(\w+)"\} (\S+)$',
+            metrics.decode(), re.M)}
+        others = {outcome: n for outcome, n in counted.items() if outcome != "mutated" and n}
+        if status != 200 or not counted.get("mutated") or others:
+            raise RuntimeError(f"the webhook did not admit every review with a patch: {counted}")
 
         print("\nwebhook / nginx:")
         for count in connections:

@@ -273,15 +273,20 @@ class Servers:
         return Path(result.stdout.strip().splitlines()[-1])
 
     def control_plane_pids(self):
-        """The control plane's processes (cluster.sh's pid files), alive ones only."""
+        """The control plane's processes (cluster.sh's pid files), alive ones whose command line
+        names the cluster's directory (as cluster.sh's `live_pid` checks: a reused pid is left
+        alone)."""
+        if self.cluster_dir is None:
+            return []
         pids = []
         for pid_file in sorted((self.cluster_dir / "pids").glob("*.pid")):
             try:
                 pid = int(pid_file.read_text().strip())
-                os.kill(pid, 0)
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
             except (OSError, ValueError):
                 continue
-            pids.append(pid)
+            if f"{self.cluster_dir}/".encode() in command:
+                pids.append(pid)
         return pids
 
     def spawn(self, name, command, env=None):
@@ -294,6 +299,12 @@ class Servers:
         return process, log_path
 
     def close(self):
+        # A stopped process would hold cluster.sh's SIGTERM until killed.
+        for pid in self.control_plane_pids():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
         for process in reversed(self.processes):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -323,23 +334,29 @@ def run_wrk(url, connections, seconds, threads, review, lua):
 
 
 class Paused:
-    """SIGSTOP to `pids` for the duration of a `with` block, SIGCONT after (also on error)."""
+    """The control plane stopped (SIGSTOP) for the duration of a `with` block, continued after
+    (also on error; `Servers.close` continues it too). `servers` is None to leave it running."""
 
-    def __init__(self, pids):
-        self.pids = pids
-
-    def signal(self, number):
-        for pid in self.pids:
-            try:
-                os.kill(pid, number)
-            except OSError:
-                pass
+    def __init__(self, servers):
+        self.servers = servers
+        self.pids = []
 
     def __enter__(self):
-        self.signal(signal.SIGSTOP)
+        if self.servers is None:
+            return
+        self.pids = self.servers.control_plane_pids()
+        if not self.pids:
+            raise RuntimeError("no control-plane process to pause (cluster.sh's pid files); "
+                               "pass --keep-control-plane-running to measure without pausing")
+        for pid in self.pids:
+            os.kill(pid, signal.SIGSTOP)
 
     def __exit__(self, *exc):
-        self.signal(signal.SIGCONT)
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
 
 
 def measure(name, url, pids, connections, args, review, lua, paused):
@@ -377,6 +394,10 @@ def profile(url, pid, work, args, review, lua):
 
 def main():
     args = parse_args()
+    # So that a cancelled run (SIGTERM, SIGHUP) still stops the servers and continues the
+    # control plane in `finally`.
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, lambda *_: sys.exit("wrk_compare: stopped by a signal"))
     connections = [int(n) for n in args.connections.split(",") if n.strip()]
     ensure_tools(args.profile)
     if shutil.which("kubectl") is None:
@@ -433,14 +454,16 @@ def main():
         print(f"\nwrk_compare: POST /mutate over TLS, keep-alive; wrk {args.threads} thread(s); "
               f"{args.warmup:g} s warm-up + {args.seconds:g} s per run; {cpus} CPU(s); nginx "
               f"worker_processes {args.nginx_workers}; control plane "
-              f"{'running' if args.keep_control_plane_running else 'paused'} during each run")
+              + ("running" if args.keep_control_plane_running else
+                 f"paused ({len(servers.control_plane_pids())} processes)")
+              + " during each run")
         print(f"review {review.stat().st_size} bytes; both answer the webhook's {len(answer)}-byte "
               "answer (nginx as a fixed body)\n")
         header = (f"{'server':<8} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p90 ms':>8} "
                   f"{'p99 ms':>8} {'CPU/req':>9} {'cores':>6}")
         print(header)
         results = {}
-        paused = [] if args.keep_control_plane_running else servers.control_plane_pids()
+        paused = None if args.keep_control_plane_running else servers
         for count in connections:
             for name, url, pids in (("webhook", webhook_url, [webhook.pid]),
                                     ("nginx", nginx_url, process_tree(nginx.pid))):

@@ -174,7 +174,9 @@ pub struct GpuQuantity {
     /// Must equal [`crate::GPU_RESOURCE`] (serde needs the literal; a test checks it).
     #[serde(default, rename = "nvidia.com/gpu")]
     pub gpu: Option<CompactString>,
-    /// Only whether it is set is read (a limit no cloud container enforces).
+    /// Only whether it is set is read (a limit no cloud container enforces). Skipped unread, so
+    /// a value serde_json would refuse as a number (`1e400`) is not checked here: the apiserver
+    /// sends quantities as strings.
     #[serde(default)]
     pub memory: Option<IgnoredAny>,
     #[serde(default)]

@@ -259,9 +259,13 @@ impl ClusterView for KubeCluster {
     }
 
     fn gpu_prices(&self) -> BTreeMap<Cloud, GpuPrices> {
-        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        let nodes = self.nodes.state();
         let mut by_cloud: BTreeMap<Cloud, GpuPrices> = BTreeMap::new();
-        for node in self.nodes.state() {
+        if nodes.is_empty() {
+            return by_cloud;
+        }
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        for node in nodes {
             let Some(cloud) = node_cloud(&node.metadata) else {
                 continue;
             };

@@ -35,6 +35,17 @@ impl Outcome {
         Outcome::Error,
     ];
 
+    /// Its place in [`Outcome::ALL`] (a match, so a new outcome must be given one).
+    const fn index(self) -> usize {
+        match self {
+            Outcome::Mutated => 0,
+            Outcome::Unchanged => 1,
+            Outcome::Rejected => 2,
+            Outcome::Invalid => 3,
+            Outcome::Error => 4,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Mutated => "mutated",
@@ -56,7 +67,7 @@ pub struct Metrics {
     registry: Registry,
     /// Each outcome's series of `admissions`, in [`Outcome::ALL`]'s order: a review counts
     /// without hashing its label into the family.
-    by_outcome: [Counter; 5],
+    by_outcome: [Counter; Outcome::ALL.len()],
     latency: Histogram,
     certificate_expiry: Gauge,
 }
@@ -103,7 +114,9 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn record(&self, outcome: Outcome, elapsed: Duration) {
-        self.by_outcome[outcome as usize].inc();
+        if let Some(counter) = self.by_outcome.get(outcome.index()) {
+            counter.inc();
+        }
         self.latency.observe(elapsed.as_secs_f64());
     }
 
@@ -125,6 +138,13 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_outcome_has_its_place() {
+        for (place, outcome) in Outcome::ALL.into_iter().enumerate() {
+            assert_eq!(outcome.index(), place, "{outcome:?}");
+        }
+    }
 
     #[test]
     fn each_outcome_counts_in_its_own_series() {

@@ -300,11 +300,7 @@ class Servers:
 
     def close(self):
         # A stopped process would hold cluster.sh's SIGTERM until killed.
-        for pid in self.control_plane_pids():
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except OSError:
-                pass
+        continue_all(self.control_plane_pids())
         for process in reversed(self.processes):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -333,6 +329,15 @@ def run_wrk(url, connections, seconds, threads, review, lua):
     return parse_wrk(result.stdout)
 
 
+def continue_all(pids):
+    """SIGCONT to each of `pids` (one that has exited since is skipped)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            pass
+
+
 class Paused:
     """The control plane stopped (SIGSTOP) for the duration of a `with` block, continued after
     (also on error; `Servers.close` continues it too). `servers` is None to leave it running."""
@@ -352,11 +357,7 @@ class Paused:
             os.kill(pid, signal.SIGSTOP)
 
     def __exit__(self, *exc):
-        for pid in self.pids:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except OSError:
-                pass
+        continue_all(self.pids)
 
 
 def measure(name, url, pids, connections, args, review, lua, paused):

@@ -181,12 +181,7 @@ fn judged(kind: &GroupVersionKind, sub_resource: Option<&str>, operation: &str) 
 /// The namespace a pod is created in: the request's, else the pod's own, else `default`.
 fn creation_namespace(requested: Option<String>, pod: &PodView) -> String {
     requested
-        .or_else(|| {
-            pod.meta()
-                .namespace
-                .as_ref()
-                .map(|name| name.as_str().to_owned())
-        })
+        .or_else(|| pod.meta().namespace.as_deref().map(str::to_owned))
         .unwrap_or_else(|| "default".to_owned())
 }
 

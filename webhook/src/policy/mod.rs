@@ -129,8 +129,8 @@ fn rejection(pod: &PodView, namespace: &str, problems: &[String]) -> String {
     let name = pod
         .meta()
         .name
-        .as_ref()
-        .map(|name| name.as_str().to_owned())
+        .as_deref()
+        .map(str::to_owned)
         .or_else(|| pod.meta().generate_name.as_ref().map(|g| format!("{g}*")))
         .unwrap_or_else(|| "<unnamed>".to_owned());
     format!(

@@ -65,6 +65,9 @@ def parse_args():
                         help="unmeasured warm-up seconds before each run (default 2)")
     parser.add_argument("--connections", default=os.environ.get("WRK_CONNECTIONS", "1,64"),
                         help="connection counts, comma-separated (default 1,64)")
+    parser.add_argument("--rounds", type=int, default=int(os.environ.get("WRK_ROUNDS", 1)),
+                        help="runs of each server per connection count, alternated; the ratios "
+                             "are the medians of the rounds' (default 1)")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("WRK_THREADS", 1)),
                         help="wrk threads (default 1: on 2 cores the other core is the server's)")
     parser.add_argument("--nginx-workers", default=os.environ.get("WRK_NGINX_WORKERS", "auto"),
@@ -77,7 +80,10 @@ def parse_args():
                              "processes are stopped with SIGSTOP during each run, so that they "
                              "do not take the cores from either server; the webhook answers "
                              "from its watch caches)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    return args
 
 
 def ensure_tools(profile):
@@ -375,6 +381,18 @@ def measure(name, url, pids, connections, args, review, lua, paused):
     return figures
 
 
+def ratios(results, count, figure):
+    """The webhook's figure over nginx's, round by round (NaN where nginx's is zero)."""
+    pairs = zip(results[("webhook", count)], results[("nginx", count)])
+    return [figure(w) / figure(n) if figure(n) > 0 else float("nan") for w, n in pairs]
+
+
+def median(values):
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def profile(url, pid, work, args, review, lua):
     data = work / "perf.data"
     log("profiling the webhook at 64 connections with perf")
@@ -460,20 +478,25 @@ def main():
               + " during each run")
         print(f"review {review.stat().st_size} bytes; both answer the webhook's {len(answer)}-byte "
               "answer (nginx as a fixed body)\n")
-        header = (f"{'server':<8} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p90 ms':>8} "
+        header = (f"{'server':<10} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p90 ms':>8} "
                   f"{'p99 ms':>8} {'CPU/req':>9} {'cores':>6}")
         print(header)
         results = {}
         paused = None if args.keep_control_plane_running else servers
         for count in connections:
-            for name, url, pids in (("webhook", webhook_url, [webhook.pid]),
-                                    ("nginx", nginx_url, process_tree(nginx.pid))):
-                figures = measure(name, f"{url}/mutate", pids, count, args, review, lua, paused)
-                results[(name, count)] = figures
-                p = figures["percentiles"]
-                print(f"{name:<8} {count:>5} {figures['rps']:>9.0f} {p.get(50, 0):>8.3f} "
-                      f"{p.get(90, 0):>8.3f} {p.get(99, 0):>8.3f} "
-                      f"{figures['cpu_us']:>6.1f} µs {figures['cores']:>6.2f}", flush=True)
+            # Rounds alternate the two servers, so that each pair of runs shares the machine's
+            # state of the moment; the comparison is the median of the rounds' ratios.
+            for round_number in range(1, args.rounds + 1):
+                for name, url, pids in (("webhook", webhook_url, [webhook.pid]),
+                                        ("nginx", nginx_url, process_tree(nginx.pid))):
+                    figures = measure(name, f"{url}/mutate", pids, count, args, review, lua,
+                                      paused)
+                    results.setdefault((name, count), []).append(figures)
+                    p = figures["percentiles"]
+                    label = name if args.rounds == 1 else f"{name} {round_number}"
+                    print(f"{label:<10} {count:>5} {figures['rps']:>9.0f} {p.get(50, 0):>8.3f} "
+                          f"{p.get(90, 0):>8.3f} {p.get(99, 0):>8.3f} "
+                          f"{figures['cpu_us']:>6.1f} µs {figures['cores']:>6.2f}", flush=True)
         rss = peak_rss_mib(webhook.pid)
         if webhook.poll() is not None:
             raise RuntimeError(f"the webhook exited during the runs: {tail(webhook_log)}")
@@ -486,24 +509,29 @@ def main():
         if status != 200 or not counted.get("mutated") or others:
             raise RuntimeError(f"the webhook did not admit every review with a patch: {counted}")
 
-        print("\nwebhook / nginx:")
+        throughput = {count: ratios(results, count, lambda f: f["rps"]) for count in connections}
+        tail = {count: ratios(results, count, lambda f: f["percentiles"].get(99, float("nan")))
+                for count in connections}
+        print("\nwebhook / nginx" + ("" if args.rounds == 1 else
+                                     f" (median of {args.rounds} alternated rounds)") + ":")
         for count in connections:
-            w, n = results[("webhook", count)], results[("nginx", count)]
-            print(f"  {count:>3} conn: {w['rps']:.0f} / {n['rps']:.0f} req/s = "
-                  f"{100 * w['rps'] / n['rps']:.0f}%")
+            each = ", ".join(f"{100 * r:.0f}%" for r in throughput[count])
+            print(f"  {count:>3} conn: req/s {100 * median(throughput[count]):.0f}%"
+                  + ("" if args.rounds == 1 else f" ({each})")
+                  + f"; p99 {median(tail[count]):.2f} x")
         met = lambda ok: "met" if ok else "NOT met"
         print("targets:")
-        if ("webhook", 64) in results:
-            ratio = results[("webhook", 64)]["rps"] / results[("nginx", 64)]["rps"]
+        if 64 in throughput:
+            ratio = median(throughput[64])
             print(f"  throughput @ 64 conns: {100 * ratio:.0f}% of nginx "
                   f"(target >= {100 * TARGET_RATIO_AT_64:.0f}%): {met(ratio >= TARGET_RATIO_AT_64)}")
-        if ("webhook", 1) in results:
-            p99 = results[("webhook", 1)]["percentiles"].get(99, float("nan"))
-            nginx_p99 = results[("nginx", 1)]["percentiles"].get(99, float("nan"))
-            times = p99 / nginx_p99 if nginx_p99 > 0 else float("nan")
-            print(f"  p99 @ 1 conn: {p99:.3f} ms = {times:.1f} x nginx's {nginx_p99:.3f} ms "
-                  f"(target <= {TARGET_P99_RATIO_AT_1:.1f} x): "
-                  f"{met(p99 <= TARGET_P99_RATIO_AT_1 * nginx_p99)}")
+        if 1 in tail:
+            times = median(tail[1])
+            each = ", ".join(f"{r:.2f}" for r in tail[1])
+            print(f"  p99 @ 1 conn: {times:.2f} x nginx's"
+                  + ("" if args.rounds == 1 else f" ({each})")
+                  + f" (target <= {TARGET_P99_RATIO_AT_1:.1f} x): "
+                  f"{met(times <= TARGET_P99_RATIO_AT_1)}")
         print(f"  webhook peak RSS: {rss:.1f} MiB (target < {TARGET_RSS_MIB:.0f} MiB): "
               f"{met(rss < TARGET_RSS_MIB)}")
         if args.profile:

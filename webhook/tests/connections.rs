@@ -294,3 +294,56 @@ async fn an_idle_keep_alive_connection_outlives_the_header_timeout() {
         tokio::time::sleep(header_read_timeout * 3).await;
     }
 }
+
+/// Answers wait for the worker's other ready connections (`serve::coalesce`): under concurrent
+/// keep-alive load every review still gets its own answer, none is lost or held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_keep_alive_reviews_each_get_their_own_answer() {
+    const CONNECTIONS: usize = 24;
+    const REVIEWS: usize = 5;
+    let server = start(opted_in_cluster(), policy(), Duration::from_secs(3600)).await;
+    let mut clients = tokio::task::JoinSet::new();
+    for connection in 0..CONNECTIONS {
+        let tls = tls_connect(server.addr, &server.ca_pem, &[b"http/1.1"])
+            .await
+            .unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        clients.spawn(async move {
+            for number in 0..REVIEWS {
+                let uid = format!("review-{connection}-{number}");
+                let mut body = review(gpu_pod());
+                body["request"]["uid"] = uid.clone().into();
+                let request = http::Request::post("https://localhost/mutate")
+                    .header("content-type", "application/json")
+                    .body(http_body_util::Full::new(Bytes::from(
+                        serde_json::to_vec(&body).unwrap(),
+                    )))
+                    .unwrap();
+                let response = sender.send_request(request).await.unwrap();
+                assert_eq!(response.status(), http::StatusCode::OK);
+                let answer = http_body_util::BodyExt::collect(response.into_body())
+                    .await
+                    .unwrap()
+                    .to_bytes();
+                let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+                assert_eq!(answer["response"]["uid"], uid.as_str());
+                assert!(answer["response"]["patch"].is_string(), "{answer}");
+            }
+        });
+    }
+    let all = tokio::time::timeout(BOUND, async {
+        let mut done = 0;
+        while let Some(client) = clients.join_next().await {
+            client.unwrap();
+            done += 1;
+        }
+        done
+    })
+    .await
+    .expect("every connection's reviews are answered");
+    assert_eq!(all, CONNECTIONS);
+}

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use super::activity::{Activity, InFlight};
+use super::coalesce::Coalesced;
 use super::header_deadline::HeaderDeadline;
 use crate::cluster::ClusterView;
 use crate::server::{AppState, MUTATE_PATH, mutate};
@@ -101,6 +102,7 @@ impl<C: ClusterView> Connection<C> {
             .await
         } else {
             let io = HeaderDeadline::new(tls, Arc::clone(&activity), self.header_read_timeout);
+            let io = Coalesced::new(io, Arc::clone(&activity));
             let connection = builders.http1.serve_connection(TokioIo::new(io), service);
             self.drive(
                 connection,

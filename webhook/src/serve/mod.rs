@@ -3,6 +3,7 @@
 //! timeouts, an idle timeout, h2 keep-alive, and limits on connections and h2 streams.
 
 mod activity;
+mod coalesce;
 mod connection;
 mod header_deadline;
 

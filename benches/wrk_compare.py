@@ -19,6 +19,7 @@ Environment and flags: see `--help`. The binary is built with `cargo build --rel
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -388,7 +389,10 @@ def ratios(results, count, figure):
 
 
 def median(values):
-    ordered = sorted(values)
+    """The median of the values that are numbers (NaN when none is)."""
+    ordered = sorted(value for value in values if not math.isnan(value))
+    if not ordered:
+        return float("nan")
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
@@ -478,7 +482,8 @@ def main():
               + " during each run")
         print(f"review {review.stat().st_size} bytes; both answer the webhook's {len(answer)}-byte "
               "answer (nginx as a fixed body)\n")
-        header = (f"{'server':<10} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p90 ms':>8} "
+        label_width = max(8, len(f"webhook {args.rounds}"))
+        header = (f"{'server':<{label_width}} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p90 ms':>8} "
                   f"{'p99 ms':>8} {'CPU/req':>9} {'cores':>6}")
         print(header)
         results = {}
@@ -494,7 +499,7 @@ def main():
                     results.setdefault((name, count), []).append(figures)
                     p = figures["percentiles"]
                     label = name if args.rounds == 1 else f"{name} {round_number}"
-                    print(f"{label:<10} {count:>5} {figures['rps']:>9.0f} {p.get(50, 0):>8.3f} "
+                    print(f"{label:<{label_width}} {count:>5} {figures['rps']:>9.0f} {p.get(50, 0):>8.3f} "
                           f"{p.get(90, 0):>8.3f} {p.get(99, 0):>8.3f} "
                           f"{figures['cpu_us']:>6.1f} µs {figures['cores']:>6.2f}", flush=True)
         rss = peak_rss_mib(webhook.pid)
@@ -510,24 +515,32 @@ def main():
             raise RuntimeError(f"the webhook did not admit every review with a patch: {counted}")
 
         throughput = {count: ratios(results, count, lambda f: f["rps"]) for count in connections}
-        tail = {count: ratios(results, count, lambda f: f["percentiles"].get(99, float("nan")))
-                for count in connections}
+        p99_ratios = {count: ratios(results, count,
+                                    lambda f: f["percentiles"].get(99, float("nan")))
+                      for count in connections}
         print("\nwebhook / nginx" + ("" if args.rounds == 1 else
                                      f" (median of {args.rounds} alternated rounds)") + ":")
         for count in connections:
-            each = ", ".join(f"{100 * r:.0f}%" for r in throughput[count])
-            print(f"  {count:>3} conn: req/s {100 * median(throughput[count]):.0f}%"
-                  + ("" if args.rounds == 1 else f" ({each})")
-                  + f"; p99 {median(tail[count]):.2f} x")
+            if args.rounds == 1:
+                w, n = results[("webhook", count)][0], results[("nginx", count)][0]
+                print(f"  {count:>3} conn: {w['rps']:.0f} / {n['rps']:.0f} req/s = "
+                      f"{100 * median(throughput[count]):.0f}%; p99 "
+                      f"{w['percentiles'].get(99, float('nan')):.3f} / "
+                      f"{n['percentiles'].get(99, float('nan')):.3f} ms = "
+                      f"{median(p99_ratios[count]):.2f} x")
+            else:
+                each = ", ".join(f"{100 * r:.0f}%" for r in throughput[count])
+                print(f"  {count:>3} conn: req/s {100 * median(throughput[count]):.0f}% ({each}); "
+                      f"p99 {median(p99_ratios[count]):.2f} x")
         met = lambda ok: "met" if ok else "NOT met"
         print("targets:")
         if 64 in throughput:
             ratio = median(throughput[64])
             print(f"  throughput @ 64 conns: {100 * ratio:.0f}% of nginx "
                   f"(target >= {100 * TARGET_RATIO_AT_64:.0f}%): {met(ratio >= TARGET_RATIO_AT_64)}")
-        if 1 in tail:
-            times = median(tail[1])
-            each = ", ".join(f"{r:.2f}" for r in tail[1])
+        if 1 in p99_ratios:
+            times = median(p99_ratios[1])
+            each = ", ".join(f"{r:.2f}" for r in p99_ratios[1])
             print(f"  p99 @ 1 conn: {times:.2f} x nginx's"
                   + ("" if args.rounds == 1 else f" ({each})")
                   + f" (target <= {TARGET_P99_RATIO_AT_1:.1f} x): "

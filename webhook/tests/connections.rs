@@ -295,46 +295,69 @@ async fn an_idle_keep_alive_connection_outlives_the_header_timeout() {
     }
 }
 
-/// Answers wait for the worker's other ready connections (`serve::coalesce`): under concurrent
-/// keep-alive load every review still gets its own answer, none is lost or held.
+/// Answers wait for the worker's other ready tasks (`serve::coalesce`): under concurrent load
+/// every review still gets its own answer, none is lost or held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_keep_alive_reviews_each_get_their_own_answer() {
-    const CONNECTIONS: usize = 24;
-    const REVIEWS: usize = 5;
+    answered_concurrently(false, 24, 5).await;
+}
+
+/// The same over h2, several streams in flight on each connection (as the apiserver sends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_h2_streams_each_get_their_own_answer() {
+    answered_concurrently(true, 4, 24).await;
+}
+
+/// `connections` connections, each with `reviews` reviews: one after another on HTTP/1.1, all at
+/// once on h2. Every answer must carry its review's uid and a patch.
+async fn answered_concurrently(h2: bool, connections: usize, reviews: usize) {
     let server = start(opted_in_cluster(), policy(), Duration::from_secs(3600)).await;
+    let alpn: &[u8] = if h2 { b"h2" } else { b"http/1.1" };
     let mut clients = tokio::task::JoinSet::new();
-    for connection in 0..CONNECTIONS {
-        let tls = tls_connect(server.addr, &server.ca_pem, &[b"http/1.1"])
+    for connection in 0..connections {
+        let tls = tls_connect(server.addr, &server.ca_pem, &[alpn])
             .await
             .unwrap();
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-                .await
+        let io = hyper_util::rt::TokioIo::new(tls);
+        let one_review = move |number: usize| {
+            let uid = format!("review-{connection}-{number}");
+            let mut body = review(gpu_pod());
+            body["request"]["uid"] = uid.clone().into();
+            let request = http::Request::post("https://localhost/mutate")
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(Bytes::from(
+                    serde_json::to_vec(&body).unwrap(),
+                )))
                 .unwrap();
-        tokio::spawn(conn);
-        clients.spawn(async move {
-            for number in 0..REVIEWS {
-                let uid = format!("review-{connection}-{number}");
-                let mut body = review(gpu_pod());
-                body["request"]["uid"] = uid.clone().into();
-                let request = http::Request::post("https://localhost/mutate")
-                    .header("content-type", "application/json")
-                    .body(http_body_util::Full::new(Bytes::from(
-                        serde_json::to_vec(&body).unwrap(),
-                    )))
-                    .unwrap();
-                let response = sender.send_request(request).await.unwrap();
-                assert_eq!(response.status(), http::StatusCode::OK);
-                let answer = http_body_util::BodyExt::collect(response.into_body())
+            (uid, request)
+        };
+        if h2 {
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
                     .await
-                    .unwrap()
-                    .to_bytes();
-                let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
-                assert_eq!(answer["response"]["uid"], uid.as_str());
-                assert!(answer["response"]["patch"].is_string(), "{answer}");
+                    .unwrap();
+            tokio::spawn(conn);
+            for number in 0..reviews {
+                let mut sender = sender.clone();
+                let (uid, request) = one_review(number);
+                clients.spawn(async move {
+                    let response = sender.send_request(request).await.unwrap();
+                    check_answer(response, &uid).await;
+                });
             }
-        });
+        } else {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+            tokio::spawn(conn);
+            clients.spawn(async move {
+                for number in 0..reviews {
+                    let (uid, request) = one_review(number);
+                    let response = sender.send_request(request).await.unwrap();
+                    check_answer(response, &uid).await;
+                }
+            });
+        }
     }
+    let expected = clients.len();
     let all = tokio::time::timeout(BOUND, async {
         let mut done = 0;
         while let Some(client) = clients.join_next().await {
@@ -344,6 +367,17 @@ async fn concurrent_keep_alive_reviews_each_get_their_own_answer() {
         done
     })
     .await
-    .expect("every connection's reviews are answered");
-    assert_eq!(all, CONNECTIONS);
+    .expect("every review is answered");
+    assert_eq!(all, expected);
+}
+
+async fn check_answer(response: http::Response<hyper::body::Incoming>, uid: &str) {
+    assert_eq!(response.status(), http::StatusCode::OK);
+    let answer = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(answer["response"]["uid"], uid);
+    assert!(answer["response"]["patch"].is_string(), "{answer}");
 }

@@ -92,7 +92,8 @@ impl<C: ClusterView> Connection<C> {
         };
         let builders = Arc::clone(&self.builders);
         let result = if h2 {
-            let connection = builders.http2.serve_connection(TokioIo::new(tls), service);
+            let io = Coalesced::new(tls, Arc::clone(&activity));
+            let connection = builders.http2.serve_connection(TokioIo::new(io), service);
             self.drive(
                 connection,
                 http2::Connection::graceful_shutdown,

@@ -1,15 +1,17 @@
 //! Answers written together: the first write after each new request (an HTTP/1.1 request or an
-//! h2 stream) waits once, until the worker has run out of other ready tasks, so that the answers
-//! judged in one turn of the scheduler go out back to back.
+//! h2 stream) waits once, until the connection's serving thread (`threads.rs`) has run out of
+//! other ready tasks, so that the answers judged in one turn of the scheduler go out back to
+//! back.
 //!
 //! Why: a write to a peer that sleeps wakes it, and on a virtual machine that wake (an
 //! inter-processor interrupt) costs the writer several microseconds. Written one by one as each
 //! review is judged, every answer finds a client with many connections (the apiservers, or a
 //! load tester) asleep again; written in a burst, the first wakes it and the others find it
 //! awake, and it sends its next requests in a burst too. How: the write returns `Pending` after
-//! tokio's `yield_now` has deferred the task's wake-up; the worker wakes deferred tasks when it
-//! has no other ready task (after trying to steal one; it then polls the event loop without
-//! blocking if no other worker holds it) or at its periodic maintenance. hyper keeps the answer
+//! tokio's `yield_now` has deferred the task's wake-up; the runtime wakes deferred tasks when it
+//! has no other ready task, after polling its event loop without blocking (a serving thread's
+//! current-thread runtime; tokio's work-stealing workers, where the listener runs when no serving
+//! thread could be started, first try to steal a task). hyper keeps the answer
 //! in its buffer and writes it at the next poll. With one connection busy the wait is about one
 //! pass of an idle scheduler. The wait is counted per request started: an interim `100
 //! Continue` takes it, and the answer after it is then written at once.

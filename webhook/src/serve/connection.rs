@@ -179,6 +179,7 @@ impl<C: ClusterView> hyper::service::Service<http::Request<Incoming>> for Tracke
 
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
         let in_flight = InFlight::start(Arc::clone(&self.activity));
+        super::threads::request_started();
         if request.method() == http::Method::POST && request.uri().path() == MUTATE_PATH {
             let state = Arc::clone(&self.state);
             let body = Body::new(request.into_body());

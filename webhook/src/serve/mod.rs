@@ -1,11 +1,13 @@
 //! The HTTPS listener: rustls, HTTP/1.1 and h2 chosen by ALPN, with bounds so that no client can
 //! hold a connection, a request or the server's memory forever: handshake, header and body
-//! timeouts, an idle timeout, h2 keep-alive, and limits on connections and h2 streams.
+//! timeouts, an idle timeout, h2 keep-alive, and limits on connections and h2 streams. Each
+//! connection is served on one thread of a runtime per core ([`threads`]).
 
 mod activity;
 mod coalesce;
 mod connection;
 mod header_deadline;
+mod threads;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::cluster::ClusterView;
 use crate::server::{AppState, router};
 use connection::{Builders, Connection};
+use threads::ServingThreads;
 
 /// h2 PING interval while a connection is open; a peer that does not answer within
 /// [`KEEP_ALIVE_TIMEOUT`] is dropped.
@@ -73,6 +76,7 @@ pub async fn serve_tls<C: ClusterView>(
         listener,
         slots: Arc::new(Semaphore::new(options.max_connections.max(1))),
         connections: JoinSet::new(),
+        threads: ServingThreads::start(),
         template: Connection {
             acceptor: TlsAcceptor::from(tls),
             builders: Arc::new(builders(&options)),
@@ -117,6 +121,8 @@ struct Server<C> {
     /// One permit per open connection.
     slots: Arc<Semaphore>,
     connections: JoinSet<()>,
+    /// Where connections are served (see [`threads`]).
+    threads: ServingThreads,
     template: Connection<C>,
 }
 
@@ -134,14 +140,32 @@ impl<C: ClusterView> Server<C> {
                 }
                 accepted = accept(&self.listener, &self.slots) => {
                     if let Some((tcp, peer, slot)) = accepted {
-                        let connection = self.template.clone();
-                        self.connections.spawn(async move {
-                            connection.serve(tcp, peer).await;
-                            drop(slot);
-                        });
+                        self.spawn(tcp, peer, slot);
                     }
                 }
             }
+        }
+    }
+
+    /// Serves a connection on its serving thread, or here when there is none.
+    fn spawn(&mut self, tcp: TcpStream, peer: std::net::SocketAddr, slot: OwnedSemaphorePermit) {
+        let connection = self.template.clone();
+        let Some(thread) = self.threads.next() else {
+            self.connections.spawn(async move {
+                connection.serve(tcp, peer).await;
+                drop(slot);
+            });
+            return;
+        };
+        match tcp.into_std() {
+            Ok(tcp) => {
+                let serve = async move {
+                    threads::on_this_thread(tcp, |tcp| connection.serve(tcp, peer)).await;
+                    drop(slot);
+                };
+                self.connections.spawn_on(serve, &thread);
+            }
+            Err(error) => tracing::warn!(%error, %peer, "could not hand a connection over"),
         }
     }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use runpod_certs::{CertificateAuthority, ReloadingCertResolver, client_config, server_config};
-use runpod_webhook::cluster::MemoryCluster;
+use runpod_webhook::cluster::{ClusterView, MemoryCluster};
 use runpod_webhook::policy::PolicyConfig;
 use runpod_webhook::serve::{ServeOptions, serve_tls};
 use runpod_webhook::server::AppState;
@@ -19,20 +19,21 @@ use rustls::pki_types::ServerName;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsConnector;
 
-pub struct TestServer {
+/// A webhook under test; `C` is its cluster view.
+pub struct TestServer<C = MemoryCluster> {
     pub addr: SocketAddr,
     pub ca_pem: String,
     pub ca: CertificateAuthority,
     pub cert_path: PathBuf,
     pub key_path: PathBuf,
     pub resolver: Arc<ReloadingCertResolver>,
-    pub cluster: Arc<MemoryCluster>,
+    pub cluster: Arc<C>,
     _dir: tempfile::TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<()>>,
 }
 
-impl TestServer {
+impl<C> TestServer<C> {
     /// What SIGTERM does to the webhook binary.
     pub fn begin_shutdown(&mut self) {
         if let Some(stop) = self.stop.take() {
@@ -78,12 +79,12 @@ pub async fn start(
     start_with(cluster, policy, reload_every, ServeOptions::default()).await
 }
 
-pub async fn start_with(
-    cluster: MemoryCluster,
+pub async fn start_with<C: ClusterView>(
+    cluster: C,
     policy: PolicyConfig,
     reload_every: Duration,
     options: ServeOptions,
-) -> TestServer {
+) -> TestServer<C> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
     let ca = CertificateAuthority::generate("test-ca", Duration::from_secs(3600)).unwrap();

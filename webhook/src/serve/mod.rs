@@ -150,7 +150,7 @@ impl<C: ClusterView> Server<C> {
     /// Serves a connection on its serving thread, or here when there is none.
     fn spawn(&mut self, tcp: TcpStream, peer: std::net::SocketAddr, slot: OwnedSemaphorePermit) {
         let connection = self.template.clone();
-        let Some(thread) = self.threads.next() else {
+        let Some(placed) = self.threads.next() else {
             self.connections.spawn(async move {
                 connection.serve(tcp, peer).await;
                 drop(slot);
@@ -159,11 +159,12 @@ impl<C: ClusterView> Server<C> {
         };
         match tcp.into_std() {
             Ok(tcp) => {
+                let counted = placed.counted;
                 let serve = async move {
                     threads::on_this_thread(tcp, |tcp| connection.serve(tcp, peer)).await;
-                    drop(slot);
+                    drop((slot, counted));
                 };
-                self.connections.spawn_on(serve, &thread);
+                self.connections.spawn_on(serve, &placed.runtime);
             }
             Err(error) => tracing::warn!(%error, %peer, "could not hand a connection over"),
         }
@@ -190,6 +191,7 @@ impl<C: ClusterView> Server<C> {
             );
             self.connections.shutdown().await;
         }
+        self.threads.stop().await;
     }
 }
 

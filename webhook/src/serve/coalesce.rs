@@ -11,9 +11,9 @@
 //! tokio's `yield_now` has deferred the task's wake-up; the runtime wakes deferred tasks when it
 //! has no other ready task, after polling its event loop without blocking (a serving thread's
 //! current-thread runtime; tokio's work-stealing workers, where the listener runs when no serving
-//! thread could be started, first try to steal a task). hyper keeps the answer
-//! in its buffer and writes it at the next poll. With one connection busy the wait is about one
-//! pass of an idle scheduler. The wait is counted per request started: an interim `100
+//! thread could be started, first try to steal a task). hyper keeps the answer in its buffer
+//! and writes it at the next poll. With one connection busy the wait is about one pass of an
+//! idle scheduler. The wait is counted per request started: an interim `100
 //! Continue` takes it, and the answer after it is then written at once.
 //!
 //! Measured with `benches/wrk_compare.py` (HTTP/1.1, 2 cores, 64 connections): 57-61% of

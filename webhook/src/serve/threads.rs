@@ -8,8 +8,8 @@
 //! polling its event loop instead of sleeping in it, as the work-stealing schedulers of tokio
 //! and Go spin before parking. Between one client's requests the thread would otherwise sleep,
 //! and on a virtual machine waking a sleeping thread (and its idle core) adds tens of
-//! microseconds to each round trip. A thread with many connections finds a request ready nearly always, so it does not
-//! spin: that would only take the core from the clients.
+//! microseconds to each round trip. A thread with many connections finds a request ready
+//! nearly always, so it does not spin: that would only take the core from the clients.
 
 use std::future::Future;
 use std::num::NonZeroUsize;
